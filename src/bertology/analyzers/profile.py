@@ -1,0 +1,235 @@
+"""The general head profile (Clark et al. 2019, "What Does BERT Look At?", METHODS.md section 1).
+
+Per head and sequence, with ``a[i, j]`` the attention from query i to key j and n real tokens
+(special tokens included, padding excluded):
+
+- ``cls``, ``sep``, ``punct``: attention to a token set K, ``(1/n) sum_i sum_{j in K} a[i, j]``;
+- ``self``, ``prev``, ``next``: ``(1/n) sum_i a[i, i]``, ``(1/n) sum_{i>=1} a[i, i-1]``,
+  ``(1/n) sum_{i<n-1} a[i, i+1]`` (Clark's convention: divide by n);
+- ``entropy``: smooth ``a <- 0.9999 a + 0.0001/n``, then ``mean_i -sum_j a[i,j] ln a[i,j]`` (nats);
+  ``cls_entropy``: the same for the [CLS] row alone;
+- ``distance``: ``(1/n) sum_i sum_j a[i, j] |i - j|`` (in tokens).
+
+Each metric is averaged over sequences, with a 95% Student-t interval over sequences.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.manifold import MDS
+
+from bertology.analyzers.base import Analyzer
+from bertology.engine import Batch
+from bertology.stats import RunningMoments
+
+PROFILE_METRICS = ("cls", "sep", "punct", "self", "prev", "next", "entropy", "cls_entropy", "distance")
+ENTROPY_SMOOTHING = 1e-4  # Clark et al.: a <- (1 - eps) a + eps / n
+
+
+def profile_metrics(
+    attention: torch.Tensor,
+    mask: torch.Tensor,
+    cls_mask: torch.Tensor,
+    sep_mask: torch.Tensor,
+    punct_mask: torch.Tensor,
+) -> torch.Tensor:
+    """The :data:`PROFILE_METRICS` of every head on every sequence.
+
+    ``attention`` is ``[batch, head, n, n]`` (one layer, padding rows and columns zero), the masks
+    are ``[batch, n]`` booleans. Returns ``[batch, head, len(PROFILE_METRICS)]``.
+    """
+    dtype = attention.dtype
+    real = mask.to(dtype)
+    n = real.sum(dim=1)[:, None]  # [batch, 1]
+    width = attention.shape[-1]
+
+    def to_set(members: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("bhij,bj->bh", attention, members.to(dtype)) / n
+
+    positions = torch.arange(width, device=attention.device)
+    gap = (positions[:, None] - positions[None, :]).abs().to(dtype)
+    smoothed = (1 - ENTROPY_SMOOTHING) * attention + (ENTROPY_SMOOTHING / n)[:, :, None, None] * real[:, None, None, :]
+    row_entropy = -torch.special.xlogy(smoothed, smoothed).sum(dim=-1) * real[:, None, :]  # [batch, head, n]
+    cls_position = cls_mask.to(torch.int8).argmax(dim=1)
+    cls_entropy = row_entropy.gather(2, cls_position[:, None, None].expand(-1, attention.shape[1], 1))[..., 0]
+    cls_entropy = torch.where(cls_mask.any(dim=1)[:, None], cls_entropy, torch.nan)
+    columns = {
+        "cls": to_set(cls_mask),
+        "sep": to_set(sep_mask),
+        "punct": to_set(punct_mask),
+        "self": attention.diagonal(dim1=-2, dim2=-1).sum(-1) / n,
+        "prev": attention.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / n,
+        "next": attention.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1) / n,
+        "entropy": row_entropy.sum(-1) / n,
+        "cls_entropy": cls_entropy,
+        "distance": (attention * gap).sum(dim=(-1, -2)) / n,
+    }
+    return torch.stack([columns[name] for name in PROFILE_METRICS], dim=-1)
+
+
+def _interval_frame(moments: RunningMoments, index: pd.MultiIndex) -> pd.DataFrame:
+    low, high = moments.interval()
+    return pd.DataFrame(
+        {
+            "value": moments.means().ravel(),
+            "ci_low": low.ravel(),
+            "ci_high": high.ravel(),
+            "n": moments.count.ravel().astype(np.int64),
+        },
+        index=index,
+    ).reset_index()
+
+
+class GeneralProfile(Analyzer):
+    """Clark et al.'s general attention profile of every head (see the module docstring).
+
+    :meth:`result` gives one row per ``layer, head, metric`` (0-based layer and head) with the mean
+    over sequences ``value``, its 95% interval ``ci_low``/``ci_high`` and the number of sequences
+    ``n``. :meth:`layers` gives the same per layer, where a sequence's layer value is the mean of
+    its heads.
+    """
+
+    name = "heads"
+
+    def __init__(self) -> None:
+        self._heads: RunningMoments | None = None
+        self._layers: RunningMoments | None = None
+
+    def update(self, batch: Batch) -> None:
+        num_layers, _, num_heads = batch.attentions.shape[:3]
+        if self._heads is None:
+            self._heads = RunningMoments((num_layers, num_heads, len(PROFILE_METRICS)))
+            self._layers = RunningMoments((num_layers, len(PROFILE_METRICS)))
+        per_layer = [
+            profile_metrics(batch.attentions[layer], batch.mask, batch.cls_mask, batch.sep_mask, batch.punct_mask)
+            for layer in range(num_layers)
+        ]
+        values = torch.stack(per_layer, dim=1).double().cpu().numpy()  # [batch, layer, head, metric]
+        self._heads.push(values)
+        self._layers.push(values.mean(axis=2))
+
+    def merge(self, other: "GeneralProfile") -> "GeneralProfile":
+        self._check_mergeable(other)
+        if other._heads is None:
+            return self
+        if self._heads is None:
+            self._heads, self._layers = other._heads, other._layers
+            return self
+        self._heads.merge(other._heads)
+        self._layers.merge(other._layers)
+        return self
+
+    def result(self) -> pd.DataFrame:
+        if self._heads is None:
+            return pd.DataFrame(columns=["layer", "head", "metric", "value", "ci_low", "ci_high", "n"])
+        num_layers, num_heads, _ = self._heads.count.shape
+        index = pd.MultiIndex.from_product([range(num_layers), range(num_heads), PROFILE_METRICS], names=["layer", "head", "metric"])
+        return _interval_frame(self._heads, index)
+
+    def layers(self) -> pd.DataFrame:
+        """Per-layer aggregates: ``layer, metric, value, ci_low, ci_high, n``."""
+        if self._layers is None:
+            return pd.DataFrame(columns=["layer", "metric", "value", "ci_low", "ci_high", "n"])
+        index = pd.MultiIndex.from_product([range(self._layers.count.shape[0]), PROFILE_METRICS], names=["layer", "metric"])
+        return _interval_frame(self._layers, index)
+
+
+def _sample_key(texts: tuple, seed: int) -> float:
+    """A number in [0, 1) fixed by a sequence's text and the seed (order- and shard-independent)."""
+    digest = hashlib.blake2b(repr((seed, texts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def pairwise_js(rows: torch.Tensor) -> torch.Tensor:
+    """Summed Jensen-Shannon divergence (nats) between every pair of heads, over matching rows.
+
+    ``rows`` is ``[heads, r, n]`` (r attention rows of n keys per head). Uses
+    ``JS(p, q) = H((p + q) / 2) - (H(p) + H(q)) / 2``, equal to scipy's
+    ``jensenshannon(p, q) ** 2``. Returns ``[heads, heads]``.
+    """
+    neg_entropy = torch.special.xlogy(rows, rows).sum(dim=(1, 2))  # -sum_r H(p_r) per head
+    total = torch.zeros(rows.shape[0], rows.shape[0], dtype=rows.dtype, device=rows.device)
+    for first in range(rows.shape[0]):
+        middle = 0.5 * (rows[first] + rows[first:])
+        mixed = -torch.special.xlogy(middle, middle).sum(dim=(1, 2))
+        total[first, first:] = mixed + 0.5 * (neg_entropy[first] + neg_entropy[first:])
+    return torch.triu(total, 1) + torch.triu(total, 1).T
+
+
+class HeadDistance(Analyzer):
+    """Head-to-head Jensen-Shannon distance and its 2-D MDS map (Clark et al. 2019, section 6).
+
+    ``d(A, B) = sum_docs sum_i JS(A_i, B_i)`` over the rows i of the sampled sequences, reported
+    divided by the number of rows (the mean JS divergence per row, in nats). A sequence is sampled
+    if a hash of its text and the seed falls below ``sample``, so the sample is the same whatever
+    the batch size, order or sharding.
+    """
+
+    name = "head_distance"
+
+    def __init__(self, sample: float = 0.1, seed: int = 0):
+        if not 0 < sample <= 1:
+            raise ValueError("sample must be in (0, 1]")
+        self.sample = sample
+        self.seed = seed
+        self._total: np.ndarray | None = None
+        self._rows = 0
+        self._shape: tuple[int, int] | None = None
+
+    def update(self, batch: Batch) -> None:
+        num_layers, _, num_heads = batch.attentions.shape[:3]
+        self._shape = (num_layers, num_heads)
+        if self._total is None:
+            self._total = np.zeros((num_layers * num_heads,) * 2)
+        lengths = batch.lengths.tolist()
+        for b, example in enumerate(batch.examples):
+            if _sample_key((example.text, example.text_pair), self.seed) >= self.sample:
+                continue
+            n = lengths[b]
+            rows = batch.attentions[:, b, :, :n, :n].reshape(num_layers * num_heads, n, n).double()
+            self._total += pairwise_js(rows).cpu().numpy()
+            self._rows += n
+
+    def merge(self, other: "HeadDistance") -> "HeadDistance":
+        self._check_mergeable(other)
+        if other._total is not None:
+            self._total = other._total.copy() if self._total is None else self._total + other._total
+            self._rows += other._rows
+            self._shape = other._shape
+        return self
+
+    def matrix(self) -> np.ndarray:
+        """``[layer*head, layer*head]`` mean JS divergence per row (heads in layer-major order)."""
+        if self._total is None or self._rows == 0:
+            raise ValueError("no sequence was sampled for the head distance: raise `sample` or give more data")
+        return self._total / self._rows
+
+    def result(self) -> pd.DataFrame:
+        """Long table ``layer_a, head_a, layer_b, head_b, distance, rows`` over all ordered pairs."""
+        matrix = self.matrix()
+        num_layers, num_heads = self._shape
+        layer, head = np.divmod(np.arange(num_layers * num_heads), num_heads)
+        a, b = np.meshgrid(np.arange(len(layer)), np.arange(len(layer)), indexing="ij")
+        return pd.DataFrame(
+            {
+                "layer_a": layer[a.ravel()],
+                "head_a": head[a.ravel()],
+                "layer_b": layer[b.ravel()],
+                "head_b": head[b.ravel()],
+                "distance": matrix.ravel(),
+                "rows": self._rows,
+            }
+        )
+
+    def embedding(self) -> pd.DataFrame:
+        """2-D multidimensional scaling of the distance matrix: ``layer, head, x, y``."""
+        matrix = self.matrix()
+        num_layers, num_heads = self._shape
+        mds = MDS(n_components=2, metric="precomputed", random_state=self.seed, n_init=4, init="random")
+        coordinates = mds.fit_transform(matrix)
+        layer, head = np.divmod(np.arange(num_layers * num_heads), num_heads)
+        return pd.DataFrame({"layer": layer, "head": head, "x": coordinates[:, 0], "y": coordinates[:, 1]})

@@ -1,0 +1,342 @@
+"""Corpus readers: plain text, sentence pairs, GLUE TSVs, CoNLL-U, and the bundled sample corpus.
+
+Every reader is a generator of :class:`Example` and reports bad input as a
+:class:`~bertology.errors.CorpusError` that names the file and line. Files are read line by line,
+so a corpus of any size streams in constant memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from conllu.exceptions import ParseException
+from conllu.parser import DEFAULT_FIELDS, parse_line
+
+from bertology.errors import CorpusError
+
+FORMATS = ("auto", "text", "pairs", "glue", "conllu")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One input sequence (or sentence pair), with its dependency tree where the corpus has one.
+
+    ``words``/``word_spans`` give the syntactic words and their character spans in ``text``;
+    ``heads`` are 1-based CoNLL-U heads (0 = root) and ``relations`` the dependency relations.
+    """
+
+    text: str
+    text_pair: str | None = None
+    label: str | None = None
+    source: str = ""
+    words: tuple[str, ...] | None = None
+    word_spans: tuple[tuple[int, int], ...] | None = None
+    heads: tuple[int, ...] | None = None
+    relations: tuple[str, ...] | None = None
+
+    @property
+    def has_tree(self) -> bool:
+        return self.heads is not None
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Numbered lines of a UTF-8 file (BOM and CR/LF stripped); invalid UTF-8 names its line."""
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise CorpusError(path, None, f"cannot open file ({exc.strerror})") from exc
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise CorpusError(path, number, f"invalid UTF-8 at byte {exc.start} of the line") from exc
+            if number == 1:
+                line = line.removeprefix("\ufeff")
+            yield number, line.rstrip("\r\n")
+
+
+def read_text(path: Path) -> Iterator[Example]:
+    """Plain text: one sequence per line; blank lines are skipped."""
+    for number, line in _lines(path):
+        if line.strip():
+            yield Example(text=line.strip(), source=f"{path.name}:{number}")
+
+
+def read_pairs(path: Path) -> Iterator[Example]:
+    """Sentence pairs: ``text_a<TAB>text_b`` per line (an optional third column is a label)."""
+    for number, line in _lines(path):
+        if not line.strip():
+            continue
+        columns = line.split("\t")
+        if len(columns) < 2:
+            raise CorpusError(path, number, f"expected 2 tab-separated columns (sentence A, sentence B), found {len(columns)}")
+        text_a, text_b = columns[0].strip(), columns[1].strip()
+        if not text_a or not text_b:
+            raise CorpusError(path, number, "empty sentence in a pair")
+        label = columns[2].strip() if len(columns) > 2 else None
+        yield Example(text=text_a, text_pair=text_b, label=label, source=f"{path.name}:{number}")
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """Which columns of a TSV hold the text, the optional second text and the label."""
+
+    text: str | int
+    text_pair: str | int | None = None
+    label: str | int | None = None
+    header: bool = True
+
+
+# GLUE layouts, by header (see ../shared/data/README.md). CoLA has no header.
+GLUE_LAYOUTS = {
+    ("sentence", "label"): TableLayout("sentence", label="label"),  # SST-2
+    ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"): TableLayout("#1 String", "#2 String", "Quality"),  # MRPC
+    ("index", "sentence1", "sentence2", "label"): TableLayout("sentence1", "sentence2", "label"),  # RTE, WNLI
+    ("index", "question", "sentence", "label"): TableLayout("question", "sentence", "label"),  # QNLI
+    ("id", "qid1", "qid2", "question1", "question2", "is_duplicate"): TableLayout("question1", "question2", "is_duplicate"),
+}
+COLA_LAYOUT = TableLayout(text=3, label=1, header=False)
+
+
+def read_table(path: Path, layout: TableLayout) -> Iterator[Example]:
+    """A TSV without quoting (as GLUE ships it), columns chosen by name (with a header) or by index."""
+    lines = _lines(path)
+    names: list[str] | None = None
+    if layout.header:
+        first = next(lines, None)
+        if first is None:
+            return
+        names = [name.strip() for name in first[1].split("\t")]
+    wanted = [c for c in (layout.text, layout.text_pair, layout.label) if c is not None]
+    index: dict[str | int, int] = {}
+    for column in wanted:
+        if isinstance(column, int):
+            index[column] = column
+        elif names is None or column not in names:
+            raise CorpusError(path, 1, f"missing column {column!r} in the header (found: {', '.join(names or [])})")
+        else:
+            index[column] = names.index(column)
+    needed = max(index.values()) + 1
+    for number, line in lines:
+        if not line.strip():
+            continue
+        cells = line.split("\t")
+        if len(cells) < needed:
+            raise CorpusError(path, number, f"expected at least {needed} tab-separated columns, found {len(cells)}")
+
+        def cell(column):
+            return None if column is None else cells[index[column]].strip()
+
+        text = cell(layout.text)
+        if not text:
+            raise CorpusError(path, number, "empty text")
+        yield Example(text=text, text_pair=cell(layout.text_pair), label=cell(layout.label), source=f"{path.name}:{number}")
+
+
+def glue_layout(path: Path) -> TableLayout:
+    """Recognise a GLUE TSV by its header (or CoLA's header-less four columns)."""
+    first = next(_lines(path), None)
+    if first is None:
+        raise CorpusError(path, None, "the file is empty")
+    cells = tuple(c.strip() for c in first[1].split("\t"))
+    if cells in GLUE_LAYOUTS:
+        return GLUE_LAYOUTS[cells]
+    if len(cells) == 4 and cells[1] in {"0", "1"}:
+        return COLA_LAYOUT
+    raise CorpusError(path, 1, "not a GLUE TSV header this reader knows (SST-2, MRPC, RTE, QNLI, QQP, or CoLA without header)")
+
+
+def read_conllu(path: Path) -> Iterator[Example]:
+    """CoNLL-U with gold trees: words, heads and relations.
+
+    Multiword-token lines (``3-4``) give the surface text but no tree node; empty nodes (``5.1``)
+    are skipped. ``SpaceAfter=No`` is respected when rebuilding the sentence text, so the
+    tokenizer sees the sentence as written.
+    """
+    block: list[tuple[int, str]] = []
+    for number, line in _lines(path):
+        if line.strip():
+            block.append((number, line))
+            continue
+        if block:
+            yield _conllu_sentence(path, block)
+            block = []
+    if block:
+        yield _conllu_sentence(path, block)
+
+
+def _conllu_sentence(path: Path, block: list[tuple[int, str]]) -> Example:
+    text = ""
+    words: list[str] = []
+    spans: list[tuple[int, int]] = []
+    heads: list[int] = []
+    relations: list[str] = []
+    # An open multiword token: (first id, last id, surface form, space after, line), and its words so far.
+    multiword: tuple[int, int, str, bool, int] | None = None
+    multiword_words: list[str] = []
+
+    def append_surface(form: str, space_after: bool) -> int:
+        nonlocal text
+        begin = len(text)
+        text += form + (" " if space_after else "")
+        return begin
+
+    def close_multiword() -> None:
+        first, last, form, space_after, line_number = multiword
+        if len(multiword_words) != last - first + 1:
+            raise CorpusError(path, line_number, f"multiword token {first}-{last} is not followed by its {last - first + 1} words")
+        spans.extend(_split_surface(form, multiword_words, append_surface(form, space_after)))
+        multiword_words.clear()
+
+    for number, line in block:
+        if line.startswith("#"):
+            continue
+        columns = line.split("\t")
+        if len(columns) != 10:
+            raise CorpusError(path, number, f"expected 10 tab-separated CoNLL-U columns, found {len(columns)}")
+        try:
+            token = parse_line(line, DEFAULT_FIELDS)
+        except ParseException as exc:
+            raise CorpusError(path, number, f"malformed CoNLL-U line: {exc}") from exc
+        token_id = token["id"]
+        space_after = not (token["misc"] and token["misc"].get("SpaceAfter") == "No")
+        if isinstance(token_id, tuple):
+            if token_id[1] == ".":
+                continue  # empty node (enhanced dependencies): no word of the basic tree
+            if multiword is not None:
+                close_multiword()
+            multiword = (token_id[0], token_id[2], token["form"], space_after, number)
+            continue
+        if token_id != len(words) + 1:
+            raise CorpusError(path, number, f"word id {token_id} out of order (expected {len(words) + 1})")
+        if not isinstance(token["head"], int):
+            raise CorpusError(path, number, f"HEAD must be a word id, found {columns[6]!r}")
+        words.append(token["form"])
+        heads.append(token["head"])
+        relations.append(token["deprel"] or "_")
+        if multiword is None:
+            begin = append_surface(token["form"], space_after)
+            spans.append((begin, begin + len(token["form"])))
+            continue
+        multiword_words.append(token["form"])
+        if token_id == multiword[1]:
+            close_multiword()
+            multiword = None
+    if multiword is not None:
+        close_multiword()
+    if not words:
+        raise CorpusError(path, block[0][0], "sentence has no words")
+    for index, head in enumerate(heads):
+        if head > len(words):
+            raise CorpusError(path, block[0][0], f"word {index + 1} has head {head}, but the sentence has {len(words)} words")
+    return Example(
+        text=text.rstrip(),
+        source=f"{path.name}:{block[0][0]}",
+        words=tuple(words),
+        word_spans=tuple(spans),
+        heads=tuple(heads),
+        relations=tuple(relations),
+    )
+
+
+def _split_surface(form: str, words: list[str], begin: int) -> list[tuple[int, int]]:
+    """Spans of a multiword token's words: exact where their forms concatenate to the surface
+    form (``don't`` = ``do`` + ``n't``), else the surface cut in proportion to the words' lengths."""
+    if "".join(words).lower() == form.lower():
+        lengths = [len(word) for word in words]
+    else:
+        total = sum(len(word) for word in words)
+        lengths = [max(1, round(len(form) * len(word) / total)) for word in words]
+    cuts = [0]
+    for length in lengths:
+        cuts.append(min(len(form), cuts[-1] + length))
+    cuts[-1] = len(form)
+    return [(begin + a, begin + b) for a, b in zip(cuts, cuts[1:])]
+
+
+def sample_files() -> tuple[Path, Path]:
+    """The bundled sample corpus: single sentences and sentence pairs, written for bertology."""
+    data = resources.files("bertology") / "data"
+    return Path(str(data / "sample_sentences.txt")), Path(str(data / "sample_pairs.tsv"))
+
+
+def detect_format(path: Path) -> str:
+    """Guess a corpus format from the file's extension and first line."""
+    if path.suffix.lower() in {".conllu", ".conll"}:
+        return "conllu"
+    first = next(_lines(path), None)
+    if first is None:
+        raise CorpusError(path, None, "the file is empty")
+    cells = tuple(c.strip() for c in first[1].split("\t"))
+    if cells in GLUE_LAYOUTS or (len(cells) == 4 and cells[1] in {"0", "1"}):
+        return "glue"
+    return "pairs" if len(cells) >= 2 else "text"
+
+
+@dataclass
+class Corpus:
+    """A re-iterable corpus: a file in one of :data:`FORMATS`, or the bundled sample (``path=None``)."""
+
+    path: Path | None = None
+    format: str = "auto"
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise CorpusError(self.path or "sample", None, f"unknown format {self.format!r}; choose one of {', '.join(FORMATS)}")
+        if self.path is not None:
+            self.path = Path(self.path)
+            if not self.path.is_file():
+                raise CorpusError(self.path, None, "no such file")
+            if self.format == "auto":
+                self.format = detect_format(self.path)
+        elif self.format == "auto":
+            self.format = "sample"
+
+    @property
+    def name(self) -> str:
+        return "sample" if self.path is None else self.path.name
+
+    def _examples(self) -> Iterator[Example]:
+        if self.path is None:
+            sentences, pairs = sample_files()
+            yield from read_text(sentences)
+            yield from read_pairs(pairs)
+        elif self.format == "text":
+            yield from read_text(self.path)
+        elif self.format == "pairs":
+            yield from read_pairs(self.path)
+        elif self.format == "glue":
+            yield from read_table(self.path, glue_layout(self.path))
+        else:
+            yield from read_conllu(self.path)
+
+    def __iter__(self) -> Iterator[Example]:
+        for count, example in enumerate(self._examples()):
+            if self.limit is not None and count >= self.limit:
+                return
+            yield example
+
+    def validate(self) -> int:
+        """Read the whole corpus once (before any model runs) and return its number of examples.
+
+        Raises :class:`CorpusError` at the first bad line, or if there is no example at all.
+        """
+        count = sum(1 for _ in self)
+        if count == 0:
+            raise CorpusError(self.path or "sample", None, "no examples in the corpus (empty file or only blank lines)")
+        return count
+
+    def sha256(self) -> str:
+        """Hash of the corpus file(s), for the run manifest."""
+        digest = hashlib.sha256()
+        for path in sample_files() if self.path is None else (self.path,):
+            with path.open("rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+        return digest.hexdigest()

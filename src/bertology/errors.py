@@ -1,0 +1,28 @@
+"""User-facing errors: each renders as one line that says what is wrong and where."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class BertologyError(Exception):
+    """An error caused by the user's input or settings; the CLI prints it as one line."""
+
+
+class CorpusError(BertologyError):
+    """A problem in an input file, located by file and (where known) line number.
+
+    >>> str(CorpusError("data.tsv", 3, "expected 2 columns, found 1"))
+    'data.tsv:3: expected 2 columns, found 1'
+    """
+
+    def __init__(self, path: str | Path, line: int | None, message: str):
+        self.path = str(path)
+        self.line = line
+        self.message = message
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {message}")
+
+
+class ModelError(BertologyError):
+    """A model could not be found, loaded, or does not expose attention."""
