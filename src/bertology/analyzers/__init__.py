@@ -1,6 +1,13 @@
 """Analyzers: one class per analysis, all with the same ``update`` / ``merge`` / ``result`` verbs."""
 
 from bertology.analyzers.base import Analyzer
-from bertology.analyzers.profile import PROFILE_METRICS, GeneralProfile, HeadDistance, profile_metrics
+from bertology.analyzers.profile import (
+    CLARK_THRESHOLDS,
+    PROFILE_METRICS,
+    GeneralProfile,
+    HeadDistance,
+    clark_labels,
+    profile_metrics,
+)
 
-__all__ = ["Analyzer", "GeneralProfile", "HeadDistance", "PROFILE_METRICS", "profile_metrics"]
+__all__ = ["Analyzer", "CLARK_THRESHOLDS", "clark_labels", "GeneralProfile", "HeadDistance", "PROFILE_METRICS", "profile_metrics"]

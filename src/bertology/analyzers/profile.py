@@ -233,3 +233,20 @@ class HeadDistance(Analyzer):
         coordinates = mds.fit_transform(matrix)
         layer, head = np.divmod(np.arange(num_layers * num_heads), num_heads)
         return pd.DataFrame({"layer": layer, "head": head, "x": coordinates[:, 0], "y": coordinates[:, 1]})
+
+
+#: Clark et al.'s labels: a head is "broad" if its mean entropy exceeds 3.8 nats, "prev"/"next" if
+#: over half its attention goes to that neighbour, "cls"/"sep"/"punct" above 0.6. They depend on
+#: the sequence length n, so they are parameters.
+CLARK_THRESHOLDS = {"entropy": 3.8, "prev": 0.5, "next": 0.5, "cls": 0.6, "sep": 0.6, "punct": 0.6}
+_LABEL_NAMES = {"entropy": "broad"}
+
+
+def clark_labels(heads: pd.DataFrame, thresholds: dict[str, float] | None = None) -> pd.DataFrame:
+    """Heads whose mean metric exceeds Clark's threshold: ``layer, head, label, metric, value, threshold``."""
+    thresholds = CLARK_THRESHOLDS if thresholds is None else thresholds
+    rows = heads[heads.metric.isin(thresholds)].copy()
+    rows["threshold"] = rows.metric.map(thresholds)
+    rows = rows[rows.value > rows.threshold]
+    rows["label"] = rows.metric.map(lambda m: _LABEL_NAMES.get(m, m))
+    return rows[["layer", "head", "label", "metric", "value", "threshold"]].sort_values(["layer", "head", "label"]).reset_index(drop=True)

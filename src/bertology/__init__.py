@@ -1,0 +1,30 @@
+"""bertology: what every attention head of a BERT-like encoder does, and how sure we can be of it.
+
+>>> import bertology
+>>> result = bertology.analyze(corpus=["The cat sat on the mat."])  # doctest: +SKIP
+>>> result.heads.head()  # doctest: +SKIP
+"""
+
+from bertology.api import Analysis, analyze
+from bertology.corpora import Corpus, Example
+from bertology.engine import Batch, Engine
+from bertology.errors import BertologyError, CorpusError, ModelError
+from bertology.hooks import Hooks
+from bertology.models import LoadedModel, load_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Analysis",
+    "Batch",
+    "BertologyError",
+    "Corpus",
+    "CorpusError",
+    "Engine",
+    "Example",
+    "Hooks",
+    "LoadedModel",
+    "ModelError",
+    "analyze",
+    "load_model",
+]

@@ -1,0 +1,89 @@
+"""Figures of the general profile. Layers and heads are numbered from 0, as in every table."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+METRIC_TITLES = {
+    "cls": "attention to [CLS]",
+    "sep": "attention to [SEP]",
+    "punct": "attention to punctuation",
+    "self": "attention to self",
+    "prev": "attention to previous token",
+    "next": "attention to next token",
+    "entropy": "entropy (nats)",
+    "cls_entropy": "entropy of the [CLS] row (nats)",
+    "distance": "mean attention distance (tokens)",
+}
+
+
+def special_by_layer(heads: pd.DataFrame, metrics=("cls", "sep", "punct")):
+    """Clark et al.'s figure 2: each head's attention to special tokens (dots) and the layer mean (line)."""
+    figure, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), sharey=True)
+    rng = np.random.default_rng(0)
+    for axis, metric in zip(np.atleast_1d(axes), metrics):
+        rows = heads[heads.metric == metric]
+        jitter = rng.uniform(-0.15, 0.15, len(rows))
+        axis.scatter(rows.layer + jitter, rows.value, s=12, alpha=0.55, color="tab:blue", label="one head")
+        mean = rows.groupby("layer").value.mean()
+        axis.plot(mean.index, mean.values, color="tab:red", marker="o", label="layer mean")
+        axis.set_title(METRIC_TITLES[metric])
+        axis.set_xlabel("layer (0-based)")
+        axis.set_xticks(sorted(rows.layer.unique()))
+        axis.grid(alpha=0.3)
+    np.atleast_1d(axes)[0].set_ylabel("average attention")
+    np.atleast_1d(axes)[0].legend(loc="upper left", fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def metric_heatmap(heads: pd.DataFrame, metric: str, axis=None):
+    """Layer x head heatmap of one metric's mean over sequences."""
+    grid = heads[heads.metric == metric].pivot(index="layer", columns="head", values="value")
+    own = axis is None
+    if own:
+        figure, axis = plt.subplots(figsize=(0.45 * grid.shape[1] + 2.5, 0.45 * grid.shape[0] + 1.5))
+    image = axis.imshow(grid.values, aspect="auto", cmap="viridis")
+    axis.set_xticks(range(grid.shape[1]), grid.columns)
+    axis.set_yticks(range(grid.shape[0]), grid.index)
+    axis.set_xlabel("head (0-based)")
+    axis.set_ylabel("layer (0-based)")
+    axis.set_title(METRIC_TITLES.get(metric, metric))
+    plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+    if own:
+        figure.tight_layout()
+        return figure
+    return axis.figure
+
+
+def metric_heatmaps(heads: pd.DataFrame, metrics) -> plt.Figure:
+    """All metrics' layer x head heatmaps in one grid (for the report)."""
+    columns = 3
+    rows = int(np.ceil(len(metrics) / columns))
+    figure, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.4 * rows))
+    for axis, metric in zip(axes.ravel(), metrics):
+        metric_heatmap(heads, metric, axis=axis)
+    for axis in axes.ravel()[len(metrics):]:
+        axis.set_visible(False)
+    figure.tight_layout()
+    return figure
+
+
+def head_map(embedding: pd.DataFrame):
+    """2-D MDS map of the heads by Jensen-Shannon distance, coloured by layer (Clark et al. figure 6)."""
+    figure, axis = plt.subplots(figsize=(6.5, 5.5))
+    points = axis.scatter(embedding.x, embedding.y, c=embedding.layer, cmap="viridis", s=40, edgecolor="white", linewidth=0.5)
+    for row in embedding.itertuples():
+        axis.annotate(f"{row.layer}-{row.head}", (row.x, row.y), fontsize=6, alpha=0.7, xytext=(2, 2), textcoords="offset points")
+    bar = plt.colorbar(points, ax=axis)
+    bar.set_label("layer (0-based)")
+    axis.set_title("heads by Jensen-Shannon distance (MDS); labels layer-head")
+    axis.set_xticks([])
+    axis.set_yticks([])
+    figure.tight_layout()
+    return figure
