@@ -60,7 +60,7 @@ def align(
     (``None`` marks special tokens); ``word_spans[s]`` are the character spans of the words of
     segment ``s`` (one list for a single sentence, two for a pair). A piece belongs to the word
     that holds its last character, so byte-level BPE pieces whose offsets include the leading
-    space ("Ġword") align too.
+    space ("Ġword") align too; an empty piece goes with the character after it.
     """
     starts = [[begin for begin, _ in spans] for spans in word_spans]
     first_word = np.cumsum([0] + [len(spans) for spans in word_spans])
@@ -69,10 +69,12 @@ def align(
     unit_is_word: list[bool] = []
     for piece, ((begin, end), segment) in enumerate(zip(offsets, sequence_ids)):
         word = -1
-        if segment is not None and end > begin:
+        if segment is not None:
+            # The piece's last character; an empty piece (a lone "Ġ") goes with the character after it.
+            char = end - 1 if end > begin else begin
             spans = word_spans[segment]
-            k = bisect.bisect_right(starts[segment], end - 1) - 1
-            if k >= 0 and spans[k][0] <= end - 1 < spans[k][1]:
+            k = bisect.bisect_right(starts[segment], char) - 1
+            if k >= 0 and spans[k][0] <= char < spans[k][1]:
                 word = first_word[segment] + k
         if word < 0:  # a special token, or a piece outside every word: a unit of its own
             unit_of_piece[piece] = len(unit_is_word)

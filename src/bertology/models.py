@@ -161,9 +161,11 @@ def load_model(
     sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
     if cls_id is None or sep_id is None:
         raise ModelError(f"{source}: the tokenizer defines no [CLS]/<s> or [SEP]/</s> token")
-    vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-    special_ids = set(tokenizer.all_special_ids)
-    punct = np.array([i not in special_ids and is_punctuation(tok or "") for i, tok in enumerate(vocab)])
+    vocab = tokenizer.get_vocab()  # ids may have gaps: size the table by the largest id
+    punct = np.zeros(max(len(tokenizer), max(vocab.values()) + 1), dtype=bool)
+    for piece, index in vocab.items():
+        punct[index] = is_punctuation(piece)
+    punct[tokenizer.all_special_ids] = False
     model.to(torch_device).eval()
     config = model.config
     return LoadedModel(

@@ -1,0 +1,103 @@
+"""Shared fixtures: tiny random models with tokenizers built here, and the shared data folder.
+
+Nothing is downloaded: the hub is switched off for the whole test session.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
+from transformers import BertConfig, BertModel, BertTokenizerFast, RobertaConfig, RobertaModel, RobertaTokenizerFast  # noqa: E402
+
+from bertology.corpora import Example  # noqa: E402
+from bertology.models import load_model  # noqa: E402
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+WORDS = (
+    "the a cat dog sat on mat is where it here under table ran fast slowly big small red house tree "
+    "we you they saw what why how do does not can will and but or of to in at with from by this that "
+    "un ##believ ##ably token ##ization split ##s word walk ##ed run ##ning"
+).split()
+TEXTS = [
+    "the cat sat on the mat.",
+    "where is the dog?",
+    "the big red house is under the tree, and the cat ran fast.",
+    "unbelievably, tokenization splits words!",
+    "we saw it.",
+    "they walked slowly to the house; the dog was running.",
+    "why does the small cat not sit here?",
+    "a dog, a cat and a tree.",
+]
+PAIRS = [("the cat sat.", "the dog ran."), ("where is it?", "it is under the table.")]
+
+
+def tiny_examples() -> list[Example]:
+    return [Example(text) for text in TEXTS] + [Example(a, b) for a, b in PAIRS]
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory) -> Path:
+    """A 2-layer, 4-head random BERT with a small WordPiece vocabulary, saved as a model folder."""
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "?", "!", ";", "'"] + WORDS
+    tokenizer = BertTokenizerFast(vocab={piece: i for i, piece in enumerate(vocab)}, do_lower_case=True)
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64
+    )
+    BertModel(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_roberta_dir(tmp_path_factory) -> Path:
+    """A 2-layer random RoBERTa with a byte-level BPE tokenizer trained here ("Ġ" pieces, <s>/</s>)."""
+    folder = tmp_path_factory.mktemp("tiny-roberta")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(TEXTS * 5, trainer)
+    bpe.post_processor = processors.RobertaProcessing(("</s>", bpe.token_to_id("</s>")), ("<s>", bpe.token_to_id("<s>")), trim_offsets=True)
+    tokenizer = RobertaTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>", pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = RobertaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=66, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    RobertaModel(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tiny_bert_dir):
+    return load_model(tiny_bert_dir, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_roberta(tiny_roberta_dir):
+    return load_model(tiny_roberta_dir, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """The bundled default model (all-MiniLM-L6-v2 from the installed package)."""
+    return load_model(None, device="cpu")
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/data is not beside this checkout")
+    return SHARED_DATA

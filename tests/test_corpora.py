@@ -1,0 +1,154 @@
+import pytest
+
+from bertology.corpora import Corpus, TableLayout, read_conllu, read_pairs, read_table, read_text
+from bertology.errors import CorpusError
+
+CONLLU = """# sent_id = 1
+# text = I don't know.
+1	I	I	PRON	PRP	_	3	nsubj	_	_
+2-3	don't	_	_	_	_	_	_	_	_
+2	do	do	AUX	VBP	_	4	aux	_	_
+3	n't	not	PART	RB	_	4	advmod	_	_
+4	know	know	VERB	VB	_	0	root	_	SpaceAfter=No
+4.1	knows	know	VERB	VB	_	_	_	3:conj	_
+5	.	.	PUNCT	.	_	4	punct	_	_
+
+# sent_id = 2
+1	Yes	yes	INTJ	UH	_	0	root	_	_
+
+"""
+
+
+def write(tmp_path, name, content, mode="w"):
+    path = tmp_path / name
+    if mode == "wb":
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    return path
+
+
+def test_text_skips_blank_lines_and_strips_bom_and_crlf(tmp_path):
+    path = write(tmp_path, "c.txt", "", mode="w")
+    path.write_bytes("\ufeffFirst line.\r\n\r\n   \r\nSecond line.\r\n".encode())
+    examples = list(read_text(path))
+    assert [e.text for e in examples] == ["First line.", "Second line."]
+    assert examples[1].source == "c.txt:4"
+
+
+def test_invalid_utf8_names_the_line(tmp_path):
+    path = write(tmp_path, "bad.txt", b"good\nalso good\nbad \xff byte\n", mode="wb")
+    with pytest.raises(CorpusError, match=r"bad\.txt:3: invalid UTF-8"):
+        list(read_text(path))
+
+
+def test_empty_file_is_an_error_naming_the_file(tmp_path):
+    path = write(tmp_path, "empty.txt", "\n\n")
+    with pytest.raises(CorpusError, match=r"empty\.txt: no examples"):
+        Corpus(path, format="text").validate()
+
+
+def test_pairs_need_two_columns(tmp_path):
+    path = write(tmp_path, "p.tsv", "a cat.\ta dog.\tentailment\nonly one column\n")
+    with pytest.raises(CorpusError, match=r"p\.tsv:2: expected 2 tab-separated columns"):
+        list(read_pairs(path))
+    first = next(read_pairs(path))
+    assert (first.text, first.text_pair, first.label) == ("a cat.", "a dog.", "entailment")
+
+
+def test_glue_row_with_missing_columns_names_its_line(tmp_path):
+    path = write(tmp_path, "rte.tsv", "index\tsentence1\tsentence2\tlabel\n0\tA\n")
+    with pytest.raises(CorpusError, match=r"rte\.tsv:2: expected at least 4 tab-separated columns, found 2"):
+        list(Corpus(path))
+
+
+def test_table_without_a_named_column_names_the_header(tmp_path):
+    path = write(tmp_path, "mine.tsv", "text\tgold\nfine\t1\n")
+    with pytest.raises(CorpusError, match=r"mine\.tsv:1: missing column 'label' in the header \(found: text, gold\)"):
+        list(read_table(path, TableLayout("text", label="label")))
+
+
+@pytest.mark.parametrize(
+    "task, count, pair, first_text",
+    [
+        ("SST-2", 872, False, "it 's a charming and often affecting journey ."),
+        ("MRPC", 408, True, "He said the foodservice pie business doesn't fit the company's long-term growth strategy."),
+        ("RTE", 277, True, "Dana Reeve, the widow of the actor Christopher Reeve, has died of lung cancer at age 44, according to the Christopher Reeve Foundation."),
+        ("CoLA", 1043, False, "The sailors rode the breeze clear of the rocks."),
+    ],
+)
+def test_glue_dev_sets(shared_data, task, count, pair, first_text):
+    corpus = Corpus(shared_data / "glue" / task / "dev.tsv")
+    assert corpus.format == "glue"
+    examples = list(corpus)
+    assert len(examples) == count
+    assert examples[0].text == first_text
+    assert all((e.text_pair is not None) == pair for e in examples)
+    assert all(e.label is not None for e in examples)
+
+
+def test_conllu_reads_words_heads_and_relations_and_skips_multiword_and_empty_nodes(tmp_path):
+    path = write(tmp_path, "t.conllu", CONLLU)
+    first, second = read_conllu(path)
+    assert first.text == "I don't know."
+    assert first.words == ("I", "do", "n't", "know", ".")
+    assert first.heads == (3, 4, 4, 0, 4)
+    assert first.relations == ("nsubj", "aux", "advmod", "root", "punct")
+    assert [first.text[a:b] for a, b in first.word_spans] == ["I", "do", "n't", "know", "."]
+    assert first.source == "t.conllu:1"
+    assert second.words == ("Yes",) and second.source == "t.conllu:11"
+
+
+@pytest.mark.parametrize(
+    "bad_line, message",
+    [
+        ("2\tdo\tdo\tAUX\tVBP\t_\t4\taux\t_", "expected 10 tab-separated CoNLL-U columns, found 9"),
+        ("2\tdo\tdo\tAUX\tVBP\t_\tx\taux\t_\t_", "malformed CoNLL-U line"),
+        ("7\tdo\tdo\tAUX\tVBP\t_\t4\taux\t_\t_", "word id 7 out of order"),
+    ],
+)
+def test_malformed_conllu_names_the_line(tmp_path, bad_line, message):
+    lines = CONLLU.splitlines()
+    lines[4] = bad_line  # the line of word 2 ("do") is line 5
+    del lines[3]  # drop the multiword token so only the bad line is wrong
+    path = write(tmp_path, "bad.conllu", "\n".join(lines) + "\n")
+    with pytest.raises(CorpusError, match=rf"bad\.conllu:4: {message}"):
+        list(read_conllu(path))
+
+
+def test_ewt_test_set_aligns_every_word_to_its_surface_text(shared_data):
+    examples = list(read_conllu(shared_data / "ud_english_ewt" / "en_ewt-ud-test.conllu"))
+    assert len(examples) == 2077
+    assert sum(len(e.words) for e in examples) == 25094
+    for example in examples:
+        for word, (a, b) in zip(example.words, example.word_spans):
+            assert example.text[a:b].lower() == word.lower()
+
+
+def test_bundled_sample_corpus_has_sentences_and_pairs():
+    corpus = Corpus()
+    examples = list(corpus)
+    singles = [e for e in examples if e.text_pair is None]
+    pairs = [e for e in examples if e.text_pair is not None]
+    assert len(singles) >= 200 and len(pairs) >= 90
+    assert len({e.text for e in singles}) == len(singles)
+    lengths = sorted(len(e.text.split()) for e in singles)
+    assert lengths[0] <= 3 and lengths[-1] >= 18  # varied in length
+    assert corpus.validate() == len(examples)
+    assert len(corpus.sha256()) == 64
+
+
+def test_auto_format_detection(tmp_path):
+    assert Corpus(write(tmp_path, "a.txt", "one line\n")).format == "text"
+    assert Corpus(write(tmp_path, "b.tsv", "a\tb\n")).format == "pairs"
+    assert Corpus(write(tmp_path, "c.tsv", "sentence\tlabel\nfine .\t1\n")).format == "glue"
+    assert Corpus(write(tmp_path, "d.conllu", CONLLU)).format == "conllu"
+    with pytest.raises(CorpusError, match="no such file"):
+        Corpus(tmp_path / "missing.txt")
+    with pytest.raises(CorpusError, match="unknown format 'xml'"):
+        Corpus(tmp_path / "a.txt", format="xml")
+
+
+def test_limit_stops_reading(tmp_path):
+    path = write(tmp_path, "a.txt", "one\ntwo\nthree\n")
+    assert [e.text for e in Corpus(path, limit=2)] == ["one", "two"]
