@@ -1,0 +1,22 @@
+import pandas as pd
+
+from bertology.reports import Figure, Report, Section
+from bertology.reports import figures
+from bertology.runfolder import RunFolder
+
+
+def test_report_embeds_figures_and_escapes_text(tmp_path):
+    folder = RunFolder(tmp_path)
+    heads = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "metric": "sep", "value": [0.1, 0.2, 0.3, 0.4]})
+    png = folder.write_figure("heatmap_sep", figures.metric_heatmap(heads, "sep"))
+    hostile = '"><img src=x onerror=alert(1)><script>alert(1)</script>'
+    report = Report(
+        title=f"run on {hostile}",
+        summary={"corpus": hostile},
+        sections=[Section(title="S", intro=hostile, figures=[Figure(png, hostile)], tables=[("t", pd.DataFrame({"text": [hostile]}))])],
+    )
+    html = report.render()
+    assert "<script>" not in html and "<img src=x" not in html
+    # title (<title> and <h1>), summary, intro, figure (alt and caption), table cell
+    assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 7
+    assert html.count("data:image/png;base64,iVBOR") == 1  # PNG magic, base64-encoded

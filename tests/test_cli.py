@@ -1,0 +1,74 @@
+"""The command line from end to end, as a user runs it (a separate process)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from bertology.analyzers import PROFILE_METRICS
+from conftest import TEXTS
+
+
+def bertology(*args, cwd=None):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "bertology.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
+    path.write_text("\n".join(TEXTS) + "\n")
+    return path
+
+
+def test_analyze_writes_a_complete_run_folder(tiny_bert_dir, corpus, tmp_path):
+    out = tmp_path / "run"
+    result = bertology("analyze", "--model", tiny_bert_dir, "--corpus", corpus, "--out", out, "--batch-size", 3, "--head-distance-sample", 1, "--device", "cpu", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert f"report: {(out / 'report.html').resolve()}" in result.stdout
+    heads = pd.read_csv(out / "heads.csv")
+    assert list(heads.columns) == ["layer", "head", "metric", "value", "ci_low", "ci_high", "n"]
+    assert len(heads) == 2 * 4 * len(PROFILE_METRICS)
+    assert (heads.n == len(TEXTS)).all()
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "heads.parquet"), heads, check_dtype=False)
+    for name in ("layers.csv", "head_map.csv", "head_distance.csv", "special_tokens_by_layer.png", "head_map.png", "heatmap_sep.png", "report.html"):
+        assert (out / name).is_file(), name
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    assert manifest["corpus"]["examples"] == len(TEXTS) and len(manifest["corpus"]["sha256"]) == 64
+    assert manifest["seed"] == 0 and "transformers" in manifest["versions"]
+    assert "--batch-size" in manifest["command"]
+    report = (out / "report.html").read_text()
+    assert report.count("data:image/png;base64,") >= 3 and "<script" not in report
+
+
+def test_limit_and_max_length_are_reported(tiny_bert_dir, corpus, tmp_path):
+    result = bertology("analyze", "-m", tiny_bert_dir, "-c", corpus, "-o", tmp_path / "r", "--limit", 3, "--max-length", 8, "--skip-long", "-q")
+    assert result.returncode == 0, result.stderr
+    assert "1 sequences (0 truncated, 2 skipped as too long)" in result.stdout
+
+
+def test_bad_corpus_is_one_line_naming_file_and_line(tiny_bert_dir, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine\n\xfe\xff broken\n")
+    result = bertology("analyze", "--model", tiny_bert_dir, "--corpus", bad, "--out", tmp_path / "run", "-q")
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {bad}:2: invalid UTF-8 at byte 0 of the line"
+    assert not (tmp_path / "run").exists()  # validated before any model ran
+
+
+def test_unknown_model_is_one_line(corpus, tmp_path):
+    result = bertology("analyze", "--model", "nobody/nothing", "--corpus", corpus, "--out", tmp_path / "run", "-q")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pass the path of a local model folder" in lines[0]
+
+
+def test_info_prints_model_facts(tiny_roberta_dir):
+    result = bertology("info", "--model", tiny_roberta_dir, "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert (info["layers"], info["heads"], info["cls_token"], info["sep_token"]) == (2, 4, "<s>", "</s>")
