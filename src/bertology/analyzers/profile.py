@@ -147,17 +147,18 @@ def _sample_key(texts: tuple, seed: int) -> float:
 def pairwise_js(rows: torch.Tensor) -> torch.Tensor:
     """Summed Jensen-Shannon divergence (nats) between every pair of heads, over matching rows.
 
-    ``rows`` is ``[heads, r, n]`` (r attention rows of n keys per head). Uses
-    ``JS(p, q) = H((p + q) / 2) - (H(p) + H(q)) / 2``, equal to scipy's
-    ``jensenshannon(p, q) ** 2``. Returns ``[heads, heads]``.
+    ``rows`` is ``[heads, r, n]`` (r attention rows of n keys per head; all-zero padding rows add
+    nothing). Uses ``JS(p, q) = H((p + q) / 2) - (H(p) + H(q)) / 2``, equal to scipy's
+    ``jensenshannon(p, q) ** 2``; one head against all later heads at a time (upper triangle).
+    Returns ``[heads, heads]``.
     """
     neg_entropy = torch.special.xlogy(rows, rows).sum(dim=(1, 2))  # -sum_r H(p_r) per head
-    total = torch.zeros(rows.shape[0], rows.shape[0], dtype=rows.dtype, device=rows.device)
-    for first in range(rows.shape[0]):
-        middle = 0.5 * (rows[first] + rows[first:])
+    upper = torch.zeros(rows.shape[0], rows.shape[0], dtype=rows.dtype, device=rows.device)
+    for first in range(rows.shape[0] - 1):
+        middle = 0.5 * (rows[first] + rows[first + 1 :])
         mixed = -torch.special.xlogy(middle, middle).sum(dim=(1, 2))
-        total[first, first:] = mixed + 0.5 * (neg_entropy[first] + neg_entropy[first:])
-    return torch.triu(total, 1) + torch.triu(total, 1).T
+        upper[first, first + 1 :] = mixed + 0.5 * (neg_entropy[first] + neg_entropy[first + 1 :])
+    return upper + upper.T
 
 
 class HeadDistance(Analyzer):
@@ -185,14 +186,14 @@ class HeadDistance(Analyzer):
         self._shape = (num_layers, num_heads)
         if self._total is None:
             self._total = np.zeros((num_layers * num_heads,) * 2)
-        lengths = batch.lengths.tolist()
-        for b, example in enumerate(batch.examples):
-            if _sample_key((example.text, example.text_pair), self.seed) >= self.sample:
-                continue
-            n = lengths[b]
-            rows = batch.attentions[:, b, :, :n, :n].reshape(num_layers * num_heads, n, n).double()
-            self._total += pairwise_js(rows).cpu().numpy()
-            self._rows += n
+        sampled = [b for b, e in enumerate(batch.examples) if _sample_key((e.text, e.text_pair), self.seed) < self.sample]
+        if not sampled:
+            return
+        # All sampled sequences' rows side by side; padding rows are zero and add nothing.
+        width = batch.attentions.shape[-1]
+        rows = batch.attentions[:, sampled].permute(0, 2, 1, 3, 4).reshape(num_layers * num_heads, len(sampled) * width, width)
+        self._total += pairwise_js(rows).double().cpu().numpy()
+        self._rows += int(batch.lengths[sampled].sum())
 
     def merge(self, other: "HeadDistance") -> "HeadDistance":
         self._check_mergeable(other)
