@@ -1,6 +1,7 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from bertology.corpora import Example
@@ -91,3 +92,28 @@ def test_roberta_pairs_mark_both_separators(tiny_roberta):
     assert batch.input_ids[0, 0] == tiny_roberta.cls_token_id
     assert math.isclose(float(batch.attentions[0, 0, 0].sum()), int(batch.lengths[0]), rel_tol=1e-5)
     assert np.isfinite(batch.attentions.numpy()).all()
+
+
+@pytest.mark.parametrize("family", ["distilbert", "albert", "electra", "bert"])
+def test_every_family_loads_from_a_folder_and_runs(family, tiny_bert_dir, tmp_path):
+    import transformers as tf
+
+    from bertology.analyzers import GeneralProfile
+    from bertology.models import load_model
+
+    tokenizer = tf.AutoTokenizer.from_pretrained(tiny_bert_dir)
+    configs = {
+        "distilbert": tf.DistilBertConfig(vocab_size=len(tokenizer), dim=32, hidden_dim=64, n_layers=3, n_heads=4, max_position_embeddings=64),
+        "albert": tf.AlbertConfig(vocab_size=len(tokenizer), embedding_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=64),
+        "electra": tf.ElectraConfig(vocab_size=len(tokenizer), embedding_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=64),
+        "bert": tf.BertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=64),
+    }
+    tf.AutoModel.from_config(configs[family]).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    model = load_model(tmp_path, device="cpu")
+    assert (model.num_layers, model.num_heads, model.max_length) == (3, 4, 64)
+    profile = GeneralProfile()
+    stats = Engine(model, batch_size=4, progress=False).run(tiny_examples(), [profile])
+    assert stats.sequences == len(tiny_examples())
+    result = profile.result()
+    assert len(result) == 3 * 4 * 9 and result.value.notna().all()
