@@ -54,7 +54,9 @@ def test_word_level_attention_sums_columns_and_averages_rows():
     # pieces: [CLS], "un", "##believ", "!", [SEP]  ->  units [CLS], unbelievable, !, [SEP]
     from bertology.alignment import WordAlignment
 
-    alignment = WordAlignment(np.array([0, 1, 1, 2, 3]), np.array([1, 2]), np.array([False, True, True, False]))
+    assignment = np.zeros((4, 5))
+    assignment[[0, 1, 1, 2, 3], range(5)] = 1
+    alignment = WordAlignment(assignment, np.array([1, 2]), np.array([False, True, True, False]))
     rng = np.random.default_rng(0)
     attention = rng.dirichlet(np.ones(5), size=5)
     merged = to_word_level(attention, alignment)
@@ -67,3 +69,32 @@ def test_word_level_attention_sums_columns_and_averages_rows():
     np.testing.assert_allclose(merged.sum(axis=1), 1.0)
     batched = to_word_level(torch.tensor(np.stack([attention, attention])), alignment)
     np.testing.assert_allclose(batched.numpy()[1], expected)
+
+
+def test_ud_contraction_shares_the_straddling_piece_between_its_words(tmp_path):
+    """UD splits "don't" into "do" + "n't"; BERT's pieces are "don", "'", "t"."""
+    from transformers import AutoTokenizer
+
+    from bertology.corpora import read_conllu
+    from bertology.models import default_model_path
+
+    conllu = tmp_path / "c.conllu"
+    conllu.write_text(
+        "1\tI\t_\t_\t_\t_\t3\tnsubj\t_\t_\n2-3\tdon't\t_\t_\t_\t_\t_\t_\t_\t_\n2\tdo\t_\t_\t_\t_\t4\taux\t_\t_\n"
+        "3\tn't\t_\t_\t_\t_\t4\tadvmod\t_\t_\n4\tknow\t_\t_\t_\t_\t0\troot\t_\tSpaceAfter=No\n5\t.\t_\t_\t_\t_\t4\tpunct\t_\t_\n\n"
+    )
+    (example,) = read_conllu(conllu)
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    encoding = tokenizer(example.text, return_offsets_mapping=True)
+    assert tokenizer.convert_ids_to_tokens(encoding["input_ids"]) == ["[CLS]", "i", "don", "'", "t", "know", ".", "[SEP]"]
+    alignment = align(encoding["offset_mapping"], encoding.sequence_ids(), [list(example.word_spans)])
+    assert (alignment.word_unit >= 0).all()
+    do, nt = alignment.word_unit[1], alignment.word_unit[2]
+    np.testing.assert_allclose(alignment.assignment[[do, nt]][:, 2:5], [[2 / 3, 0, 0], [1 / 3, 1, 1]])
+    np.testing.assert_allclose(alignment.assignment.sum(axis=0), 1.0)
+    attention = np.random.default_rng(1).dirichlet(np.ones(8), size=8)
+    merged = to_word_level(attention, alignment)
+    np.testing.assert_allclose(merged.sum(axis=1), 1.0)
+    # attention TO "do" is 2/3 of the attention to "don"; FROM "do" is the row of "don"
+    np.testing.assert_allclose(merged[:, do], (alignment.assignment / alignment.assignment.sum(1, keepdims=True)) @ attention[:, 2] * 2 / 3)
+    np.testing.assert_allclose(merged[do], attention[2] @ alignment.assignment.T)

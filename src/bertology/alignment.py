@@ -29,12 +29,15 @@ def default_word_spans(text: str) -> list[tuple[int, int]]:
 class WordAlignment:
     """How the pieces of one sequence group into units: words, plus each special token on its own.
 
-    ``unit_of_piece[p]`` is the unit of piece ``p``; units are numbered in order of first appearance.
-    ``word_unit[w]`` is the unit of word ``w`` (words of sentence A, then of sentence B), or -1 if
-    no piece falls in it. ``unit_is_word[u]`` is False for special-token (and unaligned) units.
+    ``assignment[u, p]`` is the share of piece ``p`` that belongs to unit ``u``: 1 for a piece
+    inside one word, the character overlap share for a piece that straddles words (BERT's "don" in
+    UD's "do" + "n't"); every column sums to 1. ``unit_of_piece[p]`` is the unit with the largest
+    share. ``word_unit[w]`` is the unit of word ``w`` (words of sentence A, then of sentence B), or
+    -1 if no piece overlaps it (cut by truncation). ``unit_is_word[u]`` is False for special-token
+    (and unaligned) units.
     """
 
-    unit_of_piece: np.ndarray
+    assignment: np.ndarray
     word_unit: np.ndarray
     unit_is_word: np.ndarray
 
@@ -42,11 +45,24 @@ class WordAlignment:
     def num_units(self) -> int:
         return len(self.unit_is_word)
 
-    def assignment(self) -> np.ndarray:
-        """One-hot matrix ``P[u, p] = 1`` if piece ``p`` belongs to unit ``u``."""
-        matrix = np.zeros((self.num_units, len(self.unit_of_piece)))
-        matrix[self.unit_of_piece, np.arange(len(self.unit_of_piece))] = 1.0
-        return matrix
+    @property
+    def unit_of_piece(self) -> np.ndarray:
+        return self.assignment.argmax(axis=0)
+
+
+def _overlaps(begin: int, end: int, spans: list[tuple[int, int]], starts: list[int]) -> list[tuple[int, int]]:
+    """(word, characters in common) for the words a piece [begin, end) overlaps; an empty piece
+    (a lone "Ġ") counts as one character of the word that holds its position."""
+    if end <= begin:
+        end = begin + 1
+    found = []
+    k = max(bisect.bisect_right(starts, begin) - 1, 0)
+    while k < len(spans) and spans[k][0] < end:
+        common = min(end, spans[k][1]) - max(begin, spans[k][0])
+        if common > 0:
+            found.append((k, common))
+        k += 1
+    return found
 
 
 def align(
@@ -54,46 +70,50 @@ def align(
     sequence_ids: list[int | None],
     word_spans: list[list[tuple[int, int]]],
 ) -> WordAlignment:
-    """Align the pieces of one encoded sequence to words.
+    """Align the pieces of one encoded sequence to words by character offsets.
 
     ``offsets`` and ``sequence_ids`` are the tokenizer's ``offset_mapping`` and ``sequence_ids()``
     (``None`` marks special tokens); ``word_spans[s]`` are the character spans of the words of
-    segment ``s`` (one list for a single sentence, two for a pair). A piece belongs to the word
-    that holds its last character, so byte-level BPE pieces whose offsets include the leading
-    space ("Ġword") align too; an empty piece goes with the character after it.
+    segment ``s`` (one list for a single sentence, two for a pair). Units are numbered in order of
+    first appearance; a word reached only through a shared piece gets its unit after the others.
     """
     starts = [[begin for begin, _ in spans] for spans in word_spans]
     first_word = np.cumsum([0] + [len(spans) for spans in word_spans])
     word_unit = np.full(first_word[-1], -1, dtype=np.int64)
-    unit_of_piece = np.empty(len(offsets), dtype=np.int64)
     unit_is_word: list[bool] = []
-    for piece, ((begin, end), segment) in enumerate(zip(offsets, sequence_ids)):
-        word = -1
-        if segment is not None:
-            # The piece's last character; an empty piece (a lone "Ġ") goes with the character after it.
-            char = end - 1 if end > begin else begin
-            spans = word_spans[segment]
-            k = bisect.bisect_right(starts[segment], char) - 1
-            if k >= 0 and spans[k][0] <= char < spans[k][1]:
-                word = first_word[segment] + k
-        if word < 0:  # a special token, or a piece outside every word: a unit of its own
-            unit_of_piece[piece] = len(unit_is_word)
+    shares: list[list[tuple[int, float]]] = []  # per piece: (global word or -1 - unit, weight)
+    for (begin, end), segment in zip(offsets, sequence_ids):
+        found = [] if segment is None else _overlaps(begin, end, word_spans[segment], starts[segment])
+        if not found:  # a special token, or a piece outside every word: a unit of its own
+            shares.append([(-1 - len(unit_is_word), 1.0)])
             unit_is_word.append(False)
             continue
-        if word_unit[word] < 0:
-            word_unit[word] = len(unit_is_word)
+        total = sum(common for _, common in found)
+        main = first_word[segment] + max(found, key=lambda item: item[1])[0]
+        if word_unit[main] < 0:
+            word_unit[main] = len(unit_is_word)
             unit_is_word.append(True)
-        unit_of_piece[piece] = word_unit[word]
-    return WordAlignment(unit_of_piece, word_unit, np.array(unit_is_word, dtype=bool))
+        shares.append([(first_word[segment] + k, common / total) for k, common in found])
+    for piece_shares in shares:  # words that only share a piece with a neighbour
+        for word, _ in piece_shares:
+            if word >= 0 and word_unit[word] < 0:
+                word_unit[word] = len(unit_is_word)
+                unit_is_word.append(True)
+    assignment = np.zeros((len(unit_is_word), len(offsets)))
+    for piece, piece_shares in enumerate(shares):
+        for word, weight in piece_shares:
+            assignment[word_unit[word] if word >= 0 else -1 - word, piece] += weight
+    return WordAlignment(assignment, word_unit, np.array(unit_is_word, dtype=bool))
 
 
 def to_word_level(attention: np.ndarray | torch.Tensor, alignment: WordAlignment) -> np.ndarray | torch.Tensor:
     """Merge a piece-level attention map ``[..., n, n]`` into a unit-level one ``[..., u, u]``.
 
-    ``W = (P / |pieces|) A P^T``: rows are averaged over a unit's pieces, columns summed, so rows
-    still sum to 1 (METHODS.md section 2).
+    ``W = (P / P 1) A P^T`` with ``P = alignment.assignment``: rows are averaged over a unit's
+    pieces, columns summed, so rows still sum to 1 (METHODS.md section 2). A piece shared by two
+    words counts towards each by its share.
     """
-    assignment = alignment.assignment()
+    assignment = alignment.assignment
     row_mean = assignment / assignment.sum(axis=1, keepdims=True)
     if isinstance(attention, torch.Tensor):
         sums = torch.as_tensor(assignment, dtype=attention.dtype, device=attention.device)

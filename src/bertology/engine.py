@@ -59,6 +59,13 @@ class Batch:
     punct_mask: torch.Tensor
     segment_ids: torch.Tensor
     attentions: torch.Tensor
+    embedding: torch.nn.Module | None = field(default=None, repr=False)
+
+    @cached_property
+    def input_embeddings(self) -> torch.Tensor:
+        """The model's static input (token) embeddings of every piece, ``[batch, n, dim]``."""
+        with torch.inference_mode():
+            return self.embedding(self.input_ids)
 
     @property
     def size(self) -> int:
@@ -260,6 +267,7 @@ class Engine:
             punct_mask=self._punct_by_id[input_ids] & mask,
             segment_ids=tensors["segment_ids"],
             attentions=attentions,
+            embedding=self.model.model.get_input_embeddings(),
         )
 
     def run(self, examples: Iterable[Example], analyzers: Sequence, *, total: int | None = None) -> RunStats:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 from scipy import stats
 
@@ -56,3 +58,13 @@ class RunningMoments:
 
     def means(self) -> np.ndarray:
         return np.where(self.count > 0, self.mean, np.nan)
+
+
+def keyed_rng(seed: int, *key) -> np.random.Generator:
+    """A random generator fixed by ``seed`` and ``key`` (e.g. a sentence's source and text).
+
+    Draws made from it (bootstrap weights, samples, folds) follow the data item, not its position
+    in a batch or shard, which keeps analyzers independent of batch order and mergeable.
+    """
+    digest = hashlib.blake2b(repr((seed, *key)).encode(), digest_size=8).digest()
+    return np.random.default_rng(int.from_bytes(digest, "big"))

@@ -15,8 +15,6 @@ Each metric is averaged over sequences, with a 95% Student-t interval over seque
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import pandas as pd
 import torch
@@ -24,7 +22,7 @@ from sklearn.manifold import MDS
 
 from bertology.analyzers.base import Analyzer
 from bertology.engine import Batch
-from bertology.stats import RunningMoments
+from bertology.stats import RunningMoments, keyed_rng
 
 PROFILE_METRICS = ("cls", "sep", "punct", "self", "prev", "next", "entropy", "cls_entropy", "distance")
 ENTROPY_SMOOTHING = 1e-4  # Clark et al.: a <- (1 - eps) a + eps / n
@@ -138,12 +136,6 @@ class GeneralProfile(Analyzer):
         return _interval_frame(self._layers, index)
 
 
-def _sample_key(texts: tuple, seed: int) -> float:
-    """A number in [0, 1) fixed by a sequence's text and the seed (order- and shard-independent)."""
-    digest = hashlib.blake2b(repr((seed, texts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64
-
-
 def pairwise_js(rows: torch.Tensor) -> torch.Tensor:
     """Summed Jensen-Shannon divergence (nats) between every pair of heads, over matching rows.
 
@@ -186,7 +178,7 @@ class HeadDistance(Analyzer):
         self._shape = (num_layers, num_heads)
         if self._total is None:
             self._total = np.zeros((num_layers * num_heads,) * 2)
-        sampled = [b for b, e in enumerate(batch.examples) if _sample_key((e.text, e.text_pair), self.seed) < self.sample]
+        sampled = [b for b, e in enumerate(batch.examples) if keyed_rng(self.seed, e.text, e.text_pair).random() < self.sample]
         if not sampled:
             return
         # All sampled sequences' rows side by side; padding rows are zero and add nothing.
