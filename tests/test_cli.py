@@ -72,3 +72,57 @@ def test_info_prints_model_facts(tiny_roberta_dir):
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     assert (info["layers"], info["heads"], info["cls_token"], info["sep_token"]) == (2, 4, "<s>", "</s>")
+
+
+@pytest.fixture(scope="module")
+def treebank(tmp_path_factory):
+    """A small CoNLL-U file (trees from spaCy over the test sentences, written as UD would)."""
+    from bertology.corpora import Example
+    from bertology.parsing import spacy_trees
+
+    blocks = []
+    for number, example in enumerate(spacy_trees([Example(t) for t in TEXTS * 2]), start=1):
+        lines = [f"# sent_id = {number}", f"# text = {example.text}"]
+        for i, (word, (a, b), head, relation) in enumerate(zip(example.words, example.word_spans, example.heads, example.relations), start=1):
+            space = "_" if b < len(example.text) and example.text[b] == " " or b == len(example.text) else "SpaceAfter=No"
+            lines.append(f"{i}\t{word}\t_\t_\t_\t_\t{head}\t{relation}\t_\t{space}")
+        blocks.append("\n".join(lines))
+    path = tmp_path_factory.mktemp("treebank") / "tiny.conllu"
+    path.write_text("\n\n".join(blocks) + "\n\n")
+    return path
+
+
+def test_syntax_writes_tables_probe_and_report(tiny_bert_dir, treebank, tmp_path):
+    out = tmp_path / "syntax"
+    result = bertology("syntax", "--corpus", treebank, "--model", tiny_bert_dir, "--out", out, "--bootstrap", 100,
+                       "--probe-folds", 2, "--probe-epochs", 2, "--heatmap-relation", "det", "-q")
+    assert result.returncode == 0, result.stderr
+    assert "parsing probe UAS (2-fold cross-validation over sentences): attn" in result.stdout
+    syntax = pd.read_csv(out / "syntax.csv")
+    assert list(syntax.columns) == ["relation", "direction", "layer", "head", "accuracy", "n"]
+    assert set(syntax.direction) == {"dep->head", "head->dep"} and "all" in set(syntax.relation)
+    best = pd.read_csv(out / "syntax_best.csv")
+    assert list(best.columns)[:12] == ["relation", "n", "layer", "head", "direction", "accuracy", "ci_low", "ci_high",
+                                       "baseline_offset", "baseline_accuracy", "p_value", "p_adj"]
+    assert best.relation.iloc[0] == "all" and (best.ci_low <= best.accuracy).all() and (best.accuracy <= best.ci_high).all()
+    probe = json.loads((out / "probe.json").read_text())
+    assert set(probe["uas"]) == {"attn", "attn+emb", "right_branching", "left_branching", "best_offset"}
+    assert (out / "syntax_best.png").is_file() and (out / "syntax_heatmap_det.png").is_file()
+    assert not (out / "heads.csv").exists()  # syntax alone
+    assert "Syntactic heads" in (out / "report.html").read_text()
+
+
+def test_analyze_adds_syntax_for_trees_and_spacy(tiny_bert_dir, treebank, corpus, tmp_path):
+    result = bertology("analyze", "-m", tiny_bert_dir, "-c", treebank, "-o", tmp_path / "gold", "--bootstrap", 100, "--no-probe", "-q")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "gold" / "heads.csv").is_file() and (tmp_path / "gold" / "syntax_best.csv").is_file()
+    result = bertology("analyze", "-m", tiny_bert_dir, "-c", corpus, "-o", tmp_path / "spacy", "--parser", "spacy", "--bootstrap", 100, "--no-probe", "-q")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "spacy" / "manifest.json").read_text())
+    assert manifest["settings"]["parser"] == "spacy" and manifest["settings"]["analyses"] == ["profile", "syntax"]
+
+
+def test_syntax_without_trees_is_one_line(tiny_bert_dir, corpus, tmp_path):
+    result = bertology("syntax", "-m", tiny_bert_dir, "-c", corpus, "-o", tmp_path / "run", "-q")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: syntax needs dependency trees: give a CoNLL-U corpus or --parser spacy (tiny.txt has none)"

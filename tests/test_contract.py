@@ -4,13 +4,24 @@ import pandas as pd
 import pytest
 
 from bertology.analyzers import Analyzer, GeneralProfile, HeadDistance
+from bertology.analyzers.syntax import RelationHeads
+from bertology.parsing import spacy_trees
+from bertology.probes import ProbeData
 from bertology.testing import check_analyzer
 from conftest import tiny_examples
 
 ANALYZERS = {
     "general_profile": lambda: GeneralProfile(),
     "head_distance": lambda: HeadDistance(sample=0.7, seed=3),
+    "relation_heads": lambda: RelationHeads(bootstrap=200, seed=5),
+    "probe_data": lambda: ProbeData(),
 }
+NEEDS_TREES = {"relation_heads", "probe_data"}
+
+
+def examples_for(name):
+    examples = tiny_examples()
+    return list(spacy_trees(examples)) if name in NEEDS_TREES else examples
 
 
 def test_every_analyzer_is_registered_here():
@@ -26,12 +37,12 @@ def test_every_analyzer_is_registered_here():
 
 @pytest.mark.parametrize("name", ANALYZERS)
 def test_contract(name, tiny_bert):
-    check_analyzer(ANALYZERS[name], tiny_bert, tiny_examples())
+    check_analyzer(ANALYZERS[name], tiny_bert, examples_for(name))
 
 
 @pytest.mark.parametrize("name", ANALYZERS)
 def test_contract_roberta(name, tiny_roberta):
-    check_analyzer(ANALYZERS[name], tiny_roberta, tiny_examples())
+    check_analyzer(ANALYZERS[name], tiny_roberta, examples_for(name))
 
 
 class OrderDependent(GeneralProfile):

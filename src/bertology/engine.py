@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from bertology.alignment import WordAlignment, align, default_word_spans
+from bertology.alignment import WordAlignment, align, default_word_spans, to_word_level
 from bertology.corpora import Example
 from bertology.hooks import Hooks
 from bertology.models import LoadedModel
@@ -60,12 +60,21 @@ class Batch:
     segment_ids: torch.Tensor
     attentions: torch.Tensor
     embedding: torch.nn.Module | None = field(default=None, repr=False)
+    _word_maps: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
 
     @cached_property
     def input_embeddings(self) -> torch.Tensor:
         """The model's static input (token) embeddings of every piece, ``[batch, n, dim]``."""
         with torch.inference_mode():
             return self.embedding(self.input_ids)
+
+    def word_attention(self, b: int) -> torch.Tensor:
+        """Word-level attention ``[layer, head, u, u]`` of sequence ``b`` (METHODS.md section 2),
+        computed once per batch and shared by every analyzer that asks."""
+        if b not in self._word_maps:
+            n = int(self.mask[b].sum())
+            self._word_maps[b] = to_word_level(self.attentions[:, b, :, :n, :n], self.alignments[b])
+        return self._word_maps[b]
 
     @property
     def size(self) -> int:

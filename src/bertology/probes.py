@@ -23,7 +23,6 @@ import pandas as pd
 import torch
 from torch import nn
 
-from bertology.alignment import to_word_level
 from bertology.analyzers.base import Analyzer
 from bertology.analyzers.syntax import OFFSETS
 from bertology.engine import Batch
@@ -38,6 +37,7 @@ class ProbeSentence:
     root, candidate j the j-th word), ``heads`` (gold candidate per word) and word ``embeddings``."""
 
     source: str
+    key: str  # stable identity (source line and text): orders sentences and fixes their folds
     features: np.ndarray  # float16 [2 * layers * heads, m, m + 1]
     heads: np.ndarray  # int [m]
     embeddings: np.ndarray  # float16 [m, dim]
@@ -65,7 +65,7 @@ class ProbeData(Analyzer):
             if (word_units < 0).any():
                 continue
             n = int(batch.lengths[b])
-            word_maps = to_word_level(batch.attentions[:, b, :, :n, :n].float(), alignment)
+            word_maps = batch.word_attention(b)
             num_layers, num_heads, units, _ = word_maps.shape
             words = torch.as_tensor(word_units, device=word_maps.device)
             candidates = torch.cat([torch.as_tensor([alignment.unit_of_piece[0]], device=word_maps.device), words])
@@ -74,11 +74,13 @@ class ProbeData(Analyzer):
             features = torch.cat([dep_to_head, head_to_dep]).reshape(2 * num_layers * num_heads, len(words), len(words) + 1)
             assignment = torch.as_tensor(alignment.assignment[word_units], dtype=torch.float32, device=word_maps.device)
             embeddings = (assignment / assignment.sum(1, keepdim=True)) @ batch.input_embeddings[b, :n].float()
-            self.sentences[example.source or str(batch.indices[b])] = ProbeSentence(
+            key = repr((example.source, example.text, example.text_pair))
+            self.sentences[key] = ProbeSentence(
                 source=example.source,
-                features=features.cpu().numpy().astype(np.float16),
+                key=key,
+                features=features.half().cpu().numpy(),
                 heads=np.asarray(example.heads),
-                embeddings=embeddings.cpu().numpy().astype(np.float16),
+                embeddings=embeddings.half().cpu().numpy(),
             )
 
     def merge(self, other: "ProbeData") -> "ProbeData":
@@ -87,8 +89,8 @@ class ProbeData(Analyzer):
         return self
 
     def result(self) -> pd.DataFrame:
-        keys = sorted(self.sentences)
-        return pd.DataFrame({"sentence": keys, "words": [len(self.sentences[k].heads) for k in keys]})
+        ordered = self.ordered()
+        return pd.DataFrame({"source": [s.source for s in ordered], "words": [len(s.heads) for s in ordered]})
 
     def ordered(self) -> list[ProbeSentence]:
         return [self.sentences[key] for key in sorted(self.sentences)]
@@ -200,8 +202,8 @@ def evaluate(train: Sequence[ProbeSentence], test: Sequence[ProbeSentence], epoc
 
 
 def cross_validate(sentences: Sequence[ProbeSentence], folds: int = 5, epochs: int = 30, seed: int = 0) -> dict:
-    """k-fold cross-validation over sentences (fold fixed by a hash of each sentence's source)."""
-    fold_of = np.array([keyed_rng(seed, "fold", s.source).integers(folds) for s in sentences])
+    """k-fold cross-validation over sentences (each sentence's fold is fixed by a hash of its key)."""
+    fold_of = np.array([keyed_rng(seed, "fold", s.key).integers(folds) for s in sentences])
     runs = []
     for fold in range(folds):
         train = [s for s, f in zip(sentences, fold_of) if f != fold]

@@ -22,7 +22,6 @@ import pandas as pd
 import torch
 from statsmodels.stats.multitest import multipletests
 
-from bertology.alignment import to_word_level
 from bertology.analyzers.base import Analyzer
 from bertology.engine import Batch
 from bertology.stats import keyed_rng
@@ -100,8 +99,7 @@ class RelationHeads(Analyzer):
             dependents, gold, relations = tree_targets(example, alignment.word_unit)
             if len(dependents) == 0:
                 continue
-            n = int(batch.lengths[b])
-            word_maps = to_word_level(batch.attentions[:, b, :, :n, :n], alignment)
+            word_maps = batch.word_attention(b)
             units = torch.as_tensor(alignment.word_unit)
             is_word = torch.as_tensor(alignment.unit_is_word, device=word_maps.device)
             predicted = predicted_parents(word_maps, units[dependents].to(word_maps.device), is_word).cpu()

@@ -87,3 +87,42 @@ def head_map(embedding: pd.DataFrame):
     axis.set_yticks([])
     figure.tight_layout()
     return figure
+
+
+def best_heads_vs_baseline(best: pd.DataFrame, top: int = 15):
+    """Bars: the best head's accuracy per relation (with its bootstrap interval) against the best offset baseline."""
+    rows = best[best.relation != "all"].head(top)
+    rows = pd.concat([best[best.relation == "all"], rows])
+    figure, axis = plt.subplots(figsize=(max(6.0, 0.55 * len(rows) + 2), 4.2))
+    x = np.arange(len(rows))
+    error = np.vstack([rows.accuracy - rows.ci_low, rows.ci_high - rows.accuracy])
+    axis.bar(x - 0.2, rows.accuracy, 0.4, yerr=error, capsize=2, color="tab:blue", label="best head (95% bootstrap interval)")
+    axis.bar(x + 0.2, rows.baseline_accuracy, 0.4, color="tab:gray", label="best fixed offset")
+    labels = [f"{r.relation}\n{r.layer}-{r.head}{'*' if r.significant else ''}" for r in rows.itertuples()]
+    axis.set_xticks(x, labels, fontsize=8)
+    axis.set_ylabel("accuracy")
+    axis.set_ylim(0, 1)
+    axis.set_title("best head per relation (layer-head, 0-based; * beats the baseline after correction)")
+    axis.legend(fontsize=8, loc="upper right")
+    axis.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def relation_heatmap(syntax: pd.DataFrame, relation: str):
+    """Layer x head accuracy for one relation, one panel per direction."""
+    rows = syntax[syntax.relation == relation]
+    directions = list(dict.fromkeys(rows.direction))
+    figure, axes = plt.subplots(1, len(directions), figsize=(5.4 * len(directions), 3.6))
+    vmax = rows.accuracy.max()
+    for axis, direction in zip(np.atleast_1d(axes), directions):
+        grid = rows[rows.direction == direction].pivot(index="layer", columns="head", values="accuracy")
+        image = axis.imshow(grid.values, aspect="auto", cmap="magma", vmin=0, vmax=vmax)
+        axis.set_xticks(range(grid.shape[1]), grid.columns)
+        axis.set_yticks(range(grid.shape[0]), grid.index)
+        axis.set_xlabel("head (0-based)")
+        axis.set_ylabel("layer (0-based)")
+        axis.set_title(f"{relation}: {direction} (n={int(rows.n.iloc[0])})")
+        plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+    figure.tight_layout()
+    return figure
