@@ -4,9 +4,12 @@ import pandas as pd
 import pytest
 
 from bertology.analyzers import Analyzer, GeneralProfile, HeadDistance
+from bertology.analyzers.patterns import HeadPatterns
+from bertology.analyzers.roles import HeadRoles
 from bertology.analyzers.syntax import RelationHeads
 from bertology.parsing import spacy_trees
 from bertology.probes import ProbeData
+from bertology.models import load_model
 from bertology.testing import check_analyzer
 from conftest import tiny_examples
 
@@ -15,8 +18,26 @@ ANALYZERS = {
     "head_distance": lambda: HeadDistance(sample=0.7, seed=3),
     "relation_heads": lambda: RelationHeads(bootstrap=200, seed=5),
     "probe_data": lambda: ProbeData(),
+    "roles": lambda: HeadRoles(tau=1.0),
+    "patterns": lambda: HeadPatterns(examples_per_class=2),
 }
-NEEDS_TREES = {"relation_heads", "probe_data"}
+NEEDS_TREES = {"relation_heads", "probe_data", "roles"}
+
+
+@pytest.fixture(scope="module")
+def bert64(tiny_bert_dir):
+    """The tiny BERT in float64: padding then changes results by ~1e-16, not float32's ~1e-7, which
+    ill-conditioned statistics (a t statistic near 0, a tiny spread) would amplify past any fair tolerance."""
+    model = load_model(tiny_bert_dir, device="cpu")
+    model.model.double()
+    return model
+
+
+@pytest.fixture(scope="module")
+def roberta64(tiny_roberta_dir):
+    model = load_model(tiny_roberta_dir, device="cpu")
+    model.model.double()
+    return model
 
 
 def examples_for(name):
@@ -36,13 +57,13 @@ def test_every_analyzer_is_registered_here():
 
 
 @pytest.mark.parametrize("name", ANALYZERS)
-def test_contract(name, tiny_bert):
-    check_analyzer(ANALYZERS[name], tiny_bert, examples_for(name))
+def test_contract(name, bert64):
+    check_analyzer(ANALYZERS[name], bert64, examples_for(name), rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", ANALYZERS)
-def test_contract_roberta(name, tiny_roberta):
-    check_analyzer(ANALYZERS[name], tiny_roberta, examples_for(name))
+def test_contract_roberta(name, roberta64):
+    check_analyzer(ANALYZERS[name], roberta64, examples_for(name), rtol=1e-9, atol=1e-12)
 
 
 class OrderDependent(GeneralProfile):
@@ -76,3 +97,21 @@ def test_head_distance_sample_is_fixed_by_text_and_seed(tiny_bert):
     assert isinstance(table, pd.DataFrame) and len(table) == 8 * 8
     assert (table.query("layer_a == layer_b and head_a == head_b").distance.abs() < 1e-12).all()
     assert set(result.embedding().columns) == {"layer", "head", "x", "y"}
+
+
+def test_pattern_examples_do_not_depend_on_batching(tiny_bert):
+    from bertology.engine import Engine
+
+    def kept(batch_size, examples):
+        analyzer = HeadPatterns(examples_per_class=3, seed=2)
+        Engine(tiny_bert, batch_size=batch_size, progress=False).run(examples, [analyzer])
+        return {p: [(e.layer, e.head, e.text) for e in items] for p, items in analyzer.examples().items()}
+
+    examples = tiny_examples()
+    whole = kept(len(examples), examples)
+    assert kept(1, examples[::-1]) == whole
+    first, second = HeadPatterns(examples_per_class=3, seed=2), HeadPatterns(examples_per_class=3, seed=2)
+    Engine(tiny_bert, batch_size=2, progress=False).run(examples[:5], [first])
+    Engine(tiny_bert, batch_size=2, progress=False).run(examples[5:], [second])
+    assert {p: [(e.layer, e.head, e.text) for e in items] for p, items in first.merge(second).examples().items()} == whole
+    assert sum(len(items) for items in whole.values()) > 0

@@ -1,8 +1,9 @@
 """The Python API: ``bertology.analyze(...)`` for notebooks and scripts.
 
 One call runs every requested analysis family over the corpus in a single pass of the model:
-``profile`` (Clark et al.'s general head profile and the head map) and ``syntax`` (syntactic
-heads and the parsing probe; needs trees from CoNLL-U or ``parser="spacy"``).
+``profile`` (Clark et al.'s general head profile and the head map), ``roles`` (Pande et al.'s
+sieve scores and t-tests), ``patterns`` (Kovaleva et al.'s pattern classes) and ``syntax``
+(syntactic heads and the parsing probe; needs trees from CoNLL-U or ``parser="spacy"``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import pandas as pd
 import torch
 
 from bertology.analyzers import GeneralProfile, HeadDistance, clark_labels
+from bertology.analyzers.patterns import HeadPatterns, PatternThresholds, RuleClassifier
+from bertology.analyzers.roles import HeadRoles, role_shares
 from bertology.analyzers.syntax import RelationHeads
 from bertology.corpora import Corpus, Example
 from bertology.engine import Engine, RunStats
@@ -28,10 +31,14 @@ from bertology.parsing import spacy_trees
 from bertology.probes import ProbeData, cross_validate, evaluate
 from bertology.reports.html import Report
 from bertology.reports.profile import profile_section
+from bertology.reports.roles import patterns_section, roles_section
 from bertology.reports.syntax import syntax_section
 from bertology.runfolder import RunFolder
 
-FAMILIES = ("profile", "syntax")
+FAMILIES = ("profile", "roles", "patterns", "syntax")
+DEFAULT_FAMILIES = ("profile", "roles", "patterns")
+#: Role shares are always reported at these tau values too (Pande et al. discuss 1 to 3).
+REPORTED_TAUS = (1.0, 2.0, 3.0)
 PARSERS = ("gold", "spacy")
 _VERSIONED = ("bertology", "torch", "transformers", "tokenizers", "numpy", "pandas", "scipy", "scikit-learn", "statsmodels", "spacy")
 
@@ -53,8 +60,11 @@ class Analysis:
     Profile: ``heads`` (``layer, head, metric, value, ci_low, ci_high, n``, long format, 0-based),
     ``layers`` (per layer), ``labels`` (heads past Clark's thresholds), ``head_distance`` and
     ``head_map`` (pairwise JS distances and their MDS map; None if no sequence was sampled).
-    Syntax: ``syntax`` (``relation, direction, layer, head, accuracy, n``), ``syntax_best`` (one row
-    per relation), ``syntax_baselines`` and ``probe`` (UAS figures). Families not run are None.
+    Roles: ``roles`` (``layer, head, role, mean, ci_low, ci_high, t, p, p_adj, has_role, n``) and
+    ``role_shares`` (share of heads per role at several tau). Patterns: ``patterns`` (``layer, head,
+    pattern, share, n, majority``), ``pattern_layers`` and ``pattern_examples``. Syntax: ``syntax``
+    (``relation, direction, layer, head, accuracy, n``), ``syntax_best`` (one row per relation),
+    ``syntax_baselines`` and ``probe`` (UAS figures). Families not run are None.
     """
 
     model: dict
@@ -67,6 +77,12 @@ class Analysis:
     labels: pd.DataFrame | None = None
     head_distance: pd.DataFrame | None = None
     head_map: pd.DataFrame | None = None
+    roles: pd.DataFrame | None = None
+    role_shares: pd.DataFrame | None = None
+    patterns: pd.DataFrame | None = None
+    pattern_layers: pd.DataFrame | None = None
+    pattern_examples: dict | None = None
+    pattern_thresholds: dict | None = None
     syntax: pd.DataFrame | None = None
     syntax_best: pd.DataFrame | None = None
     syntax_baselines: pd.DataFrame | None = None
@@ -103,6 +119,14 @@ class Analysis:
                 folder.write_table("head_distance", self.head_distance)
                 folder.write_table("head_map", self.head_map)
             sections.append(profile_section(folder, self.heads, self.layers, self.labels, self.head_map))
+        if self.roles is not None:
+            folder.write_table("roles", self.roles)
+            folder.write_table("role_shares", self.role_shares)
+            sections.append(roles_section(folder, self.roles, self.role_shares, self.settings["tau"], self.settings["correction"]))
+        if self.patterns is not None:
+            folder.write_table("patterns", self.patterns)
+            folder.write_table("patterns_by_layer", self.pattern_layers)
+            sections.append(patterns_section(folder, self.patterns, self.pattern_layers, self.pattern_examples, self.pattern_thresholds))
         if self.syntax is not None:
             folder.write_table("syntax", self.syntax)
             folder.write_table("syntax_best", self.syntax_best)
@@ -179,6 +203,9 @@ def analyze(
     min_dependents: int = 25,
     correction: str = "fdr_bh",
     heatmap_relation: str = "all",
+    tau: float = 3.0,
+    role_window: int = 2,
+    pattern_thresholds: PatternThresholds | None = None,
     probe: bool = True,
     probe_test: str | Path | None = None,
     probe_folds: int = 5,
@@ -193,15 +220,17 @@ def analyze(
     ``model``: hub name, local folder, an already loaded model, or None for the default
     all-MiniLM-L6-v2. ``corpus``: a file (``format`` auto-detected), a list of strings or
     :class:`~bertology.corpora.Example`, or None for the bundled sample corpus. ``analyses``: a
-    subset of :data:`FAMILIES`; by default the profile, plus syntax when the corpus has trees
-    (CoNLL-U) or ``parser="spacy"``. With ``out``, the run folder is written there.
+    subset of :data:`FAMILIES`; by default profile, roles and patterns, plus syntax when the corpus
+    has trees (CoNLL-U) or ``parser="spacy"`` (the roles then include syntactic roles). ``correction``
+    is the multiple-testing method (statsmodels' ``multipletests``) for syntax and roles alike.
+    With ``out``, the run folder is written there.
     """
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     examples, corpus_info = _as_corpus(corpus, format, limit)
     if parser not in (None, *PARSERS):
         raise BertologyError(f"unknown parser {parser!r}: use gold (CoNLL-U trees) or spacy")
     with_trees = parser == "spacy" or _has_trees(examples)
-    families = tuple(analyses) if analyses is not None else ("profile", "syntax") if with_trees else ("profile",)
+    families = tuple(analyses) if analyses is not None else DEFAULT_FAMILIES + (("syntax",) if with_trees else ())
     unknown = set(families) - set(FAMILIES)
     if unknown:
         raise BertologyError(f"unknown analyses {sorted(unknown)}: choose from {', '.join(FAMILIES)}")
@@ -221,6 +250,10 @@ def analyze(
     analyzers: dict[str, object] = {}
     if "profile" in families:
         analyzers.update(profile=GeneralProfile(), distance=HeadDistance(sample=head_distance_sample, seed=seed))
+    if "roles" in families:
+        analyzers["roles"] = HeadRoles(tau=tau, window=role_window, correction=correction)
+    if "patterns" in families:
+        analyzers["patterns"] = HeadPatterns(RuleClassifier(pattern_thresholds or PatternThresholds()), seed=seed)
     if "syntax" in families:
         analyzers["relations"] = RelationHeads(bootstrap=bootstrap, seed=seed)
         if probe:
@@ -244,6 +277,9 @@ def analyze(
         "min_dependents": min_dependents,
         "correction": correction,
         "heatmap_relation": heatmap_relation,
+        "tau": tau,
+        "role_window": role_window,
+        "pattern_thresholds": analyzers["patterns"].thresholds() if "patterns" in analyzers else None,
         "probe_test": str(probe_test) if probe_test else None,
         "probe_folds": probe_folds,
         "probe_epochs": probe_epochs,
@@ -251,6 +287,15 @@ def analyze(
     analysis = Analysis(model=loaded.info(), corpus=corpus_info, stats=stats, settings=settings, started=started)
     if "profile" in analyzers:
         _finish_profile(analysis, analyzers["profile"], analyzers["distance"])
+    if "roles" in analyzers:
+        roles = analyzers["roles"]
+        analysis.roles = roles.result()
+        taus = sorted(set(REPORTED_TAUS) | {tau})
+        analysis.role_shares = pd.concat([role_shares(roles.test(tau=value)).assign(tau=value) for value in taus], ignore_index=True)
+    if "patterns" in analyzers:
+        patterns = analyzers["patterns"]
+        analysis.patterns, analysis.pattern_layers = patterns.result(), patterns.by_layer()
+        analysis.pattern_examples, analysis.pattern_thresholds = patterns.examples(), patterns.thresholds()
     if "relations" in analyzers:
         _finish_syntax(analysis, analyzers["relations"], analyzers.get("probe"), engine, test_corpus, probe_folds, probe_epochs, seed)
     if out is not None:

@@ -42,6 +42,31 @@ PROBE = typer.Option(True, "--probe/--no-probe", help="Train and evaluate the at
 PROBE_TEST = typer.Option(None, "--probe-test", help="CoNLL-U file to test the probe on [default: k-fold within the corpus].")
 PROBE_FOLDS = typer.Option(5, "--probe-folds", min=2)
 PROBE_EPOCHS = typer.Option(20, "--probe-epochs", min=1)
+TAU = typer.Option(3.0, "--tau", help="Role test threshold: a head holds a role if its mean sieve score is significantly above tau.")
+ROLE_WINDOW = typer.Option(2, "--role-window", min=1, help="Half-width of the local role's window.")
+PATTERN_THRESHOLDS = typer.Option(None, "--pattern-thresholds", help="Pattern rule thresholds, e.g. 'vertical=0.5,diagonal=0.5,mixed_min=0.25,mixed_total=0.6,block=0.8'.")
+
+
+def _pattern_thresholds(text: str | None):
+    """Parse ``name=value,...`` into PatternThresholds (defaults for names not given)."""
+    from dataclasses import fields
+
+    from bertology.analyzers.patterns import PatternThresholds
+
+    if not text:
+        return None
+    known = {f.name for f in fields(PatternThresholds)}
+    values = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        name = name.strip()
+        if name not in known:
+            raise BertologyError(f"--pattern-thresholds: unknown threshold {name!r} (known: {', '.join(sorted(known))})")
+        try:
+            values[name] = float(value)
+        except ValueError:
+            raise BertologyError(f"--pattern-thresholds: {name} needs a number, not {value!r}") from None
+    return PatternThresholds(**values)
 
 
 def _default_out(command: str, model: str | None, corpus: Path | None) -> Path:
@@ -77,6 +102,8 @@ def analyze(
     limit: Optional[int] = LIMIT,
     skip_long: bool = SKIP_LONG,
     profile: bool = typer.Option(True, "--profile/--no-profile", help="The general head profile (Clark et al.)."),
+    roles: bool = typer.Option(True, "--roles/--no-roles", help="Role tests (Pande et al.)."),
+    patterns: bool = typer.Option(True, "--patterns/--no-patterns", help="Pattern classes (Kovaleva et al.)."),
     syntax: Optional[bool] = typer.Option(None, "--syntax/--no-syntax", help="Syntactic heads and probe [default: on when the corpus has trees]."),
     head_distance_sample: float = typer.Option(0.1, "--head-distance-sample", min=0.0, max=1.0, help="Share of sequences used for the head-to-head JS distance."),
     parser: Optional[str] = PARSER,
@@ -89,21 +116,78 @@ def analyze(
     probe_test: Optional[Path] = PROBE_TEST,
     probe_folds: int = PROBE_FOLDS,
     probe_epochs: int = PROBE_EPOCHS,
+    tau: float = TAU,
+    role_window: int = ROLE_WINDOW,
+    pattern_thresholds: Optional[str] = PATTERN_THRESHOLDS,
     seed: int = SEED,
     device: str = DEVICE,
     trust_remote_code: bool = TRUST,
     quiet: bool = QUIET,
 ) -> None:
-    """Profile every head (Clark et al. 2019), plus syntax when there are trees; write a run folder with report.html."""
+    """Profile, roles and patterns of every head, plus syntax when there are trees; write a run folder with report.html."""
     with_trees = parser == "spacy" or format == "conllu" or (corpus is not None and corpus.suffix.lower() in {".conllu", ".conll"})
-    analyses = (["profile"] if profile else []) + (["syntax"] if (syntax if syntax is not None else with_trees) else [])
+    wanted = {"profile": profile, "roles": roles, "patterns": patterns, "syntax": syntax if syntax is not None else with_trees}
+    analyses = [family for family, on in wanted.items() if on]
     if not analyses:
-        raise BertologyError("nothing to do: --no-profile and no syntax")
+        raise BertologyError("nothing to do: every analysis is switched off")
     _run(
         "analyze", model, corpus, out, quiet, skip_long, analyses=analyses, format=format, batch_size=batch_size, max_length=max_length,
         limit=limit, head_distance_sample=head_distance_sample, parser=parser, spacy_pipeline=spacy_pipeline, bootstrap=bootstrap,
         min_dependents=min_dependents, correction=correction, heatmap_relation=heatmap_relation, probe=probe, probe_test=probe_test,
-        probe_folds=probe_folds, probe_epochs=probe_epochs, seed=seed, device=device, trust_remote_code=trust_remote_code,
+        probe_folds=probe_folds, probe_epochs=probe_epochs, tau=tau, role_window=role_window,
+        pattern_thresholds=_pattern_thresholds(pattern_thresholds), seed=seed, device=device, trust_remote_code=trust_remote_code,
+    )
+
+
+@app.command()
+def roles(
+    model: Optional[str] = MODEL,
+    corpus: Optional[Path] = typer.Option(None, "--corpus", "-c", help="Corpus file [default: the bundled sample corpus]."),
+    format: str = FORMAT,
+    out: Optional[Path] = OUT,
+    tau: float = TAU,
+    role_window: int = ROLE_WINDOW,
+    correction: str = typer.Option("fdr_bh", "--correction", help="Correction across heads x roles (statsmodels: fdr_bh, bonferroni, holm, ...)."),
+    parser: Optional[str] = PARSER,
+    spacy_pipeline: Optional[str] = SPACY_PIPELINE,
+    batch_size: int = BATCH_SIZE,
+    max_length: Optional[int] = MAX_LENGTH,
+    limit: Optional[int] = LIMIT,
+    skip_long: bool = SKIP_LONG,
+    seed: int = SEED,
+    device: str = DEVICE,
+    trust_remote_code: bool = TRUST,
+    quiet: bool = QUIET,
+) -> None:
+    """Which heads hold which roles: sieve scores and corrected t-tests (Pande et al. 2021)."""
+    _run(
+        "roles", model, corpus, out, quiet, skip_long, analyses=["roles"], format=format, batch_size=batch_size, max_length=max_length,
+        limit=limit, tau=tau, role_window=role_window, correction=correction, parser=parser, spacy_pipeline=spacy_pipeline,
+        seed=seed, device=device, trust_remote_code=trust_remote_code,
+    )
+
+
+@app.command()
+def patterns(
+    model: Optional[str] = MODEL,
+    corpus: Optional[Path] = typer.Option(None, "--corpus", "-c", help="Corpus file [default: the bundled sample corpus]."),
+    format: str = FORMAT,
+    out: Optional[Path] = OUT,
+    pattern_thresholds: Optional[str] = PATTERN_THRESHOLDS,
+    batch_size: int = BATCH_SIZE,
+    max_length: Optional[int] = MAX_LENGTH,
+    limit: Optional[int] = LIMIT,
+    skip_long: bool = SKIP_LONG,
+    seed: int = SEED,
+    device: str = DEVICE,
+    trust_remote_code: bool = TRUST,
+    quiet: bool = QUIET,
+) -> None:
+    """Classify every head's maps as vertical, diagonal, vertical+diagonal, block or heterogeneous (Kovaleva et al. 2019)."""
+    _run(
+        "patterns", model, corpus, out, quiet, skip_long, analyses=["patterns"], format=format, batch_size=batch_size,
+        max_length=max_length, limit=limit, pattern_thresholds=_pattern_thresholds(pattern_thresholds), seed=seed, device=device,
+        trust_remote_code=trust_remote_code,
     )
 
 

@@ -126,3 +126,127 @@ def relation_heatmap(syntax: pd.DataFrame, relation: str):
         plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
     figure.tight_layout()
     return figure
+
+
+ROLE_COLOURS = {"local": "tab:green", "delimiter": "tab:red", "cls": "tab:orange", "sep": "tab:purple", "block": "tab:blue", "syntactic": "tab:brown"}
+PATTERN_COLOURS = {"vertical": "tab:red", "diagonal": "tab:green", "vertical+diagonal": "tab:olive", "block": "tab:blue", "heterogeneous": "tab:gray"}
+
+
+def role_shares_by_layer(shares: pd.DataFrame, tau: float):
+    """Share of heads per layer that hold each role (grouped bars)."""
+    roles = list(dict.fromkeys(shares.role))
+    layers = sorted(shares.layer.unique())
+    figure, axis = plt.subplots(figsize=(max(6.0, 1.1 * len(layers) + 2), 3.8))
+    width = 0.8 / max(1, len(roles))
+    for k, role in enumerate(roles):
+        rows = shares[shares.role == role].set_index("layer").reindex(layers)
+        axis.bar(np.arange(len(layers)) + (k - (len(roles) - 1) / 2) * width, rows.share, width, label=role, color=ROLE_COLOURS.get(role))
+    axis.set_xticks(range(len(layers)), layers)
+    axis.set_xlabel("layer (0-based)")
+    axis.set_ylabel("share of heads with the role")
+    axis.set_ylim(0, 1)
+    axis.set_title(f"heads holding each role (one-sided t-test, tau = {tau:g}, corrected)")
+    axis.legend(fontsize=8, ncol=3)
+    axis.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def role_colocation_heatmap(matrix: pd.DataFrame):
+    """How many heads hold two roles at once."""
+    figure, axis = plt.subplots(figsize=(4.8, 4.0))
+    image = axis.imshow(matrix.values, cmap="Blues")
+    axis.set_xticks(range(len(matrix)), matrix.columns, rotation=45, ha="right")
+    axis.set_yticks(range(len(matrix)), matrix.index)
+    for (i, j), value in np.ndenumerate(matrix.values):
+        axis.text(j, i, int(value), ha="center", va="center", fontsize=8, color="black" if value < matrix.values.max() / 2 else "white")
+    axis.set_title("heads holding both roles")
+    plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+    figure.tight_layout()
+    return figure
+
+
+def role_grid(roles: pd.DataFrame, order):
+    """Layer x head grid: each cell lists the roles its head holds, coloured by the strongest (largest t)."""
+    held = roles[roles.role.isin(order) & roles.has_role]
+    num_layers, num_heads = roles.layer.max() + 1, roles["head"].max() + 1
+    figure, axis = plt.subplots(figsize=(0.75 * num_heads + 1.5, 0.6 * num_layers + 1.2))
+    axis.set_xlim(-0.5, num_heads - 0.5)
+    axis.set_ylim(num_layers - 0.5, -0.5)
+    for (layer, head), rows in held.groupby(["layer", "head"]):
+        strongest = rows.sort_values("t", ascending=False).role.iloc[0]
+        axis.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, color=ROLE_COLOURS.get(strongest, "tab:gray"), alpha=0.35))
+        label = "\n".join(role[:3] for role in rows.sort_values("t", ascending=False).role)
+        axis.text(head, layer, label, ha="center", va="center", fontsize=6)
+    axis.set_xticks(range(num_heads))
+    axis.set_yticks(range(num_layers))
+    axis.set_xlabel("head (0-based)")
+    axis.set_ylabel("layer (0-based)")
+    axis.set_title("roles held by each head (colour: strongest)")
+    axis.grid(False)
+    figure.tight_layout()
+    return figure
+
+
+def pattern_shares_by_layer(by_layer: pd.DataFrame):
+    """Stacked bars: the share of maps of each pattern class per layer, and overall."""
+    wide = by_layer.pivot(index="layer", columns="pattern", values="share")
+    wide = wide[[p for p in PATTERN_COLOURS if p in wide.columns]]
+    labels = ["all" if layer == -1 else str(layer) for layer in wide.index]
+    figure, axis = plt.subplots(figsize=(max(6.0, 0.8 * len(wide) + 3), 3.8))
+    bottom = np.zeros(len(wide))
+    for pattern in wide.columns:
+        axis.bar(labels, wide[pattern], bottom=bottom, color=PATTERN_COLOURS[pattern], label=pattern)
+        bottom += wide[pattern].values
+    axis.set_xlabel("layer (0-based)")
+    axis.set_ylabel("share of maps")
+    axis.set_title("attention pattern classes per layer (Kovaleva et al.)")
+    axis.legend(fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
+    figure.tight_layout()
+    return figure
+
+
+def pattern_grid(patterns: pd.DataFrame):
+    """Layer x head grid coloured by each head's majority pattern."""
+    majority = patterns.drop_duplicates(["layer", "head"]).pivot(index="layer", columns="head", values="majority")
+    names = list(PATTERN_COLOURS)
+    codes = majority.map(names.index).values
+    from matplotlib.colors import ListedColormap
+
+    figure, axis = plt.subplots(figsize=(0.5 * majority.shape[1] + 3.5, 0.45 * majority.shape[0] + 1.5))
+    axis.imshow(codes, cmap=ListedColormap([PATTERN_COLOURS[n] for n in names]), vmin=-0.5, vmax=len(names) - 0.5, aspect="auto")
+    axis.set_xticks(range(majority.shape[1]), majority.columns)
+    axis.set_yticks(range(majority.shape[0]), majority.index)
+    axis.set_xlabel("head (0-based)")
+    axis.set_ylabel("layer (0-based)")
+    axis.set_title("majority pattern of each head")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PATTERN_COLOURS[n]) for n in names]
+    axis.legend(handles, names, fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    figure.tight_layout()
+    return figure
+
+
+def pattern_thumbnails(examples: dict):
+    """A row of example maps for each pattern class, drawn from the corpus."""
+    columns = max(1, max(len(items) for items in examples.values()))
+    figure, axes = plt.subplots(len(examples), columns, figsize=(1.9 * columns + 1.2, 1.9 * len(examples)), squeeze=False)
+    for row, (pattern, items) in enumerate(examples.items()):
+        for column in range(columns):
+            axis = axes[row, column]
+            axis.set_xticks([])
+            axis.set_yticks([])
+            if column < len(items):
+                item = items[column]
+                axis.imshow(item.attention.astype(float), cmap="Greys", vmin=0, vmax=max(float(item.attention.max()), 1e-6))
+                axis.set_title(f"layer {item.layer}, head {item.head}", fontsize=7)
+            else:
+                axis.axis("off")
+            if column == 0:
+                axis.set_ylabel(pattern, fontsize=9)
+                if not items:
+                    axis.axis("on")
+                    axis.set_frame_on(False)
+                    axis.text(0.5, 0.5, "no map of this class", ha="center", va="center", fontsize=8, transform=axis.transAxes)
+    figure.suptitle("example maps per pattern (rows: queries, columns: keys)", fontsize=9)
+    figure.tight_layout()
+    return figure
