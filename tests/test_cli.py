@@ -119,10 +119,42 @@ def test_analyze_adds_syntax_for_trees_and_spacy(tiny_bert_dir, treebank, corpus
     result = bertology("analyze", "-m", tiny_bert_dir, "-c", corpus, "-o", tmp_path / "spacy", "--parser", "spacy", "--bootstrap", 100, "--no-probe", "-q")
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "spacy" / "manifest.json").read_text())
-    assert manifest["settings"]["parser"] == "spacy" and manifest["settings"]["analyses"] == ["profile", "syntax"]
+    assert manifest["settings"]["parser"] == "spacy" and manifest["settings"]["analyses"] == ["profile", "roles", "patterns", "syntax"]
+    roles = pd.read_csv(tmp_path / "spacy" / "roles.csv")
+    assert {"syntactic", "local", "delimiter"} <= set(roles.role)  # spaCy trees give syntactic roles
 
 
 def test_syntax_without_trees_is_one_line(tiny_bert_dir, corpus, tmp_path):
     result = bertology("syntax", "-m", tiny_bert_dir, "-c", corpus, "-o", tmp_path / "run", "-q")
     assert result.returncode == 2
     assert result.stderr.strip() == "error: syntax needs dependency trees: give a CoNLL-U corpus or --parser spacy (tiny.txt has none)"
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pairs") / "pairs.tsv"
+    path.write_text("\n".join(f"{a}\t{b}" for a, b in zip(TEXTS, TEXTS[1:] + TEXTS[:1])) + "\n")
+    return path
+
+
+def test_roles_and_patterns_commands(tiny_bert_dir, pairs, tmp_path):
+    result = bertology("roles", "-m", tiny_bert_dir, "-c", pairs, "-o", tmp_path / "roles", "--tau", 1.5, "--correction", "bonferroni", "-q")
+    assert result.returncode == 0, result.stderr
+    roles = pd.read_csv(tmp_path / "roles" / "roles.csv")
+    assert list(roles.columns) == ["layer", "head", "role", "mean", "ci_low", "ci_high", "t", "p", "p_adj", "has_role", "n"]
+    assert set(roles.role) == {"local", "delimiter", "cls", "sep", "block"}
+    assert (roles.n == len(TEXTS)).all()
+    shares = pd.read_csv(tmp_path / "roles" / "role_shares.csv")
+    assert sorted(shares.tau.unique()) == [1.0, 1.5, 2.0, 3.0]
+    manifest = json.loads((tmp_path / "roles" / "manifest.json").read_text())
+    assert manifest["settings"]["tau"] == 1.5 and manifest["settings"]["correction"] == "bonferroni"
+
+    result = bertology("patterns", "-m", tiny_bert_dir, "-c", pairs, "-o", tmp_path / "patterns", "--pattern-thresholds", "vertical=0.4", "-q")
+    assert result.returncode == 0, result.stderr
+    patterns = pd.read_csv(tmp_path / "patterns" / "patterns.csv")
+    assert list(patterns.columns) == ["layer", "head", "pattern", "share", "n", "majority"]
+    assert patterns.groupby(["layer", "head"]).share.sum().round(9).eq(1).all()
+    assert set(patterns.majority) <= set(patterns.pattern)
+    report = (tmp_path / "patterns" / "report.html").read_text()
+    assert "Attention patterns" in report and "vertical if &gt;= 0.4" in report
+    assert json.loads((tmp_path / "patterns" / "manifest.json").read_text())["settings"]["pattern_thresholds"]["vertical"] == 0.4
