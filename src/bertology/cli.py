@@ -226,6 +226,77 @@ def syntax(
 
 
 @app.command()
+def finetune(
+    task: Optional[Path] = typer.Argument(None, help="GLUE task folder with train.tsv and dev.tsv (SST-2, CoLA, MRPC, RTE)."),
+    model: Optional[str] = MODEL,
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Model folder to write [default: runs/finetune-MODEL-TASK]."),
+    train: Optional[Path] = typer.Option(None, "--train", help="Training TSV (instead of a task folder)."),
+    dev: Optional[Path] = typer.Option(None, "--dev", help="Dev TSV (instead of a task folder)."),
+    text_column: Optional[str] = typer.Option(None, "--text-column", help="Column of the text, for TSVs that are not GLUE."),
+    text_pair_column: Optional[str] = typer.Option(None, "--text-pair-column", help="Column of the second text, for pairs."),
+    label_column: Optional[str] = typer.Option(None, "--label-column", help="Column of the label."),
+    max_length: int = typer.Option(128, "--max-length", min=8),
+    batch_size: int = typer.Option(32, "--batch-size", min=1),
+    epochs: float = typer.Option(1.0, "--epochs", min=0.01),
+    learning_rate: float = typer.Option(5e-5, "--learning-rate"),
+    warmup: float = typer.Option(0.1, "--warmup", min=0.0, max=1.0, help="Share of steps for linear warm-up."),
+    max_train_examples: Optional[int] = typer.Option(None, "--max-train-examples", min=1, help="Train on a seeded random subset of this size."),
+    checkpoint_every: int = typer.Option(200, "--checkpoint-every", min=1, help="Steps between checkpoints (rerun the same command to resume)."),
+    seed: int = SEED,
+    device: str = DEVICE,
+    trust_remote_code: bool = TRUST,
+    quiet: bool = QUIET,
+) -> None:
+    """Fine-tune an encoder on a GLUE-style task; the result is a model folder every command accepts as --model."""
+    from bertology.finetuning import finetune as run_finetune
+    from bertology.finetuning import load_task
+
+    data = load_task(task, train=train, dev=dev, text_column=text_column, text_pair_column=text_pair_column, label_column=label_column)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name if model else "all-MiniLM-L6-v2")
+    out = out or Path("runs") / f"finetune-{name}-{data.name}"
+    metrics = run_finetune(
+        data, out, model=model, max_length=max_length, batch_size=batch_size, epochs=epochs, learning_rate=learning_rate, warmup=warmup,
+        max_train_examples=max_train_examples, seed=seed, device=device, checkpoint_every=checkpoint_every,
+        trust_remote_code=trust_remote_code, progress=not quiet,
+    )
+    scores = ", ".join(f"{k} {v:.4f}" for k, v in metrics["metric"].items())
+    baseline = ", ".join(f"{k} {v:.4f}" for k, v in metrics["majority_baseline"].items())
+    typer.echo(f"{data.name} dev: {scores} (majority baseline: {baseline}); {metrics['train_examples']} training examples in {metrics['seconds']:.0f} s")
+    typer.echo(f"model: {out.resolve()}")
+
+
+@app.command()
+def compare(
+    model_a: str = typer.Argument(..., help="Model A (hub name or folder; 'default' for the bundled all-MiniLM-L6-v2)."),
+    model_b: str = typer.Argument(..., help="Model B, e.g. a folder written by `bertology finetune`."),
+    corpus: Optional[Path] = typer.Option(None, "--corpus", "-c", help="Inputs both models see [default: the bundled sample corpus]."),
+    format: str = FORMAT,
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder [default: runs/compare-A-B-CORPUS-TIME]."),
+    batch_size: int = BATCH_SIZE,
+    max_length: Optional[int] = MAX_LENGTH,
+    limit: Optional[int] = LIMIT,
+    skip_long: bool = SKIP_LONG,
+    tau: float = TAU,
+    seed: int = SEED,
+    device: str = DEVICE,
+    trust_remote_code: bool = TRUST,
+    quiet: bool = QUIET,
+) -> None:
+    """Per-head similarity of two models' attention on the same inputs, and what changed in profile and roles (Kovaleva et al.)."""
+    from bertology.comparison import compare as run_compare
+
+    models = [None if m == "default" else m for m in (model_a, model_b)]
+    names = [re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(m).name if m else "all-MiniLM-L6-v2") for m in models]
+    out = out or _default_out("compare", "-".join(names), corpus)
+    result = run_compare(*models, corpus, format=format, out=out, batch_size=batch_size, max_length=max_length, limit=limit,
+                         overflow="skip" if skip_long else "truncate", tau=tau, device=device, seed=seed,
+                         trust_remote_code=trust_remote_code, progress=not quiet, command=sys.argv)
+    layers = ", ".join(f"{int(r.layer)}: {r.cosine:.3f}" for r in result.similarity_layers.itertuples())
+    typer.echo(f"{result.stats.sequences} sequences; mean cosine similarity per layer: {layers}")
+    typer.echo(f"report: {(Path(out) / 'report.html').resolve()}")
+
+
+@app.command()
 def info(model: Optional[str] = MODEL, device: str = DEVICE, trust_remote_code: bool = TRUST) -> None:
     """Print the model's facts: architecture, layers, heads, special tokens, maximum length."""
     from bertology.models import load_model

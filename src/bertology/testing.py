@@ -21,10 +21,18 @@ from bertology.engine import Engine
 from bertology.models import LoadedModel
 
 
-def _run(make_analyzer: Callable[[], Analyzer], model: LoadedModel, examples: Sequence[Example], batch_size: int) -> Analyzer:
-    analyzer = make_analyzer()
-    Engine(model, batch_size=batch_size, progress=False).run(examples, [analyzer])
-    return analyzer
+def _runner(model: LoadedModel, compare_with: LoadedModel | None):
+    def run(make_analyzer: Callable[[], Analyzer], examples: Sequence[Example], batch_size: int) -> Analyzer:
+        analyzer = make_analyzer()
+        engine = Engine(model, batch_size=batch_size, progress=False)
+        if compare_with is not None:
+            from bertology.comparison import CompareEngine
+
+            engine = CompareEngine(engine, Engine(compare_with, batch_size=batch_size, progress=False))
+        engine.run(examples, [analyzer])
+        return analyzer
+
+    return run
 
 
 def _canonical(table: pd.DataFrame) -> pd.DataFrame:
@@ -41,30 +49,32 @@ def assert_same_result(expected: pd.DataFrame, actual: pd.DataFrame, what: str, 
 
 
 def check_analyzer(make_analyzer: Callable[[], Analyzer], model: LoadedModel, examples: Sequence[Example], seed: int = 0,
-                   rtol: float = 1e-4, atol: float = 1e-6) -> None:
+                   rtol: float = 1e-4, atol: float = 1e-6, compare_with: LoadedModel | None = None) -> None:
     """Assert the analyzer contract (see the module docstring); raises AssertionError naming the broken rule.
 
     The tolerances absorb the float rounding that padding causes in a float32 model; with a
-    float64 model much tighter ones hold.
+    float64 model much tighter ones hold. With ``compare_with``, the analyzer is a comparison
+    analyzer fed by a :class:`~bertology.comparison.CompareEngine` of the two models.
     """
+    _run = _runner(model, compare_with)
     examples = list(examples)
     if len(examples) < 4:
         raise ValueError("check_analyzer needs at least 4 examples")
-    whole = _run(make_analyzer, model, examples, batch_size=len(examples))
+    whole = _run(make_analyzer, examples, batch_size=len(examples))
     expected = whole.result()
     if expected.empty:
         raise AssertionError("analyzer contract broken: the result of a run over data is empty")
     for batch_size in (1, 3):
-        actual = _run(make_analyzer, model, examples, batch_size).result()
+        actual = _run(make_analyzer, examples, batch_size).result()
         assert_same_result(expected, actual, f"batch size {batch_size} differs from one batch", rtol, atol)
     shuffled = examples[:]
     random.Random(seed).shuffle(shuffled)
-    assert_same_result(expected, _run(make_analyzer, model, shuffled, 2).result(), "shuffled order differs", rtol, atol)
+    assert_same_result(expected, _run(make_analyzer, shuffled, 2).result(), "shuffled order differs", rtol, atol)
     half = len(examples) // 2
-    first, second = _run(make_analyzer, model, examples[:half], 2), _run(make_analyzer, model, examples[half:], 3)
+    first, second = _run(make_analyzer, examples[:half], 2), _run(make_analyzer, examples[half:], 3)
     assert_same_result(expected, first.merge(second).result(), "merge of two halves differs from the whole", rtol, atol)
-    assert_same_result(expected, _run(make_analyzer, model, examples, 2).merge(make_analyzer()).result(), "merging an empty analyzer changed the result", rtol, atol)
-    assert_same_result(expected, make_analyzer().merge(_run(make_analyzer, model, examples, 2)).result(), "merging into an empty analyzer differs", rtol, atol)
+    assert_same_result(expected, _run(make_analyzer, examples, 2).merge(make_analyzer()).result(), "merging an empty analyzer changed the result", rtol, atol)
+    assert_same_result(expected, make_analyzer().merge(_run(make_analyzer, examples, 2)).result(), "merging into an empty analyzer differs", rtol, atol)
     assert_same_result(expected, pickle.loads(pickle.dumps(whole)).result(), "pickling changed the result", rtol, atol)
-    again = _run(make_analyzer, model, examples, batch_size=len(examples)).result()
+    again = _run(make_analyzer, examples, batch_size=len(examples)).result()
     pd.testing.assert_frame_equal(_canonical(expected), _canonical(again), check_exact=True)

@@ -250,3 +250,33 @@ def pattern_thumbnails(examples: dict):
     figure.suptitle("example maps per pattern (rows: queries, columns: keys)", fontsize=9)
     figure.tight_layout()
     return figure
+
+
+def similarity_heatmap(similarity: pd.DataFrame, name_a: str, name_b: str):
+    """Layer x head cosine similarity between two models' maps (Kovaleva et al. figure 5)."""
+    grid = similarity.pivot(index="layer", columns="head", values="cosine")
+    figure, axis = plt.subplots(figsize=(0.5 * grid.shape[1] + 2.8, 0.45 * grid.shape[0] + 1.6))
+    image = axis.imshow(grid.values, aspect="auto", cmap="RdYlGn", vmin=min(0.0, float(np.nanmin(grid.values))), vmax=1.0)
+    for (i, j), value in np.ndenumerate(grid.values):
+        axis.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6)
+    axis.set_xticks(range(grid.shape[1]), grid.columns)
+    axis.set_yticks(range(grid.shape[0]), grid.index)
+    axis.set_xlabel("head (0-based)")
+    axis.set_ylabel("layer (0-based)")
+    axis.set_title(f"cosine similarity of attention maps\n{name_a} vs {name_b}", fontsize=9)
+    plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+    figure.tight_layout()
+    return figure
+
+
+def similarity_by_layer(layers: pd.DataFrame):
+    """Mean similarity per layer with its 95% interval."""
+    figure, axis = plt.subplots(figsize=(5.5, 3.4))
+    axis.errorbar(layers.layer, layers.cosine, yerr=[layers.cosine - layers.ci_low, layers.ci_high - layers.cosine], marker="o", capsize=3)
+    axis.set_xticks(layers.layer)
+    axis.set_xlabel("layer (0-based)")
+    axis.set_ylabel("mean cosine similarity")
+    axis.set_title("how much each layer's attention changed (1 = unchanged)")
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,299 @@
+"""Fine-tuning an encoder on a GLUE-style classification task, with resumable checkpoints.
+
+Tasks: SST-2 and CoLA (single sentences), MRPC and RTE (pairs), read from a folder with
+``train.tsv`` and ``dev.tsv`` in GLUE's format, or any TSV pair with named text and label columns.
+Training is a standard loop: AdamW with linear warm-up and decay (``transformers``'
+``get_linear_schedule_with_warmup``), length-padded batches in a seeded order. Every
+``checkpoint_every`` steps the model, optimiser, scheduler and random states are saved, so an
+interrupted run started again with the same command resumes where it stopped. The result is a
+model folder (safetensors, tokenizer, config, ``metrics.json``) that every bertology command
+accepts as ``--model``.
+
+Metrics on dev, as GLUE reports them: accuracy (SST-2, RTE), F1 and accuracy (MRPC), Matthews
+correlation (CoLA), each against the majority-class baseline (the most frequent training label).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+from tqdm.auto import tqdm
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
+from transformers.utils import logging as hf_logging
+
+from bertology.corpora import Example, TableLayout, glue_layout, read_table
+from bertology.errors import BertologyError, CorpusError
+from bertology.models import default_model_path, resolve_device
+from bertology.runfolder import atomic_write
+
+#: GLUE tasks bertology knows: folder name -> (task, metrics, positive label for F1).
+GLUE_TASKS = {
+    "sst-2": ("sst2", ("accuracy",), None),
+    "cola": ("cola", ("matthews_correlation",), None),
+    "mrpc": ("mrpc", ("f1", "accuracy"), "1"),
+    "rte": ("rte", ("accuracy",), None),
+}
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """A classification task: its name, metrics, label names and train/dev examples."""
+
+    name: str
+    metrics: tuple[str, ...]
+    labels: tuple[str, ...]
+    train: list[Example]
+    dev: list[Example]
+    positive_label: str | None = None
+
+
+def _check_labels(examples: list[Example], labels: tuple[str, ...], split: str) -> None:
+    for example in examples:
+        if example.label is None or example.label == "":
+            raise CorpusError(split, _line(example), "missing label")
+        if example.label not in labels:
+            raise CorpusError(split, _line(example), f"label {example.label!r} does not occur in the training data ({', '.join(labels)})")
+
+
+def _line(example: Example) -> int | None:
+    return int(example.source.rsplit(":", 1)[1]) if ":" in example.source else None
+
+
+def load_task(folder: str | Path | None = None, *, train: str | Path | None = None, dev: str | Path | None = None,
+              text_column: str | None = None, text_pair_column: str | None = None, label_column: str | None = None) -> TaskData:
+    """A GLUE folder (``train.tsv``, ``dev.tsv``; the task from the folder's name), or user TSVs with named columns."""
+    if folder is not None:
+        folder = Path(folder)
+        train, dev = folder / "train.tsv", folder / "dev.tsv"
+        for path in (train, dev):
+            if not path.is_file():
+                raise CorpusError(path, None, "no such file (a task folder needs train.tsv and dev.tsv)")
+    if train is None or dev is None:
+        raise BertologyError("give a task folder, or --train and --dev files")
+    train, dev = Path(train), Path(dev)
+    if text_column is not None:
+        if label_column is None:
+            raise BertologyError("--text-column needs --label-column")
+        layout = TableLayout(text_column, text_pair_column, label_column)
+        train_examples, dev_examples = list(read_table(train, layout)), list(read_table(dev, layout))
+        name, metrics, positive = train.parent.name or "custom", ("accuracy", "macro_f1"), None
+    else:
+        try:
+            layouts = glue_layout(train), glue_layout(dev)
+        except CorpusError as exc:
+            raise CorpusError(exc.path, exc.line, f"{exc.message}; for another TSV name its columns with --text-column and --label-column") from exc
+        train_examples, dev_examples = list(read_table(train, layouts[0])), list(read_table(dev, layouts[1]))
+        key = train.parent.name.lower()
+        if key not in GLUE_TASKS:
+            raise BertologyError(f"{train.parent}: not a GLUE task folder bertology knows ({', '.join(GLUE_TASKS)}); name the columns with --text-column and --label-column")
+        name, metrics, positive = GLUE_TASKS[key]
+    labels = tuple(sorted({e.label for e in train_examples if e.label}))
+    if len(labels) < 2:
+        raise CorpusError(train, None, f"the training data has {len(labels)} label(s); classification needs at least 2")
+    _check_labels(train_examples, labels, str(train))
+    _check_labels(dev_examples, labels, str(dev))
+    return TaskData(name, metrics, labels, train_examples, dev_examples, positive)
+
+
+def task_metrics(task: TaskData, gold: list[str], predicted: list[str]) -> dict[str, float]:
+    """The task's metrics (scikit-learn) on label strings."""
+    values = {}
+    for metric in task.metrics:
+        if metric == "accuracy":
+            values[metric] = float(accuracy_score(gold, predicted))
+        elif metric == "f1":
+            values[metric] = float(f1_score(gold, predicted, pos_label=task.positive_label))
+        elif metric == "macro_f1":
+            values[metric] = float(f1_score(gold, predicted, average="macro"))
+        elif metric == "matthews_correlation":
+            values[metric] = float(matthews_corrcoef(gold, predicted))
+    return values
+
+
+@dataclass
+class FinetuneSettings:
+    """What a fine-tuning run does (saved with its checkpoints: a resume must match)."""
+
+    model: str
+    task: str
+    max_length: int = 128
+    batch_size: int = 32
+    epochs: float = 1.0
+    learning_rate: float = 5e-5
+    warmup: float = 0.1
+    weight_decay: float = 0.01
+    max_train_examples: int | None = None
+    seed: int = 0
+
+
+def _encode(tokenizer, examples: list[Example], label_ids: dict[str, int], max_length: int) -> list[dict]:
+    texts = [e.text for e in examples]
+    pairs = [e.text_pair for e in examples]
+    encoded = tokenizer(texts, pairs if any(p is not None for p in pairs) else None, truncation=True, max_length=max_length)
+    keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in encoded]
+    return [{**{k: encoded[k][i] for k in keys}, "labels": label_ids[e.label]} for i, e in enumerate(examples)]
+
+
+def _collate(tokenizer, rows: list[dict], device) -> dict[str, torch.Tensor]:
+    batch = tokenizer.pad([{k: v for k, v in row.items() if k != "labels"} for row in rows], return_tensors="pt")
+    batch["labels"] = torch.tensor([row["labels"] for row in rows])
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def _predict(model, tokenizer, rows: list[dict], batch_size: int, device) -> np.ndarray:
+    model.eval()
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
+    predictions = np.empty(len(rows), dtype=np.int64)
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            inputs = _collate(tokenizer, [rows[i] for i in chunk], device)
+            inputs.pop("labels")
+            predictions[chunk] = model(**inputs).logits.argmax(-1).cpu().numpy()
+    return predictions
+
+
+def _save_checkpoint(folder: Path, model, optimizer, scheduler, step: int, losses: list, settings: FinetuneSettings) -> None:
+    """Atomically replace ``folder`` with the training state after ``step`` steps."""
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    torch.save(
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step,
+         "losses": losses, "settings": asdict(settings), "torch_rng": torch.get_rng_state()},
+        partial / "state.pt",
+    )
+    old = folder.with_name(folder.name + ".old")
+    if folder.exists():
+        folder.rename(old)
+    partial.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def finetune(
+    task: TaskData,
+    out: str | Path,
+    *,
+    model: str | Path | None = None,
+    max_length: int = 128,
+    batch_size: int = 32,
+    epochs: float = 1.0,
+    learning_rate: float = 5e-5,
+    warmup: float = 0.1,
+    weight_decay: float = 0.01,
+    max_train_examples: int | None = None,
+    seed: int = 0,
+    device: str = "auto",
+    checkpoint_every: int = 200,
+    max_steps: int | None = None,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Fine-tune ``model`` (default: all-MiniLM-L6-v2) on ``task``; write the model folder ``out`` and return its metrics.
+
+    ``max_steps`` stops training early (the run can be resumed later: tests use it to interrupt).
+    """
+    out = Path(out)
+    source = str(default_model_path()) if model is None else str(model)
+    settings = FinetuneSettings(source, task.name, max_length, batch_size, epochs, learning_rate, warmup, weight_decay, max_train_examples, seed)
+    torch_device = resolve_device(device)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    label_ids = {label: i for i, label in enumerate(task.labels)}
+    hf_logging.set_verbosity_error()  # the new classifier head is expected, not news
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        network = AutoModelForSequenceClassification.from_pretrained(
+            source, num_labels=len(task.labels), id2label=dict(enumerate(task.labels)), label2id=label_ids,
+            trust_remote_code=trust_remote_code, ignore_mismatched_sizes=True,
+        )
+    except OSError as exc:
+        raise BertologyError(f"model {source!r} could not be loaded (no network? pass a local model folder): {str(exc).splitlines()[0]}") from exc
+    network.to(torch_device)
+
+    train = task.train
+    if max_train_examples is not None and max_train_examples < len(train):
+        keep = np.random.default_rng(seed).permutation(len(train))[:max_train_examples]
+        train = [train[i] for i in sorted(keep)]
+    train_rows = _encode(tokenizer, train, label_ids, max_length)
+    dev_rows = _encode(tokenizer, task.dev, label_ids, max_length)
+    steps_per_epoch = math.ceil(len(train_rows) / batch_size)
+    total_steps = max(1, math.ceil(steps_per_epoch * epochs))
+
+    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
+    groups = [
+        {"params": [p for n, p in network.named_parameters() if not n.endswith(no_decay)], "weight_decay": weight_decay},
+        {"params": [p for n, p in network.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=learning_rate)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(warmup * total_steps), total_steps)
+
+    checkpoint = out / "checkpoint"
+    step, losses = 0, []
+    if (checkpoint / "state.pt").is_file():
+        state = torch.load(checkpoint / "state.pt", map_location=torch_device, weights_only=False)
+        if state["settings"] != asdict(settings):
+            raise BertologyError(f"{checkpoint}: a checkpoint of a run with other settings is there; use another --out or delete it")
+        network.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step, losses = state["step"], state["losses"]
+        torch.set_rng_state(state["torch_rng"])
+    resumed_from = step
+
+    started = time.perf_counter()
+    network.train()
+    stop_at = total_steps if max_steps is None else min(total_steps, max_steps)
+    with tqdm(total=total_steps, initial=step, unit="step", desc="fine-tuning", disable=not progress) as bar:
+        while step < stop_at:
+            epoch, position = divmod(step, steps_per_epoch)
+            order = np.random.default_rng((seed, epoch)).permutation(len(train_rows))
+            chunk = order[position * batch_size : (position + 1) * batch_size]
+            loss = network(**_collate(tokenizer, [train_rows[i] for i in chunk], torch_device)).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(network.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
+            if step % checkpoint_every == 0 or step == stop_at:
+                _save_checkpoint(checkpoint, network, optimizer, scheduler, step, losses, settings)
+    seconds = time.perf_counter() - started
+    if step < total_steps:
+        return {"interrupted_at_step": step, "total_steps": total_steps}
+
+    predicted = _predict(network, tokenizer, dev_rows, batch_size * 2, torch_device)
+    gold = [e.label for e in task.dev]
+    majority = max(task.labels, key=[e.label for e in train].count)
+    metrics = {
+        "task": task.name,
+        "model": source,
+        "metric": task_metrics(task, gold, [task.labels[i] for i in predicted]),
+        "majority_baseline": task_metrics(task, gold, [majority] * len(gold)),
+        "majority_label": majority,
+        "train_examples": len(train_rows),
+        "dev_examples": len(dev_rows),
+        "steps": total_steps,
+        "resumed_from_step": resumed_from or None,
+        "seconds": round(seconds, 1),
+        "loss_curve": [round(float(np.mean(losses[i : i + 50])), 4) for i in range(0, len(losses), 50)],
+        "settings": asdict(settings),
+    }
+    network.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    atomic_write(out / "metrics.json", lambda p: p.write_text(json.dumps(metrics, indent=2) + "\n"))
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    return metrics

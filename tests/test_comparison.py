@@ -1,0 +1,72 @@
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
+
+from bertology.comparison import HeadSimilarity, compare, map_cosine
+from bertology.errors import BertologyError
+from bertology.models import load_model
+from bertology.testing import check_analyzer
+from conftest import tiny_examples
+
+
+@pytest.fixture(scope="module")
+def deep_bert_dirs(tmp_path_factory, tiny_bert_dir):
+    """A 4-layer tiny BERT, and a copy whose layer 2 was re-initialised."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert_dir)
+    torch.manual_seed(1)
+    # a larger init than BERT's 0.02 makes every layer's attention depend on its input
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
+                        max_position_embeddings=64, initializer_range=0.3)
+    original, changed = tmp_path_factory.mktemp("deep"), tmp_path_factory.mktemp("deep-reinit")
+    model = BertModel(config)
+    model.save_pretrained(original)
+    torch.manual_seed(2)
+    for parameter in model.encoder.layer[2].parameters():
+        torch.nn.init.normal_(parameter, std=0.2)
+    model.save_pretrained(changed)
+    for folder in (original, changed):
+        tokenizer.save_pretrained(folder)
+    return original, changed
+
+
+def test_map_cosine_by_hand():
+    a = torch.tensor([[0.5, 0.5], [1.0, 0.0]])
+    b = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    assert map_cosine(a, b).item() == pytest.approx(1.5 / (np.sqrt(1.5) * np.sqrt(2.0)))
+    assert map_cosine(a, a).item() == pytest.approx(1.0)
+
+
+def test_a_model_compared_with_itself_is_identical_everywhere(tiny_bert):
+    result = compare(tiny_bert, tiny_bert, [e for e in tiny_examples()], progress=False)
+    np.testing.assert_allclose(result.similarity.cosine, 1.0, atol=1e-6)
+    assert (result.similarity.n == len(tiny_examples())).all()
+    np.testing.assert_allclose(result.profile_delta.delta, 0.0, atol=1e-6)
+    assert result.roles_delta.empty
+
+
+def test_reinitialising_layer_k_changes_layer_k_and_above_only(deep_bert_dirs, tmp_path):
+    original, changed = (load_model(path, device="cpu") for path in deep_bert_dirs)
+    result = compare(original, changed, tiny_examples(), progress=False, out=tmp_path / "run")
+    by_layer = result.similarity_layers.set_index("layer").cosine
+    assert by_layer[0] == pytest.approx(1.0, abs=1e-6) and by_layer[1] == pytest.approx(1.0, abs=1e-6)
+    assert by_layer[2] < 0.99 and by_layer[3] < 1 - 1e-4  # well below the 1e-6 of identical layers
+    below = result.similarity[result.similarity.layer < 2]
+    assert (below.cosine > 1 - 1e-6).all()
+    for name in ("similarity.csv", "similarity.parquet", "profile_delta.csv", "roles_delta.csv", "similarity_heatmap.png", "report.html"):
+        assert (tmp_path / "run" / name).is_file(), name
+    delta = result.profile_delta
+    assert list(delta.columns) == ["layer", "head", "metric", "value_a", "value_b", "delta"]
+    assert (delta[delta.layer < 2].delta.abs() < 1e-6).all() and (delta[delta.layer >= 2].delta.abs() > 1e-6).any()
+
+
+def test_similarity_contract(tiny_bert_dir, deep_bert_dirs):
+    a, b = (load_model(path, device="cpu") for path in deep_bert_dirs)
+    for model in (a, b):
+        model.model.double()
+    check_analyzer(HeadSimilarity, a, tiny_examples(), compare_with=b, rtol=1e-9, atol=1e-12)
+
+
+def test_models_with_different_vocabularies_are_refused(tiny_bert, tiny_roberta):
+    with pytest.raises(BertologyError, match="different vocabularies"):
+        compare(tiny_bert, tiny_roberta, tiny_examples(), progress=False)
