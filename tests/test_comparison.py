@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
+from transformers import AutoTokenizer, BertConfig, BertModel
 
 from bertology.comparison import HeadSimilarity, compare, map_cosine
 from bertology.errors import BertologyError

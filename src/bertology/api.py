@@ -23,7 +23,7 @@ from bertology.analyzers import GeneralProfile, HeadDistance, clark_labels
 from bertology.analyzers.patterns import HeadPatterns, PatternThresholds, RuleClassifier
 from bertology.analyzers.roles import HeadRoles, role_shares
 from bertology.analyzers.syntax import RelationHeads
-from bertology.corpora import Corpus, Example
+from bertology.corpora import Corpus, Example, open_corpus
 from bertology.engine import Engine, RunStats
 from bertology.errors import BertologyError
 from bertology.models import LoadedModel, load_model
@@ -168,16 +168,6 @@ class Analysis:
         return html
 
 
-def _as_corpus(corpus, format: str, limit: int | None) -> tuple[Corpus | list[Example], dict]:
-    if isinstance(corpus, Corpus):
-        return corpus, {"name": corpus.name, "path": str(corpus.path) if corpus.path else None, "format": corpus.format, "sha256": corpus.sha256()}
-    if corpus is None or isinstance(corpus, (str, Path)):
-        return _as_corpus(Corpus(None if corpus is None else Path(corpus), format=format, limit=limit), format, limit)
-    examples = [item if isinstance(item, Example) else Example(str(item)) for item in corpus]
-    examples = examples[:limit] if limit is not None else examples
-    return examples, {"name": "in-memory", "path": None, "format": "examples", "sha256": None}
-
-
 def _has_trees(examples: Corpus | list[Example]) -> bool:
     if isinstance(examples, Corpus):
         return examples.format == "conllu"
@@ -226,7 +216,7 @@ def analyze(
     With ``out``, the run folder is written there.
     """
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    examples, corpus_info = _as_corpus(corpus, format, limit)
+    examples, corpus_info = open_corpus(corpus, format, limit)
     if parser not in (None, *PARSERS):
         raise BertologyError(f"unknown parser {parser!r}: use gold (CoNLL-U trees) or spacy")
     with_trees = parser == "spacy" or _has_trees(examples)

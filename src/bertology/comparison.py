@@ -196,11 +196,10 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
     """Run two models over the same inputs and report per-head similarity and the change in profile and roles."""
     from bertology.analyzers import GeneralProfile
     from bertology.analyzers.roles import HeadRoles
-    from bertology.api import _as_corpus
-    from bertology.corpora import Corpus
+    from bertology.corpora import Corpus, open_corpus
     from bertology.models import LoadedModel, load_model
 
-    examples, corpus_info = _as_corpus(corpus, format, limit)
+    examples, corpus_info = open_corpus(corpus, format, limit)
     total = examples.validate() if isinstance(examples, Corpus) else len(examples)
     corpus_info["examples"] = total
     loaded = [m if isinstance(m, LoadedModel) else load_model(m, device=device, trust_remote_code=trust_remote_code) for m in (model_a, model_b)]

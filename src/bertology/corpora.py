@@ -340,3 +340,19 @@ class Corpus:
                 for chunk in iter(lambda: handle.read(1 << 20), b""):
                     digest.update(chunk)
         return digest.hexdigest()
+
+
+def open_corpus(corpus, format: str = "auto", limit: int | None = None) -> tuple["Corpus | list[Example]", dict]:
+    """Resolve what a user passed as a corpus, and describe it for the manifest.
+
+    ``None`` is the bundled sample; a path is a :class:`Corpus` (``format`` auto-detected); a
+    :class:`Corpus` is used as it is; any other iterable of strings or :class:`Example` is kept
+    in memory (first ``limit`` items).
+    """
+    if isinstance(corpus, Corpus):
+        return corpus, {"name": corpus.name, "path": str(corpus.path) if corpus.path else None, "format": corpus.format, "sha256": corpus.sha256()}
+    if corpus is None or isinstance(corpus, (str, Path)):
+        return open_corpus(Corpus(None if corpus is None else Path(corpus), format=format, limit=limit))
+    examples = [item if isinstance(item, Example) else Example(str(item)) for item in corpus]
+    examples = examples[:limit] if limit is not None else examples
+    return examples, {"name": "in-memory", "path": None, "format": "examples", "sha256": None}

@@ -14,7 +14,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
