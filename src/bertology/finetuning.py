@@ -28,11 +28,10 @@ import torch
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
-from transformers.utils import logging as hf_logging
 
 from bertology.corpora import Example, TableLayout, glue_layout, read_table
 from bertology.errors import BertologyError, CorpusError
-from bertology.models import default_model_path, resolve_device
+from bertology.models import default_model_path, quiet_transformers, resolve_device
 from bertology.runfolder import atomic_write
 
 #: GLUE tasks bertology knows: folder name -> (task, metrics, positive label for F1).
@@ -210,13 +209,13 @@ def finetune(
     np.random.seed(seed)
     torch.manual_seed(seed)
     label_ids = {label: i for i, label in enumerate(task.labels)}
-    hf_logging.set_verbosity_error()  # the new classifier head is expected, not news
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        network = AutoModelForSequenceClassification.from_pretrained(
-            source, num_labels=len(task.labels), id2label=dict(enumerate(task.labels)), label2id=label_ids,
-            trust_remote_code=trust_remote_code, ignore_mismatched_sizes=True,
-        )
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+            network = AutoModelForSequenceClassification.from_pretrained(
+                source, num_labels=len(task.labels), id2label=dict(enumerate(task.labels)), label2id=label_ids,
+                trust_remote_code=trust_remote_code, ignore_mismatched_sizes=True,
+            )
     except OSError as exc:
         raise BertologyError(f"model {source!r} could not be loaded (no network? pass a local model folder): {str(exc).splitlines()[0]}") from exc
     network.to(torch_device)

