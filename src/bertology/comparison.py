@@ -9,14 +9,12 @@ analyzer on one of the two (for the change in the general profile and in the rol
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from bertology.analyzers.base import Analyzer
 from bertology.analyzers.profile import _interval_frame
@@ -46,20 +44,11 @@ class CompareEngine:
         self.engine_a, self.engine_b = engine_a, engine_b
 
     def run(self, examples: Iterable[Example], analyzers: Sequence, *, total: int | None = None) -> RunStats:
-        stats = RunStats()
-        started = time.perf_counter()
-        encoded = self.engine_a.encode(enumerate(examples), stats)
-        with tqdm(total=total, unit="seq", desc="comparing", disable=not self.engine_a.progress) as bar:
-            for items in self.engine_a.batches(encoded):
-                pair = BatchPair(self.engine_a.run_batch(items), self.engine_b.run_batch(items))
-                for analyzer in analyzers:
-                    analyzer.update(pair)
-                stats.sequences += pair.a.size
-                stats.tokens += int(pair.a.mask.sum())
-                stats.batches += 1
-                bar.update(stats.sequences + stats.skipped - bar.n)
-        stats.seconds = time.perf_counter() - started
-        return stats
+        """Feed every analyzer a :class:`BatchPair` per batch."""
+        return self.engine_a.run(
+            examples, analyzers, total=total, desc="comparing",
+            step=lambda items: BatchPair(self.engine_a.run_batch(items), self.engine_b.run_batch(items)),
+        )
 
 
 def map_cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

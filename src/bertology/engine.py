@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -23,6 +23,7 @@ from bertology.hooks import Hooks
 from bertology.models import LoadedModel
 
 OVERFLOW_POLICIES = ("truncate", "skip")
+MAX_SKIPPED_SOURCES = 100  # the manifest lists the first skipped sequences; the count is exact
 
 
 @dataclass
@@ -192,7 +193,8 @@ class Engine:
             if truncated:
                 if self.overflow == "skip":
                     stats.skipped += 1
-                    stats.skipped_sources.append(example.source)
+                    if len(stats.skipped_sources) < MAX_SKIPPED_SOURCES:
+                        stats.skipped_sources.append(example.source)
                     continue
                 encoding = self._encode(example, truncate=True)
                 stats.truncated += 1
@@ -278,18 +280,24 @@ class Engine:
             embedding=self.model.model.get_input_embeddings(),
         )
 
-    def run(self, examples: Iterable[Example], analyzers: Sequence, *, total: int | None = None) -> RunStats:
-        """Stream ``examples`` through the model once and update every analyzer with every batch."""
+    def run(self, examples: Iterable[Example], analyzers: Sequence, *, total: int | None = None,
+            step: Callable[[list[Encoded]], object] | None = None, desc: str = "analyzing") -> RunStats:
+        """Stream ``examples`` through the model once and update every analyzer with every batch.
+
+        ``step`` turns a batch's items into what the analyzers receive (default :meth:`run_batch`;
+        a :class:`~bertology.comparison.CompareEngine` runs two models there).
+        """
+        step = step or self.run_batch
         stats = RunStats()
         started = time.perf_counter()
         encoded = self.encode(enumerate(examples), stats)
-        with tqdm(total=total, unit="seq", desc="analyzing", disable=not self.progress, smoothing=0.1) as bar:
+        with tqdm(total=total, unit="seq", desc=desc, disable=not self.progress, smoothing=0.1) as bar:
             for items in self.batches(encoded):
-                batch = self.run_batch(items)
+                batch = step(items)
                 for analyzer in analyzers:
                     analyzer.update(batch)
-                stats.sequences += batch.size
-                stats.tokens += int(batch.mask.sum())
+                stats.sequences += len(items)
+                stats.tokens += sum(len(item) for item in items)
                 stats.batches += 1
                 bar.update(stats.sequences + stats.skipped - bar.n)
         stats.seconds = time.perf_counter() - started
