@@ -20,3 +20,11 @@ def test_report_embeds_figures_and_escapes_text(tmp_path):
     # title (<title> and <h1>), summary, intro, figure (alt and caption), table cell
     assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 7
     assert html.count("data:image/png;base64,iVBOR") == 1  # PNG magic, base64-encoded
+
+
+def test_pivoted_tables_have_no_empty_axis_column():
+    long = pd.DataFrame({"layer": [0, 0, 1, 1], "metric": ["cls", "sep", "cls", "sep"], "value": [0.1, 0.2, 0.3, 0.4]})
+    wide = long.pivot(index="layer", columns="metric", values="value").reset_index()
+    html = Report(title="t", summary={}, sections=[Section(title="S", tables=[("wide", wide)])]).render()
+    header = html[html.index("<thead>") : html.index("</thead>")]
+    assert header.count("<th>") == 3 and ">metric<" not in header  # layer, cls, sep

@@ -146,7 +146,7 @@ def role_shares_by_layer(shares: pd.DataFrame, tau: float):
     axis.set_ylabel("share of heads with the role")
     axis.set_ylim(0, 1)
     axis.set_title(f"heads holding each role (one-sided t-test, tau = {tau:g}, corrected)")
-    axis.legend(fontsize=8, ncol=3)
+    axis.legend(fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
     axis.grid(axis="y", alpha=0.3)
     figure.tight_layout()
     return figure

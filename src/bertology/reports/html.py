@@ -36,7 +36,9 @@ class Section:
 
 
 def _table_html(table: pd.DataFrame) -> Markup:
-    # pandas escapes cell text by default (escape=True).
+    # pandas escapes cell text by default (escape=True). A pivoted table's column-axis name would
+    # otherwise show as an extra, empty column.
+    table = table.rename_axis(columns=None)
     return Markup(table.to_html(index=False, classes="table", border=0, float_format=lambda x: f"{x:.3f}", na_rep="–"))
 
 
