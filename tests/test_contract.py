@@ -121,3 +121,15 @@ def test_pattern_examples_do_not_depend_on_batching(tiny_bert):
     Engine(tiny_bert, batch_size=2, progress=False).run(examples[5:], [second])
     assert {p: [(e.layer, e.head, e.text) for e in items] for p, items in first.merge(second).examples().items()} == whole
     assert sum(len(items) for items in whole.values()) > 0
+
+
+def test_pattern_examples_merge_when_both_shards_hold_the_same_sequence(tiny_bert):
+    from bertology.engine import Engine
+
+    shards = []
+    for _ in range(2):
+        analyzer = HeadPatterns(examples_per_class=2, seed=1)
+        Engine(tiny_bert, progress=False).run(tiny_examples()[:3], [analyzer])
+        shards.append(analyzer)
+    merged = shards[0].merge(shards[1]).examples()
+    assert all(len(items) <= 2 for items in merged.values())

@@ -22,7 +22,7 @@ vertical >= ``vertical`` -> vertical; diagonal >= ``diagonal`` -> diagonal; a pa
 from __future__ import annotations
 
 import heapq
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -95,12 +95,12 @@ class RuleClassifier:
 
 @dataclass(order=True)
 class _Example:
-    key: float
+    key: float  # minus the item's hash: a min-heap on it keeps the smallest hashes
     layer: int
     head: int
     source: str
     text: str
-    attention: np.ndarray
+    attention: np.ndarray = field(compare=False)
 
 
 class HeadPatterns(Analyzer):
@@ -142,7 +142,7 @@ class HeadPatterns(Analyzer):
             keys = (keyed_rng(self.seed, example.source, example.text, example.text_pair).random() + offsets) % 1.0
             for k, pattern in enumerate(PATTERNS):
                 kept = self._examples[pattern]
-                bound = kept[0].key * -1 if len(kept) >= self.examples_per_class else np.inf  # max-heap by -key
+                bound = -kept[0].key if len(kept) >= self.examples_per_class else np.inf  # the largest hash kept
                 for layer, head in zip(*np.nonzero((classes[:, b] == k) & (keys < bound))):
                     item = _Example(-float(keys[layer, head]), int(layer), int(head), example.source, example.text,
                                     batch.attentions[layer, b, head, :n, :n].half().cpu().numpy())
