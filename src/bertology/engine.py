@@ -42,6 +42,16 @@ class Encoded:
         return len(self.input_ids)
 
 
+def same_sentence(segment_ids: torch.Tensor) -> torch.Tensor:
+    """``[batch, n, n]``: True where query and key are non-special pieces of the same sentence."""
+    return (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, :, None] >= 0)
+
+
+def is_pair(segment_ids: torch.Tensor) -> torch.Tensor:
+    """``[batch]``: True for sentence pairs (some piece belongs to sentence B)."""
+    return (segment_ids == 1).any(dim=1)
+
+
 @dataclass
 class Batch:
     """What every analyzer receives for one batch (tensors on the model's device).

@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 
 from bertology.analyzers.base import Analyzer
-from bertology.engine import Batch
+from bertology.engine import Batch, is_pair, same_sentence
 from bertology.stats import keyed_rng
 
 PATTERNS = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
@@ -63,12 +63,10 @@ def pattern_features(attention: torch.Tensor, mask: torch.Tensor, special: torch
     special_mass = (column_mass * special[:, None].to(attention.dtype)).sum(-1)
     other = column_mass.masked_fill(special[:, None] | ~mask[:, None], 0.0).amax(-1)
     diagonal = (attention.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) + attention.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1)) / n
-    same_segment = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, :, None] >= 0)
-    own = (attention * same_segment[:, None]).sum(-1)  # [batch, head, n]
+    own = (attention * same_sentence(segment_ids)[:, None]).sum(-1)  # [batch, head, n]
     queries = (segment_ids >= 0).to(attention.dtype)[:, None]
     block = (own * queries).sum(-1) / queries.sum(-1).clamp(min=1)
-    is_pair = (segment_ids == 1).any(dim=1)[:, None]
-    return {"vertical": special_mass + other, "diagonal": diagonal, "block": torch.where(is_pair, block, torch.nan)}
+    return {"vertical": special_mass + other, "diagonal": diagonal, "block": torch.where(is_pair(segment_ids)[:, None], block, torch.nan)}
 
 
 class RuleClassifier:

@@ -29,7 +29,7 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from bertology.analyzers.base import Analyzer
-from bertology.engine import Batch
+from bertology.engine import Batch, is_pair, same_sentence
 from bertology.stats import RunningMoments
 
 BASE_ROLES = ("local", "delimiter", "cls", "sep", "block")
@@ -63,13 +63,12 @@ def role_scores(attention: torch.Tensor, mask: torch.Tensor, cls_mask: torch.Ten
     near = (positions[:, None] - positions[None, :]).abs() <= window
     local = near[None] & mask[:, None, :] & mask[:, :, None]
     special = cls_mask | sep_mask
-    same_segment = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, :, None] >= 0)
+    same_segment = same_sentence(segment_ids)
     in_block = attention * same_segment[:, None]
     within = in_block / in_block.sum(-1, keepdim=True).clamp(min=1e-12)  # the query's attention renormalised inside its block
     block_size = same_segment.sum(-1).to(attention.dtype)[:, None]  # [batch, 1, n]
     entropy = -torch.special.xlogy(within, within).sum(-1)
     normalised_entropy = torch.where(block_size > 1, entropy / torch.log(block_size.clamp(min=2)), torch.ones_like(entropy))
-    is_pair = (segment_ids == 1).any(dim=1)
     n = mask.sum(1, keepdim=True).to(attention.dtype)
     block = sieve_mean(attention, same_segment, segment_ids >= 0, n, weight=normalised_entropy)
     return {
@@ -77,7 +76,7 @@ def role_scores(attention: torch.Tensor, mask: torch.Tensor, cls_mask: torch.Ten
         "delimiter": sieve_mean(attention, special[:, None, :], mask, n),
         "cls": sieve_mean(attention, cls_mask[:, None, :], mask, n),
         "sep": sieve_mean(attention, sep_mask[:, None, :], mask, n),
-        "block": torch.where(is_pair[:, None], block, torch.nan),
+        "block": torch.where(is_pair(segment_ids)[:, None], block, torch.nan),
     }
 
 
