@@ -168,7 +168,8 @@ def _save_checkpoint(folder: Path, model, optimizer, scheduler, step: int, losse
     partial.mkdir(parents=True)
     torch.save(
         {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step,
-         "losses": losses, "settings": asdict(settings), "torch_rng": torch.get_rng_state()},
+         "losses": losses, "settings": asdict(settings), "torch_rng": torch.get_rng_state(),
+         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
         partial / "state.pt",
     )
     old = folder.with_name(folder.name + ".old")
@@ -240,7 +241,8 @@ def finetune(
     checkpoint = out / "checkpoint"
     step, losses = 0, []
     if (checkpoint / "state.pt").is_file():
-        state = torch.load(checkpoint / "state.pt", map_location=torch_device, weights_only=False)
+        # Loaded on the CPU: RNG states must stay CPU tensors; load_state_dict moves the rest to the model's device.
+        state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)
         if state["settings"] != asdict(settings):
             raise BertologyError(f"{checkpoint}: a checkpoint of a run with other settings is there; use another --out or delete it")
         network.load_state_dict(state["model"])
@@ -248,6 +250,8 @@ def finetune(
         scheduler.load_state_dict(state["scheduler"])
         step, losses = state["step"], state["losses"]
         torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
     resumed_from = step
 
     started = time.perf_counter()
