@@ -9,6 +9,8 @@ analyzer on one of the two (for the change in the general profile and in the rol
 
 from __future__ import annotations
 
+import datetime as dt
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -16,12 +18,18 @@ import numpy as np
 import pandas as pd
 import torch
 
+from bertology.analyzers import GeneralProfile
 from bertology.analyzers.base import Analyzer
-from bertology.analyzers.profile import _interval_frame
-from bertology.corpora import Example
+from bertology.analyzers.roles import HeadRoles
+from bertology.api import package_versions
+from bertology.corpora import Corpus, Example, open_corpus
 from bertology.engine import Batch, Engine, RunStats
 from bertology.errors import BertologyError
-from bertology.stats import RunningMoments
+from bertology.models import LoadedModel, load_model
+from bertology.reports.compare import comparison_section
+from bertology.reports.html import Report
+from bertology.runfolder import RunFolder
+from bertology.stats import RunningMoments, interval_frame
 
 
 @dataclass
@@ -92,11 +100,11 @@ class HeadSimilarity(Analyzer):
             return pd.DataFrame(columns=["layer", "head", "cosine", "ci_low", "ci_high", "n"])
         num_layers, num_heads = self._heads.count.shape
         index = pd.MultiIndex.from_product([range(num_layers), range(num_heads)], names=["layer", "head"])
-        return _interval_frame(self._heads, index).rename(columns={"value": "cosine"})
+        return interval_frame(self._heads, index).rename(columns={"value": "cosine"})
 
     def layers(self) -> pd.DataFrame:
         index = pd.Index(range(self._layers.count.shape[0]), name="layer")
-        return _interval_frame(self._layers, index).rename(columns={"value": "cosine"})
+        return interval_frame(self._layers, index).rename(columns={"value": "cosine"})
 
 
 class Side(Analyzer):
@@ -152,14 +160,6 @@ class Comparison:
 
     def save(self, out, command: list[str] | None = None):
         """Write tables, figures, ``report.html`` and ``manifest.json``; returns the report path."""
-        import datetime as dt
-        import sys
-
-        from bertology.api import package_versions
-        from bertology.reports.compare import comparison_section
-        from bertology.reports.html import Report
-        from bertology.runfolder import RunFolder
-
         folder = RunFolder(out)
         folder.write_table("similarity", self.similarity)
         folder.write_table("similarity_by_layer", self.similarity_layers)
@@ -183,11 +183,6 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
             limit: int | None = None, overflow: str = "truncate", tau: float = 3.0, device: str = "auto", seed: int = 0,
             trust_remote_code: bool = False, progress: bool = True, command: list[str] | None = None) -> Comparison:
     """Run two models over the same inputs and report per-head similarity and the change in profile and roles."""
-    from bertology.analyzers import GeneralProfile
-    from bertology.analyzers.roles import HeadRoles
-    from bertology.corpora import Corpus, open_corpus
-    from bertology.models import LoadedModel, load_model
-
     examples, corpus_info = open_corpus(corpus, format, limit)
     total = examples.validate() if isinstance(examples, Corpus) else len(examples)
     corpus_info["examples"] = total

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 
@@ -68,3 +69,12 @@ def keyed_rng(seed: int, *key) -> np.random.Generator:
     """
     digest = hashlib.blake2b(repr((seed, *key)).encode(), digest_size=8).digest()
     return np.random.default_rng(int.from_bytes(digest, "big"))
+
+
+def interval_frame(moments: RunningMoments, index: pd.Index) -> pd.DataFrame:
+    """Tidy table of moments: ``value`` (mean), ``ci_low``, ``ci_high`` (95% t interval), ``n``, one row per cell of ``index``."""
+    low, high = moments.interval()
+    return pd.DataFrame(
+        {"value": moments.means().ravel(), "ci_low": low.ravel(), "ci_high": high.ravel(), "n": moments.count.ravel().astype(np.int64)},
+        index=index,
+    ).reset_index()

@@ -22,7 +22,7 @@ from sklearn.manifold import MDS
 
 from bertology.analyzers.base import Analyzer
 from bertology.engine import Batch
-from bertology.stats import RunningMoments, keyed_rng
+from bertology.stats import RunningMoments, interval_frame, keyed_rng
 
 PROFILE_METRICS = ("cls", "sep", "punct", "self", "prev", "next", "entropy", "cls_entropy", "distance")
 ENTROPY_SMOOTHING = 1e-4  # Clark et al.: a <- (1 - eps) a + eps / n
@@ -69,19 +69,6 @@ def profile_metrics(
     return torch.stack([columns[name] for name in PROFILE_METRICS], dim=-1)
 
 
-def _interval_frame(moments: RunningMoments, index: pd.MultiIndex) -> pd.DataFrame:
-    low, high = moments.interval()
-    return pd.DataFrame(
-        {
-            "value": moments.means().ravel(),
-            "ci_low": low.ravel(),
-            "ci_high": high.ravel(),
-            "n": moments.count.ravel().astype(np.int64),
-        },
-        index=index,
-    ).reset_index()
-
-
 class GeneralProfile(Analyzer):
     """Clark et al.'s general attention profile of every head (see the module docstring).
 
@@ -126,14 +113,14 @@ class GeneralProfile(Analyzer):
             return pd.DataFrame(columns=["layer", "head", "metric", "value", "ci_low", "ci_high", "n"])
         num_layers, num_heads, _ = self._heads.count.shape
         index = pd.MultiIndex.from_product([range(num_layers), range(num_heads), PROFILE_METRICS], names=["layer", "head", "metric"])
-        return _interval_frame(self._heads, index)
+        return interval_frame(self._heads, index)
 
     def layers(self) -> pd.DataFrame:
         """Per-layer aggregates: ``layer, metric, value, ci_low, ci_high, n``."""
         if self._layers is None:
             return pd.DataFrame(columns=["layer", "metric", "value", "ci_low", "ci_high", "n"])
         index = pd.MultiIndex.from_product([range(self._layers.count.shape[0]), PROFILE_METRICS], names=["layer", "metric"])
-        return _interval_frame(self._layers, index)
+        return interval_frame(self._layers, index)
 
 
 def pairwise_js(rows: torch.Tensor) -> torch.Tensor:
