@@ -101,3 +101,33 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is not beside this checkout")
     return SHARED_DATA
+
+
+CLASSIFIER_SENTENCES = ["the cat sat.", "the dog ran.", "a cat and a dog.", "where is the dog?", "we saw the cat.", "the big red house.",
+                        "the small tree.", "they ran fast.", "you saw a cat here.", "the dog is under the table.", "it is here.", "we ran slowly."]
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier_dir(tiny_bert_dir, tmp_path_factory) -> Path:
+    """A 3-layer, 4-head random BERT sequence classifier (labels "0", "1") with the tiny tokenizer."""
+    from transformers import BertForSequenceClassification, BertTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny-classifier")
+    tokenizer = BertTokenizerFast.from_pretrained(tiny_bert_dir)
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(1)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+                        max_position_embeddings=64, num_labels=2, id2label={0: "0", 1: "1"}, label2id={"0": 0, "1": 1})
+    BertForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def cat_task(tmp_path) -> Path:
+    """An SST-2-shaped task folder: label 1 when the sentence mentions a cat."""
+    folder = tmp_path / "SST-2"
+    folder.mkdir()
+    rows = [f"{s}\t{int('cat' in s)}" for s in CLASSIFIER_SENTENCES]
+    (folder / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    (folder / "dev.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    return folder

@@ -41,3 +41,25 @@ def test_nan_observations_are_left_out_of_their_cell():
     low, high = moments.interval()
     assert np.isnan(low[1]) and np.isnan(high[1])  # one observation: no interval
     assert low[0] == pytest.approx(3.0 - stats.t.ppf(0.975, 2) * 2.0 / np.sqrt(3))
+
+
+def test_confusion_metrics_match_scikit_learn():
+    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, matthews_corrcoef
+
+    from bertology.stats import confusion_metric
+
+    rng = np.random.default_rng(3)
+    for classes in (2, 3):
+        gold, predicted = rng.integers(0, classes, 60), rng.integers(0, classes, 60)
+        confusion = confusion_matrix(gold, predicted, labels=range(classes))
+        assert confusion_metric(confusion, "accuracy") == pytest.approx(accuracy_score(gold, predicted))
+        assert confusion_metric(confusion, "macro_f1") == pytest.approx(f1_score(gold, predicted, average="macro"))
+        assert confusion_metric(confusion, "matthews_correlation") == pytest.approx(matthews_corrcoef(gold, predicted))
+        assert confusion_metric(confusion, "f1", positive=1) == pytest.approx(f1_score(gold, predicted, labels=[1], average="macro"))
+    # undefined cases are 0, as in scikit-learn: one class only
+    constant = confusion_matrix([1, 1, 1], [1, 1, 1], labels=[0, 1])
+    assert confusion_metric(constant, "matthews_correlation") == 0.0
+    assert confusion_metric(confusion_matrix([0, 0], [0, 0], labels=[0, 1]), "f1", positive=1) == 0.0
+    # vectorised over leading axes
+    stacked = np.stack([confusion, confusion])
+    np.testing.assert_allclose(confusion_metric(stacked, "accuracy"), [accuracy_score(gold, predicted)] * 2)

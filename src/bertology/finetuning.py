@@ -20,19 +20,22 @@ import math
 import random
 import shutil
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+from sklearn.metrics import confusion_matrix
 from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
 
 from bertology.corpora import Example, TableLayout, glue_layout, read_table
 from bertology.errors import BertologyError, CorpusError
+from bertology.hooks import Hooks
 from bertology.models import default_model_path, quiet_transformers, resolve_device
 from bertology.runfolder import atomic_write
+from bertology.stats import confusion_metric
 
 #: GLUE tasks bertology knows: folder name -> (task, metrics, positive label for F1).
 GLUE_TASKS = {
@@ -103,19 +106,15 @@ def load_task(folder: str | Path | None = None, *, train: str | Path | None = No
     return TaskData(name, metrics, labels, train_examples, dev_examples, positive)
 
 
+def positive_index(task: TaskData) -> int | None:
+    """Index of the positive label (for F1) in ``task.labels``."""
+    return task.labels.index(task.positive_label) if task.positive_label is not None else None
+
+
 def task_metrics(task: TaskData, gold: list[str], predicted: list[str]) -> dict[str, float]:
-    """The task's metrics (scikit-learn) on label strings."""
-    values = {}
-    for metric in task.metrics:
-        if metric == "accuracy":
-            values[metric] = float(accuracy_score(gold, predicted))
-        elif metric == "f1":
-            values[metric] = float(f1_score(gold, predicted, pos_label=task.positive_label))
-        elif metric == "macro_f1":
-            values[metric] = float(f1_score(gold, predicted, average="macro"))
-        elif metric == "matthews_correlation":
-            values[metric] = float(matthews_corrcoef(gold, predicted))
-    return values
+    """The task's metrics on label strings, from scikit-learn's confusion matrix (:func:`bertology.stats.confusion_metric`)."""
+    confusion = confusion_matrix(gold, predicted, labels=list(task.labels))
+    return {metric: float(confusion_metric(confusion, metric, positive_index(task))) for metric in task.metrics}
 
 
 @dataclass
@@ -134,7 +133,8 @@ class FinetuneSettings:
     seed: int = 0
 
 
-def _encode(tokenizer, examples: list[Example], label_ids: dict[str, int], max_length: int) -> list[dict]:
+def encode_examples(tokenizer, examples: list[Example], label_ids: dict[str, int], max_length: int) -> list[dict]:
+    """Tokenised rows (``input_ids``, ...) with the label's id under ``labels``."""
     texts = [e.text for e in examples]
     pairs = [e.text_pair for e in examples]
     encoded = tokenizer(texts, pairs if any(p is not None for p in pairs) else None, truncation=True, max_length=max_length)
@@ -142,23 +142,31 @@ def _encode(tokenizer, examples: list[Example], label_ids: dict[str, int], max_l
     return [{**{k: encoded[k][i] for k in keys}, "labels": label_ids[e.label]} for i, e in enumerate(examples)]
 
 
-def _collate(tokenizer, rows: list[dict], device) -> dict[str, torch.Tensor]:
+def collate_rows(tokenizer, rows: list[dict], device) -> dict[str, torch.Tensor]:
+    """Pad rows into a batch of tensors on ``device`` (labels included)."""
     batch = tokenizer.pad([{k: v for k, v in row.items() if k != "labels"} for row in rows], return_tensors="pt")
     batch["labels"] = torch.tensor([row["labels"] for row in rows])
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def _predict(model, tokenizer, rows: list[dict], batch_size: int, device) -> np.ndarray:
-    model.eval()
+def length_batches(rows: list[dict], batch_size: int) -> list[list[int]]:
+    """Row indices in batches of similar length (less padding)."""
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
-    predictions = np.empty(len(rows), dtype=np.int64)
-    with torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            inputs = _collate(tokenizer, [rows[i] for i in chunk], device)
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def predict_logits(model, tokenizer, rows: list[dict], batch_size: int, device, hooks: Hooks | None = None) -> np.ndarray:
+    """Logits ``[rows, classes]`` of a sequence classifier, with ``hooks`` (e.g. interventions) attached if given."""
+    model.eval()
+    logits = None
+    with torch.inference_mode(), (hooks.attach(model) if hooks is not None else nullcontext()):
+        for chunk in length_batches(rows, batch_size):
+            inputs = collate_rows(tokenizer, [rows[i] for i in chunk], device)
             inputs.pop("labels")
-            predictions[chunk] = model(**inputs).logits.argmax(-1).cpu().numpy()
-    return predictions
+            scores = model(**inputs).logits.float().cpu().numpy()
+            logits = np.empty((len(rows), scores.shape[1]), dtype=np.float32) if logits is None else logits
+            logits[chunk] = scores
+    return logits
 
 
 def _save_checkpoint(folder: Path, model, optimizer, scheduler, step: int, losses: list, settings: FinetuneSettings) -> None:
@@ -225,8 +233,8 @@ def finetune(
     if max_train_examples is not None and max_train_examples < len(train):
         keep = np.random.default_rng(seed).permutation(len(train))[:max_train_examples]
         train = [train[i] for i in sorted(keep)]
-    train_rows = _encode(tokenizer, train, label_ids, max_length)
-    dev_rows = _encode(tokenizer, task.dev, label_ids, max_length)
+    train_rows = encode_examples(tokenizer, train, label_ids, max_length)
+    dev_rows = encode_examples(tokenizer, task.dev, label_ids, max_length)
     steps_per_epoch = math.ceil(len(train_rows) / batch_size)
     total_steps = max(1, math.ceil(steps_per_epoch * epochs))
 
@@ -262,7 +270,7 @@ def finetune(
             epoch, position = divmod(step, steps_per_epoch)
             order = np.random.default_rng((seed, epoch)).permutation(len(train_rows))
             chunk = order[position * batch_size : (position + 1) * batch_size]
-            loss = network(**_collate(tokenizer, [train_rows[i] for i in chunk], torch_device)).loss
+            loss = network(**collate_rows(tokenizer, [train_rows[i] for i in chunk], torch_device)).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(network.parameters(), 1.0)
             optimizer.step()
@@ -278,7 +286,7 @@ def finetune(
     if step < total_steps:
         return {"interrupted_at_step": step, "total_steps": total_steps}
 
-    predicted = _predict(network, tokenizer, dev_rows, batch_size * 2, torch_device)
+    predicted = predict_logits(network, tokenizer, dev_rows, batch_size * 2, torch_device).argmax(-1)
     gold = [e.label for e in task.dev]
     majority = max(task.labels, key=[e.label for e in train].count)
     metrics = {

@@ -15,7 +15,8 @@ passes two tensors through the handlers registered for each point:
 
 Handlers are called as ``handler(layer, tensor)`` and return ``None`` (leave it) or a tensor. The
 layer index is counted per forward pass, so models that share one attention module across layers
-(ALBERT) or keep no ``layer_idx`` (DistilBERT) are numbered correctly too.
+(ALBERT) or keep no ``layer_idx`` (DistilBERT) are numbered correctly too. While a handler runs,
+:attr:`Hooks.key_mask` says which keys are real tokens (not padding).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class Hooks:
     def __init__(self) -> None:
         self._handlers: dict[str, list[Handler]] = {point: [] for point in HOOK_POINTS}
         self._layer = 0
+        #: bool ``[batch, 1, 1, key]``, True for real (unpadded) keys, for the layer being run;
+        #: None where the model passed no mask (nothing is padded).
+        self.key_mask: torch.Tensor | None = None
 
     def add(self, point: str, handler: Handler) -> "Hooks":
         """Register ``handler`` at ``point`` (one of :data:`HOOK_POINTS`); returns self for chaining."""
@@ -60,6 +64,10 @@ class Hooks:
         self._layer += 1
         return layer
 
+    def skip_layer(self) -> None:
+        """Count a layer whose attention was not run (its output was replayed from a cache)."""
+        self._layer += 1
+
     @contextmanager
     def attach(self, model: nn.Module) -> Iterator["Hooks"]:
         """Make these hooks active for ``model``'s forward passes inside the ``with`` block."""
@@ -78,6 +86,14 @@ class Hooks:
             handle.remove()
 
 
+def _real_keys(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """``[batch, 1, 1, key]`` bool from a boolean mask or eager_mask's additive one (0 allowed, the dtype's minimum not)."""
+    if attention_mask is None:
+        return None
+    rows = attention_mask[..., :1, :]
+    return rows if rows.dtype == torch.bool else rows > torch.finfo(rows.dtype).min / 2
+
+
 def bertology_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -90,7 +106,10 @@ def bertology_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager attention (Vaswani et al. 2017) with the ``pattern`` and ``head_output`` hook points."""
     hooks = _ACTIVE.get()
-    layer = hooks._next_layer() if hooks is not None else -1
+    layer = -1
+    if hooks is not None:
+        layer = hooks._next_layer()
+        hooks.key_mask = _real_keys(attention_mask)
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
@@ -104,6 +123,11 @@ def bertology_attention(
     if hooks is not None:
         head_output = hooks._fire("head_output", layer, head_output)
     return head_output.transpose(1, 2).contiguous(), pattern
+
+
+def active_hooks() -> Hooks | None:
+    """The :class:`Hooks` attached for the forward pass being run, if any."""
+    return _ACTIVE.get()
 
 
 def register_attention() -> None:

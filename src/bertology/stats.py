@@ -78,3 +78,58 @@ def interval_frame(moments: RunningMoments, index: pd.Index) -> pd.DataFrame:
         {"value": moments.means().ravel(), "ci_low": low.ravel(), "ci_high": high.ravel(), "n": moments.count.ravel().astype(np.int64)},
         index=index,
     ).reset_index()
+
+
+def confusion_metric(confusion: np.ndarray, metric: str, positive: int | None = None) -> np.ndarray:
+    """A classification metric from confusion counts ``confusion[..., gold, predicted]`` (K x K), vectorised
+    over leading axes so that a bootstrap's thousand resamples cost one array operation.
+
+    accuracy = trace / total; F1 of class p = 2 TP / (2 TP + FP + FN); macro F1 = mean of per-class F1;
+    Matthews correlation (Gorodkin 2004, multi-class) = (c s - sum_k p_k t_k) / sqrt((s^2 - sum p_k^2)(s^2 - sum t_k^2)),
+    with c correct, s total, p_k predicted and t_k true counts. An undefined F1 or correlation is 0, as in scikit-learn.
+    """
+    confusion = np.asarray(confusion, dtype=np.float64)
+    diagonal = np.diagonal(confusion, axis1=-2, axis2=-1)
+    true, predicted = confusion.sum(-1), confusion.sum(-2)
+    total = true.sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if metric == "accuracy":
+            return diagonal.sum(-1) / total
+        if metric in ("f1", "macro_f1"):
+            per_class = np.nan_to_num(2 * diagonal / (true + predicted), nan=0.0)
+            return per_class[..., positive] if metric == "f1" else per_class.mean(-1)
+        if metric == "matthews_correlation":
+            numerator = diagonal.sum(-1) * total - (predicted * true).sum(-1)
+            denominator = np.sqrt((total**2 - (predicted**2).sum(-1)) * (total**2 - (true**2).sum(-1)))
+            return np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1.0), 0.0)
+    raise ValueError(f"unknown metric {metric!r}")
+
+
+def paired_bootstrap(gold: np.ndarray, baseline: np.ndarray, variants: np.ndarray, classes: int, metric: str,
+                     positive: int | None = None, replicates: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Change of a metric when predictions ``variants[v]`` replace ``baseline``, with a paired bootstrap over examples.
+
+    Every replicate resamples the examples once (multinomial counts) and scores the baseline and every
+    variant on the same resample. Per variant: ``value``, ``delta = value - baseline value``, the 2.5 and
+    97.5 percentiles of the resampled deltas, and a two-sided p = min(1, 2 min(1 + #{d* <= 0}, 1 + #{d* >= 0}) / (1 + B)).
+    """
+    gold, baseline, variants = np.asarray(gold), np.asarray(baseline), np.asarray(variants)
+    n = len(gold)
+    counts = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=replicates).astype(np.float64)  # [B, n]
+    cells = np.arange(classes * classes)
+
+    def scores(predicted: np.ndarray) -> tuple[float, np.ndarray]:
+        onehot = (gold * classes + predicted)[:, None] == cells[None, :]  # [n, K^2]
+        whole = onehot.sum(0).reshape(classes, classes)
+        resampled = (counts @ onehot).reshape(replicates, classes, classes)
+        return float(confusion_metric(whole, metric, positive)), confusion_metric(resampled, metric, positive)
+
+    base_value, base_samples = scores(baseline)
+    rows = []
+    for predicted in variants:
+        value, samples = scores(predicted)
+        deltas = samples - base_samples
+        low, high = np.percentile(deltas, [2.5, 97.5])
+        tail = min(1 + int((deltas <= 0).sum()), 1 + int((deltas >= 0).sum()))
+        rows.append({"value": value, "delta": value - base_value, "ci_low": low, "ci_high": high, "p": min(1.0, 2 * tail / (1 + replicates))})
+    return pd.DataFrame(rows)

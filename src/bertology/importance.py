@@ -1,0 +1,305 @@
+"""Which heads matter for a task: leave-one-out disabling, gradient importance and pruning.
+
+* :class:`LeaveOneOut` (Kovaleva et al. 2019; Michel et al. 2019's exact ablation): the task metric with
+  each single head, and each whole layer, masked or made uniform. The hidden state entering layer ``l``
+  does not depend on an intervention at layer ``l``, so it is computed once per batch and the ``H + 1``
+  variants of layer ``l`` run from there, stacked into one batch. For first-token classifiers the last
+  layer is computed for the first token only. Each change comes with a paired bootstrap interval over
+  examples and an FDR-corrected p (:func:`bertology.stats.paired_bootstrap`).
+* :class:`GradientImportance` (Michel et al. 2019): ``I_h = E_x |dL(x)/d xi_h|``, the absolute gradient
+  of the task loss with respect to a per-example head gate, averaged over examples, then divided by
+  its layer's l2 norm.
+* :func:`pruning_curve`: mask the least important heads (10% of all heads per step by default), recompute
+  the importance, evaluate, repeat down to one head per layer. :func:`prune_and_time` removes the heads
+  of one point of the curve physically, saves the smaller model and times it against the full one.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from statsmodels.stats.multitest import multipletests
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from bertology.corpora import Example
+from bertology.errors import CorpusError, ModelError
+from bertology.finetuning import TaskData, collate_rows, encode_examples, length_batches, positive_index, predict_logits
+from bertology.hooks import ATTN_IMPLEMENTATION, Hooks, register_attention
+from bertology.interventions import INTERVENTIONS, HeadGates, Intervention, LayerReplay, attach_variants, prune_heads, reads_first_token_only, shrink_to_config
+from bertology.models import quiet_transformers, resolve_device
+from bertology.stats import paired_bootstrap
+
+
+@dataclass
+class TaskModel:
+    """A fine-tuned sequence classifier, loaded with bertology's attention hook points."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    labels: tuple[str, ...]
+    device: torch.device
+    num_layers: int
+    num_heads: int
+    max_length: int = 128
+
+    def encode(self, examples: list[Example], source: str) -> tuple[list[dict], np.ndarray]:
+        """Tokenised rows and label ids; a label the model does not know is a ``FILE:LINE`` error."""
+        ids = {label: i for i, label in enumerate(self.labels)}
+        for example in examples:
+            if example.label not in ids:
+                path, _, line = example.source.rpartition(":")
+                raise CorpusError(path or source, int(line) if line.isdigit() else None,
+                                  f"label {example.label!r} is not one of the model's labels ({', '.join(self.labels)})")
+        rows = encode_examples(self.tokenizer, examples, ids, self.max_length)
+        return rows, np.array([row["labels"] for row in rows], dtype=np.int64)
+
+    def logits(self, rows: list[dict], batch_size: int = 64, intervention: Intervention | None = None) -> np.ndarray:
+        hooks = intervention.attach_to(Hooks(), self.num_heads) if intervention is not None else None
+        return predict_logits(self.model, self.tokenizer, rows, batch_size, self.device, hooks)
+
+    def info(self) -> dict:
+        return {"name": self.name, "model_type": self.model.config.model_type, "architecture": type(self.model).__name__,
+                "layers": self.num_layers, "heads": self.num_heads, "labels": list(self.labels), "device": str(self.device),
+                "pruned_heads": getattr(self.model.config, "bertology_pruned_heads", None) or {}}
+
+
+def load_task_model(path: str | Path, *, device: str | torch.device = "auto", max_length: int = 128, trust_remote_code: bool = False) -> TaskModel:
+    """Load a sequence classifier (e.g. a folder written by ``bertology finetune`` or ``bertology prune``)."""
+    register_attention()
+    hf_logging.disable_progress_bar()
+    source = str(Path(path).expanduser()) if Path(path).expanduser().exists() else str(path)
+    torch_device = device if isinstance(device, torch.device) else resolve_device(device)
+    try:
+        with quiet_transformers():
+            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+            if getattr(config, "bertology_pruned_heads", None):
+                model = _load_pruned(source, config, trust_remote_code)
+            else:
+                model = AutoModelForSequenceClassification.from_pretrained(source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{source}: could not load a sequence classifier ({str(exc).splitlines()[0]})") from exc
+    if "ForSequenceClassification" not in type(model).__name__:
+        raise ModelError(f"{source}: not a sequence classifier (fine-tune one with `bertology finetune`)")
+    labels = tuple(str(model.config.id2label[i]) for i in range(model.config.num_labels))
+    model.to(torch_device).eval()
+    return TaskModel(model, tokenizer, source, labels, torch_device, model.config.num_hidden_layers,
+                     model.config.num_attention_heads, max_length)
+
+
+def _load_pruned(source: str, config, trust_remote_code: bool) -> torch.nn.Module:
+    from safetensors.torch import load_file
+
+    model = AutoModelForSequenceClassification.from_config(config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code)
+    shrink_to_config(model)
+    model.load_state_dict(load_file(str(Path(source) / "model.safetensors")))
+    return model
+
+
+def _variants(kind: str, layer: int, num_heads: int) -> list[Intervention]:
+    """Each head of ``layer`` alone, then the whole layer."""
+    return [Intervention.of(kind, layer, head) for head in range(num_heads)] + [Intervention.of(kind, layer)]
+
+
+class LeaveOneOut:
+    """Predictions with each head, and each layer, disabled on its own.
+
+    ``reuse=False`` is the naive way (a full forward pass per variant), kept for checking and benchmarks.
+    """
+
+    def __init__(self, task_model: TaskModel, intervention: str = "mask", *, batch_size: int = 16, reuse: bool = True, progress: bool = True):
+        if intervention not in INTERVENTIONS:
+            raise ValueError(f"unknown intervention {intervention!r}; known: {', '.join(INTERVENTIONS)}")
+        self.task_model, self.intervention, self.batch_size, self.reuse, self.progress = task_model, intervention, batch_size, reuse, progress
+
+    def variants(self) -> pd.DataFrame:
+        """``layer, head`` of each variant in the order of :meth:`predict`'s output (head -1: the whole layer)."""
+        heads = self.task_model.num_heads
+        return pd.DataFrame([(layer, head) for layer in range(self.task_model.num_layers) for head in [*range(heads), -1]], columns=["layer", "head"])
+
+    def predict(self, rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+        """Logits without intervention ``[n, C]`` and with each variant ``[variants, n, C]``."""
+        tm = self.task_model
+        layers, heads = tm.num_layers, tm.num_heads
+        base, variants = None, None
+        replay = LayerReplay(tm.model) if self.reuse else None
+        first_token = self.reuse and reads_first_token_only(tm.model)
+        batches = length_batches(rows, self.batch_size)
+        with torch.inference_mode(), tqdm(total=len(rows), unit="ex", desc=f"leave-one-out ({self.intervention})", disable=not self.progress) as bar:
+            for chunk in batches:
+                inputs = collate_rows(tm.tokenizer, [rows[i] for i in chunk], tm.device)
+                inputs.pop("labels")
+                if self.reuse:
+                    with replay.record() as hidden:
+                        clean = tm.model(**inputs).logits
+                else:
+                    clean = tm.model(**inputs).logits
+                if base is None:
+                    base = np.empty((len(rows), clean.shape[1]), dtype=np.float32)
+                    variants = np.empty((layers * (heads + 1), len(rows), clean.shape[1]), dtype=np.float32)
+                base[chunk] = clean.float().cpu().numpy()
+                for layer in range(layers):
+                    block = _variants(self.intervention, layer, heads)
+                    span = slice(layer * (heads + 1), (layer + 1) * (heads + 1))
+                    if self.reuse:
+                        stacked = {k: v.repeat(len(block), *([1] * (v.dim() - 1))) for k, v in inputs.items()}
+                        start = hidden[layer - 1].repeat(len(block), 1, 1) if layer > 0 else None
+                        hooks = attach_variants(Hooks(), block, heads)
+                        with replay.start_at(layer, start, first_token_only=first_token), hooks.attach(tm.model):
+                            logits = tm.model(**stacked).logits
+                        variants[span, chunk] = logits.view(len(block), len(chunk), -1).float().cpu().numpy()
+                    else:
+                        for index, variant in zip(range(span.start, span.stop), block):
+                            with variant.attach_to(Hooks(), heads).attach(tm.model):
+                                variants[index, chunk] = tm.model(**inputs).logits.float().cpu().numpy()
+                bar.update(len(chunk))
+        return base, variants
+
+
+def ablation_table(task: TaskData, gold: np.ndarray, base: np.ndarray, variants: np.ndarray, layout: pd.DataFrame, intervention: str,
+                   *, replicates: int = 1000, seed: int = 0, correction: str = "fdr_bh") -> pd.DataFrame:
+    """``layer, head, intervention, metric, value, delta, ci_low, ci_high, p, p_adj`` per variant and task metric.
+
+    ``p_adj`` is corrected (statsmodels ``multipletests``, ``correction``) across all variants of one metric.
+    """
+    tables = []
+    for metric in task.metrics:
+        scores = paired_bootstrap(gold, base.argmax(-1), variants.argmax(-1), len(task.labels), metric, positive_index(task), replicates, seed)
+        scores["p_adj"] = multipletests(scores.p, method=correction)[1]
+        tables.append(pd.concat([layout.reset_index(drop=True), scores], axis=1).assign(intervention=intervention, metric=metric))
+    columns = ["layer", "head", "intervention", "metric", "value", "delta", "ci_low", "ci_high", "p", "p_adj"]
+    return pd.concat(tables, ignore_index=True)[columns]
+
+
+class GradientImportance:
+    """Michel et al. (2019): ``I_h = E_x |dL(x)/d xi_h|`` with ``L`` the cross-entropy of the gold label."""
+
+    def __init__(self, task_model: TaskModel, *, batch_size: int = 32, progress: bool = True):
+        self.task_model, self.batch_size, self.progress = task_model, batch_size, progress
+
+    def attribute(self, rows: list[dict], head_mask: np.ndarray | None = None) -> np.ndarray:
+        """Mean absolute gradient per ``[layer, head]``; masked heads (``head_mask == 0``) stay gated at 0."""
+        tm = self.task_model
+        mask = torch.ones(tm.num_layers, tm.num_heads) if head_mask is None else torch.as_tensor(head_mask, dtype=torch.float32)
+        total = torch.zeros(tm.num_layers, tm.num_heads, dtype=torch.float64)
+        dtype = next(tm.model.parameters()).dtype
+        with tqdm(total=len(rows), unit="ex", desc="head importance", disable=not self.progress) as bar:
+            for chunk in length_batches(rows, self.batch_size):
+                inputs = collate_rows(tm.tokenizer, [rows[i] for i in chunk], tm.device)
+                labels = inputs.pop("labels")
+                gates = mask[:, None, :].expand(-1, len(chunk), -1).to(tm.device, dtype).clone().requires_grad_(True)
+                with HeadGates(gates).attach_to(Hooks()).attach(tm.model):
+                    logits = tm.model(**inputs).logits
+                loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")  # sum: each example's own gradient
+                (gradient,) = torch.autograd.grad(loss, gates)
+                total += gradient.abs().sum(1).double().cpu()
+                bar.update(len(chunk))
+        return (total / len(rows)).numpy()
+
+
+def normalise_per_layer(importance: np.ndarray) -> np.ndarray:
+    """Michel et al.: each layer's importances divided by their l2 norm."""
+    norms = np.linalg.norm(importance, axis=1, keepdims=True)
+    return importance / np.where(norms > 0, norms, 1.0)
+
+
+def importance_table(importance: np.ndarray) -> pd.DataFrame:
+    layers, heads = importance.shape
+    return pd.DataFrame({"layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers),
+                         "importance": importance.ravel(), "importance_normalised": normalise_per_layer(importance).ravel()})
+
+
+def _score(task: TaskData, gold: np.ndarray, logits: np.ndarray) -> dict[str, float]:
+    from bertology.finetuning import task_metrics
+
+    return task_metrics(task, [task.labels[i] for i in gold], [task.labels[i] for i in logits.argmax(-1)])
+
+
+@dataclass
+class PruningCurve:
+    """The metric after each pruning step, and the head mask (1 kept, 0 pruned) of every step."""
+
+    table: pd.DataFrame
+    masks: dict[int, np.ndarray] = field(repr=False)
+
+
+def pruning_curve(task_model: TaskModel, task: TaskData, importance_rows: list[dict], eval_rows: list[dict], eval_gold: np.ndarray, *,
+                  step: float = 0.1, keep_at: int | None = None, batch_size: int = 32, progress: bool = True) -> PruningCurve:
+    """Michel et al.'s iterative pruning: mask the ``step`` share (of all heads) least important by normalised
+    importance, recompute the importance on ``importance_rows``, evaluate on ``eval_rows``; repeat until each
+    layer has one head. ``keep_at`` makes one step stop exactly at that many heads left."""
+    layers, heads = task_model.num_layers, task_model.num_heads
+    total = layers * heads
+    per_step = max(1, math.ceil(step * total))
+    mask = np.ones((layers, heads))
+    scorer = GradientImportance(task_model, batch_size=batch_size, progress=False)
+    rows, masks = [], {}
+
+    def record(pruned: int) -> None:
+        values = _score(task, eval_gold, task_model.logits(eval_rows, batch_size * 2, _masking(mask)))
+        rows.extend({"heads_pruned": pruned, "share_pruned": pruned / total, "metric": metric, "value": value} for metric, value in values.items())
+        masks[pruned] = mask.copy()
+
+    record(0)
+    with tqdm(total=total - layers, unit="head", desc="pruning", disable=not progress) as bar:
+        while (mask.sum(1) > 1).any():
+            importance = normalise_per_layer(scorer.attribute(importance_rows, mask))
+            left = int(mask.sum())
+            count = per_step if keep_at is None or left <= keep_at else min(per_step, left - keep_at)
+            for layer, head in sorted(zip(*np.nonzero(mask)), key=lambda lh: importance[lh]):
+                if count == 0:
+                    break
+                if mask[layer].sum() > 1:
+                    mask[layer, head] = 0
+                    count -= 1
+            bar.update(left - int(mask.sum()))
+            record(total - int(mask.sum()))
+    return PruningCurve(pd.DataFrame(rows), masks)
+
+
+def _masking(mask: np.ndarray) -> Intervention | None:
+    pruned = frozenset((int(layer), int(head)) for layer, head in zip(*np.nonzero(mask == 0)))
+    return Intervention(masked=pruned) if pruned else None
+
+
+def _seconds(task_model: TaskModel, rows: list[dict], batch_size: int) -> float:
+    started = time.perf_counter()
+    task_model.logits(rows, batch_size)
+    return time.perf_counter() - started
+
+
+def prune_and_time(task_model: TaskModel, task: TaskData, mask: np.ndarray, rows: list[dict], gold: np.ndarray, out: Path, *,
+                   batch_size: int = 64, repeats: int = 3) -> dict:
+    """Remove the heads that ``mask`` prunes, save the smaller model to ``out``, and compare it with the full
+    model on ``rows``: metric of each, and the best of ``repeats`` timed passes of each, interleaved."""
+    small = TaskModel(copy.deepcopy(task_model.model), task_model.tokenizer, str(out), task_model.labels, task_model.device,
+                      task_model.num_layers, task_model.num_heads, task_model.max_length)
+    prune_heads(small.model, {layer: list(np.nonzero(mask[layer] == 0)[0]) for layer in range(mask.shape[0])})
+    full_logits, small_logits = task_model.logits(rows, batch_size), small.logits(rows, batch_size)
+    times = {"full": [], "pruned": []}
+    for _ in range(repeats):
+        times["full"].append(_seconds(task_model, rows, batch_size))
+        times["pruned"].append(_seconds(small, rows, batch_size))
+    out.mkdir(parents=True, exist_ok=True)
+    small.model.save_pretrained(out)
+    task_model.tokenizer.save_pretrained(out)
+    parameters = [sum(p.numel() for p in m.parameters()) for m in (task_model.model, small.model)]
+    return {
+        "heads_kept": int(mask.sum()), "heads_pruned": int(mask.size - mask.sum()), "model": str(out),
+        "metric_full": _score(task, gold, full_logits), "metric_pruned": _score(task, gold, small_logits),
+        "max_logit_difference_vs_masked": float(np.abs(small_logits - task_model.logits(rows, batch_size, _masking(mask))).max()),
+        "parameters_full": parameters[0], "parameters_pruned": parameters[1],
+        "seconds_full": min(times["full"]), "seconds_pruned": min(times["pruned"]),
+        "speedup": min(times["full"]) / min(times["pruned"]), "examples": len(rows), "repeats": repeats,
+        "pruned_heads": {str(k): v for k, v in small.model.config.bertology_pruned_heads.items()},
+    }
