@@ -158,3 +158,34 @@ def test_roles_and_patterns_commands(tiny_bert_dir, pairs, tmp_path):
     report = (tmp_path / "patterns" / "report.html").read_text()
     assert "Attention patterns" in report and "vertical if &gt;= 0.4" in report
     assert json.loads((tmp_path / "patterns" / "manifest.json").read_text())["settings"]["pattern_thresholds"]["vertical"] == 0.4
+
+
+def test_ablate_importance_and_prune_write_their_tables(tiny_classifier_dir, cat_task, tmp_path):
+    out = tmp_path / "ablate"
+    result = bertology("ablate", cat_task, "--model", tiny_classifier_dir, "--out", out, "--bootstrap", 200, "--device", "cpu", "--quiet")
+    assert result.returncode == 0, result.stderr
+    ablation = pd.read_csv(out / "ablation.csv")
+    assert list(ablation.columns) == ["layer", "head", "intervention", "metric", "value", "delta", "ci_low", "ci_high", "p", "p_adj"]
+    assert len(ablation) == 3 * (4 + 1) and set(ablation["head"]) == {-1, 0, 1, 2, 3}
+    assert (out / "ablation_heatmap.png").is_file() and "Which heads matter" in (out / "report.html").read_text()
+
+    out = tmp_path / "prune"
+    result = bertology("prune", cat_task, "--model", tiny_classifier_dir, "--out", out, "--step", 0.2, "--prune-to", 6, "--device", "cpu", "--quiet")
+    assert result.returncode == 0, result.stderr
+    importance = pd.read_csv(out / "importance.csv")
+    assert list(importance.columns) == ["layer", "head", "importance", "importance_normalised"]
+    pruning = pd.read_csv(out / "pruning.csv")
+    assert list(pruning.columns) == ["heads_pruned", "share_pruned", "metric", "value"]
+    assert 6 in pruning.heads_pruned.tolist()
+    pruned = json.loads((out / "pruned.json").read_text())
+    assert pruned["heads_kept"] == 6 and (out / "pruned-6-heads" / "model.safetensors").is_file()
+    assert "pruned to 6 heads" in result.stdout and (out / "pruning_curve.png").is_file()
+
+    result = bertology("importance", cat_task, "--model", out / "pruned-6-heads", "--out", tmp_path / "importance", "--device", "cpu", "--quiet")
+    assert result.returncode == 2 and "heads were removed from this model" in result.stderr
+
+
+def test_ablate_needs_a_classifier_and_says_so_in_one_line(tiny_bert_dir, cat_task, tmp_path):
+    result = bertology("ablate", cat_task, "--model", tiny_bert_dir, "--out", tmp_path / "x", "--device", "cpu", "--quiet")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1

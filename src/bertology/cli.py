@@ -44,6 +44,18 @@ PROBE_FOLDS = typer.Option(5, "--probe-folds", min=2)
 PROBE_EPOCHS = typer.Option(20, "--probe-epochs", min=1)
 TAU = typer.Option(3.0, "--tau", help="Role test threshold: a head holds a role if its mean sieve score is significantly above tau.")
 ROLE_WINDOW = typer.Option(2, "--role-window", min=1, help="Half-width of the local role's window.")
+TASK = typer.Argument(None, help="GLUE task folder with train.tsv and dev.tsv (SST-2, CoLA, MRPC, RTE).")
+TRAIN = typer.Option(None, "--train", help="Training TSV (instead of a task folder).")
+DEV = typer.Option(None, "--dev", help="Dev TSV (instead of a task folder).")
+TEXT_COLUMN = typer.Option(None, "--text-column", help="Column of the text, for TSVs that are not GLUE.")
+TEXT_PAIR_COLUMN = typer.Option(None, "--text-pair-column", help="Column of the second text, for pairs.")
+LABEL_COLUMN = typer.Option(None, "--label-column", help="Column of the label.")
+CLASSIFIER = typer.Option(..., "--model", "-m", help="A fine-tuned sequence classifier (e.g. a folder written by `bertology finetune`).")
+MAX_EXAMPLES = typer.Option(None, "--max-examples", min=1, help="Evaluate on a seeded random subset of the dev split of this size.")
+TASK_BATCH_SIZE = typer.Option(16, "--batch-size", min=1)
+TASK_MAX_LENGTH = typer.Option(128, "--max-length", min=8)
+IMPORTANCE_SPLIT = typer.Option("train", "--importance-split", help="Split the gradient importance is measured on: train or dev.")
+IMPORTANCE_EXAMPLES = typer.Option(1000, "--importance-examples", min=1, help="Examples (seeded subset) for the gradient importance.")
 PATTERN_THRESHOLDS = typer.Option(None, "--pattern-thresholds", help="Pattern rule thresholds, e.g. 'vertical=0.5,diagonal=0.5,mixed_min=0.25,mixed_total=0.6,block=0.8'.")
 
 
@@ -227,14 +239,14 @@ def syntax(
 
 @app.command()
 def finetune(
-    task: Optional[Path] = typer.Argument(None, help="GLUE task folder with train.tsv and dev.tsv (SST-2, CoLA, MRPC, RTE)."),
+    task: Optional[Path] = TASK,
     model: Optional[str] = MODEL,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Model folder to write [default: runs/finetune-MODEL-TASK]."),
-    train: Optional[Path] = typer.Option(None, "--train", help="Training TSV (instead of a task folder)."),
-    dev: Optional[Path] = typer.Option(None, "--dev", help="Dev TSV (instead of a task folder)."),
-    text_column: Optional[str] = typer.Option(None, "--text-column", help="Column of the text, for TSVs that are not GLUE."),
-    text_pair_column: Optional[str] = typer.Option(None, "--text-pair-column", help="Column of the second text, for pairs."),
-    label_column: Optional[str] = typer.Option(None, "--label-column", help="Column of the label."),
+    train: Optional[Path] = TRAIN,
+    dev: Optional[Path] = DEV,
+    text_column: Optional[str] = TEXT_COLUMN,
+    text_pair_column: Optional[str] = TEXT_PAIR_COLUMN,
+    label_column: Optional[str] = LABEL_COLUMN,
     max_length: int = typer.Option(128, "--max-length", min=8),
     batch_size: int = typer.Option(32, "--batch-size", min=1),
     epochs: float = typer.Option(1.0, "--epochs", min=0.01),
@@ -293,6 +305,112 @@ def compare(
                          trust_remote_code=trust_remote_code, progress=not quiet, command=sys.argv)
     layers = ", ".join(f"{int(r.layer)}: {r.cosine:.3f}" for r in result.similarity_layers.itertuples())
     typer.echo(f"{result.stats.sequences} sequences; mean cosine similarity per layer: {layers}")
+    typer.echo(f"report: {(Path(out) / 'report.html').resolve()}")
+
+
+def _study(command: str, task, model, train, dev, text_column, text_pair_column, label_column, out, quiet: bool, **settings):
+    from bertology.finetuning import load_task
+    from bertology.importance import study_heads
+
+    data = load_task(task, train=train, dev=dev, text_column=text_column, text_pair_column=text_pair_column, label_column=label_column)
+    out = out or _default_out(command, model, Path(data.name))
+    study = study_heads(model, data, out=out, progress=not quiet, command=sys.argv, **settings)
+    scores = ", ".join(f"{k} {v:.4f}" for k, v in study.baseline.items())
+    typer.echo(f"{data.name}: {study.examples} dev examples; with no intervention: {scores}")
+    return study, out
+
+
+@app.command()
+def ablate(
+    task: Optional[Path] = TASK,
+    model: str = CLASSIFIER,
+    intervention: str = typer.Option("mask", "--intervention", help="mask (zero the head's output) or uniform (Kovaleva et al.'s disabling)."),
+    bootstrap: int = typer.Option(1000, "--bootstrap", min=100, help="Paired bootstrap replicates over examples."),
+    correction: str = typer.Option("fdr_bh", "--correction", help="Multiple-testing correction across heads and layers (statsmodels)."),
+    max_examples: Optional[int] = MAX_EXAMPLES,
+    out: Optional[Path] = OUT,
+    train: Optional[Path] = TRAIN,
+    dev: Optional[Path] = DEV,
+    text_column: Optional[str] = TEXT_COLUMN,
+    text_pair_column: Optional[str] = TEXT_PAIR_COLUMN,
+    label_column: Optional[str] = LABEL_COLUMN,
+    batch_size: int = TASK_BATCH_SIZE,
+    max_length: int = TASK_MAX_LENGTH,
+    seed: int = SEED,
+    device: str = DEVICE,
+    quiet: bool = QUIET,
+) -> None:
+    """Disable each head, and each layer, on its own and measure the task metric (leave-one-out, with intervals and FDR)."""
+    study, out = _study("ablate", task, model, train, dev, text_column, text_pair_column, label_column, out, quiet, ablate=True,
+                        intervention=intervention, bootstrap=bootstrap, correction=correction, max_examples=max_examples,
+                        batch_size=batch_size, max_length=max_length, seed=seed, device=device)
+    metric = next(iter(study.baseline))
+    rows = study.ablation[(study.ablation.metric == metric) & (study.ablation.p_adj < 0.05)]
+    for row in rows.sort_values("delta").itertuples():
+        where = f"layer {row.layer}" if row.head < 0 else f"head {row.layer}-{row.head}"
+        typer.echo(f"  {where}: {metric} {row.delta:+.4f} [{row.ci_low:+.4f}, {row.ci_high:+.4f}], p_adj {row.p_adj:.3g}")
+    typer.echo(f"{len(rows)} significant changes (p_adj < 0.05); report: {(Path(out) / 'report.html').resolve()}")
+
+
+@app.command()
+def importance(
+    task: Optional[Path] = TASK,
+    model: str = CLASSIFIER,
+    importance_split: str = IMPORTANCE_SPLIT,
+    importance_examples: int = IMPORTANCE_EXAMPLES,
+    out: Optional[Path] = OUT,
+    train: Optional[Path] = TRAIN,
+    dev: Optional[Path] = DEV,
+    text_column: Optional[str] = TEXT_COLUMN,
+    text_pair_column: Optional[str] = TEXT_PAIR_COLUMN,
+    label_column: Optional[str] = LABEL_COLUMN,
+    batch_size: int = TASK_BATCH_SIZE,
+    max_length: int = TASK_MAX_LENGTH,
+    seed: int = SEED,
+    device: str = DEVICE,
+    quiet: bool = QUIET,
+) -> None:
+    """Michel et al.'s head importance: E|dL/d xi_h| for a gate on each head, normalised per layer."""
+    study, out = _study("importance", task, model, train, dev, text_column, text_pair_column, label_column, out, quiet, importance=True,
+                        importance_split=importance_split, importance_examples=importance_examples, batch_size=batch_size,
+                        max_length=max_length, seed=seed, device=device)
+    top = study.importance.sort_values("importance_normalised", ascending=False).head(5)
+    typer.echo("most important heads: " + ", ".join(f"{r.layer}-{r.head} ({r.importance_normalised:.2f})" for r in top.itertuples()))
+    typer.echo(f"report: {(Path(out) / 'report.html').resolve()}")
+
+
+@app.command()
+def prune(
+    task: Optional[Path] = TASK,
+    model: str = CLASSIFIER,
+    step: float = typer.Option(0.1, "--step", min=0.01, max=0.5, help="Share of all heads pruned per step."),
+    prune_to: Optional[int] = typer.Option(None, "--prune-to", min=1, help="Also remove heads physically down to K heads, save that model and time it."),
+    importance_split: str = IMPORTANCE_SPLIT,
+    importance_examples: int = IMPORTANCE_EXAMPLES,
+    max_examples: Optional[int] = MAX_EXAMPLES,
+    out: Optional[Path] = OUT,
+    train: Optional[Path] = TRAIN,
+    dev: Optional[Path] = DEV,
+    text_column: Optional[str] = TEXT_COLUMN,
+    text_pair_column: Optional[str] = TEXT_PAIR_COLUMN,
+    label_column: Optional[str] = LABEL_COLUMN,
+    batch_size: int = TASK_BATCH_SIZE,
+    max_length: int = TASK_MAX_LENGTH,
+    seed: int = SEED,
+    device: str = DEVICE,
+    quiet: bool = QUIET,
+) -> None:
+    """Michel et al.'s iterative pruning curve; --prune-to K removes heads for real and measures the speed-up."""
+    from bertology.reports.importance import heads_within
+
+    study, out = _study("prune", task, model, train, dev, text_column, text_pair_column, label_column, out, quiet, prune=True, step=step,
+                        prune_to=prune_to, importance_split=importance_split, importance_examples=importance_examples,
+                        max_examples=max_examples, batch_size=batch_size, max_length=max_length, seed=seed, device=device)
+    metric, unpruned = next(iter(study.baseline.items()))
+    typer.echo(f"{heads_within(study.pruning, metric, unpruned)} heads can be pruned before {metric} drops by more than 1 point")
+    if study.pruned is not None:
+        p = study.pruned
+        typer.echo(f"pruned to {p['heads_kept']} heads: {metric} {p['metric_pruned'][metric]:.4f}, {p['speedup']:.2f}x as fast; model: {p['model']}")
     typer.echo(f"report: {(Path(out) / 'report.html').resolve()}")
 
 

@@ -31,7 +31,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from transformers.utils import logging as hf_logging
 
 from bertology.corpora import Example
-from bertology.errors import CorpusError, ModelError
+from bertology.errors import BertologyError, CorpusError, ModelError
 from bertology.finetuning import TaskData, collate_rows, encode_examples, length_batches, positive_index, predict_logits
 from bertology.hooks import ATTN_IMPLEMENTATION, Hooks, register_attention
 from bertology.interventions import INTERVENTIONS, HeadGates, Intervention, LayerReplay, attach_variants, prune_heads, reads_first_token_only, shrink_to_config
@@ -115,12 +115,15 @@ class LeaveOneOut:
     """Predictions with each head, and each layer, disabled on its own.
 
     ``reuse=False`` is the naive way (a full forward pass per variant), kept for checking and benchmarks.
+    ``first_token_only`` (with reuse, for first-token classifiers) computes the last layer for the first token only.
     """
 
-    def __init__(self, task_model: TaskModel, intervention: str = "mask", *, batch_size: int = 16, reuse: bool = True, progress: bool = True):
+    def __init__(self, task_model: TaskModel, intervention: str = "mask", *, batch_size: int = 16, reuse: bool = True,
+                 first_token_only: bool = True, progress: bool = True):
         if intervention not in INTERVENTIONS:
             raise ValueError(f"unknown intervention {intervention!r}; known: {', '.join(INTERVENTIONS)}")
         self.task_model, self.intervention, self.batch_size, self.reuse, self.progress = task_model, intervention, batch_size, reuse, progress
+        self.first_token_only = reuse and first_token_only and reads_first_token_only(task_model.model)
 
     def variants(self) -> pd.DataFrame:
         """``layer, head`` of each variant in the order of :meth:`predict`'s output (head -1: the whole layer)."""
@@ -133,7 +136,6 @@ class LeaveOneOut:
         layers, heads = tm.num_layers, tm.num_heads
         base, variants = None, None
         replay = LayerReplay(tm.model) if self.reuse else None
-        first_token = self.reuse and reads_first_token_only(tm.model)
         batches = length_batches(rows, self.batch_size)
         with torch.inference_mode(), tqdm(total=len(rows), unit="ex", desc=f"leave-one-out ({self.intervention})", disable=not self.progress) as bar:
             for chunk in batches:
@@ -155,7 +157,7 @@ class LeaveOneOut:
                         stacked = {k: v.repeat(len(block), *([1] * (v.dim() - 1))) for k, v in inputs.items()}
                         start = hidden[layer - 1].repeat(len(block), 1, 1) if layer > 0 else None
                         hooks = attach_variants(Hooks(), block, heads)
-                        with replay.start_at(layer, start, first_token_only=first_token), hooks.attach(tm.model):
+                        with replay.start_at(layer, start, first_token_only=self.first_token_only), hooks.attach(tm.model):
                             logits = tm.model(**stacked).logits
                         variants[span, chunk] = logits.view(len(block), len(chunk), -1).float().cpu().numpy()
                     else:
@@ -303,3 +305,110 @@ def prune_and_time(task_model: TaskModel, task: TaskData, mask: np.ndarray, rows
         "speedup": min(times["full"]) / min(times["pruned"]), "examples": len(rows), "repeats": repeats,
         "pruned_heads": {str(k): v for k, v in small.model.config.bertology_pruned_heads.items()},
     }
+
+
+@dataclass
+class HeadStudy:
+    """What an ``ablate``, ``importance`` or ``prune`` run found. Tables are tidy; :meth:`save` writes the run folder."""
+
+    model: dict
+    task: str
+    examples: int
+    baseline: dict[str, float]
+    settings: dict
+    ablation: pd.DataFrame | None = None
+    importance: pd.DataFrame | None = None
+    pruning: pd.DataFrame | None = None
+    pruned: dict | None = None
+
+    def save(self, out: str | Path, command: list[str] | None = None) -> Path:
+        """Write every table there is, figures, ``report.html`` and ``manifest.json``; returns the report path."""
+        import datetime as dt
+        import sys
+
+        from bertology.api import package_versions
+        from bertology.reports.html import Report
+        from bertology.reports.importance import importance_section
+        from bertology.runfolder import RunFolder
+
+        folder = RunFolder(out)
+        for name in ("ablation", "importance", "pruning"):
+            if getattr(self, name) is not None:
+                folder.write_table(name, getattr(self, name))
+        if self.pruned is not None:
+            folder.write_json("pruned.json", self.pruned)
+        summary = {"model": self.model["name"], "task": self.task, "examples": self.examples,
+                   **{f"{metric} (no intervention)": f"{value:.4f}" for metric, value in self.baseline.items()}}
+        section = importance_section(folder, self)
+        report = folder.write_text("report.html", Report(f"bertology: which heads matter for {self.task}", summary, [section]).render())
+        folder.write_json("manifest.json", {
+            "status": "complete", "command": command if command is not None else sys.argv, "model": self.model, "task": self.task,
+            "examples": self.examples, "baseline": self.baseline, "settings": self.settings, "versions": package_versions(),
+            "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        })
+        return report
+
+
+def _subset(examples: list[Example], limit: int | None, seed: int) -> list[Example]:
+    if limit is None or limit >= len(examples):
+        return examples
+    keep = np.random.default_rng(seed).permutation(len(examples))[:limit]
+    return [examples[i] for i in sorted(keep)]
+
+
+def study_heads(model: str | Path | TaskModel, task: TaskData, *, ablate: bool = False, importance: bool = False, prune: bool = False,
+                intervention: str = "mask", max_examples: int | None = None, importance_split: str = "train", importance_examples: int = 1000,
+                bootstrap: int = 1000, correction: str = "fdr_bh", step: float = 0.1, prune_to: int | None = None, batch_size: int = 16,
+                max_length: int = 128, seed: int = 0, device: str = "auto", out: str | Path | None = None, progress: bool = True,
+                command: list[str] | None = None) -> HeadStudy:
+    """Evaluate ``model`` on ``task``'s dev split with heads disabled (``ablate``), measure each head's gradient
+    importance (``importance``) and draw the pruning curve (``prune``; ``prune_to`` also removes heads physically).
+
+    Importance is measured on ``importance_examples`` examples of ``importance_split`` (train by default, so that
+    the pruning order is not chosen on the examples it is evaluated on). With ``out``, each table is written as
+    soon as it is computed, then the report.
+    """
+    from bertology.runfolder import RunFolder
+
+    if importance_split not in ("train", "dev"):
+        raise BertologyError(f"importance split must be train or dev, not {importance_split!r}")
+    if intervention not in INTERVENTIONS:
+        raise BertologyError(f"unknown intervention {intervention!r}; use {' or '.join(INTERVENTIONS)}")
+    task_model = model if isinstance(model, TaskModel) else load_task_model(model, device=device, max_length=max_length)
+    if task_model.info()["pruned_heads"]:
+        raise BertologyError(f"{task_model.name}: heads were removed from this model; disabling and pruning start from a model with all its heads")
+    if prune_to is not None and not task_model.num_layers <= prune_to < task_model.num_layers * task_model.num_heads:
+        raise BertologyError(f"--prune-to must be between {task_model.num_layers} (one head per layer) and {task_model.num_layers * task_model.num_heads - 1}")
+    torch.manual_seed(seed)
+    dev = _subset(task.dev, max_examples, seed)
+    rows, gold = task_model.encode(dev, "dev")
+    baseline = _score(task, gold, task_model.logits(rows, batch_size * 2))
+    study = HeadStudy(task_model.info(), task.name, len(rows), baseline, {
+        "intervention": intervention, "max_examples": max_examples, "importance_split": importance_split, "importance_examples": importance_examples,
+        "bootstrap": bootstrap, "correction": correction, "step": step, "prune_to": prune_to, "batch_size": batch_size, "max_length": max_length,
+        "seed": seed, "device": device})
+    folder = RunFolder(out) if out is not None else None
+    if ablate:
+        loo = LeaveOneOut(task_model, intervention, batch_size=batch_size, progress=progress)
+        base, variants = loo.predict(rows)
+        study.ablation = ablation_table(task, gold, base, variants, loo.variants(), intervention, replicates=bootstrap, seed=seed, correction=correction)
+        if folder is not None:
+            folder.write_table("ablation", study.ablation)
+    if importance or prune:
+        source = dev if importance_split == "dev" else _subset(task.train, importance_examples, seed)
+        importance_rows, _ = (rows, gold) if importance_split == "dev" else task_model.encode(source, "train")
+        study.importance = importance_table(GradientImportance(task_model, batch_size=batch_size, progress=progress).attribute(importance_rows))
+        if folder is not None:
+            folder.write_table("importance", study.importance)
+        if prune:
+            curve = pruning_curve(task_model, task, importance_rows, rows, gold, step=step, keep_at=prune_to, batch_size=batch_size, progress=progress)
+            study.pruning = curve.table
+            if folder is not None:
+                folder.write_table("pruning", study.pruning)
+            if prune_to is not None:
+                target = Path(out) / f"pruned-{prune_to}-heads" if out is not None else Path(f"pruned-{prune_to}-heads")
+                study.pruned = prune_and_time(task_model, task, curve.masks[task_model.num_layers * task_model.num_heads - prune_to], rows, gold, target,
+                                              batch_size=batch_size * 2)
+    if out is not None:
+        study.save(out, command)
+    return study

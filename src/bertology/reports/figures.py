@@ -280,3 +280,61 @@ def similarity_by_layer(layers: pd.DataFrame):
     axis.grid(alpha=0.3)
     figure.tight_layout()
     return figure
+
+
+def ablation_heatmap(ablation: pd.DataFrame, metric: str):
+    """Layer x head change of the task metric when each head (and, last column, the whole layer) is disabled.
+
+    Blue: removing it helps; red: it hurts. A star marks an FDR-corrected p < 0.05.
+    """
+    rows = ablation[ablation.metric == metric].copy()
+    rows["column"] = rows["head"].where(rows["head"] >= 0, rows["head"].max() + 1)
+    delta = rows.pivot(index="layer", columns="column", values="delta")
+    significant = rows.pivot(index="layer", columns="column", values="p_adj") < 0.05
+    limit = max(float(np.nanmax(np.abs(delta.values))), 1e-6)
+    figure, axis = plt.subplots(figsize=(0.55 * delta.shape[1] + 2.8, 0.5 * delta.shape[0] + 1.8))
+    image = axis.imshow(delta.values, aspect="auto", cmap="RdBu", vmin=-limit, vmax=limit)
+    for (i, j), value in np.ndenumerate(delta.values):
+        star = "*" if significant.values[i, j] else ""
+        axis.text(j, i, f"{100 * value:+.1f}{star}", ha="center", va="center", fontsize=6)
+    axis.axvline(delta.shape[1] - 1.5, color="black", linewidth=1)
+    axis.set_xticks(range(delta.shape[1]), [*map(str, delta.columns[:-1]), "layer"])
+    axis.set_yticks(range(delta.shape[0]), delta.index)
+    axis.set_xlabel("head disabled (0-based); last column: the whole layer")
+    axis.set_ylabel("layer (0-based)")
+    intervention = rows.intervention.iloc[0]
+    axis.set_title(f"change of {metric} (points) with the head {'masked' if intervention == 'mask' else 'made uniform'}; * p_adj < 0.05", fontsize=9)
+    plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+    figure.tight_layout()
+    return figure
+
+
+def importance_heatmap(importance: pd.DataFrame):
+    """Michel et al.'s head importance, normalised per layer."""
+    grid = importance.pivot(index="layer", columns="head", values="importance_normalised")
+    figure, axis = plt.subplots(figsize=(0.5 * grid.shape[1] + 2.8, 0.45 * grid.shape[0] + 1.6))
+    image = axis.imshow(grid.values, aspect="auto", cmap="viridis", vmin=0)
+    axis.set_xticks(range(grid.shape[1]), grid.columns)
+    axis.set_yticks(range(grid.shape[0]), grid.index)
+    axis.set_xlabel("head (0-based)")
+    axis.set_ylabel("layer (0-based)")
+    axis.set_title("head importance E|dL/d xi| (normalised per layer)", fontsize=9)
+    plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+    figure.tight_layout()
+    return figure
+
+
+def pruning_curve(pruning: pd.DataFrame, metric: str, unpruned: float):
+    """Michel et al.'s figure: the task metric against the share of heads pruned, the unpruned model as a line."""
+    rows = pruning[pruning.metric == metric]
+    figure, axis = plt.subplots(figsize=(5.8, 3.6))
+    axis.plot(100 * rows.share_pruned, rows.value, marker="o", label="pruned by importance")
+    axis.axhline(unpruned, color="black", linestyle="--", linewidth=1, label="unpruned")
+    axis.axhline(unpruned - 0.01, color="grey", linestyle=":", linewidth=1, label="1 point below")
+    axis.set_xlabel("heads pruned (%)")
+    axis.set_ylabel(metric)
+    axis.set_title("iterative pruning (Michel et al. 2019)", fontsize=9)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
