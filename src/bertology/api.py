@@ -33,7 +33,9 @@ from bertology.reports.html import Report
 from bertology.reports.profile import profile_section
 from bertology.reports.roles import patterns_section, roles_section
 from bertology.reports.syntax import syntax_section
+from bertology.reports.viewer import viewer_section
 from bertology.runfolder import RunFolder
+from bertology.viewer import AttentionView, attention_view, head_labels
 
 FAMILIES = ("profile", "roles", "patterns", "syntax")
 DEFAULT_FAMILIES = ("profile", "roles", "patterns")
@@ -89,6 +91,7 @@ class Analysis:
     probe: dict | None = None
     out: Path | None = None
     warnings: list[str] = field(default_factory=list)
+    view: AttentionView | None = None
 
     def summary(self) -> dict:
         """The facts shown at the top of the report."""
@@ -136,6 +139,10 @@ class Analysis:
             sections.append(
                 syntax_section(folder, self.syntax, self.syntax_best, self.probe, self.settings["heatmap_relation"], self.settings["min_dependents"])
             )
+        if self.view is not None:
+            self.view.labels = head_labels(folder.path)
+            self.view.save(folder.path / "viewer.html")
+            sections.append(viewer_section(self.view))
         report = Report(title=f"bertology: {self.model['name']} on {self.corpus['name']}", summary=self.summary(), sections=sections)
         report_path = folder.write_text("report.html", report.render())
         folder.write_json(
@@ -202,6 +209,7 @@ def analyze(
     probe_epochs: int = 20,
     spacy_pipeline: str | None = None,
     trust_remote_code: bool = False,
+    view: bool = True,
     progress: bool = True,
     command: list[str] | None = None,
 ) -> Analysis:
@@ -213,7 +221,8 @@ def analyze(
     subset of :data:`FAMILIES`; by default profile, roles and patterns, plus syntax when the corpus
     has trees (CoNLL-U) or ``parser="spacy"`` (the roles then include syntactic roles). ``correction``
     is the multiple-testing method (statsmodels' ``multipletests``) for syntax and roles alike.
-    With ``out``, the run folder is written there.
+    With ``out``, the run folder is written there. ``view`` adds the attention viewer
+    (``viewer.html``) for the corpus's first example, linked from the report.
     """
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     examples, corpus_info = open_corpus(corpus, format, limit)
@@ -288,6 +297,9 @@ def analyze(
         analysis.pattern_examples, analysis.pattern_thresholds = patterns.examples(), patterns.thresholds()
     if "relations" in analyzers:
         _finish_syntax(analysis, analyzers["relations"], analyzers.get("probe"), engine, test_corpus, probe_folds, probe_epochs, seed)
+    if view:
+        first = next(iter(examples))
+        analysis.view = attention_view(first.text, first.text_pair, model=loaded, max_length=engine.max_length)
     if out is not None:
         analysis.save(out, command=command)
     return analysis

@@ -415,6 +415,27 @@ def prune(
 
 
 @app.command()
+def view(
+    text: str = typer.Argument(..., help="The text to look at."),
+    pair: Optional[str] = typer.Option(None, "--pair", help="A second text (sentence B)."),
+    model: Optional[str] = MODEL,
+    out: Path = typer.Option(Path("view.html"), "--out", "-o", help="The page to write."),
+    run: Optional[Path] = typer.Option(None, "--run", help="A run folder whose roles and patterns label the heads."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", min=0, help="Keep each row's K largest weights (0: all) [default: all up to 128 tokens, else 20]."),
+    max_length: Optional[int] = MAX_LENGTH,
+    device: str = DEVICE,
+    trust_remote_code: bool = TRUST,
+) -> None:
+    """Write an interactive attention viewer (head view and model view) as one self-contained HTML page."""
+    from bertology.models import load_model
+    from bertology.viewer import attention_view
+
+    loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)
+    page = attention_view(text, pair, model=loaded, run=run, top_k=top_k, max_length=max_length).save(out)
+    typer.echo(f"viewer: {page.resolve()} ({page.stat().st_size / 1024:.0f} KiB)")
+
+
+@app.command()
 def info(model: Optional[str] = MODEL, device: str = DEVICE, trust_remote_code: bool = TRUST) -> None:
     """Print the model's facts: architecture, layers, heads, special tokens, maximum length."""
     from bertology.models import load_model

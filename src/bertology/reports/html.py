@@ -33,6 +33,7 @@ class Section:
     figures: list[Figure] = field(default_factory=list)
     tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    head_links: tuple[str, int, int] | None = None  # (page, layers, heads): a grid of links to page#layer=L&head=H
 
 
 def _table_html(table: pd.DataFrame) -> Markup:

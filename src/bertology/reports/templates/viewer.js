@@ -1,0 +1,192 @@
+// bertology attention viewer: head view and model view, drawn on canvas. No network, no innerHTML.
+(function () {
+  "use strict";
+  const data = JSON.parse(document.getElementById("bertology-data").textContent);
+  const n = data.n, L = data.layers, H = data.heads;
+  function decode(text) {
+    const binary = atob(text);
+    const bytes = new Uint8Array(binary.length);
+    for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+    return bytes;
+  }
+  const weights = decode(data.weights);
+  const indices = data.format === "topk" ? new Uint16Array(decode(data.indices).buffer) : null;
+  const k = data.k || n;
+  // Calls fn(key, weight) for every stored weight of row (layer, head, query).
+  function eachWeight(layer, head, query, fn) {
+    if (indices === null) {
+      const offset = ((layer * H + head) * n + query) * n;
+      for (let j = 0; j < n; j++) { const w = weights[offset + j]; if (w) fn(j, w / 255); }
+    } else {
+      const offset = ((layer * H + head) * n + query) * k;
+      for (let t = 0; t < k; t++) { const w = weights[offset + t]; if (w) fn(indices[offset + t], w / 255); }
+    }
+  }
+  function colour(head, alpha) { return "hsla(" + Math.round(360 * head / H) + ",70%,45%," + alpha + ")"; }
+
+  const state = { layer: 0, heads: new Set(Array.from({ length: H }, (_, h) => h)), hover: null, queryFilter: "all", keyFilter: "all" };
+  const viewer = { state: state, linesDrawn: 0, renderMs: 0, open: open };
+  window.bertologyViewer = viewer;
+
+  // ---- head view ----
+  const canvas = document.getElementById("head-canvas");
+  const context = canvas.getContext("2d");
+  const rowHeight = 16, top = 8, textWidth = 190, gap = 240;
+  const ratio = window.devicePixelRatio || 1;
+  const width = 2 * textWidth + gap, height = top * 2 + n * rowHeight;
+  canvas.width = width * ratio; canvas.height = height * ratio;
+  canvas.style.width = width + "px"; canvas.style.height = height + "px";
+  context.scale(ratio, ratio);
+  const leftX = textWidth - 6, rightX = textWidth + gap + 6;
+  function y(i) { return top + i * rowHeight + rowHeight / 2; }
+  function shown(i, filter) { return filter === "all" || String(data.segments[i]) === filter; }
+
+  function drawHead() {
+    const started = performance.now();
+    context.clearRect(0, 0, width, height);
+    let lines = 0;
+    const hover = state.hover;
+    for (const head of state.heads) {
+      // One path per head and alpha level: thousands of lines stay fast.
+      const levels = new Map();
+      for (let i = 0; i < n; i++) {
+        if (!shown(i, state.queryFilter) || (hover && hover.side === "query" && hover.index !== i)) continue;
+        eachWeight(state.layer, head, i, function (j, w) {
+          if (w < 0.01 || !shown(j, state.keyFilter) || (hover && hover.side === "key" && hover.index !== j)) return;
+          const level = Math.min(20, Math.ceil(w * 20));
+          if (!levels.has(level)) levels.set(level, []);
+          levels.get(level).push(i, j);
+        });
+      }
+      for (const [level, pairs] of levels) {
+        context.strokeStyle = colour(head, Math.min(1, level / 20 * 0.9 + 0.05));
+        context.lineWidth = hover ? 2 : 1.2;
+        context.beginPath();
+        for (let p = 0; p < pairs.length; p += 2) {
+          context.moveTo(leftX + 4, y(pairs[p]));
+          context.lineTo(rightX - 4, y(pairs[p + 1]));
+        }
+        context.stroke();
+        lines += pairs.length / 2;
+      }
+    }
+    context.font = "12px ui-monospace, monospace";
+    context.textBaseline = "middle";
+    for (let i = 0; i < n; i++) {
+      const dim = data.segments[i] === 1 ? "#7a4d00" : "#1d2330";
+      for (const side of ["query", "key"]) {
+        const active = hover && hover.side === side && hover.index === i;
+        if (active) { context.fillStyle = "#ffe08a"; context.fillRect(side === "query" ? 0 : rightX - 2, y(i) - rowHeight / 2, textWidth - 2, rowHeight); }
+        context.fillStyle = dim;
+        context.textAlign = side === "query" ? "right" : "left";
+        context.fillText(data.tokens[i], side === "query" ? leftX : rightX, y(i), textWidth - 10);
+      }
+    }
+    viewer.linesDrawn = lines;
+    viewer.renderMs = performance.now() - started;
+    canvas.dataset.lines = String(lines);
+  }
+
+  canvas.addEventListener("mousemove", function (event) {
+    const box = canvas.getBoundingClientRect();
+    const x = event.clientX - box.left, index = Math.floor((event.clientY - box.top - top) / rowHeight);
+    let hover = null;
+    if (index >= 0 && index < n) {
+      if (x < textWidth) hover = { side: "query", index: index };
+      else if (x > textWidth + gap) hover = { side: "key", index: index };
+    }
+    if (JSON.stringify(hover) !== JSON.stringify(state.hover)) { state.hover = hover; drawHead(); }
+  });
+  canvas.addEventListener("mouseleave", function () { if (state.hover) { state.hover = null; drawHead(); } });
+
+  const layerSelect = document.getElementById("layer");
+  for (let l = 0; l < L; l++) { const option = document.createElement("option"); option.value = String(l); option.textContent = String(l); layerSelect.appendChild(option); }
+  layerSelect.addEventListener("change", function () { state.layer = Number(layerSelect.value); updateTitle(); drawHead(); });
+  const boxes = document.getElementById("head-boxes");
+  const headInputs = [];
+  for (let h = 0; h < H; h++) {
+    const label = document.createElement("label");
+    label.className = "head";
+    label.style.background = colour(h, 1);
+    const input = document.createElement("input");
+    input.type = "checkbox"; input.checked = true; input.dataset.head = String(h);
+    input.addEventListener("change", function () { if (input.checked) state.heads.add(h); else state.heads.delete(h); updateTitle(); drawHead(); });
+    label.appendChild(input);
+    label.appendChild(document.createTextNode(String(h)));
+    boxes.appendChild(label);
+    headInputs.push(input);
+  }
+  for (const [id, key] of [["query-filter", "queryFilter"], ["key-filter", "keyFilter"]]) {
+    const select = document.getElementById(id);
+    select.disabled = !data.segments.includes(1);
+    select.addEventListener("change", function () { state[key] = select.value; drawHead(); });
+  }
+  function updateTitle() {
+    const heads = Array.from(state.heads).sort((a, b) => a - b);
+    const title = heads.length === 1 ? "Head view: layer " + state.layer + ", head " + heads[0] : "Head view: layer " + state.layer + " (" + heads.length + " heads)";
+    document.getElementById("head-title").textContent = title;
+    document.querySelectorAll(".thumb").forEach(function (thumb) {
+      thumb.classList.toggle("selected", Number(thumb.dataset.layer) === state.layer && state.heads.has(Number(thumb.dataset.head)));
+    });
+  }
+
+  // ---- model view ----
+  function open(layer, head) {
+    state.layer = layer; state.heads = new Set([head]); state.hover = null;
+    layerSelect.value = String(layer);
+    headInputs.forEach(function (input) { input.checked = Number(input.dataset.head) === head; });
+    updateTitle(); drawHead();
+    if (window.location.hash !== "#layer=" + layer + "&head=" + head) history.replaceState(null, "", "#layer=" + layer + "&head=" + head);
+    document.getElementById("head-view").scrollIntoView();
+  }
+  const grid = document.getElementById("grid");
+  grid.style.gridTemplateColumns = "repeat(" + H + ", max-content)";
+  const size = Math.min(n, 72), block = n / size;
+  const allLabels = new Set();
+  for (let l = 0; l < L; l++) {
+    for (let h = 0; h < H; h++) {
+      const thumb = document.createElement("div");
+      thumb.className = "thumb"; thumb.dataset.layer = String(l); thumb.dataset.head = String(h);
+      const small = document.createElement("canvas");
+      small.width = size; small.height = size;
+      const image = small.getContext("2d").createImageData(size, size);
+      const cell = new Float32Array(size * size);
+      for (let i = 0; i < n; i++) {
+        const row = Math.floor(i / block) * size;
+        eachWeight(l, h, i, function (j, w) { const c = row + Math.floor(j / block); if (w > cell[c]) cell[c] = w; });
+      }
+      for (let c = 0; c < cell.length; c++) {
+        const v = 255 - Math.round(255 * Math.sqrt(cell[c]));
+        image.data[4 * c] = v; image.data[4 * c + 1] = v; image.data[4 * c + 2] = 255; image.data[4 * c + 3] = 255;
+      }
+      small.getContext("2d").putImageData(image, 0, 0);
+      const name = document.createElement("span");
+      name.textContent = l + "-" + h;
+      const labels = document.createElement("span");
+      labels.className = "labels";
+      const own = data.labels[l + "-" + h] || [];
+      own.forEach(function (label) { allLabels.add(label); });
+      labels.textContent = own.join(", ");
+      thumb.dataset.labels = JSON.stringify(own);
+      thumb.title = "layer " + l + ", head " + h + (own.length ? ": " + own.join(", ") : "");
+      thumb.append(small, name, labels);
+      thumb.addEventListener("click", function () { open(l, h); });
+      grid.appendChild(thumb);
+    }
+  }
+  const labelFilter = document.getElementById("label-filter");
+  Array.from(allLabels).sort().forEach(function (label) {
+    const option = document.createElement("option"); option.value = label; option.textContent = label; labelFilter.appendChild(option);
+  });
+  labelFilter.disabled = allLabels.size === 0;
+  labelFilter.addEventListener("change", function () {
+    document.querySelectorAll(".thumb").forEach(function (thumb) {
+      thumb.classList.toggle("hidden", labelFilter.value !== "" && !JSON.parse(thumb.dataset.labels).includes(labelFilter.value));
+    });
+  });
+
+  const match = /layer=(\d+)&head=(\d+)/.exec(window.location.hash);
+  if (match && Number(match[1]) < L && Number(match[2]) < H) open(Number(match[1]), Number(match[2]));
+  else { updateTitle(); drawHead(); }
+  document.body.dataset.ready = "1";
+})();

@@ -1,0 +1,121 @@
+"""An interactive attention viewer: one self-contained HTML page, no network needed to open it.
+
+The page has a *head view* (one layer; lines from each token to the tokens it attends, one colour per
+head; hover a token to isolate it; a sentence A/B filter for pairs) and a *model view* (a layer x head
+grid of thumbnails; click one to open it in the head view; filter by the roles and patterns of a run
+folder). Everything is drawn on canvas, so a 512-token input stays fast. Weights are quantised to one
+byte (``round(255 a)``); above 128 tokens only each row's ``top_k`` largest weights are kept (pieces are
+indexed with two bytes), which keeps a 512-token page at a few MB.
+
+Tokens and text reach the page only as JSON (with ``<``, ``>`` and ``&`` escaped) read by ``JSON.parse``
+and drawn with ``fillText`` or set as ``textContent``: markup in a corpus line stays text.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
+
+from bertology.corpora import Example
+from bertology.engine import Engine, RunStats
+from bertology.errors import BertologyError
+from bertology.models import LoadedModel, load_model
+from bertology.runfolder import atomic_write
+
+#: Inputs longer than this keep only each row's top-k weights unless ``top_k=0`` is asked for.
+DENSE_UP_TO = 128
+DEFAULT_TOP_K = 20
+
+
+@dataclass
+class AttentionView:
+    """One input's attention, every layer and head, ready to be drawn."""
+
+    tokens: list[str]
+    segments: list[int]
+    attention: np.ndarray = field(repr=False)  # [layers, heads, n, n]
+    model: str
+    text: str
+    text_pair: str | None = None
+    labels: dict[str, list[str]] = field(default_factory=dict)  # "layer-head" -> labels
+    top_k: int | None = None
+
+    def payload(self) -> dict:
+        """The page's data: tokens, segments, labels and the quantised weights (base64)."""
+        layers, heads, n, _ = self.attention.shape
+        top_k = self.top_k if self.top_k is not None else (0 if n <= DENSE_UP_TO else DEFAULT_TOP_K)
+        quantised = np.clip(np.rint(self.attention * 255), 0, 255).astype(np.uint8)
+        data = {"model": self.model, "text": self.text, "text_pair": self.text_pair, "tokens": self.tokens, "segments": self.segments,
+                "layers": layers, "heads": heads, "n": n, "labels": self.labels}
+        if top_k == 0 or top_k >= n:
+            data.update(format="dense", weights=base64.b64encode(quantised.tobytes()).decode("ascii"))
+        else:
+            order = np.argsort(-self.attention, axis=-1, kind="stable")[..., :top_k]  # [L, H, n, k]
+            data.update(format="topk", k=top_k,
+                        weights=base64.b64encode(np.take_along_axis(quantised, order, -1).tobytes()).decode("ascii"),
+                        indices=base64.b64encode(order.astype("<u2").tobytes()).decode("ascii"))
+        return data
+
+    def html(self) -> str:
+        """The standalone page."""
+        script = json.dumps(self.payload()).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+        environment = Environment(loader=PackageLoader("bertology", "reports/templates"), autoescape=select_autoescape(["j2", "html"]))
+        assets = resources.files("bertology.reports") / "templates"
+        return environment.get_template("viewer.html.j2").render(
+            view=self, data=Markup(script), script=Markup((assets / "viewer.js").read_text(encoding="utf-8")),
+            style=Markup((assets / "viewer.css").read_text(encoding="utf-8")),
+        )
+
+    def save(self, path: str | Path) -> Path:
+        page = self.html()
+        return atomic_write(Path(path), lambda p: p.write_text(page, encoding="utf-8"))
+
+    def _repr_html_(self) -> str:
+        """Inline in a notebook: the same page in an iframe (its scripts and ids stay apart from the notebook's)."""
+        return f'<iframe srcdoc="{html.escape(self.html(), quote=True)}" style="width:100%;height:760px;border:0" sandbox="allow-scripts"></iframe>'
+
+
+def head_labels(run: str | Path) -> dict[str, list[str]]:
+    """``"layer-head" -> labels`` from a run folder: the roles a head holds (``roles.csv``) and its majority pattern."""
+    run = Path(run)
+    if not run.is_dir():
+        raise BertologyError(f"{run}: no such run folder")
+    labels: dict[str, list[str]] = {}
+    roles = run / "roles.csv"
+    if roles.is_file():
+        table = pd.read_csv(roles)
+        if {"layer", "head", "role", "has_role"} <= set(table.columns):
+            for row in table[table.has_role.astype(bool)].itertuples():
+                labels.setdefault(f"{row.layer}-{row.head}", []).append(str(row.role))
+    patterns = run / "patterns.csv"
+    if patterns.is_file():
+        table = pd.read_csv(patterns)
+        if {"layer", "head", "majority"} <= set(table.columns):
+            for row in table.drop_duplicates(["layer", "head"]).itertuples():
+                labels.setdefault(f"{row.layer}-{row.head}", []).append(str(row.majority))
+    return labels
+
+
+def attention_view(text: str, text_pair: str | None = None, *, model: str | Path | LoadedModel | None = None, run: str | Path | None = None,
+                   top_k: int | None = None, max_length: int | None = None, device: str = "auto") -> AttentionView:
+    """Run ``model`` (default: all-MiniLM-L6-v2) on one input and return its :class:`AttentionView`."""
+    if not text or not text.strip():
+        raise BertologyError("the text to view is empty")
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
+    engine = Engine(loaded, batch_size=1, max_length=min(max_length or loaded.max_length, loaded.max_length), progress=False)
+    items = list(engine.encode(enumerate([Example(text, text_pair, source="view")]), RunStats()))
+    batch = engine.run_batch(items)
+    n = len(items[0])
+    attention = batch.attentions[:, 0, :, :n, :n].float().cpu().numpy()
+    tokens = loaded.tokenizer.convert_ids_to_tokens(items[0].input_ids)
+    segments = [-1 if s is None else int(s) for s in items[0].sequence_ids]
+    return AttentionView(tokens, segments, attention, loaded.name, text, text_pair, head_labels(run) if run is not None else {}, top_k)

@@ -1,0 +1,195 @@
+"""The attention viewer: its data, its escaping, and the page in a real headless Chromium."""
+
+import base64
+import json
+import os
+import re
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from bertology.viewer import AttentionView, attention_view, head_labels
+
+INJECTION = '<script>alert(1)</script> "><img src=x onerror=alert(1)>'
+
+
+def hand_made_view(n=4, top_k=None) -> AttentionView:
+    attention = np.zeros((2, 3, n, n))
+    attention[..., 0] = 0.6  # every row: 0.6 on the first token
+    attention[..., 1:] = 0.4 / (n - 1)
+    attention[1, 2] = np.eye(n)  # layer 1, head 2 attends to itself
+    tokens = ["[CLS]", *[f"t{i}" for i in range(1, n - 1)], "[SEP]"]
+    return AttentionView(tokens, [-1, *[0] * (n - 2), -1], attention, "hand", "text", top_k=top_k)
+
+
+def test_dense_payload_is_the_attention_quantised_to_a_byte():
+    view = hand_made_view()
+    data = view.payload()
+    assert data["format"] == "dense" and (data["layers"], data["heads"], data["n"]) == (2, 3, 4)
+    weights = np.frombuffer(base64.b64decode(data["weights"]), dtype=np.uint8).reshape(2, 3, 4, 4)
+    np.testing.assert_array_equal(weights[0, 0, 0], [153, 34, 34, 34])  # round(255 * 0.6), round(255 * 0.4 / 3)
+    np.testing.assert_array_equal(weights[1, 2], np.eye(4) * 255)
+
+
+def test_top_k_payload_keeps_each_rows_largest_weights_with_their_positions():
+    data = hand_made_view(top_k=2).payload()
+    assert data["format"] == "topk" and data["k"] == 2
+    indices = np.frombuffer(base64.b64decode(data["indices"]), dtype="<u2").reshape(2, 3, 4, 2)
+    weights = np.frombuffer(base64.b64decode(data["weights"]), dtype=np.uint8).reshape(2, 3, 4, 2)
+    assert indices[0, 0, 0, 0] == 0 and weights[0, 0, 0, 0] == 153
+    np.testing.assert_array_equal(indices[1, 2, :, 0], [0, 1, 2, 3])  # the diagonal
+    np.testing.assert_array_equal(weights[1, 2, :, 0], [255] * 4)
+
+
+def test_long_inputs_default_to_top_k():
+    assert hand_made_view(n=200).payload()["format"] == "topk"
+    assert hand_made_view(n=200, top_k=0).payload()["format"] == "dense"
+
+
+def test_markup_in_text_and_tokens_never_reaches_the_page_raw():
+    view = hand_made_view()
+    view.text = INJECTION
+    view.tokens[1] = "</script><script>alert(2)</script>"
+    page = view.html()
+    assert "<script>alert" not in page and "<img" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # the header shows it as text
+    data = json.loads(re.search(r'<script type="application/json" id="bertology-data">(.*?)</script>', page, re.S).group(1))
+    assert data["tokens"][1] == "</script><script>alert(2)</script>" and data["text"] == INJECTION
+
+
+def test_head_labels_come_from_roles_and_patterns(tmp_path):
+    (tmp_path / "roles.csv").write_text("layer,head,role,has_role\n0,1,local,True\n0,1,cls,False\n1,0,cls,True\n")
+    (tmp_path / "patterns.csv").write_text("layer,head,pattern,share,n,majority\n0,1,vertical,0.2,9,diagonal\n0,1,diagonal,0.7,9,diagonal\n")
+    assert head_labels(tmp_path) == {"0-1": ["local", "diagonal"], "1-0": ["cls"]}
+
+
+def test_notebook_display_is_the_page_in_an_iframe():
+    frame = hand_made_view()._repr_html_()
+    assert frame.startswith("<iframe srcdoc=") and "&lt;canvas" in frame and "<canvas" not in frame
+
+
+# ---- the page in a real browser ----
+
+def _chromium() -> str | None:
+    return os.environ.get("BERTOLOGY_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium driven by Playwright (no browser download). CI installs both; elsewhere a missing one skips."""
+    binary = _chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        binary = None
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI needs chromium and playwright for the browser tests (make test installs them)")
+        pytest.skip("no chromium or playwright here")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=binary, args=["--no-sandbox", "--disable-gpu"])
+        yield launched
+        launched.close()
+
+
+def open_page(browser, path, viewer=True):
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    problems = []
+    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    page.on("dialog", lambda dialog: (problems.append(f"dialog: {dialog.message}"), dialog.dismiss()))
+    started = time.perf_counter()
+    page.goto(path.as_uri())
+    if viewer:
+        page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+    return page, problems, time.perf_counter() - started
+
+
+@pytest.fixture(scope="module")
+def pair_page(tiny_bert, tmp_path_factory):
+    path = tmp_path_factory.mktemp("viewer") / "view.html"
+    attention_view("the cat sat on the mat.", "where is the dog?", model=tiny_bert).save(path)
+    return path
+
+
+def test_page_loads_without_console_errors_and_draws(browser, pair_page):
+    page, problems, _ = open_page(browser, pair_page)
+    assert problems == []
+    assert page.evaluate("window.bertologyViewer.linesDrawn") > 0
+    assert page.locator(".thumb").count() == 2 * 4
+    page.close()
+
+
+def test_clicking_a_thumbnail_opens_that_head(browser, pair_page):
+    page, problems, _ = open_page(browser, pair_page)
+    page.click(".thumb[data-layer='1'][data-head='2']")
+    assert page.inner_text("#head-title") == "Head view: layer 1, head 2"
+    assert page.evaluate("[window.bertologyViewer.state.layer, Array.from(window.bertologyViewer.state.heads)]") == [1, [2]]
+    assert page.input_value("#layer") == "1"
+    assert page.evaluate("location.hash") == "#layer=1&head=2"
+    assert page.locator(".thumb.selected").count() == 1 and problems == []
+    page.close()
+
+
+def test_a_link_to_a_head_opens_it(browser, pair_page):
+    page = browser.new_page()
+    page.goto(pair_page.as_uri() + "#layer=0&head=3")
+    page.wait_for_selector("body[data-ready='1']")
+    assert page.inner_text("#head-title") == "Head view: layer 0, head 3"
+    page.close()
+
+
+def test_hovering_a_token_changes_what_is_drawn(browser, pair_page):
+    page, problems, _ = open_page(browser, pair_page)
+    canvas = page.locator("#head-canvas")
+    before_lines, before_pixels = page.evaluate("window.bertologyViewer.linesDrawn"), canvas.screenshot()
+    box = canvas.bounding_box()
+    page.mouse.move(box["x"] + 100, box["y"] + 8 + 2 * 16 + 8)  # the third token on the left
+    assert page.evaluate("window.bertologyViewer.state.hover") == {"side": "query", "index": 2}
+    hovered_lines = page.evaluate("window.bertologyViewer.linesDrawn")
+    assert 0 < hovered_lines < before_lines
+    assert canvas.screenshot() != before_pixels
+    page.mouse.move(box["x"] + box["width"] - 60, box["y"] + 8 + 16 + 8)  # the second token on the right
+    assert page.evaluate("window.bertologyViewer.state.hover") == {"side": "key", "index": 1}
+    page.select_option("#query-filter", "1")  # only sentence B attends
+    assert page.evaluate("window.bertologyViewer.linesDrawn") < hovered_lines + before_lines
+    assert problems == []
+    page.close()
+
+
+def test_injected_markup_stays_text_in_the_browser(browser, tiny_bert, tmp_path):
+    path = attention_view(INJECTION, INJECTION, model=tiny_bert).save(tmp_path / "evil.html")
+    page, problems, _ = open_page(browser, path)
+    assert problems == []  # no alert dialog, no error
+    assert page.locator("img").count() == 0
+    assert page.locator("script").count() == 2  # the data and the viewer's own
+    assert page.inner_text("#text") == INJECTION and page.inner_text("#text-pair") == INJECTION
+    page.close()
+
+
+def test_a_512_token_page_renders(browser, minilm, tmp_path):
+    text = " ".join(["the quick brown fox jumps over the lazy dog ."] * 60)
+    path = attention_view(text, model=minilm).save(tmp_path / "long.html")
+    page, problems, seconds = open_page(browser, path)
+    n = page.evaluate("window.bertologyViewer.state && JSON.parse(document.getElementById('bertology-data').textContent).n")
+    assert n == 512 and problems == []
+    page.click(".thumb[data-layer='3'][data-head='7']")
+    draw_ms = page.evaluate("window.bertologyViewer.renderMs")
+    print(f"\n512-token page: {path.stat().st_size / 1e6:.2f} MB, loaded and drawn in {seconds:.2f} s, head redraw {draw_ms:.0f} ms")
+    page.close()
+
+
+def test_the_report_links_each_head_to_the_viewer(browser, tiny_bert, tmp_path):
+    from bertology.api import analyze
+
+    analyze(tiny_bert, ["the cat sat on the mat.", "where is the dog?"], out=tmp_path / "run", progress=False)
+    assert (tmp_path / "run" / "viewer.html").is_file()
+    page, problems, _ = open_page(browser, tmp_path / "run" / "report.html", viewer=False)
+    page.click("a[href='viewer.html#layer=1&head=2']")
+    page.wait_for_selector("body[data-ready='1']")
+    assert page.inner_text("#head-title") == "Head view: layer 1, head 2"
+    assert page.locator(".thumb .labels").first.inner_text() != "" or page.locator("#label-filter option").count() > 1
+    assert problems == []
+    page.close()
