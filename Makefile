@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= runs/sample
 
-.PHONY: run test setup setup-test clean
+.PHONY: run test setup chromium clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +22,14 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch
 
 setup: $(VENV)/.installed
 
+# The viewer's browser tests drive Debian's chromium through Playwright (no browser download).
+chromium:
+	@command -v chromium >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); $$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; }
+
 run: setup
 	$(BIN)/bertology analyze --out $(OUT)
 
-test: setup
+test: setup chromium
 	$(BIN)/python -m pytest -q
 
 clean:

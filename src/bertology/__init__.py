@@ -11,11 +11,13 @@ from bertology.engine import Batch, Engine
 from bertology.errors import BertologyError, CorpusError, ModelError
 from bertology.hooks import Hooks
 from bertology.models import LoadedModel, load_model
+from bertology.viewer import AttentionView, attention_view
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Analysis",
+    "AttentionView",
     "Batch",
     "BertologyError",
     "Corpus",
@@ -26,5 +28,6 @@ __all__ = [
     "LoadedModel",
     "ModelError",
     "analyze",
+    "attention_view",
     "load_model",
 ]

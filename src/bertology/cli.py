@@ -325,7 +325,7 @@ def ablate(
     task: Optional[Path] = TASK,
     model: str = CLASSIFIER,
     intervention: str = typer.Option("mask", "--intervention", help="mask (zero the head's output) or uniform (Kovaleva et al.'s disabling)."),
-    bootstrap: int = typer.Option(1000, "--bootstrap", min=100, help="Paired bootstrap replicates over examples."),
+    bootstrap: int = typer.Option(10000, "--bootstrap", min=100, help="Paired bootstrap replicates over examples (p is at least 2/(B+1))."),
     correction: str = typer.Option("fdr_bh", "--correction", help="Multiple-testing correction across heads and layers (statsmodels)."),
     max_examples: Optional[int] = MAX_EXAMPLES,
     out: Optional[Path] = OUT,

@@ -115,21 +115,19 @@ def paired_bootstrap(gold: np.ndarray, baseline: np.ndarray, variants: np.ndarra
     """
     gold, baseline, variants = np.asarray(gold), np.asarray(baseline), np.asarray(variants)
     n = len(gold)
-    counts = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=replicates).astype(np.float64)  # [B, n]
     cells = np.arange(classes * classes)
-
-    def scores(predicted: np.ndarray) -> tuple[float, np.ndarray]:
-        onehot = (gold * classes + predicted)[:, None] == cells[None, :]  # [n, K^2]
-        whole = onehot.sum(0).reshape(classes, classes)
-        resampled = (counts @ onehot).reshape(replicates, classes, classes)
-        return float(confusion_metric(whole, metric, positive)), confusion_metric(resampled, metric, positive)
-
-    base_value, base_samples = scores(baseline)
-    rows = []
-    for predicted in variants:
-        value, samples = scores(predicted)
-        deltas = samples - base_samples
-        low, high = np.percentile(deltas, [2.5, 97.5])
-        tail = min(1 + int((deltas <= 0).sum()), 1 + int((deltas >= 0).sum()))
-        rows.append({"value": value, "delta": value - base_value, "ci_low": low, "ci_high": high, "p": min(1.0, 2 * tail / (1 + replicates))})
-    return pd.DataFrame(rows)
+    predictions = np.concatenate([baseline[None], variants])  # row 0: the baseline
+    onehot = ((gold * classes)[None, :] + predictions)[..., None] == cells  # [1 + V, n, K^2]
+    whole = confusion_metric(onehot.sum(1).reshape(-1, classes, classes), metric, positive)
+    rng = np.random.default_rng(seed)
+    samples = []
+    for start in range(0, replicates, 1000):  # resample counts in chunks: memory stays O(1000 n)
+        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=min(1000, replicates - start)).astype(np.float64)  # [b, n]
+        confusion = np.einsum("bn,vnc->vbc", counts, onehot.astype(np.float64)).reshape(len(predictions), -1, classes, classes)
+        samples.append(confusion_metric(confusion, metric, positive))
+    samples = np.concatenate(samples, axis=1)
+    deltas = samples[1:] - samples[:1]  # [V, B]
+    low, high = np.percentile(deltas, [2.5, 97.5], axis=1)
+    tail = np.minimum(1 + (deltas <= 0).sum(1), 1 + (deltas >= 0).sum(1))
+    return pd.DataFrame({"value": whole[1:], "delta": whole[1:] - whole[0], "ci_low": low, "ci_high": high,
+                         "p": np.minimum(1.0, 2 * tail / (1 + replicates))})
