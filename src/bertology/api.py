@@ -13,6 +13,7 @@ import platform
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from html import escape
 from importlib import metadata
 from pathlib import Path
 
@@ -166,7 +167,7 @@ class Analysis:
         return report_path
 
     def _repr_html_(self) -> str:
-        summary = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{v}</td></tr>" for k, v in self.summary().items())
+        summary = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th><td>{escape(str(v))}</td></tr>" for k, v in self.summary().items())
         html = f"<table>{summary}</table>"
         if self.layers is not None:
             html += self.layers.pivot(index="layer", columns="metric", values="value").to_html(float_format=lambda x: f"{x:.3f}")
