@@ -293,10 +293,11 @@ def ablation_heatmap(ablation: pd.DataFrame, metric: str):
     significant = rows.pivot(index="layer", columns="column", values="p_adj") < 0.05
     limit = max(float(np.nanmax(np.abs(delta.values))), 1e-6)
     figure, axis = plt.subplots(figsize=(0.55 * delta.shape[1] + 2.8, 0.5 * delta.shape[0] + 1.8))
-    image = axis.imshow(delta.values, aspect="auto", cmap="RdBu", vmin=-limit, vmax=limit)
+    image = axis.imshow(100 * delta.values, aspect="auto", cmap="RdBu", vmin=-100 * limit, vmax=100 * limit)
     for (i, j), value in np.ndenumerate(delta.values):
         star = "*" if significant.values[i, j] else ""
-        axis.text(j, i, f"{100 * value:+.1f}{star}", ha="center", va="center", fontsize=6)
+        colour = "white" if abs(value) > 0.6 * limit else "black"
+        axis.text(j, i, f"{100 * value:+.1f}{star}", ha="center", va="center", fontsize=6, color=colour)
     axis.axvline(delta.shape[1] - 1.5, color="black", linewidth=1)
     axis.set_xticks(range(delta.shape[1]), [*map(str, delta.columns[:-1]), "layer"])
     axis.set_yticks(range(delta.shape[0]), delta.index)
@@ -304,7 +305,7 @@ def ablation_heatmap(ablation: pd.DataFrame, metric: str):
     axis.set_ylabel("layer (0-based)")
     intervention = rows.intervention.iloc[0]
     axis.set_title(f"change of {metric} (points) with the head {'masked' if intervention == 'mask' else 'made uniform'}; * p_adj < 0.05", fontsize=9)
-    plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+    plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04, label="points")
     figure.tight_layout()
     return figure
 
