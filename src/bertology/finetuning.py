@@ -106,6 +106,14 @@ def load_task(folder: str | Path | None = None, *, train: str | Path | None = No
     return TaskData(name, metrics, labels, train_examples, dev_examples, positive)
 
 
+def seeded_subset(examples: list[Example], limit: int | None, seed: int) -> list[Example]:
+    """A seeded random subset of ``limit`` examples, kept in file order (all of them when ``limit`` is None or larger)."""
+    if limit is None or limit >= len(examples):
+        return examples
+    keep = np.random.default_rng(seed).permutation(len(examples))[:limit]
+    return [examples[i] for i in sorted(keep)]
+
+
 def positive_index(task: TaskData) -> int | None:
     """Index of the positive label (for F1) in ``task.labels``."""
     return task.labels.index(task.positive_label) if task.positive_label is not None else None
@@ -229,10 +237,7 @@ def finetune(
         raise BertologyError(f"model {source!r} could not be loaded (no network? pass a local model folder): {str(exc).splitlines()[0]}") from exc
     network.to(torch_device)
 
-    train = task.train
-    if max_train_examples is not None and max_train_examples < len(train):
-        keep = np.random.default_rng(seed).permutation(len(train))[:max_train_examples]
-        train = [train[i] for i in sorted(keep)]
+    train = seeded_subset(task.train, max_train_examples, seed)
     train_rows = encode_examples(tokenizer, train, label_ids, max_length)
     dev_rows = encode_examples(tokenizer, task.dev, label_ids, max_length)
     steps_per_epoch = math.ceil(len(train_rows) / batch_size)

@@ -32,7 +32,7 @@ from transformers.utils import logging as hf_logging
 
 from bertology.corpora import Example
 from bertology.errors import BertologyError, CorpusError, ModelError
-from bertology.finetuning import TaskData, collate_rows, encode_examples, length_batches, positive_index, predict_logits
+from bertology.finetuning import TaskData, collate_rows, encode_examples, length_batches, positive_index, predict_logits, seeded_subset, task_metrics
 from bertology.hooks import ATTN_IMPLEMENTATION, Hooks, register_attention
 from bertology.interventions import INTERVENTIONS, HeadGates, Intervention, LayerReplay, attach_variants, prune_heads, reads_first_token_only, shrink_to_config
 from bertology.models import quiet_transformers, resolve_device
@@ -224,8 +224,6 @@ def importance_table(importance: np.ndarray) -> pd.DataFrame:
 
 
 def _score(task: TaskData, gold: np.ndarray, logits: np.ndarray) -> dict[str, float]:
-    from bertology.finetuning import task_metrics
-
     return task_metrics(task, [task.labels[i] for i in gold], [task.labels[i] for i in logits.argmax(-1)])
 
 
@@ -351,13 +349,6 @@ class HeadStudy:
         return report
 
 
-def _subset(examples: list[Example], limit: int | None, seed: int) -> list[Example]:
-    if limit is None or limit >= len(examples):
-        return examples
-    keep = np.random.default_rng(seed).permutation(len(examples))[:limit]
-    return [examples[i] for i in sorted(keep)]
-
-
 def study_heads(model: str | Path | TaskModel, task: TaskData, *, ablate: bool = False, importance: bool = False, prune: bool = False,
                 intervention: str = "mask", max_examples: int | None = None, importance_split: str = "train", importance_examples: int = 1000,
                 bootstrap: int = 10000, correction: str = "fdr_bh", step: float = 0.1, prune_to: int | None = None, batch_size: int = 16,
@@ -382,7 +373,7 @@ def study_heads(model: str | Path | TaskModel, task: TaskData, *, ablate: bool =
     if prune_to is not None and not task_model.num_layers <= prune_to < task_model.num_layers * task_model.num_heads:
         raise BertologyError(f"--prune-to must be between {task_model.num_layers} (one head per layer) and {task_model.num_layers * task_model.num_heads - 1}")
     torch.manual_seed(seed)
-    dev = _subset(task.dev, max_examples, seed)
+    dev = seeded_subset(task.dev, max_examples, seed)
     rows, gold = task_model.encode(dev, "dev")
     baseline = _score(task, gold, task_model.logits(rows, batch_size * 2))
     study = HeadStudy(task_model.info(), task.name, len(rows), baseline, {
@@ -397,7 +388,7 @@ def study_heads(model: str | Path | TaskModel, task: TaskData, *, ablate: bool =
         if folder is not None:
             folder.write_table("ablation", study.ablation)
     if importance or prune:
-        source = dev if importance_split == "dev" else _subset(task.train, importance_examples, seed)
+        source = dev if importance_split == "dev" else seeded_subset(task.train, importance_examples, seed)
         importance_rows, _ = (rows, gold) if importance_split == "dev" else task_model.encode(source, "train")
         study.importance = importance_table(GradientImportance(task_model, batch_size=batch_size, progress=progress).attribute(importance_rows))
         if folder is not None:

@@ -58,9 +58,7 @@ class Intervention:
         """
         if kind not in INTERVENTIONS:
             raise ValueError(f"unknown intervention {kind!r}; known: {', '.join(INTERVENTIONS)}")
-        if head < 0:
-            return cls(**{"masked" if kind == "mask" else "uniform": frozenset({(layer, -1)})})
-        return cls(**{"masked" if kind == "mask" else "uniform": frozenset({(layer, head)})})
+        return cls(**{"masked" if kind == "mask" else "uniform": frozenset({(layer, max(head, -1))})})
 
     @classmethod
     def disable(cls, layer: int) -> "Intervention":
