@@ -189,3 +189,22 @@ def test_ablate_needs_a_classifier_and_says_so_in_one_line(tiny_bert_dir, cat_ta
     result = bertology("ablate", cat_task, "--model", tiny_bert_dir, "--out", tmp_path / "x", "--device", "cpu", "--quiet")
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_pretrain_then_track_the_checkpoints(corpus, tmp_path):
+    from test_pretraining import write_books
+
+    books = write_books(tmp_path / "books")
+    result = bertology("pretrain", books, "--out", tmp_path / "pt", "--steps", 12, "--vocab-size", 120, "--layers", 2, "--heads", 2,
+                       "--hidden", 32, "--max-length", 32, "--batch-size", 8, "--checkpoints", 3, "--device", "cpu", "-q")
+    assert result.returncode == 0, result.stderr
+    assert "validation masked-LM loss" in result.stdout and "unigram baseline" in result.stdout
+    result = bertology("track", "--checkpoints", tmp_path / "pt", "--corpus", corpus, "--bootstrap", 100, "--out", tmp_path / "track",
+                       "--device", "cpu", "-q")
+    assert result.returncode == 0, result.stderr
+    assert "depth: " in result.stdout and "training: " in result.stdout
+    assert sorted(pd.read_csv(tmp_path / "track" / "track.csv").step.unique()) == [0, 10, 12]
+    neither = bertology("track", "--corpus", corpus)
+    assert neither.returncode == 2 and neither.stderr.strip().splitlines() == ["error: give checkpoints as arguments or --checkpoints DIR (one of the two)"]
+    missing = bertology("pretrain", tmp_path / "nothing-here")
+    assert missing.returncode == 2 and missing.stderr.strip() == f"error: {tmp_path / 'nothing-here'}: no such file or folder"

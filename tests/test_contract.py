@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from bertology.analyzers import Analyzer, GeneralProfile, HeadDistance
+from bertology.analyzers import Analyzer, GeneralProfile, HeadDistance, LayerPeaks
 from bertology.analyzers.patterns import HeadPatterns
 from bertology.analyzers.roles import HeadRoles
 from bertology.analyzers.syntax import RelationHeads
@@ -16,6 +16,7 @@ from conftest import tiny_examples
 ANALYZERS = {
     "general_profile": lambda: GeneralProfile(),
     "head_distance": lambda: HeadDistance(sample=0.7, seed=3),
+    "layer_peaks": lambda: LayerPeaks(bootstrap=200, seed=4),
     "relation_heads": lambda: RelationHeads(bootstrap=200, seed=5),
     "probe_data": lambda: ProbeData(),
     "roles": lambda: HeadRoles(tau=1.0),

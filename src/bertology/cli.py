@@ -278,6 +278,73 @@ def finetune(
 
 
 @app.command()
+def pretrain(
+    corpus: list[Path] = typer.Argument(..., help="Text files, or folders of .txt files (one document per file; blank lines end paragraphs)."),
+    out: Path = typer.Option(Path("runs/pretrain"), "--out", "-o", help="Run folder: checkpoints/step-NNNNNN model folders, loss curve, report."),
+    vocab_size: int = typer.Option(8000, "--vocab-size", min=100, help="WordPiece vocabulary size."),
+    layers: int = typer.Option(4, "--layers", min=1),
+    heads: int = typer.Option(8, "--heads", min=1),
+    hidden: int = typer.Option(256, "--hidden", min=8),
+    max_length: int = typer.Option(128, "--max-length", min=16, help="Pieces per instance (and the model's position limit)."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1),
+    steps: int = typer.Option(1500, "--steps", min=1),
+    learning_rate: float = typer.Option(1e-3, "--learning-rate"),
+    checkpoints: int = typer.Option(12, "--checkpoints", min=2, help="Checkpoints saved, log-spaced, step 0 included."),
+    seed: int = SEED,
+    device: str = DEVICE,
+    quiet: bool = QUIET,
+) -> None:
+    """Pre-train a small BERT from scratch (masked LM + next sentence) with log-spaced checkpoints; rerun to resume."""
+    from bertology.pretraining import pretrain as run_pretrain
+
+    summary = run_pretrain(corpus, out, vocab_size=vocab_size, layers=layers, heads=heads, hidden=hidden, max_length=max_length,
+                           batch_size=batch_size, steps=steps, learning_rate=learning_rate, checkpoints=checkpoints, seed=seed,
+                           device=device, progress=not quiet)
+    typer.echo(
+        f"{summary['steps']} steps in {summary['seconds']:.0f} s: validation masked-LM loss {summary['val_mlm_loss']:.3f} "
+        f"(unigram baseline {summary['unigram_cross_entropy']:.3f}), next-sentence accuracy {summary['val_nsp_accuracy']:.3f}"
+    )
+    typer.echo(f"checkpoints: {(out / 'checkpoints').resolve()}")
+    typer.echo(f"report: {(out / 'report.html').resolve()}")
+
+
+@app.command()
+def track(
+    checkpoint: Optional[list[str]] = typer.Argument(None, help="Checkpoints in any order: model folders or hub names ('default': the bundled model)."),
+    checkpoints: Optional[Path] = typer.Option(None, "--checkpoints", help="A folder of checkpoints (e.g. a `bertology pretrain` run)."),
+    corpus: Optional[Path] = typer.Option(None, "--corpus", "-c", help="Corpus file; CoNLL-U adds syntactic heads [default: the bundled sample corpus]."),
+    format: str = FORMAT,
+    parser: Optional[str] = PARSER,
+    out: Optional[Path] = OUT,
+    batch_size: int = BATCH_SIZE,
+    max_length: Optional[int] = MAX_LENGTH,
+    limit: Optional[int] = LIMIT,
+    bootstrap: int = BOOTSTRAP,
+    tau: float = TAU,
+    min_dependents: int = MIN_DEPENDENTS,
+    seed: int = SEED,
+    device: str = DEVICE,
+    trust_remote_code: bool = TRUST,
+    quiet: bool = QUIET,
+) -> None:
+    """Profile, roles and syntactic heads over training checkpoints, and the verdict on the learning-curve hypothesis."""
+    from bertology.dynamics import find_checkpoints
+    from bertology.dynamics import track as run_track
+
+    if bool(checkpoint) == (checkpoints is not None):
+        raise BertologyError("give checkpoints as arguments or --checkpoints DIR (one of the two)")
+    series = find_checkpoints(checkpoints) if checkpoints is not None else list(checkpoint)
+    label = checkpoints.name if checkpoints is not None else Path(series[-1]).name
+    out = out or _default_out("track", label, corpus)
+    result = run_track(series, corpus, format=format, parser=parser, out=out, batch_size=batch_size, max_length=max_length, limit=limit,
+                       bootstrap=bootstrap, tau=tau, min_dependents=min_dependents, seed=seed, device=device,
+                       trust_remote_code=trust_remote_code, progress=not quiet, command=sys.argv)
+    for claim in ("depth", "training"):
+        typer.echo(f"{claim}: {result.verdict[claim]['verdict']}: {result.verdict[claim]['statement']}")
+    typer.echo(f"report: {(Path(out) / 'report.html').resolve()}")
+
+
+@app.command()
 def compare(
     model_a: str = typer.Argument(..., help="Model A (hub name or folder; 'default' for the bundled all-MiniLM-L6-v2)."),
     model_b: str = typer.Argument(..., help="Model B, e.g. a folder written by `bertology finetune`."),

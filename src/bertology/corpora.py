@@ -43,7 +43,7 @@ class Example:
         return self.heads is not None
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
+def numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
     """Numbered lines of a UTF-8 file (BOM and CR/LF stripped); invalid UTF-8 names its line."""
     try:
         handle = path.open("rb")
@@ -62,14 +62,14 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
 
 def read_text(path: Path) -> Iterator[Example]:
     """Plain text: one sequence per line; blank lines are skipped."""
-    for number, line in _lines(path):
+    for number, line in numbered_lines(path):
         if line.strip():
             yield Example(text=line.strip(), source=f"{path.name}:{number}")
 
 
 def read_pairs(path: Path) -> Iterator[Example]:
     """Sentence pairs: ``text_a<TAB>text_b`` per line (an optional third column is a label)."""
-    for number, line in _lines(path):
+    for number, line in numbered_lines(path):
         if not line.strip():
             continue
         columns = line.split("\t")
@@ -105,7 +105,7 @@ COLA_LAYOUT = TableLayout(text=3, label=1, header=False)
 
 def read_table(path: Path, layout: TableLayout) -> Iterator[Example]:
     """A TSV without quoting (as GLUE ships it), columns chosen by name (with a header) or by index."""
-    lines = _lines(path)
+    lines = numbered_lines(path)
     names: list[str] | None = None
     if layout.header:
         first = next(lines, None)
@@ -140,7 +140,7 @@ def read_table(path: Path, layout: TableLayout) -> Iterator[Example]:
 
 def glue_layout(path: Path) -> TableLayout:
     """Recognise a GLUE TSV by its header (or CoLA's header-less four columns)."""
-    first = next(_lines(path), None)
+    first = next(numbered_lines(path), None)
     if first is None:
         raise CorpusError(path, None, "the file is empty")
     cells = tuple(c.strip() for c in first[1].split("\t"))
@@ -159,7 +159,7 @@ def read_conllu(path: Path) -> Iterator[Example]:
     tokenizer sees the sentence as written.
     """
     block: list[tuple[int, str]] = []
-    for number, line in _lines(path):
+    for number, line in numbered_lines(path):
         if line.strip():
             block.append((number, line))
             continue
@@ -269,7 +269,7 @@ def detect_format(path: Path) -> str:
     """Guess a corpus format from the file's extension and first line."""
     if path.suffix.lower() in {".conllu", ".conll"}:
         return "conllu"
-    first = next(_lines(path), None)
+    first = next(numbered_lines(path), None)
     if first is None:
         raise CorpusError(path, None, "the file is empty")
     cells = tuple(c.strip() for c in first[1].split("\t"))

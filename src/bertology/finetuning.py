@@ -177,17 +177,14 @@ def predict_logits(model, tokenizer, rows: list[dict], batch_size: int, device, 
     return logits
 
 
-def _save_checkpoint(folder: Path, model, optimizer, scheduler, step: int, losses: list, settings: FinetuneSettings) -> None:
-    """Atomically replace ``folder`` with the training state after ``step`` steps."""
+def save_training_state(folder: Path, state: dict, tokenizer=None) -> None:
+    """Atomically replace ``folder`` with ``state.pt`` holding ``state`` (model, optimiser, step, RNG states...) and the tokenizer if given."""
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    torch.save(
-        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step,
-         "losses": losses, "settings": asdict(settings), "torch_rng": torch.get_rng_state(),
-         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-        partial / "state.pt",
-    )
+    torch.save(state, partial / "state.pt")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(partial)
     old = folder.with_name(folder.name + ".old")
     if folder.exists():
         folder.rename(old)
@@ -286,7 +283,11 @@ def finetune(
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
             if step % checkpoint_every == 0 or step == stop_at:
-                _save_checkpoint(checkpoint, network, optimizer, scheduler, step, losses, settings)
+                save_training_state(checkpoint, {
+                    "model": network.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step,
+                    "losses": losses, "settings": asdict(settings), "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                })
     seconds = time.perf_counter() - started
     if step < total_steps:
         return {"interrupted_at_step": step, "total_steps": total_steps}

@@ -71,6 +71,19 @@ def keyed_rng(seed: int, *key) -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(digest, "big"))
 
 
+def bootstrap_weights(seed: int, bootstrap: int, example) -> np.ndarray:
+    """``[1 + bootstrap]`` weights of one sequence: 1 for the data itself (replicate 0), then Poisson(1) draws.
+
+    The Poisson bootstrap (a sequence appears ``w ~ Poisson(1)`` times in a replicate) needs no
+    pass over the whole corpus, so replicates are built while streaming and merge by addition.
+    The draws are keyed by the example's source and text: every analyzer and every checkpoint
+    that sees the same corpus with the same seed gets the same replicates (paired comparisons).
+    """
+    weights = np.ones(1 + bootstrap)
+    weights[1:] = keyed_rng(seed, example.source, example.text, example.text_pair).poisson(1.0, bootstrap)
+    return weights
+
+
 def interval_frame(moments: RunningMoments, index: pd.Index) -> pd.DataFrame:
     """Tidy table of moments: ``value`` (mean), ``ci_low``, ``ci_high`` (95% t interval), ``n``, one row per cell of ``index``."""
     low, high = moments.interval()

@@ -108,3 +108,41 @@ def test_clark_labels_apply_the_thresholds():
     labels = clark_labels(heads)
     assert labels[["layer", "head", "label"]].values.tolist() == [[0, 0, "broad"], [1, 0, "sep"]]
     assert clark_labels(heads, {"prev": 0.4}).label.tolist() == ["prev"]
+
+
+def test_layer_peaks_bootstrap_by_hand():
+    from types import SimpleNamespace
+
+    from bertology.analyzers import LayerPeaks
+    from bertology.corpora import Example
+    from bertology.stats import bootstrap_weights
+
+    rng = np.random.default_rng(1)
+    flags = [([0], [3], [2]), ([0], [3, 6], [5]), ([0], [4], [1])]
+    lengths = [4, 7, 5]
+    # maps[b][layer][head]
+    maps = [[[rng.dirichlet(np.full(n, 0.4), size=n) for _ in range(2)] for _ in range(3)] for n in lengths]
+    examples = [Example(f"sequence {b}", source=f"s:{b}") for b in range(3)]
+    per_layer = []
+    for layer in range(3):
+        heads = []
+        for head in range(2):
+            attention, m = padded_batch([maps[b][layer][head] for b in range(3)], flags)
+            heads.append(attention)
+        per_layer.append(torch.cat(heads, dim=1))
+    batch = SimpleNamespace(attentions=torch.stack(per_layer), mask=m["mask"], cls_mask=m["cls"], sep_mask=m["sep"], punct_mask=m["punct"], examples=examples)
+    peaks = LayerPeaks(bootstrap=30, seed=2)
+    peaks.update(batch)
+
+    # by hand: a sequence's layer value is the mean over heads; replicate r weights sequence b by w_b[r]
+    values = np.array([[[np.mean([by_hand(maps[b][layer][head], *flags[b])[metric] for head in range(2)]) for metric in ("cls", "sep", "punct")]
+                        for layer in range(3)] for b in range(3)])  # [sequence, layer, metric]
+    weights = np.stack([bootstrap_weights(2, 30, e) for e in examples])  # [sequence, 1 + B]
+    expected = np.einsum("br,blm->rlm", weights, values) / weights.sum(axis=0)[:, None, None]
+    np.testing.assert_allclose(peaks.replicate_means(), expected, rtol=1e-10)
+    table = peaks.result()
+    np.testing.assert_allclose(table.value, values.mean(axis=0).ravel(), rtol=1e-10)
+    found = peaks.peaks().set_index("metric")
+    for k, metric in enumerate(("cls", "sep", "punct")):
+        assert found.loc[metric, "peak_layer"] == values.mean(axis=0)[:, k].argmax()
+        assert found.loc[metric, "agreement"] == pytest.approx(np.mean(expected[1:, :, k].argmax(axis=1) == values.mean(axis=0)[:, k].argmax()))

@@ -144,3 +144,25 @@ def test_bootstrap_interval_matches_a_direct_bootstrap_of_sentences(tiny_bert):
     # and the interval is close to a normal-theory one for a proportion over sentences
     sem = scipy_stats.sem(hits.astype(float))
     assert best.ci_high - best.ci_low == pytest.approx(2 * 1.96 * sem, rel=0.35)
+
+
+def test_best_accuracy_replicates_average_the_best_head_of_each_relation(tiny_bert):
+    rng = np.random.default_rng(3)
+    examples = [tree_example(source=f"toy:{i}") for i in range(12)]
+    hits = rng.random(12) < 0.5
+
+    def mixed(batch, b):
+        pointer = gold_pointer if hits[int(batch.examples[b].source.split(":")[1])] else wrong_pointer
+        return pointer(batch, b) + 1e-3 * torch.arange(1, int(batch.lengths[b]) + 1)[:, None]
+
+    analyzer = RelationHeads(bootstrap=50, seed=4)
+    analyzer.update(batch_with(tiny_bert, examples, mixed))
+    best = analyzer.best(min_dependents=20)
+    eligible = best[(best.relation != "all") & (best.n >= 20)]
+    assert set(eligible.relation) == {"det"}  # 24 det dependents; the other relations have 12
+    replicates = analyzer.best_accuracy_replicates(min_dependents=20)
+    assert replicates.shape == (51,)
+    assert replicates[0] == pytest.approx(eligible.accuracy.mean())
+    # every head of every layer sees the same maps here, so the best head's replicate is the det interval's source
+    assert np.percentile(replicates[1:], 2.5) == pytest.approx(eligible.ci_low.item())
+    assert np.isnan(analyzer.best_accuracy_replicates(min_dependents=1000)).all()

@@ -6,8 +6,10 @@ from bertology.analyzers.profile import (
     PROFILE_METRICS,
     GeneralProfile,
     HeadDistance,
+    LayerPeaks,
+    PEAK_METRICS,
     clark_labels,
     profile_metrics,
 )
 
-__all__ = ["Analyzer", "CLARK_THRESHOLDS", "clark_labels", "GeneralProfile", "HeadDistance", "PROFILE_METRICS", "profile_metrics"]
+__all__ = ["Analyzer", "CLARK_THRESHOLDS", "clark_labels", "GeneralProfile", "HeadDistance", "LayerPeaks", "PEAK_METRICS", "PROFILE_METRICS", "profile_metrics"]

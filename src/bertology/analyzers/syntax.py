@@ -24,7 +24,7 @@ from statsmodels.stats.multitest import multipletests
 
 from bertology.analyzers.base import Analyzer
 from bertology.engine import Batch
-from bertology.stats import keyed_rng
+from bertology.stats import bootstrap_weights
 
 DIRECTIONS = ("dep->head", "head->dep")
 OFFSETS = (-3, -2, -1, 1, 2, 3)
@@ -78,12 +78,6 @@ class RelationHeads(Analyzer):
         self._count: dict[str, np.ndarray] = {}  # relation -> [1 + B]
         self._shape: tuple[int, int] | None = None
 
-    def _weights(self, example) -> np.ndarray:
-        """Replicate 0 is the data itself; replicates 1..B are the Poisson(1) bootstrap."""
-        weights = np.ones(1 + self.bootstrap)
-        weights[1:] = keyed_rng(self.seed, example.source, example.text, example.text_pair).poisson(1.0, self.bootstrap)
-        return weights
-
     def update(self, batch: Batch) -> None:
         num_layers, _, num_heads = batch.attentions.shape[:3]
         self._shape = (num_layers, num_heads)
@@ -107,7 +101,7 @@ class RelationHeads(Analyzer):
             offset_hits = (torch.as_tensor(dependents)[:, None] + offsets[None, :]) == torch.as_tensor(gold)[:, None]
             hits = torch.cat([head_hits, offset_hits], dim=1).double().numpy()
             relations = np.array(relations)
-            sentence_weights = self._weights(example)
+            sentence_weights = bootstrap_weights(self.seed, self.bootstrap, example)
             for relation in [ALL_RELATIONS, *np.unique(relations)]:
                 rows = hits if relation == ALL_RELATIONS else hits[relations == relation]
                 weights.setdefault(relation, []).append(sentence_weights)
@@ -160,6 +154,20 @@ class RelationHeads(Analyzer):
                 )
             )
         return pd.concat(frames, ignore_index=True)
+
+    def best_accuracy_replicates(self, min_dependents: int = 25) -> np.ndarray:
+        """``[1 + B]``: the mean over relations (``all`` excluded, at least ``min_dependents`` dependents) of the best head's accuracy.
+
+        The best head is chosen within each replicate (row 0: the data), as :meth:`best` chooses it
+        on the data; NaN if no relation has enough dependents.
+        """
+        width = self._shape[0] * self._shape[1] * 2 if self._shape else 0
+        relations = [r for r in self._relations() if r != ALL_RELATIONS and self._count[r][0] >= min_dependents]
+        if not relations:
+            return np.full(1 + self.bootstrap, np.nan)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            best = [(self._correct[r][:, :width] / self._count[r][:, None]).max(axis=1) for r in relations]
+        return np.mean(best, axis=0)
 
     def baselines(self) -> pd.DataFrame:
         """Accuracy of each fixed offset baseline per relation: ``relation, offset, accuracy, n``."""

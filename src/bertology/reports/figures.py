@@ -339,3 +339,110 @@ def pruning_curve(pruning: pd.DataFrame, metric: str, unpruned: float):
     axis.legend(fontsize=8)
     figure.tight_layout()
     return figure
+
+
+def pretraining_curve(losses: pd.DataFrame, checkpoints: pd.DataFrame, unigram: float, window: int = 20):
+    """Masked-LM loss against step (log axis): training (moving mean), validation at each checkpoint, and the unigram baseline."""
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    smooth = losses.set_index("step")[["mlm_loss", "nsp_loss"]].rolling(window, min_periods=1).mean()
+    left.plot(smooth.index, smooth.mlm_loss, color="tab:blue", label=f"training (mean of {window} steps)")
+    left.plot(checkpoints.step.clip(lower=1), checkpoints.val_mlm_loss, "o-", color="tab:red", label="validation, at each checkpoint (step 0 drawn at 1)")
+    left.axhline(unigram, color="black", linestyle="--", label=f"unigram cross-entropy {unigram:.2f}")
+    left.set_xscale("log")
+    left.set_xlabel("step")
+    left.set_ylabel("masked-LM loss (nats)")
+    left.set_title("masked-language-model loss")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    right.plot(smooth.index, smooth.nsp_loss, color="tab:blue", label="training loss")
+    right.axhline(np.log(2), color="black", linestyle="--", label="chance (ln 2)")
+    right.set_xscale("log")
+    right.set_xlabel("step")
+    right.set_ylabel("next-sentence loss (nats)")
+    accuracy = right.twinx()
+    accuracy.plot(checkpoints.step.clip(lower=1), checkpoints.val_nsp_accuracy, "o-", color="tab:red", label="validation accuracy")
+    accuracy.set_ylim(0, 1)
+    accuracy.set_ylabel("validation accuracy")
+    right.set_title("next-sentence prediction")
+    right.grid(alpha=0.3)
+    lines = right.get_legend_handles_labels()[0] + accuracy.get_legend_handles_labels()[0]
+    right.legend(lines, [line.get_label() for line in lines], fontsize=8, loc="lower left")
+    figure.tight_layout()
+    return figure
+
+
+def layer_by_step_heatmaps(layers: pd.DataFrame, metrics=("cls", "sep", "punct")):
+    """One heatmap per metric: layer (rows) x checkpoint step (columns, in order), the layer mean."""
+    figure, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.6), squeeze=False)
+    for axis, metric in zip(axes[0], metrics):
+        grid = layers[layers.metric == metric].pivot(index="layer", columns="step", values="value")
+        image = axis.imshow(grid.values, aspect="auto", cmap="viridis", origin="lower")
+        axis.set_xticks(range(grid.shape[1]), [str(s) for s in grid.columns], rotation=60, fontsize=7)
+        axis.set_yticks(range(grid.shape[0]), grid.index)
+        axis.set_xlabel("checkpoint (training step)")
+        axis.set_ylabel("layer (0-based)")
+        axis.set_title(METRIC_TITLES[metric])
+        plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+    figure.tight_layout()
+    return figure
+
+
+def emergence_curves(strength: pd.DataFrame, emergence: pd.DataFrame):
+    """Each pattern's strength rescaled to its rise (0 = first checkpoint, 1 = final) against step, with the half-way crossings."""
+    figure, axis = plt.subplots(figsize=(7.5, 4.0))
+    for k, (metric, rows) in enumerate(strength.groupby("metric", sort=False)):
+        first, final = rows.value.iloc[0], rows.value.iloc[-1]
+        scaled = (rows.value - first) / (final - first) if final != first else rows.value * np.nan
+        color = f"C{k}"
+        axis.plot(rows.step.clip(lower=1), scaled, "o-", color=color, label=f"{METRIC_TITLES.get(metric, metric)} ({first:.3f} -> {final:.3f})")
+        crossing = emergence[emergence.metric == metric].half_step.iloc[0]
+        if np.isfinite(crossing):
+            axis.axvline(max(crossing, 1), color=color, linestyle=":", alpha=0.8)
+    axis.axhline(0.5, color="black", linestyle="--", linewidth=0.8, label="half of the rise")
+    axis.set_xscale("log")
+    axis.set_xlabel("training step (log; step 0 drawn at 1)")
+    axis.set_ylabel("share of the rise from the first checkpoint")
+    axis.set_title("when each pattern emerges (strength = max over layers of the layer mean)")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    return figure
+
+
+def syntax_by_step(series: pd.DataFrame, best: pd.DataFrame, relations: list[str]):
+    """Best syntactic-head accuracy against step: the mean over relations with its bootstrap band, and the given relations' best heads."""
+    figure, axis = plt.subplots(figsize=(7.5, 4.0))
+    x = series.step.clip(lower=1)
+    axis.fill_between(x, series.ci_low, series.ci_high, color="black", alpha=0.15)
+    axis.plot(x, series.value, "o-", color="black", linewidth=2, label="mean over relations (95% bootstrap band)")
+    for metric in relations:
+        rows = best[best.metric == metric].sort_values("step")
+        axis.plot(rows.step.clip(lower=1), rows.value, ".-", alpha=0.7, label=metric.removeprefix("syntax:"))
+    axis.set_xscale("log")
+    axis.set_ylim(0, 1)
+    axis.set_xlabel("training step (log; step 0 drawn at 1)")
+    axis.set_ylabel("accuracy of the best head")
+    axis.set_title("best syntactic head per relation over training")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    return figure
+
+
+def peak_layers_by_metric(layer_means: dict, peaks: dict):
+    """The final model's layer means of attention to [CLS], [SEP] and punctuation, peaks marked with their bootstrap interval."""
+    figure, axis = plt.subplots(figsize=(6.5, 3.8))
+    for k, (metric, values) in enumerate(layer_means.items()):
+        color = f"C{k}"
+        axis.plot(range(len(values)), values, "o-", color=color, label=METRIC_TITLES[metric])
+        peak = peaks[metric]
+        axis.errorbar([peak["layer"]], [peak["value"]], xerr=[[peak["layer"] - peak["ci_low"]], [peak["ci_high"] - peak["layer"]]],
+                      fmt="*", markersize=14, color=color, capsize=4)
+    axis.set_xlabel("layer (0-based)")
+    axis.set_ylabel("mean attention (layer mean over heads)")
+    axis.set_title("where each pattern peaks (star: peak, bar: 95% bootstrap interval)")
+    axis.set_xticks(range(len(next(iter(layer_means.values())))))
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,162 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bertology import dynamics
+from bertology.corpora import Example
+from bertology.dynamics import (
+    TRACK_COLUMNS,
+    checkpoint_step,
+    crossing_steps,
+    depth_verdict,
+    emergence_verdict,
+    find_checkpoints,
+    hypothesis_verdict,
+    ordered_checkpoints,
+    track,
+)
+from bertology.errors import BertologyError
+from bertology.pretraining import pretrain
+from conftest import TEXTS
+from test_pretraining import SMALL, write_books
+
+
+def test_checkpoint_steps_come_from_marker_files_or_names(tmp_path):
+    assert checkpoint_step("google/multiberts-seed_0-step_20k") == 20000
+    assert checkpoint_step("google/multiberts-seed_3-step_2000k") == 2_000_000
+    assert checkpoint_step("runs/x/checkpoints/step-000150/") == 150
+    assert checkpoint_step("bert-base-uncased") is None
+    folder = tmp_path / "final"
+    folder.mkdir()
+    (folder / "pretraining_step.json").write_text(json.dumps({"step": 777}))
+    assert checkpoint_step(str(folder)) == 777
+
+
+def test_checkpoints_are_ordered_by_step_and_must_tell_it(tmp_path):
+    assert ordered_checkpoints(["a/step-100", "a/step-20", "a/step_3k"]) == [(20, "a/step-20"), (100, "a/step-100"), (3000, "a/step_3k")]
+    assert ordered_checkpoints(["bert-base-uncased"]) == [(0, "bert-base-uncased")]
+    with pytest.raises(BertologyError, match="bert-base-uncased: cannot tell its training step"):
+        ordered_checkpoints(["a/step-100", "bert-base-uncased"])
+    with pytest.raises(BertologyError, match="same training step"):
+        ordered_checkpoints(["a/step-100", "b/step_100"])
+    with pytest.raises(BertologyError, match="no model folders"):
+        find_checkpoints(tmp_path)
+
+
+def replicates(data: np.ndarray, noise: float, count: int = 400, seed: int = 0) -> np.ndarray:
+    """Row 0 = ``data``; rows 1.. = ``data`` plus Gaussian noise (stand-ins for bootstrap replicates)."""
+    rng = np.random.default_rng(seed)
+    return np.concatenate([data[None], data[None] + rng.normal(0, noise, (count, *data.shape))])
+
+
+# layer means [layer, metric] for metrics (cls, sep, punct): the hypothesis' order, its reverse
+ORDERED = np.array([[0.50, 0.10, 0.05], [0.30, 0.20, 0.10], [0.10, 0.60, 0.20], [0.05, 0.30, 0.40]])
+
+
+def test_depth_claim_is_supported_when_the_peaks_are_ordered_and_stable():
+    verdict = depth_verdict(replicates(ORDERED, 0.01), step=100, checkpoint="final")
+    assert {m: p["layer"] for m, p in verdict["peaks"].items()} == {"cls": 0, "sep": 2, "punct": 3}
+    assert verdict["order_holds"] and verdict["probability"] == 1.0 and verdict["verdict"] == "supported"
+    assert verdict["peaks"]["sep"]["value"] == pytest.approx(0.60)
+    assert "layer 2" in verdict["statement"] and "supported" in verdict["statement"]
+
+
+def test_depth_claim_is_contradicted_by_reversed_peaks_and_inconclusive_when_noisy():
+    reversed_means = ORDERED[::-1].copy()
+    assert depth_verdict(replicates(reversed_means, 0.01))["verdict"] == "contradicted"
+    # [SEP] has two almost equal layers (1 and 2) around [CLS]'s peak at 1: the order holds in about half of the replicates
+    close = np.array([[0.1, 0.1, 0.0], [0.5, 0.30, 0.1], [0.1, 0.31, 0.2], [0.0, 0.0, 0.5]])
+    verdict = depth_verdict(replicates(close, 0.02))
+    assert verdict["order_holds"] and 0.2 < verdict["probability"] < 0.8
+    assert verdict["verdict"] == "inconclusive"
+
+
+def test_crossing_step_is_interpolated_in_log_steps_by_hand():
+    steps = np.array([0, 10, 100, 1000])
+    strength = np.array([[0.0, 1.0, 0.3], [0.2, 1.0, 0.3], [0.6, 1.0, 0.1], [1.0, 1.0, 0.2]])  # [checkpoint, series]
+    crossed = crossing_steps(steps, strength)
+    # series 0: half of the rise (0.5) lies between 0.2 at step 10 and 0.6 at step 100
+    x = np.log1p(10) + (0.5 - 0.2) / (0.6 - 0.2) * (np.log1p(100) - np.log1p(10))
+    assert crossed[0] == pytest.approx(np.expm1(x))
+    assert np.isnan(crossed[1]) and np.isnan(crossed[2])  # flat; falls
+
+
+def series(starts: list[int], steps: list[int]) -> np.ndarray:
+    """Strength [checkpoint, metric]: metric k jumps from 0.1 to 0.5 at checkpoint ``starts[k]``."""
+    values = np.full((len(steps), len(starts)), 0.1)
+    for k, start in enumerate(starts):
+        values[start:, k] = 0.5
+    return values
+
+
+def test_emergence_claim_orders_the_half_way_crossings():
+    steps = [0, 10, 100, 1000, 10000]
+    strength = np.stack([replicates(row, 0.005, seed=k) for k, row in enumerate(series([1, 2, 4], steps))])  # [checkpoint, 1 + B, metric]
+    verdict, table = emergence_verdict(steps, strength, ("cls", "sep", "punct"))
+    assert verdict["verdict"] == "supported" and verdict["probability"] > 0.95
+    assert table.emerges.all()
+    assert table.bracket_low.tolist() == [0, 10, 1000] and table.bracket_high.tolist() == [10, 100, 10000]
+    late_cls = np.stack([replicates(row, 0.005, seed=k) for k, row in enumerate(series([4, 2, 1], steps))])
+    assert emergence_verdict(steps, late_cls, ("cls", "sep", "punct"))[0]["verdict"] == "contradicted"
+
+
+def test_one_checkpoint_gives_only_the_depth_claim():
+    verdict, table = hypothesis_verdict([0], ["default"], replicates(ORDERED, 0.01)[None])
+    assert verdict["depth"]["verdict"] == "supported"
+    assert verdict["training"]["verdict"] == "not applicable" and table is None
+
+
+@pytest.fixture(scope="module")
+def series_run(tmp_path_factory):
+    """A tiny pre-training run with checkpoints at steps 0, 10, 14 and 20."""
+    folder = tmp_path_factory.mktemp("pretrained")
+    pretrain(write_books(folder / "books"), folder / "run", steps=20, **SMALL)
+    return folder / "run"
+
+
+def test_track_over_two_checkpoints_gives_both_steps(series_run, tmp_path, monkeypatch):
+    checkpoints = find_checkpoints(series_run)
+    assert [checkpoint_step(c) for c in checkpoints] == [0, 10, 14, 20]
+    examples = [Example(text) for text in TEXTS]
+    result = track([checkpoints[-1], checkpoints[0]], examples, parser="spacy", out=tmp_path / "track", bootstrap=50, min_dependents=2,
+                   device="cpu", progress=False)
+    table = pd.read_csv(tmp_path / "track" / "track.csv")
+    assert list(table.columns) == TRACK_COLUMNS
+    assert sorted(table.step.unique()) == [0, 20]
+    metrics = set(table.metric)
+    assert {"cls", "sep", "punct", "entropy", "role:local", "role:delimiter", "syntax:all"} <= metrics
+    per_step = table[table.metric == "cls"].groupby("step").size()
+    assert per_step.tolist() == [4, 4]  # 2 layers x 2 heads at each step
+    layers = pd.read_csv(tmp_path / "track" / "track_layers.csv")
+    assert sorted(layers.step.unique()) == [0, 20] and set(layers.layer) == {0, 1}
+    verdict = json.loads((tmp_path / "track" / "verdict.json").read_text())
+    assert verdict["depth"]["step"] == 20 and verdict["training"]["steps"] == [0, 20]
+    assert set(verdict["training"]["patterns"]) == {"cls", "sep", "punct", "syntax"}
+    assert result.syntax_series().step.tolist() == [0, 20]
+    for figure in ("peak_layers", "layer_by_step", "emergence", "syntax_by_step"):
+        assert (tmp_path / "track" / f"{figure}.png").stat().st_size > 0
+    assert "learning-curve hypothesis" in (tmp_path / "track" / "report.html").read_text()
+
+    # a rerun reuses every checkpoint's saved part instead of running the model again
+    monkeypatch.setattr(dynamics, "_analyze_checkpoint", lambda *a, **k: pytest.fail("a saved checkpoint was recomputed"))
+    again = track([checkpoints[0], checkpoints[-1]], examples, parser="spacy", out=tmp_path / "track", bootstrap=50, min_dependents=2,
+                  device="cpu", progress=False)
+    pd.testing.assert_frame_equal(again.table, result.table)
+    assert again.verdict == result.verdict
+
+
+def test_track_layer_values_equal_a_plain_analysis(series_run):
+    from bertology.api import analyze
+
+    checkpoint = find_checkpoints(series_run)[1]
+    examples = [Example(text) for text in TEXTS]
+    result = track([checkpoint], examples, bootstrap=20, device="cpu", progress=False)
+    plain = analyze(checkpoint, examples, analyses=["profile"], view=False, progress=False, device="cpu")
+    merged = result.layers.merge(plain.layers, on=["layer", "metric"], suffixes=("", "_plain"))
+    np.testing.assert_allclose(merged.value, merged.value_plain, rtol=1e-6)
+    peak = result.verdict["depth"]["layer_means"]
+    for metric in ("cls", "sep", "punct"):
+        expected = plain.layers[plain.layers.metric == metric].sort_values("layer").value.to_numpy()
+        np.testing.assert_allclose(peak[metric], expected, atol=1e-4)

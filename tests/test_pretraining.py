@@ -1,0 +1,128 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertology.dynamics import checkpoint_step
+from bertology.errors import CorpusError
+from bertology.models import load_model
+from bertology.pretraining import checkpoint_steps, make_instances, pretrain, split_documents, unigram_cross_entropy
+
+SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the rabbit"]
+VERBS = ["sat on", "looked at", "ran to", "thought about", "walked past"]
+OBJECTS = ["the mat", "the house", "a tree", "the river", "her book"]
+
+
+def write_books(folder, books: int = 2, paragraphs: int = 30, seed: int = 0):
+    """Plain-text 'books' of generated sentences, wrapped like Gutenberg text (CRLF, blank lines between paragraphs)."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for book in range(books):
+        lines = []
+        for _ in range(paragraphs):
+            sentences = [f"{rng.choice(SUBJECTS).capitalize()} {rng.choice(VERBS)} {rng.choice(OBJECTS)}{rng.choice(['.', '!', ', and it rained.'])}"
+                         for _ in range(rng.integers(2, 6))]
+            text = " ".join(sentences)
+            lines += [text[i : i + 60] for i in range(0, len(text), 60)] + [""]
+        (folder / f"book{book}.txt").write_bytes("\r\n".join(lines).encode())
+    return folder
+
+
+SMALL = dict(vocab_size=120, layers=2, heads=2, hidden=32, max_length=32, batch_size=8, learning_rate=3e-3, checkpoints=4, device="cpu", progress=False)
+
+
+def test_pretrain_writes_a_checkpoint_series_every_command_can_load(tmp_path):
+    books = write_books(tmp_path / "books")
+    summary = pretrain(books, tmp_path / "run", steps=20, **SMALL)
+    folders = sorted((tmp_path / "run" / "checkpoints").iterdir())
+    assert [f.name for f in folders] == ["step-000000", "step-000010", "step-000014", "step-000020"]
+    for folder in folders:
+        loaded = load_model(folder, device="cpu")
+        assert (loaded.num_layers, loaded.num_heads) == (2, 2)
+        assert loaded.tokenizer.convert_ids_to_tokens(loaded.cls_token_id) == "[CLS]"
+        assert checkpoint_step(str(folder)) == int(folder.name.split("-")[1])
+    losses = pd.read_csv(tmp_path / "run" / "loss.csv")
+    assert losses.step.tolist() == list(range(1, 21))
+    evaluations = pd.read_csv(tmp_path / "run" / "checkpoints.csv")
+    assert evaluations.step.tolist() == [0, 10, 14, 20]
+    # at step 0 the loss is near ln(vocabulary); twenty steps on this repetitive text bring it clearly below
+    assert evaluations.val_mlm_loss.iloc[0] == pytest.approx(np.log(summary["model"]["vocab_size"]), abs=0.5)
+    assert evaluations.val_mlm_loss.iloc[-1] < evaluations.val_mlm_loss.iloc[0] - 0.3
+    saved = json.loads((tmp_path / "run" / "pretraining.json").read_text())
+    assert saved["val_mlm_loss"] == pytest.approx(evaluations.val_mlm_loss.iloc[-1])
+    assert (tmp_path / "run" / "loss_curve.png").stat().st_size > 0
+    assert "Pre-training" in (tmp_path / "run" / "report.html").read_text()
+    assert not (tmp_path / "run" / "state").exists()
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path):
+    books = write_books(tmp_path / "books")
+    pretrain(books, tmp_path / "whole", steps=12, save_every=5, **SMALL)
+    interrupted = pretrain(books, tmp_path / "resumed", steps=12, save_every=5, max_steps=7, **SMALL)
+    assert interrupted == {"interrupted_at_step": 7, "steps": 12}
+    resumed = pretrain(books, tmp_path / "resumed", steps=12, save_every=5, **SMALL)
+    assert resumed["resumed_from_step"] == 7
+    whole = load_file(tmp_path / "whole" / "checkpoints" / "step-000012" / "model.safetensors")
+    again = load_file(tmp_path / "resumed" / "checkpoints" / "step-000012" / "model.safetensors")
+    for name, tensor in whole.items():
+        torch.testing.assert_close(again[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_instances_pair_a_segment_with_its_continuation_or_another_document():
+    cls, sep = 2, 3
+    # document d's sentence s is [100 d + 10 s + k for k < 3]: each piece says where it came from
+    documents = [[[100 * d + 10 * s + k for k in range(3)] for s in range(8)] for d in range(3)]
+    instances = make_instances(documents, max_length=16, rng=np.random.default_rng(0), cls_id=cls, sep_id=sep)
+    labels = [row["next_sentence_label"] for row in instances]
+    assert 0 < sum(labels) < len(labels)
+    for row in instances:
+        ids = row["input_ids"]
+        assert len(ids) <= 16 and ids[0] == cls and ids[-1] == sep
+        first_sep = ids.index(sep)
+        a, b = ids[1:first_sep], ids[first_sep + 1 : -1]
+        assert row["token_type_ids"] == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+        assert row["special_tokens_mask"] == [1] + [0] * len(a) + [1] + [0] * len(b) + [1]
+        same_document = a[0] // 100 == b[0] // 100
+        if row["next_sentence_label"] == 0:
+            assert same_document and b[0] == (a[-1] // 10 + 1) * 10  # B starts with the sentence after A's last one
+        else:
+            assert not same_document
+    # every sentence of every document ends up in some instance
+    used = {piece // 10 for row in instances for piece in row["input_ids"] if piece not in (cls, sep)}
+    assert used == {10 * d + s for d in range(3) for s in range(8)}
+
+
+def test_checkpoint_steps_are_log_spaced_from_zero():
+    steps = checkpoint_steps(1500, 12)
+    assert steps[0] == 0 and steps[1] == 10 and steps[-1] == 1500 and len(steps) == 12
+    ratios = np.diff(np.log(steps[1:]))
+    assert np.allclose(ratios, np.log(1500 / 10) / 10, atol=0.1)  # rounding to whole steps moves the early ones a little
+    assert checkpoint_steps(5, 4) == [0, 5]
+
+
+def test_unigram_cross_entropy_by_hand():
+    train = [[[5, 5, 6], [7]]]  # counts: 5 -> 2, 6 -> 1, 7 -> 1; vocabulary of 8, add-one smoothing
+    labels = torch.full((1, 4), -100)
+    labels[0, 1], labels[0, 2] = 5, 0
+    expected = -(np.log(3 / 12) + np.log(1 / 12)) / 2
+    assert unigram_cross_entropy(train, [{"labels": labels}], vocab_size=8) == pytest.approx(expected)
+
+
+def test_validation_is_the_tail_of_each_document():
+    train, validation = split_documents([list("abcdefghij"), list("klmnopqrst")], 0.2)
+    assert train == [list("abcdefgh"), list("klmnopqr")] and validation == [list("ij"), list("st")]
+
+
+def test_bad_corpora_name_the_file(tmp_path):
+    with pytest.raises(CorpusError, match="no such file or folder"):
+        pretrain(tmp_path / "missing.txt", tmp_path / "run", **SMALL)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CorpusError, match="no .txt files"):
+        pretrain(tmp_path / "empty", tmp_path / "run", **SMALL)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine line\n\xff broken\n")
+    with pytest.raises(CorpusError, match=r"bad.txt:2: invalid UTF-8"):
+        pretrain(bad, tmp_path / "run", **SMALL)
