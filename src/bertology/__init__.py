@@ -7,10 +7,12 @@
 
 from bertology.api import Analysis, analyze
 from bertology.corpora import Corpus, Example
+from bertology.dynamics import Track, track
 from bertology.engine import Batch, Engine
 from bertology.errors import BertologyError, CorpusError, ModelError
 from bertology.hooks import Hooks
 from bertology.models import LoadedModel, load_model
+from bertology.pretraining import pretrain
 from bertology.viewer import AttentionView, attention_view
 
 __version__ = "0.1.0"
@@ -27,7 +29,10 @@ __all__ = [
     "Hooks",
     "LoadedModel",
     "ModelError",
+    "Track",
     "analyze",
     "attention_view",
     "load_model",
+    "pretrain",
+    "track",
 ]

@@ -330,10 +330,11 @@ def track(
     """Profile, roles and syntactic heads over training checkpoints, and the verdict on the learning-curve hypothesis."""
     from bertology.dynamics import find_checkpoints
     from bertology.dynamics import track as run_track
+    from bertology.models import DEFAULT_MODEL
 
     if bool(checkpoint) == (checkpoints is not None):
         raise BertologyError("give checkpoints as arguments or --checkpoints DIR (one of the two)")
-    series = find_checkpoints(checkpoints) if checkpoints is not None else list(checkpoint)
+    series = find_checkpoints(checkpoints) if checkpoints is not None else [DEFAULT_MODEL if c == "default" else c for c in checkpoint]
     label = checkpoints.name if checkpoints is not None else Path(series[-1]).name
     out = out or _default_out("track", label, corpus)
     result = run_track(series, corpus, format=format, parser=parser, out=out, batch_size=batch_size, max_length=max_length, limit=limit,

@@ -216,7 +216,8 @@ def emergence_verdict(steps: list[int], strength: np.ndarray, metrics: tuple[str
 
 def hypothesis_verdict(steps: list[int], checkpoints: list[str], means: np.ndarray, syntax: np.ndarray | None = None) -> tuple[dict, pd.DataFrame | None]:
     """Both claims from ``means [checkpoint, 1 + B, layer, metric]`` and optionally ``syntax [checkpoint, 1 + B]``."""
-    verdict = {"depth": depth_verdict(means[-1], step=steps[-1], checkpoint=checkpoints[-1])}
+    final_step = steps[-1] if len(steps) > 1 else checkpoint_step(checkpoints[-1])  # one checkpoint: its step may be unknown
+    verdict = {"depth": depth_verdict(means[-1], step=final_step, checkpoint=checkpoints[-1])}
     if len(steps) < 2:
         verdict["training"] = {"verdict": "not applicable", "statement": "One checkpoint: there is no training series to order (depth only)."}
         return verdict, None
@@ -300,8 +301,11 @@ class Track:
             folder.write_table("emergence", self.emergence)
         folder.write_json("verdict.json", self.verdict)
         report = folder.write_text("report.html", track_report(folder, self))
+        from bertology.api import package_versions
+
         folder.write_json("manifest.json", {
             "status": "complete", "command": command if command is not None else sys.argv, "corpus": self.corpus, "settings": self.settings,
+            "versions": package_versions(),
             "checkpoints": [{"step": r.step, "checkpoint": r.checkpoint} for r in self.results], "started": self.started,
             "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "warnings": self.warnings,
         })
@@ -359,6 +363,7 @@ def _analyze_checkpoint(step: int, checkpoint: str, examples: list, with_trees: 
         best = relations.best(min_dependents=settings["min_dependents"])
         frames.append(best.rename(columns={"accuracy": "value"}).assign(metric=lambda t: "syntax:" + t.relation))
         syntax = relations.best_accuracy_replicates(settings["min_dependents"])
+        syntax = syntax if np.isfinite(syntax[0]) else None  # no relation has enough dependents
     rows = pd.concat([frame.assign(step=step, checkpoint=checkpoint)[TRACK_COLUMNS] for frame in frames], ignore_index=True)
     layers = profile.layers().assign(step=step, checkpoint=checkpoint)[["step", "checkpoint", "layer", "metric", "value", "ci_low", "ci_high"]]
     return CheckpointResult(step, checkpoint, rows, layers, peaks.replicate_means(), syntax)
@@ -385,7 +390,7 @@ def track(
 ) -> Track:
     """Profile, roles and (with trees) syntactic heads of every checkpoint on one corpus, and the verdict.
 
-    ``checkpoints``: model folders or hub names (``"all-MiniLM-L6-v2"``: the bundled default),
+    ``checkpoints``: model folders or hub names (``"default"`` or ``"all-MiniLM-L6-v2"``: the bundled model),
     ordered by the step in their name or ``pretraining_step.json``. ``corpus`` as in
     :func:`bertology.analyze` (trees from CoNLL-U or ``parser="spacy"`` add syntax). With ``out``,
     each checkpoint's results are saved under ``out/parts`` as soon as they exist (a rerun skips

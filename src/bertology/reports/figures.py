@@ -19,6 +19,7 @@ METRIC_TITLES = {
     "entropy": "entropy (nats)",
     "cls_entropy": "entropy of the [CLS] row (nats)",
     "distance": "mean attention distance (tokens)",
+    "syntax": "best syntactic head (mean over relations)",
 }
 
 
@@ -344,8 +345,8 @@ def pruning_curve(pruning: pd.DataFrame, metric: str, unpruned: float):
 def pretraining_curve(losses: pd.DataFrame, checkpoints: pd.DataFrame, unigram: float, window: int = 20):
     """Masked-LM loss against step (log axis): training (moving mean), validation at each checkpoint, and the unigram baseline."""
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-    smooth = losses.set_index("step")[["mlm_loss", "nsp_loss"]].rolling(window, min_periods=1).mean()
-    left.plot(smooth.index, smooth.mlm_loss, color="tab:blue", label=f"training (mean of {window} steps)")
+    smooth = losses.set_index("step")[["mlm_loss", "nsp_loss"]].rolling(window, min_periods=1, center=True).mean()
+    left.plot(smooth.index, smooth.mlm_loss, color="tab:blue", label=f"training (centred mean of {window} steps)")
     left.plot(checkpoints.step.clip(lower=1), checkpoints.val_mlm_loss, "o-", color="tab:red", label="validation, at each checkpoint (step 0 drawn at 1)")
     left.axhline(unigram, color="black", linestyle="--", label=f"unigram cross-entropy {unigram:.2f}")
     left.set_xscale("log")
@@ -388,23 +389,27 @@ def layer_by_step_heatmaps(layers: pd.DataFrame, metrics=("cls", "sep", "punct")
 
 
 def emergence_curves(strength: pd.DataFrame, emergence: pd.DataFrame):
-    """Each pattern's strength rescaled to its rise (0 = first checkpoint, 1 = final) against step, with the half-way crossings."""
-    figure, axis = plt.subplots(figsize=(7.5, 4.0))
+    """Left: each pattern's strength against step. Right: the patterns that rise, as a share of their rise, with the half-way crossings."""
+    figure, (raw, scaled) = plt.subplots(1, 2, figsize=(12, 4.0))
     for k, (metric, rows) in enumerate(strength.groupby("metric", sort=False)):
+        color, label = f"C{k}", METRIC_TITLES.get(metric, metric)
+        x = rows.step.clip(lower=1)
+        raw.plot(x, rows.value, "o-", color=color, label=label)
         first, final = rows.value.iloc[0], rows.value.iloc[-1]
-        scaled = (rows.value - first) / (final - first) if final != first else rows.value * np.nan
-        color = f"C{k}"
-        axis.plot(rows.step.clip(lower=1), scaled, "o-", color=color, label=f"{METRIC_TITLES.get(metric, metric)} ({first:.3f} -> {final:.3f})")
         crossing = emergence[emergence.metric == metric].half_step.iloc[0]
-        if np.isfinite(crossing):
-            axis.axvline(max(crossing, 1), color=color, linestyle=":", alpha=0.8)
-    axis.axhline(0.5, color="black", linestyle="--", linewidth=0.8, label="half of the rise")
-    axis.set_xscale("log")
-    axis.set_xlabel("training step (log; step 0 drawn at 1)")
-    axis.set_ylabel("share of the rise from the first checkpoint")
-    axis.set_title("when each pattern emerges (strength = max over layers of the layer mean)")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=7)
+        if final > first:
+            scaled.plot(x, (rows.value - first) / (final - first), "o-", color=color, label=f"{label} ({first:.3f} -> {final:.3f})")
+            scaled.axvline(max(crossing, 1), color=color, linestyle=":", alpha=0.8)
+    scaled.axhline(0.5, color="black", linestyle="--", linewidth=0.8, label="half of the rise")
+    raw.set_ylabel("strength (max over layers of the layer mean)")
+    raw.set_title("each pattern's strength")
+    scaled.set_ylabel("share of the rise from the first checkpoint")
+    scaled.set_title("patterns that rise; dotted: where each crosses half")
+    for axis in (raw, scaled):
+        axis.set_xscale("log")
+        axis.set_xlabel("training step (log; step 0 drawn at 1)")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
     figure.tight_layout()
     return figure
 
