@@ -36,7 +36,7 @@ def test_checkpoint_steps_come_from_marker_files_or_names(tmp_path):
 
 def test_checkpoints_are_ordered_by_step_and_must_tell_it(tmp_path):
     assert ordered_checkpoints(["a/step-100", "a/step-20", "a/step_3k"]) == [(20, "a/step-20"), (100, "a/step-100"), (3000, "a/step_3k")]
-    assert ordered_checkpoints(["bert-base-uncased"]) == [(0, "bert-base-uncased")]
+    assert ordered_checkpoints(["bert-base-uncased"]) == [(None, "bert-base-uncased")]
     with pytest.raises(BertologyError, match="bert-base-uncased: cannot tell its training step"):
         ordered_checkpoints(["a/step-100", "bert-base-uncased"])
     with pytest.raises(BertologyError, match="same training step"):
@@ -103,7 +103,8 @@ def test_emergence_claim_orders_the_half_way_crossings():
 
 
 def test_one_checkpoint_gives_only_the_depth_claim():
-    verdict, table = hypothesis_verdict([0], ["default"], replicates(ORDERED, 0.01)[None])
+    verdict, table = hypothesis_verdict([None], ["default"], replicates(ORDERED, 0.01)[None])
+    assert verdict["depth"]["step"] is None
     assert verdict["depth"]["verdict"] == "supported"
     assert verdict["training"]["verdict"] == "not applicable" and table is None
 
@@ -160,3 +161,19 @@ def test_track_layer_values_equal_a_plain_analysis(series_run):
     for metric in ("cls", "sep", "punct"):
         expected = plain.layers[plain.layers.metric == metric].sort_values("layer").value.to_numpy()
         np.testing.assert_allclose(peak[metric], expected, atol=1e-4)
+
+
+def test_one_checkpoint_of_unknown_step_with_trees(series_run, tmp_path):
+    import shutil
+
+    final = tmp_path / "final-model"
+    shutil.copytree(find_checkpoints(series_run)[-1], final)
+    (final / "pretraining_step.json").unlink()
+    result = track([str(final)], [Example(text) for text in TEXTS], parser="spacy", out=tmp_path / "one", bootstrap=20, min_dependents=2,
+                   device="cpu", progress=False)
+    assert result.steps == [None] and result.verdict["depth"]["step"] is None
+    assert result.verdict["training"]["verdict"] == "not applicable"
+    table = pd.read_csv(tmp_path / "one" / "track.csv")
+    assert table.step.isna().all() and "syntax:all" in set(table.metric)
+    assert (tmp_path / "one" / "peak_layers.png").is_file() and not (tmp_path / "one" / "emergence.png").exists()
+    assert "step unknown" in (tmp_path / "one" / "report.html").read_text()

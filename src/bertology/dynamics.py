@@ -81,13 +81,13 @@ def find_checkpoints(directory: str | Path) -> list[str]:
     raise BertologyError(f"{directory}: no model folders (sub-folders with config.json) in it or in its checkpoints/ folder")
 
 
-def ordered_checkpoints(checkpoints: list[str]) -> list[tuple[int, str]]:
-    """``(step, checkpoint)`` pairs in training order; every checkpoint must tell its step unless there is only one."""
+def ordered_checkpoints(checkpoints: list[str]) -> list[tuple[int | None, str]]:
+    """``(step, checkpoint)`` pairs in training order; every checkpoint must tell its step unless there is only one (step None)."""
     if not checkpoints:
         raise BertologyError("no checkpoints given: pass model folders or hub names, or --checkpoints DIR")
     steps = [checkpoint_step(c) for c in checkpoints]
     if len(checkpoints) == 1:
-        return [(steps[0] or 0, checkpoints[0])]
+        return [(steps[0], checkpoints[0])]
     unknown = [c for c, s in zip(checkpoints, steps) if s is None]
     if unknown:
         raise BertologyError(f"{unknown[0]}: cannot tell its training step (name it like step-1500 or step_20k)")
@@ -216,8 +216,7 @@ def emergence_verdict(steps: list[int], strength: np.ndarray, metrics: tuple[str
 
 def hypothesis_verdict(steps: list[int], checkpoints: list[str], means: np.ndarray, syntax: np.ndarray | None = None) -> tuple[dict, pd.DataFrame | None]:
     """Both claims from ``means [checkpoint, 1 + B, layer, metric]`` and optionally ``syntax [checkpoint, 1 + B]``."""
-    final_step = steps[-1] if len(steps) > 1 else checkpoint_step(checkpoints[-1])  # one checkpoint: its step may be unknown
-    verdict = {"depth": depth_verdict(means[-1], step=final_step, checkpoint=checkpoints[-1])}
+    verdict = {"depth": depth_verdict(means[-1], step=steps[-1], checkpoint=checkpoints[-1])}
     if len(steps) < 2:
         verdict["training"] = {"verdict": "not applicable", "statement": "One checkpoint: there is no training series to order (depth only)."}
         return verdict, None
@@ -234,7 +233,7 @@ def hypothesis_verdict(steps: list[int], checkpoints: list[str], means: np.ndarr
 class CheckpointResult:
     """What :func:`track` keeps of one checkpoint (each is saved as soon as it is computed)."""
 
-    step: int
+    step: int | None  # None: a single checkpoint whose step is unknown (an empty cell in the tables)
     checkpoint: str
     rows: pd.DataFrame  # TRACK_COLUMNS
     layers: pd.DataFrame  # step, checkpoint, layer, metric, value, ci_low, ci_high
@@ -261,7 +260,7 @@ class Track:
     warnings: list[str] = field(default_factory=list)
 
     @property
-    def steps(self) -> list[int]:
+    def steps(self) -> list[int | None]:
         return [r.step for r in self.results]
 
     @property
@@ -344,7 +343,7 @@ def _save_part(parts: Path, name: str, key: str, result: CheckpointResult) -> No
     atomic_write(parts / f"{name}.npz", write)
 
 
-def _analyze_checkpoint(step: int, checkpoint: str, examples: list, with_trees: bool, settings: dict, progress: bool) -> CheckpointResult:
+def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_trees: bool, settings: dict, progress: bool) -> CheckpointResult:
     loaded = load_model(None if checkpoint in ("default", DEFAULT_MODEL) else checkpoint, device=settings["device"], trust_remote_code=settings["trust_remote_code"])
     torch.manual_seed(settings["seed"])
     engine = Engine(loaded, batch_size=settings["batch_size"], max_length=settings["max_length"], progress=progress)
@@ -352,7 +351,7 @@ def _analyze_checkpoint(step: int, checkpoint: str, examples: list, with_trees: 
     roles = HeadRoles(tau=settings["tau"])
     relations = RelationHeads(bootstrap=settings["bootstrap"], seed=settings["seed"]) if with_trees else None
     analyzers = [profile, peaks, roles] + ([relations] if relations is not None else [])
-    stats = engine.run(examples, analyzers, total=len(examples), desc=f"step {step}")
+    stats = engine.run(examples, analyzers, total=len(examples), desc=Path(checkpoint).name)
     if stats.sequences == 0:
         raise BertologyError(f"{checkpoint}: every sequence was longer than {engine.max_length} pieces and skipped")
     heads = profile.result()

@@ -64,18 +64,18 @@ def track_report(folder: RunFolder, track) -> str:
         heatmaps = folder.write_figure("layer_by_step", figures.layer_by_step_heatmaps(track.layers))
         section.figures.append(Figure(heatmaps, "Attention to [CLS], [SEP] and punctuation per layer (rows) at each checkpoint (columns)."))
         curves = folder.write_figure("emergence", figures.emergence_curves(track.strength(), track.emergence))
-        section.figures.append(Figure(curves, "Each pattern's strength as a share of its rise; dotted lines: the step where it crosses half."))
+        section.figures.append(Figure(curves, "Left: each pattern's strength (max over layers of the layer mean). Right: the patterns that rise, as a share of their rise; dotted: where each crosses half."))
         section.tables.append(("When each pattern emerges (emergence.csv)", track.emergence))
-    series = track.syntax_series()
-    if series is not None:
-        best = track.table[track.table.metric.str.startswith("syntax:")]
-        largest = [m for m in dict.fromkeys(best.metric) if m != "syntax:all"][:6]  # rows come by number of dependents, most first
-        section.figures.append(Figure(folder.write_figure("syntax_by_step", figures.syntax_by_step(series, best, largest)),
-                                      "Best syntactic head's accuracy: the mean over relations with at least --min-dependents dependents, and single relations."))
+        series = track.syntax_series()
+        if series is not None:
+            best = track.table[track.table.metric.str.startswith("syntax:")]
+            largest = [m for m in dict.fromkeys(best.metric) if m != "syntax:all"][:6]  # rows come by number of dependents, most first
+            section.figures.append(Figure(folder.write_figure("syntax_by_step", figures.syntax_by_step(series, best, largest)),
+                                          "Best syntactic head's accuracy: the mean over relations with at least --min-dependents dependents, and single relations."))
     report = Report(
         title="bertology: head roles over training",
         summary={
-            "checkpoints": ", ".join(f"{r.step}" for r in track.results),
+            "checkpoints": ", ".join("step unknown" if r.step is None else str(r.step) for r in track.results),
             "final checkpoint": track.results[-1].checkpoint,
             "corpus": f"{track.corpus['name']} ({track.corpus['examples']} examples)",
             "bootstrap replicates": track.settings["bootstrap"],

@@ -349,16 +349,13 @@ def pretraining_curve(losses: pd.DataFrame, checkpoints: pd.DataFrame, unigram: 
     left.plot(smooth.index, smooth.mlm_loss, color="tab:blue", label=f"training (centred mean of {window} steps)")
     left.plot(checkpoints.step.clip(lower=1), checkpoints.val_mlm_loss, "o-", color="tab:red", label="validation, at each checkpoint (step 0 drawn at 1)")
     left.axhline(unigram, color="black", linestyle="--", label=f"unigram cross-entropy {unigram:.2f}")
-    left.set_xscale("log")
-    left.set_xlabel("step")
     left.set_ylabel("masked-LM loss (nats)")
     left.set_title("masked-language-model loss")
-    left.grid(alpha=0.3)
-    left.legend(fontsize=8)
+    _log_step_axis(left)
     right.plot(smooth.index, smooth.nsp_loss, color="tab:blue", label="training loss")
     right.axhline(np.log(2), color="black", linestyle="--", label="chance (ln 2)")
     right.set_xscale("log")
-    right.set_xlabel("step")
+    right.set_xlabel("training step (log; step 0 drawn at 1)")
     right.set_ylabel("next-sentence loss (nats)")
     accuracy = right.twinx()
     accuracy.plot(checkpoints.step.clip(lower=1), checkpoints.val_nsp_accuracy, "o-", color="tab:red", label="validation accuracy")
@@ -388,6 +385,14 @@ def layer_by_step_heatmaps(layers: pd.DataFrame, metrics=("cls", "sep", "punct")
     return figure
 
 
+def _log_step_axis(axis) -> None:
+    """A training-step x axis on a log scale (step 0 is drawn at 1), with grid and legend."""
+    axis.set_xscale("log")
+    axis.set_xlabel("training step (log; step 0 drawn at 1)")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7)
+
+
 def emergence_curves(strength: pd.DataFrame, emergence: pd.DataFrame):
     """Left: each pattern's strength against step. Right: the patterns that rise, as a share of their rise, with the half-way crossings."""
     figure, (raw, scaled) = plt.subplots(1, 2, figsize=(12, 4.0))
@@ -405,11 +410,8 @@ def emergence_curves(strength: pd.DataFrame, emergence: pd.DataFrame):
     raw.set_title("each pattern's strength")
     scaled.set_ylabel("share of the rise from the first checkpoint")
     scaled.set_title("patterns that rise; dotted: where each crosses half")
-    for axis in (raw, scaled):
-        axis.set_xscale("log")
-        axis.set_xlabel("training step (log; step 0 drawn at 1)")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=7)
+    _log_step_axis(raw)
+    _log_step_axis(scaled)
     figure.tight_layout()
     return figure
 
@@ -423,13 +425,10 @@ def syntax_by_step(series: pd.DataFrame, best: pd.DataFrame, relations: list[str
     for metric in relations:
         rows = best[best.metric == metric].sort_values("step")
         axis.plot(rows.step.clip(lower=1), rows.value, ".-", alpha=0.7, label=metric.removeprefix("syntax:"))
-    axis.set_xscale("log")
     axis.set_ylim(0, 1)
-    axis.set_xlabel("training step (log; step 0 drawn at 1)")
     axis.set_ylabel("accuracy of the best head")
     axis.set_title("best syntactic head per relation over training")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=7)
+    _log_step_axis(axis)
     figure.tight_layout()
     return figure
 
