@@ -83,6 +83,14 @@ def test_crossing_step_is_interpolated_in_log_steps_by_hand():
     assert np.isnan(crossed[1]) and np.isnan(crossed[2])  # flat; falls
 
 
+def test_a_crossing_exactly_at_a_checkpoint_is_bracketed_by_it_and_the_one_before():
+    steps = [0, 10, 100, 1000]
+    strength = np.array([0.0, 0.1, 0.5, 1.0])[:, None, None] * np.ones((1, 3, 3))  # crosses half at step 100 exactly
+    _, table = emergence_verdict(steps, strength, ("cls", "sep", "punct"))
+    assert table.half_step.tolist() == pytest.approx([100, 100, 100])
+    assert table.bracket_low.tolist() == [10, 10, 10] and table.bracket_high.tolist() == [100, 100, 100]
+
+
 def series(starts: list[int], steps: list[int]) -> np.ndarray:
     """Strength [checkpoint, metric]: metric k jumps from 0.1 to 0.5 at checkpoint ``starts[k]``."""
     values = np.full((len(steps), len(starts)), 0.1)

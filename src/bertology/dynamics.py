@@ -177,7 +177,8 @@ def emergence_verdict(steps: list[int], strength: np.ndarray, metrics: tuple[str
     for k, metric in enumerate(metrics):
         point = crossed[0, k]
         low, high = (np.nanpercentile(crossed[1:, k], [2.5, 97.5]) if np.isfinite(crossed[1:, k]).any() else (np.nan, np.nan))
-        after = int(np.searchsorted(steps_array, point)) if np.isfinite(point) else None
+        # the checkpoint at or after the crossing (rounded: exp(log(s)) may land a hair above a checkpoint's own step)
+        after = int(np.searchsorted(steps_array, round(float(point), 6))) if np.isfinite(point) else None
         rows.append({"metric": metric, "first": float(strength[0, 0, k]), "final": float(strength[-1, 0, k]), "emerges": bool(np.isfinite(point)),
                      "half_step": float(point), "ci_low": float(low), "ci_high": float(high),
                      "bracket_low": int(steps_array[after - 1]) if after else None, "bracket_high": int(steps_array[after]) if after else None})
