@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from bertology.dynamics import checkpoint_step
 from bertology.errors import CorpusError
 from bertology.models import load_model
-from bertology.pretraining import checkpoint_steps, make_instances, pretrain, split_documents, unigram_cross_entropy
+from bertology.pretraining import checkpoint_steps, documents_for_pairs, make_instances, pretrain, split_documents, unigram_cross_entropy
 
 SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the rabbit"]
 VERBS = ["sat on", "looked at", "ran to", "thought about", "walked past"]
@@ -93,6 +93,16 @@ def test_instances_pair_a_segment_with_its_continuation_or_another_document():
     # every sentence of every document ends up in some instance
     used = {piece // 10 for row in instances for piece in row["input_ids"] if piece not in (cls, sep)}
     assert used == {10 * d + s for d in range(3) for s in range(8)}
+
+
+def test_a_single_document_is_cut_into_parts_so_that_pairs_can_be_negative():
+    one = [[f"sentence {i}." for i in range(25)]]
+    parts = documents_for_pairs(one)
+    assert len(parts) == 10 and sum(parts, []) == one[0]
+    assert documents_for_pairs([["a."], ["b."]]) == [["a."], ["b."]]
+    ids = [[[100 * d + 10 * s + k for k in range(3)] for s in range(len(part))] for d, part in enumerate(parts)]
+    labels = {row["next_sentence_label"] for row in make_instances(ids, 16, np.random.default_rng(0), 2, 3)}
+    assert labels == {0, 1}
 
 
 def test_checkpoint_steps_are_log_spaced_from_zero():

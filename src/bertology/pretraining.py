@@ -112,6 +112,19 @@ def read_documents(files: list[Path]) -> list[list[str]]:
     return documents
 
 
+def documents_for_pairs(documents: list[list[str]], parts: int = 10) -> list[list[str]]:
+    """Documents to draw next-sentence negatives from: a single document is cut into ``parts`` consecutive parts.
+
+    A negative pair needs its second segment from another document; with one file there is none,
+    and every pair would be a true continuation.
+    """
+    if len(documents) != 1:
+        return documents
+    sentences = documents[0]
+    bounds = np.linspace(0, len(sentences), min(parts, len(sentences)) + 1).astype(int)
+    return [sentences[start:end] for start, end in zip(bounds, bounds[1:]) if end > start]
+
+
 def split_documents(documents: list[list[str]], validation_share: float) -> tuple[list[list[str]], list[list[str]]]:
     """Training and validation documents: the last ``validation_share`` of each document's sentences is held out."""
     train, validation = [], []
@@ -289,7 +302,7 @@ def pretrain(
     state = torch.load(state_folder / "state.pt", map_location="cpu", weights_only=False) if (state_folder / "state.pt").is_file() else None
     if state is not None and state["settings"] != asdict(settings):
         raise BertologyError(f"{state_folder}: the training state of a run with other settings is there; use another --out or delete it")
-    documents = read_documents(files)
+    documents = documents_for_pairs(read_documents(files))
     train_text, validation_text = split_documents(documents, validation_share)
     if state is not None:  # resume with the vocabulary the saved weights were trained with
         tokenizer = BertTokenizerFast.from_pretrained(state_folder)
