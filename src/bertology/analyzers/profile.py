@@ -28,6 +28,16 @@ PROFILE_METRICS = ("cls", "sep", "punct", "self", "prev", "next", "entropy", "cl
 ENTROPY_SMOOTHING = 1e-4  # Clark et al.: a <- (1 - eps) a + eps / n
 
 
+def attention_to(attention: torch.Tensor, mask: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
+    """Attention to a token set K, ``(1/n) sum_i sum_{j in K} a[i, j]`` (Clark et al. 2019).
+
+    ``attention`` is ``[..., batch, head, n, n]`` (any leading dimensions, e.g. layers), ``mask``
+    and ``members`` are ``[batch, n]`` booleans. Returns ``[..., batch, head]``.
+    """
+    n = mask.sum(dim=1).to(attention.dtype)[:, None]
+    return torch.einsum("...bhij,bj->...bh", attention, members.to(attention.dtype)) / n
+
+
 def profile_metrics(
     attention: torch.Tensor,
     mask: torch.Tensor,
@@ -45,9 +55,6 @@ def profile_metrics(
     n = real.sum(dim=1)[:, None]  # [batch, 1]
     width = attention.shape[-1]
 
-    def to_set(members: torch.Tensor) -> torch.Tensor:
-        return torch.einsum("bhij,bj->bh", attention, members.to(dtype)) / n
-
     positions = torch.arange(width, device=attention.device)
     gap = (positions[:, None] - positions[None, :]).abs().to(dtype)
     smoothed = (1 - ENTROPY_SMOOTHING) * attention + (ENTROPY_SMOOTHING / n)[:, :, None, None] * real[:, None, None, :]
@@ -56,9 +63,9 @@ def profile_metrics(
     cls_entropy = row_entropy.gather(2, cls_position[:, None, None].expand(-1, attention.shape[1], 1))[..., 0]
     cls_entropy = torch.where(cls_mask.any(dim=1)[:, None], cls_entropy, torch.nan)
     columns = {
-        "cls": to_set(cls_mask),
-        "sep": to_set(sep_mask),
-        "punct": to_set(punct_mask),
+        "cls": attention_to(attention, mask, cls_mask),
+        "sep": attention_to(attention, mask, sep_mask),
+        "punct": attention_to(attention, mask, punct_mask),
         "self": attention.diagonal(dim1=-2, dim2=-1).sum(-1) / n,
         "prev": attention.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / n,
         "next": attention.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1) / n,
@@ -152,13 +159,10 @@ class LayerPeaks(Analyzer):
         self._sequences = 0
 
     def update(self, batch: Batch) -> None:
-        num_layers = batch.attentions.shape[0]
-        columns = [PROFILE_METRICS.index(metric) for metric in PEAK_METRICS]
-        values = torch.stack(
-            [profile_metrics(batch.attentions[layer], batch.mask, batch.cls_mask, batch.sep_mask, batch.punct_mask)[..., columns].mean(dim=1)
-             for layer in range(num_layers)],
-            dim=1,
-        ).double().cpu().numpy()  # [batch, layer, metric]
+        sets = {"cls": batch.cls_mask, "sep": batch.sep_mask, "punct": batch.punct_mask}
+        # a sequence's layer value: the mean over heads; [layer, batch, metric] -> [batch, layer, metric]
+        values = torch.stack([attention_to(batch.attentions, batch.mask, sets[metric]).mean(dim=-1) for metric in PEAK_METRICS], dim=-1)
+        values = values.transpose(0, 1).double().cpu().numpy()
         weights = np.stack([bootstrap_weights(self.seed, self.bootstrap, example) for example in batch.examples])  # [batch, 1 + B]
         sums = np.einsum("br,blm->rlm", weights, values)
         self._sums = sums if self._sums is None else self._sums + sums
