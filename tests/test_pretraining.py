@@ -60,15 +60,17 @@ def test_pretrain_writes_a_checkpoint_series_every_command_can_load(tmp_path):
 
 def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path):
     books = write_books(tmp_path / "books")
-    pretrain(books, tmp_path / "whole", steps=12, save_every=5, **SMALL)
-    interrupted = pretrain(books, tmp_path / "resumed", steps=12, save_every=5, max_steps=7, **SMALL)
-    assert interrupted == {"interrupted_at_step": 7, "steps": 12}
-    resumed = pretrain(books, tmp_path / "resumed", steps=12, save_every=5, **SMALL)
-    assert resumed["resumed_from_step"] == 7
-    whole = load_file(tmp_path / "whole" / "checkpoints" / "step-000012" / "model.safetensors")
-    again = load_file(tmp_path / "resumed" / "checkpoints" / "step-000012" / "model.safetensors")
-    for name, tensor in whole.items():
-        torch.testing.assert_close(again[name], tensor, rtol=0, atol=0, msg=name)
+    whole = pretrain(books, tmp_path / "whole", steps=12, save_every=5, **SMALL)
+    assert whole["epochs"] == pytest.approx(1.2)  # 10 steps per epoch: step 7 is in the first epoch, step 11 in the second
+    expected = load_file(tmp_path / "whole" / "checkpoints" / "step-000012" / "model.safetensors")
+    for stop in (7, 11):
+        interrupted = pretrain(books, tmp_path / f"resumed-{stop}", steps=12, save_every=5, max_steps=stop, **SMALL)
+        assert interrupted == {"interrupted_at_step": stop, "steps": 12}
+        resumed = pretrain(books, tmp_path / f"resumed-{stop}", steps=12, save_every=5, **SMALL)
+        assert resumed["resumed_from_step"] == stop
+        again = load_file(tmp_path / f"resumed-{stop}" / "checkpoints" / "step-000012" / "model.safetensors")
+        for name, tensor in expected.items():
+            torch.testing.assert_close(again[name], tensor, rtol=0, atol=0, msg=f"resumed at {stop}: {name}")
 
 
 def test_instances_pair_a_segment_with_its_continuation_or_another_document():

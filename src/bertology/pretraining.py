@@ -315,7 +315,15 @@ def pretrain(
     with quiet_transformers():  # sentences longer than max_length are fine here: instances are cut to size
         train_ids, validation_ids = encode(train_text), encode(validation_text)
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
-    if not make_instances(train_ids, max_length, keyed_rng(seed, "epoch", 0), cls_id, sep_id):
+
+    def epoch_rows(index: int) -> list[dict]:
+        """The training instances of epoch ``index``, paired and shuffled by a generator keyed by the epoch."""
+        rng = keyed_rng(seed, "epoch", index)
+        rows = make_instances(train_ids, max_length, rng, cls_id, sep_id)
+        return [rows[i] for i in rng.permutation(len(rows))]
+
+    rows = epoch_rows(0)
+    if not rows:
         raise CorpusError(files[0], None, "too little text to make one training instance")
     validation_rows = make_instances(validation_ids, max_length, keyed_rng(seed, "validation"), cls_id, sep_id)
     if not validation_rows:  # a corpus too small to hold text out: validate on (fixed) training instances
@@ -374,18 +382,14 @@ def pretrain(
         evaluations.append((step, name, scores["mlm_loss"], scores["nsp_accuracy"]))
         write_tables()
 
-    def epoch_rows(index: int) -> list[dict]:
-        rng = keyed_rng(seed, "epoch", index)
-        rows = make_instances(train_ids, max_length, rng, cls_id, sep_id)
-        return [rows[i] for i in rng.permutation(len(rows))]
-
     saved_steps = set(checkpoint_steps(steps, checkpoints))
     done = {row[0] for row in evaluations}
     network.train()
     if step == 0 and 0 not in done:
         save_checkpoint()
     stop_at = steps if max_steps is None else min(steps, max_steps)
-    rows = epoch_rows(epoch)
+    if epoch:  # resumed in a later epoch
+        rows = epoch_rows(epoch)
     with tqdm(total=steps, initial=step, unit="step", desc="pre-training", disable=not progress) as bar:
         while step < stop_at:
             if position >= len(rows):
