@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bertology.stats import RunningMoments
+from bertology.stats import RunningMoments, t_test_greater
 
 
 def test_moments_and_interval_match_numpy_and_scipy():
@@ -41,6 +41,49 @@ def test_nan_observations_are_left_out_of_their_cell():
     low, high = moments.interval()
     assert np.isnan(low[1]) and np.isnan(high[1])  # one observation: no interval
     assert low[0] == pytest.approx(3.0 - stats.t.ppf(0.975, 2) * 2.0 / np.sqrt(3))
+
+
+def moments_of(data):
+    moments = RunningMoments(data.shape[1:])
+    moments.push(data)
+    return moments
+
+
+def test_t_test_greater_matches_scipy():
+    rng = np.random.default_rng(3)
+    data = rng.normal([2.5, 3.0, 3.4, 4.0], 1.0, size=(25, 4))
+    t, p = t_test_greater(moments_of(data), 3.0)
+    expected = stats.ttest_1samp(data, 3.0, alternative="greater")
+    np.testing.assert_allclose(t, expected.statistic, rtol=1e-10)
+    np.testing.assert_allclose(p, expected.pvalue, rtol=1e-10)
+
+
+def test_t_test_greater_a_mean_within_1e_6_of_tau_never_passes():
+    tau = 3.0
+    noise = np.random.default_rng(4).normal(0, 1e-9, size=(30, 1))
+    data = np.concatenate([
+        np.full((30, 1), tau),  # exactly tau, zero variance (0/0)
+        np.full((30, 1), tau * (1 + 2e-7)),  # float noise above tau, zero variance (t = inf)
+        tau * (1 + 9e-7) + noise,  # float noise above tau, tiny variance (t ~ 1e4, scipy p ~ 0)
+        tau * (1 + 2e-6) + noise,  # just outside the band: the mean decides
+        np.full((30, 1), 5.0),  # zero variance far above tau
+        np.full((30, 1), 1.0),  # and far below
+    ], axis=1)
+    t, p = t_test_greater(moments_of(data), tau)
+    np.testing.assert_array_equal(t[:3], 0.0)
+    np.testing.assert_array_equal(p[:3], 1.0)
+    assert p[3] < 1e-10 and t[3] > 0
+    assert (t[4], p[4]) == (np.inf, 0.0) and (t[5], p[5]) == (-np.inf, 1.0)
+    # relative to |tau|; at tau = 0 only an exact 0 is in the band
+    t, p = t_test_greater(moments_of(np.array([[0.0, 1e-300], [0.0, 1e-300]])), 0.0)
+    assert (t[0], p[0]) == (0.0, 1.0) and p[1] == 0.0
+
+
+def test_t_test_greater_needs_two_observations():
+    moments = RunningMoments((3,))
+    moments.push(np.array([[4.0, 4.0, np.nan], [5.0, np.nan, np.nan]]))
+    t, p = t_test_greater(moments, 3.0)
+    assert np.isfinite(t[0]) and np.isnan(t[1:]).all() and np.isnan(p[1:]).all()
 
 
 def test_confusion_metrics_match_scikit_learn():

@@ -1,4 +1,4 @@
-"""Statistics shared by the analyzers: streaming, mergeable moments and their confidence intervals."""
+"""Statistics shared by the analyzers: streaming, mergeable moments, their confidence intervals and one-sample t-tests."""
 
 from __future__ import annotations
 
@@ -59,6 +59,25 @@ class RunningMoments:
 
     def means(self) -> np.ndarray:
         return np.where(self.count > 0, self.mean, np.nan)
+
+
+def t_test_greater(moments: RunningMoments, tau: float, rtol: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
+    """One-sided one-sample t-test per cell, ``H0: mean <= tau``: ``t = (mean - tau) / (sd / sqrt(n))``,
+    ``p = P(T_{n-1} >= t)`` (scipy's ``ttest_1samp(..., alternative="greater")``).
+
+    A mean within a relative ``rtol`` of tau, ``|mean - tau| <= rtol * max(|tau|, tiny)``, gets ``t = 0``
+    and ``p = 1`` whatever its variance: float noise over (numerically) zero variance would otherwise give
+    ``t = +-inf`` (METHODS.md section 5). Outside that band a zero variance gives ``t = +-inf``: the mean
+    decides. ``t`` and ``p`` are NaN where a cell has fewer than two observations.
+    """
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sem = np.sqrt(moments.m2 / (moments.count - 1)) / np.sqrt(moments.count)
+        t = (moments.mean - tau) / sem
+    at_tau = np.abs(moments.mean - tau) <= rtol * max(abs(tau), np.finfo(np.float64).tiny)
+    testable = moments.count > 1
+    t = np.where(testable, np.where(at_tau, 0.0, t), np.nan)
+    p = np.where(testable, np.where(at_tau, 1.0, stats.t.sf(t, moments.count - 1)), np.nan)
+    return t, p
 
 
 def keyed_rng(seed: int, *key) -> np.random.Generator:

@@ -9,15 +9,20 @@ the attention per sieve token relative to uniform attention (1 means uniform). R
 
 - ``local``: ``S_i = {i-w, ..., i+w}`` clipped to the sequence (self included), ``w = 2``;
 - ``delimiter``: the [CLS] and [SEP] tokens; ``cls`` and ``sep`` the variants with one kind;
-- ``block`` (pairs only): the query's own sentence minus delimiters, for every non-special query,
-  weighted by the normalised entropy of the query's attention inside the block, ``H / ln |S_i|``
-  (Pande et al.: so that a head on one token of the block does not pass as a block head);
+- ``block`` (pairs only), as Pande et al. and their code define it: every token i, specials included
+  ([CLS] and the pieces up to the first [SEP] are segment A, the first [SEP] and the rest segment B),
+  with ``S_i`` the non-special pieces of i's segment, and each query's term weighted by the entropy in
+  nats of its whole row, ``H(a_i) = -sum_j a[i, j] ln a[i, j]`` (0 ln 0 = 0), so that a head on one
+  token of the block does not pass; a head spread evenly over its own segment of m pieces scores
+  ``(n / m) ln m`` (about ``2 ln m``), and uniform attention ``ln n``;
 - ``syntactic`` (sequences with a tree): for dependency pairs (dependent w1, head w2), the mean
   over w1's pieces of the mean over w2's pieces of ``a``, over ``1/n``, averaged over pairs; per
   relation (``syntactic:nsubj``, ...) and pooled (``syntactic``).
 
-Per head and role, a one-sided one-sample t-test over sequences, ``H0: mean(s) <= tau``
-(tau = 3 by default), corrected across all heads x roles with statsmodels' ``multipletests``.
+Scores are computed in float64. Per head and role, a one-sided one-sample t-test over sequences,
+``H0: mean(s) <= tau`` (tau = 3 by default; :func:`~bertology.stats.t_test_greater`: a mean within a
+relative 1e-6 of tau never passes), corrected with statsmodels' ``multipletests`` within each role
+over its heads, so that a role's labels do not depend on which other roles ran.
 """
 
 from __future__ import annotations
@@ -25,12 +30,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import torch
-from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from bertology.analyzers.base import Analyzer
-from bertology.engine import Batch, is_pair, same_sentence
-from bertology.stats import RunningMoments
+from bertology.engine import Batch, is_pair
+from bertology.stats import RunningMoments, t_test_greater
 
 BASE_ROLES = ("local", "delimiter", "cls", "sep", "block")
 SYNTACTIC = "syntactic"
@@ -57,20 +61,20 @@ def sieve_mean(attention: torch.Tensor, sieve: torch.Tensor, queries: torch.Tens
 
 def role_scores(attention: torch.Tensor, mask: torch.Tensor, cls_mask: torch.Tensor, sep_mask: torch.Tensor,
                 segment_ids: torch.Tensor, window: int = 2) -> dict[str, torch.Tensor]:
-    """Sieve scores ``[batch, head]`` of the :data:`BASE_ROLES` on one layer's attention."""
+    """Sieve scores ``[batch, head]`` (float64) of the :data:`BASE_ROLES` on one layer's attention."""
+    attention = attention.to(torch.float64)
     width = attention.shape[-1]
     positions = torch.arange(width, device=attention.device)
     near = (positions[:, None] - positions[None, :]).abs() <= window
     local = near[None] & mask[:, None, :] & mask[:, :, None]
     special = cls_mask | sep_mask
-    same_segment = same_sentence(segment_ids)
-    in_block = attention * same_segment[:, None]
-    within = in_block / in_block.sum(-1, keepdim=True).clamp(min=1e-12)  # the query's attention renormalised inside its block
-    block_size = same_segment.sum(-1).to(attention.dtype)[:, None]  # [batch, 1, n]
-    entropy = -torch.special.xlogy(within, within).sum(-1)
-    normalised_entropy = torch.where(block_size > 1, entropy / torch.log(block_size.clamp(min=2)), torch.ones_like(entropy))
     n = mask.sum(1, keepdim=True).to(attention.dtype)
-    block = sieve_mean(attention, same_segment, segment_ids >= 0, n, weight=normalised_entropy)
+    # block: every query's segment (specials by position: B from the first [SEP] on); keys: the non-special
+    # pieces of that segment (specials and padding have segment_ids -1)
+    segment = torch.where(segment_ids >= 0, segment_ids, (sep_mask.cumsum(1) > 0).long())
+    own_segment = segment[:, :, None] == segment_ids[:, None, :]
+    entropy = -torch.special.xlogy(attention, attention).sum(-1)  # nats, whole row
+    block = sieve_mean(attention, own_segment, mask, n, weight=entropy)
     return {
         "local": sieve_mean(attention, local, mask, n),
         "delimiter": sieve_mean(attention, special[:, None, :], mask, n),
@@ -82,7 +86,8 @@ def role_scores(attention: torch.Tensor, mask: torch.Tensor, cls_mask: torch.Ten
 
 def syntactic_scores(attention: torch.Tensor, assignment: np.ndarray, word_unit: np.ndarray, heads, relations) -> dict[str, torch.Tensor]:
     """Per relation (and pooled as ``syntactic``): ``n`` times the mean over dependency pairs of the
-    mean-over-pieces attention from the dependent to its head. ``attention [layer, head, n, n]``."""
+    mean-over-pieces attention from the dependent to its head, in float64. ``attention [layer, head, n, n]``."""
+    attention = attention.to(torch.float64)
     n = attention.shape[-1]
     pieces = torch.as_tensor(assignment / assignment.sum(1, keepdims=True), dtype=attention.dtype, device=attention.device)
     pair_attention = pieces @ attention @ pieces.T  # mean over pieces in both directions: [layer, head, u, u]
@@ -123,7 +128,7 @@ class HeadRoles(Analyzer):
             for layer in range(num_layers)
         ]
         for role in BASE_ROLES:
-            self._push(role, torch.stack([scores[role] for scores in per_layer], dim=1).double().cpu().numpy())
+            self._push(role, torch.stack([scores[role] for scores in per_layer], dim=1).cpu().numpy())
         for b, example in enumerate(batch.examples):
             if not example.has_tree:
                 continue
@@ -131,7 +136,7 @@ class HeadRoles(Analyzer):
             n = int(batch.lengths[b])
             scores = syntactic_scores(batch.attentions[:, b, :, :n, :n], alignment.assignment, alignment.word_unit, example.heads, example.relations)
             for role, values in scores.items():
-                self._push(role, values.double().cpu().numpy()[None])
+                self._push(role, values.cpu().numpy()[None])
 
     def merge(self, other: "HeadRoles") -> "HeadRoles":
         self._check_mergeable(other)
@@ -149,7 +154,8 @@ class HeadRoles(Analyzer):
         return sorted(self._moments, key=lambda role: (order.get(role, len(order)), role))
 
     def test(self, tau: float | None = None, correction: str | None = None, alpha: float | None = None) -> pd.DataFrame:
-        """One-sided one-sample t-tests ``H0: mean <= tau`` for every head and role, corrected jointly."""
+        """One-sided one-sample t-tests ``H0: mean <= tau`` for every head and role, corrected within each role
+        over its heads (the heads of one role are one family)."""
         tau = self.tau if tau is None else tau
         columns = ["layer", "head", "role", "mean", "ci_low", "ci_high", "t", "p", "p_adj", "has_role", "n"]
         if not self._moments:
@@ -158,25 +164,21 @@ class HeadRoles(Analyzer):
         for role in self.roles():
             moments = self._moments[role]
             low, high = moments.interval()
-            with np.errstate(invalid="ignore", divide="ignore"):
-                sem = np.sqrt(moments.m2 / (moments.count - 1)) / np.sqrt(moments.count)
-                t = (moments.mean - tau) / sem
-            p = stats.t.sf(t, moments.count - 1)
+            t, p = t_test_greater(moments, tau)
             layer, head = np.indices(moments.count.shape)
-            frames.append(pd.DataFrame({
+            frame = pd.DataFrame({
                 "layer": layer.ravel(), "head": head.ravel(), "role": role, "mean": moments.means().ravel(),
                 "ci_low": low.ravel(), "ci_high": high.ravel(), "t": t.ravel(), "p": p.ravel(), "n": moments.count.ravel().astype(np.int64),
-            }))
-        table = pd.concat(frames, ignore_index=True)
-        testable = table.p.notna() & (table.n > 1)
-        table["p_adj"] = np.nan
-        table["has_role"] = False
-        if testable.any():
-            reject, adjusted, _, _ = multipletests(table.loc[testable, "p"], alpha=self.alpha if alpha is None else alpha,
-                                                   method=correction or self.correction)
-            table.loc[testable, "p_adj"] = adjusted
-            table.loc[testable, "has_role"] = reject
-        return table[columns]
+                "p_adj": np.nan, "has_role": False,
+            })
+            testable = frame.p.notna()
+            if testable.any():
+                reject, adjusted, _, _ = multipletests(frame.p[testable], alpha=self.alpha if alpha is None else alpha,
+                                                       method=correction or self.correction)
+                frame.loc[testable, "p_adj"] = adjusted
+                frame.loc[testable, "has_role"] = reject
+            frames.append(frame)
+        return pd.concat(frames, ignore_index=True)[columns]
 
     def result(self) -> pd.DataFrame:
         return self.test()

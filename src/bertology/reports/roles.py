@@ -17,7 +17,7 @@ def roles_section(folder: RunFolder, roles: pd.DataFrame, shares_by_tau: pd.Data
         intro=(
             "Pande et al. (2021), 'The heads hypothesis': each head's sieve score for a role is its attention per sieve token "
             "relative to uniform attention (1 = uniform). A head holds a role when a one-sided t-test over sequences rejects "
-            f"mean <= tau (tau = {tau:g}) after {correction} correction across all heads x roles (roles.csv). "
+            f"mean <= tau (tau = {tau:g}) after {correction} correction within each role over its heads (roles.csv). "
             "A head may hold several roles."
         ),
     )
