@@ -1,10 +1,14 @@
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 from bertology.corpora import Example
-from bertology.errors import CorpusError
+from bertology.errors import BertologyError, CorpusError
 from bertology.finetuning import TaskData, load_task
 from bertology.hooks import Hooks
 from bertology.importance import (
@@ -13,9 +17,10 @@ from bertology.importance import (
     ablation_table,
     importance_table,
     load_task_model,
-    normalise_per_layer,
+    normalise_importance,
     prune_and_time,
     pruning_curve,
+    study_heads,
 )
 from bertology.interventions import HeadGates, Intervention
 
@@ -84,12 +89,33 @@ def test_importance_of_a_masked_head_is_measured_with_the_mask_in_place(task_mod
     assert not np.allclose(scorer.attribute(encoded, mask), scorer.attribute(encoded))
 
 
-def test_normalisation_divides_each_layer_by_its_l2_norm():
-    importance = np.array([[3.0, 4.0], [0.0, 0.0]])
-    np.testing.assert_allclose(normalise_per_layer(importance), [[0.6, 0.8], [0.0, 0.0]])
-    table = importance_table(importance)
+RAW = np.array([[0.2, 0.5, 0.1, 0.9], [3.0, 1.0, 2.0, 8.0], [0.0, 0.0, 0.0, 0.0]])
+
+
+def _by_layer(raw):
+    norms = np.sqrt((raw**2).sum(axis=1, keepdims=True))
+    return np.divide(raw, norms, out=np.zeros_like(raw), where=norms > 0)
+
+
+def _min_max(raw):
+    return (raw - raw.min()) / (raw.max() - raw.min())
+
+
+@pytest.mark.parametrize("how, expected", [("layer", _by_layer(RAW)), ("global", _min_max(RAW)), ("layer+global", _min_max(_by_layer(RAW))),
+                                           ("none", RAW)])
+def test_normalisations_match_numpy_on_the_raw_importances(how, expected):
+    np.testing.assert_allclose(normalise_importance(RAW, how), expected, rtol=1e-12)
+    table = importance_table(RAW, how)
     assert list(table.columns) == ["layer", "head", "importance", "importance_normalised"]
-    assert table.importance_normalised.tolist() == [0.6, 0.8, 0.0, 0.0]
+    np.testing.assert_array_equal(table.importance, RAW.ravel())
+    np.testing.assert_allclose(table.importance_normalised, expected.ravel(), rtol=1e-12)
+
+
+def test_normalisation_by_layer_by_hand_and_degenerate_cases():
+    np.testing.assert_allclose(normalise_importance(np.array([[3.0, 4.0], [0.0, 0.0]]), "layer"), [[0.6, 0.8], [0.0, 0.0]])
+    np.testing.assert_array_equal(normalise_importance(np.full((2, 2), 0.7), "global"), np.zeros((2, 2)))  # the script gives NaN
+    with pytest.raises(BertologyError, match="unknown normalisation 'l2'.*layer, global, layer\\+global, none"):
+        normalise_importance(RAW, "l2")
 
 
 def test_ablation_table_by_hand():
@@ -145,3 +171,122 @@ def test_prune_and_time_saves_a_smaller_model_that_predicts_like_the_masked_one(
 def test_a_label_the_model_does_not_know_names_the_file_and_line(task_model):
     with pytest.raises(CorpusError, match=r"dev.tsv:7: label 'maybe'"):
         task_model.encode([Example("the cat sat.", label="maybe", source="dev.tsv:7")], "dev.tsv")
+
+
+# raw importances whose per-layer normalised order differs from the raw one: layer 1 has large raw values
+PRUNING_RAW = np.array([[0.1, 0.5, 0.6, 0.9], [10.0, 20.0, 30.0, 40.0], [3.0, 1.0, 2.0, 8.0]])
+BY_LAYER_ORDER = [(0, 0), (2, 1), (1, 0), (2, 2), (2, 0), (1, 1), (0, 1), (0, 2), (1, 2)]  # 0.084 0.113 0.183 0.226 0.340 0.365 0.418 0.502 0.548
+RAW_ORDER = [(0, 0), (0, 1), (0, 2), (2, 1), (2, 2), (2, 0), (1, 0), (1, 1), (1, 2)]  # each layer's last head stays
+
+
+@pytest.mark.parametrize("how, order", [("layer", BY_LAYER_ORDER), ("layer+global", BY_LAYER_ORDER), ("global", RAW_ORDER), ("none", RAW_ORDER)])
+def test_pruning_curve_prunes_heads_in_the_order_of_the_normalised_importance(task_model, rows, cat_task, monkeypatch, how, order):
+    encoded, gold = rows
+    monkeypatch.setattr(GradientImportance, "attribute", lambda self, rows, head_mask=None: PRUNING_RAW.copy())
+    kwargs = {} if how == "layer" else {"normalise": how}  # layer is the default
+    curve = pruning_curve(task_model, load_task(cat_task), encoded, encoded, gold, step=0.05, progress=False, **kwargs)  # one head a step
+    assert sorted(curve.masks) == list(range(10))
+    pruned = [tuple(map(int, np.argwhere(curve.masks[k - 1] - curve.masks[k])[0])) for k in range(1, 10)]
+    assert pruned == order
+
+
+def _gradients_by_hand(model_dir, sentences, labels):
+    """dL(x)/d xi_h ``[examples, layers, heads]`` and token counts, with plain transformers in float64: one example
+    at a time, a gate xi on each head's slice of the attention output (the input of BertSelfOutput.dense)."""
+    from transformers import BertForSequenceClassification, BertTokenizerFast
+
+    model = BertForSequenceClassification.from_pretrained(model_dir, attn_implementation="eager").double().eval()
+    tokenizer = BertTokenizerFast.from_pretrained(model_dir)
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    size = model.config.hidden_size // heads
+    gates = torch.ones(layers, heads, dtype=torch.float64, requires_grad=True)
+    handles = [layer.attention.output.dense.register_forward_pre_hook(lambda module, args, i=i: (args[0] * gates[i].repeat_interleave(size),))
+               for i, layer in enumerate(model.bert.encoder.layer)]
+    gradients, tokens = [], []
+    for sentence, label in zip(sentences, labels):
+        inputs = tokenizer(sentence, return_tensors="pt")
+        loss = torch.nn.functional.cross_entropy(model(**inputs).logits, torch.tensor([label]))
+        gradients.append(torch.autograd.grad(loss, gates)[0].numpy())
+        tokens.append(int(inputs["attention_mask"].sum()))
+    for handle in handles:
+        handle.remove()
+    return np.stack(gradients), np.array(tokens)
+
+
+def _importance_by_hand(model_dir, sentences, labels):
+    """Michel et al.'s E_x |dL(x)/d xi_h|."""
+    return np.abs(_gradients_by_hand(model_dir, sentences, labels)[0]).mean(axis=0)
+
+
+def test_importance_examples_with_the_dev_split_uses_exactly_that_many(task_model, tiny_classifier_dir, cat_task, tmp_path):
+    task_model.model.double()  # float64 on both sides: agreement to 1e-9
+    study = study_heads(task_model, load_task(cat_task), importance=True, importance_split="dev", importance_examples=10, out=tmp_path / "run",
+                        progress=False)
+    dev = pd.read_csv(cat_task / "dev.tsv", sep="\t")
+    chosen = dev.iloc[sorted(np.random.default_rng(0).permutation(len(dev))[:10])]  # the seeded subset, seed 0
+    expected = _importance_by_hand(tiny_classifier_dir, chosen.sentence.tolist(), chosen.label.tolist())
+    everything = _importance_by_hand(tiny_classifier_dir, dev.sentence.tolist(), dev.label.tolist())
+    assert not np.allclose(everything, expected, rtol=1e-3)  # the two subsets tell apart
+    np.testing.assert_allclose(study.importance.importance.to_numpy().reshape(3, 4), expected, rtol=1e-9)
+    np.testing.assert_allclose(pd.read_csv(tmp_path / "run" / "importance.csv").importance.to_numpy().reshape(3, 4), expected, rtol=1e-9)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["importance_examples"] == 10 and manifest["examples"] == 12
+    assert manifest["settings"]["importance_split"] == "dev" and manifest["settings"]["normalise"] == "layer"
+
+
+def test_an_ablate_run_records_only_the_settings_that_applied(task_model, cat_task, tmp_path):
+    study_heads(task_model, load_task(cat_task), ablate=True, bootstrap=200, out=tmp_path / "run", progress=False)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["importance_examples"] is None
+    assert set(manifest["settings"]) == {"intervention", "bootstrap", "correction", "max_examples", "batch_size", "max_length", "seed", "device"}
+    assert manifest["settings"]["bootstrap"] == 200 and manifest["settings"]["max_length"] == 128 and manifest["settings"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"importance": True, "bootstrap": 500}, "bootstrap applies only to ablate"),
+    ({"importance": True, "intervention": "uniform"}, "intervention applies only to ablate"),
+    ({"ablate": True, "normalise": "global"}, "normalise applies only to importance or prune"),
+    ({"ablate": True, "importance_split": "dev", "importance_examples": 10}, "importance_split, importance_examples apply only to importance or prune"),
+    ({"importance": True, "step": 0.2}, "step applies only to prune"),
+    ({"importance": True, "prune_to": 6}, "prune_to applies only to prune"),
+    ({"importance": True, "normalise": "l2"}, "unknown normalisation 'l2'"),
+    ({"importance": True, "importance_examples": 0}, "importance_examples must be at least 1"),
+    ({"prune": True, "step": 0.0}, "step must be in"),
+    ({"ablate": True, "correction": "fdr"}, "unknown correction 'fdr'"),
+    ({"importance": True, "max_length": 64}, "max_length applies only to a model given by its path"),
+])
+def test_an_option_that_cannot_apply_is_refused_in_one_line(task_model, cat_task, settings, message):
+    with pytest.raises(BertologyError, match=message) as refused:
+        study_heads(task_model, load_task(cat_task), progress=False, **settings)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_command_line_importance_on_ten_dev_examples_with_global_normalisation(tiny_classifier_dir, cat_task, tmp_path):
+    def bertology(*args):
+        return subprocess.run([sys.executable, "-m", "bertology.cli", "importance", cat_task, "--model", tiny_classifier_dir, "--device", "cpu", "-q",
+                               *map(str, args)], capture_output=True, text=True, timeout=300)
+
+    result = bertology("--importance-split", "dev", "--importance-examples", 10, "--normalise", "global", "--out", tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    assert "importance measured on 10 dev examples" in result.stdout
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["importance_examples"] == 10 and manifest["settings"]["normalise"] == "global"
+    table = pd.read_csv(tmp_path / "run" / "importance.csv")
+    np.testing.assert_allclose(table.importance_normalised, _min_max(table.importance.to_numpy()), rtol=1e-12)
+
+    result = bertology("--normalise", "l2", "--out", tmp_path / "refused")
+    assert result.returncode == 2 and result.stderr.startswith("error: unknown normalisation 'l2'")
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "refused").exists()
+
+
+def test_layer_normalised_importance_equals_the_hugging_face_script_once_its_accumulation_is_fixed(task_model, tiny_classifier_dir, cat_task):
+    task_model.model.double()
+    dev = pd.read_csv(cat_task / "dev.tsv", sep="\t")
+    ours = GradientImportance(task_model, batch_size=5, progress=False).attribute(task_model.encode(load_task(cat_task).dev, "dev")[0])
+    gradients, tokens = _gradients_by_hand(tiny_classifier_dir, dev.sentence.tolist(), dev.label.tolist())
+    # run_bertology.py with --batch_size 1: head_importance += |head_mask.grad| per batch, then / tot_tokens
+    fixed = np.abs(gradients).sum(axis=0) / tokens.sum()  # head_mask.grad zeroed after each batch
+    as_published = np.abs(np.cumsum(gradients, axis=0)).sum(axis=0) / tokens.sum()  # never zeroed: the sum of all batches so far
+    np.testing.assert_allclose(ours, fixed * tokens.sum() / len(dev), rtol=1e-9)
+    np.testing.assert_allclose(normalise_importance(ours, "layer"), _by_layer(fixed), rtol=1e-9)
+    assert not np.allclose(normalise_importance(ours, "layer"), _by_layer(as_published), rtol=1e-2)

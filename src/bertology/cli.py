@@ -55,7 +55,8 @@ MAX_EXAMPLES = typer.Option(None, "--max-examples", min=1, help="Evaluate on a s
 TASK_BATCH_SIZE = typer.Option(16, "--batch-size", min=1)
 TASK_MAX_LENGTH = typer.Option(128, "--max-length", min=8)
 IMPORTANCE_SPLIT = typer.Option("train", "--importance-split", help="Split the gradient importance is measured on: train or dev.")
-IMPORTANCE_EXAMPLES = typer.Option(1000, "--importance-examples", min=1, help="Examples (seeded subset) for the gradient importance.")
+IMPORTANCE_EXAMPLES = typer.Option(1000, "--importance-examples", min=1, help="Examples (seeded subset of --importance-split; all if it has fewer) for the gradient importance.")
+NORMALISE = typer.Option("layer", "--normalise", help="Importance normalisation: layer (l2 per layer, Michel et al.), global (min-max over all heads), layer+global, none.")
 PATTERN_THRESHOLDS = typer.Option(None, "--pattern-thresholds", help="Pattern rule thresholds, e.g. 'vertical=0.5,diagonal=0.5,mixed_min=0.25,mixed_total=0.6,block=0.8'.")
 
 
@@ -426,6 +427,7 @@ def importance(
     model: str = CLASSIFIER,
     importance_split: str = IMPORTANCE_SPLIT,
     importance_examples: int = IMPORTANCE_EXAMPLES,
+    normalise: str = NORMALISE,
     out: Optional[Path] = OUT,
     train: Optional[Path] = TRAIN,
     dev: Optional[Path] = DEV,
@@ -438,10 +440,11 @@ def importance(
     device: str = DEVICE,
     quiet: bool = QUIET,
 ) -> None:
-    """Michel et al.'s head importance: E|dL/d xi_h| for a gate on each head, normalised per layer."""
+    """Michel et al.'s head importance: E|dL/d xi_h| for a gate on each head, normalised per layer (--normalise)."""
     study, out = _study("importance", task, model, train, dev, text_column, text_pair_column, label_column, out, quiet, importance=True,
-                        importance_split=importance_split, importance_examples=importance_examples, batch_size=batch_size,
+                        importance_split=importance_split, importance_examples=importance_examples, normalise=normalise, batch_size=batch_size,
                         max_length=max_length, seed=seed, device=device)
+    typer.echo(f"importance measured on {study.importance_examples} {importance_split} examples")
     top = study.importance.sort_values("importance_normalised", ascending=False).head(5)
     typer.echo("most important heads: " + ", ".join(f"{r.layer}-{r.head} ({r.importance_normalised:.2f})" for r in top.itertuples()))
     typer.echo(f"report: {(Path(out) / 'report.html').resolve()}")
@@ -455,6 +458,7 @@ def prune(
     prune_to: Optional[int] = typer.Option(None, "--prune-to", min=1, help="Also remove heads physically down to K heads, save that model and time it."),
     importance_split: str = IMPORTANCE_SPLIT,
     importance_examples: int = IMPORTANCE_EXAMPLES,
+    normalise: str = NORMALISE,
     max_examples: Optional[int] = MAX_EXAMPLES,
     out: Optional[Path] = OUT,
     train: Optional[Path] = TRAIN,
@@ -472,7 +476,7 @@ def prune(
     from bertology.reports.importance import heads_within
 
     study, out = _study("prune", task, model, train, dev, text_column, text_pair_column, label_column, out, quiet, prune=True, step=step,
-                        prune_to=prune_to, importance_split=importance_split, importance_examples=importance_examples,
+                        prune_to=prune_to, importance_split=importance_split, importance_examples=importance_examples, normalise=normalise,
                         max_examples=max_examples, batch_size=batch_size, max_length=max_length, seed=seed, device=device)
     metric, unpruned = next(iter(study.baseline.items()))
     typer.echo(f"{heads_within(study.pruning, metric, unpruned)} heads can be pruned before {metric} drops by more than 1 point")

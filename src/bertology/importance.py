@@ -7,11 +7,12 @@
   layer is computed for the first token only. Each change comes with a paired bootstrap interval over
   examples and an FDR-corrected p (:func:`bertology.stats.paired_bootstrap`).
 * :class:`GradientImportance` (Michel et al. 2019): ``I_h = E_x |dL(x)/d xi_h|``, the absolute gradient
-  of the task loss with respect to a per-example head gate, averaged over examples, then divided by
-  its layer's l2 norm.
-* :func:`pruning_curve`: mask the least important heads (10% of all heads per step by default), recompute
-  the importance, evaluate, repeat down to one head per layer. :func:`prune_and_time` removes the heads
-  of one point of the curve physically, saves the smaller model and times it against the full one.
+  of the task loss with respect to a per-example head gate, averaged over examples;
+  :func:`normalise_importance` then divides it by its layer's l2 norm (or as ``--normalise`` says).
+* :func:`pruning_curve`: mask the least important heads by normalised importance (10% of all heads per
+  step by default), recompute the importance, evaluate, repeat down to one head per layer.
+  :func:`prune_and_time` removes the heads of one point of the curve physically, saves the smaller model
+  and times it against the full one.
 """
 
 from __future__ import annotations
@@ -186,7 +187,21 @@ def ablation_table(task: TaskData, gold: np.ndarray, base: np.ndarray, variants:
 
 
 class GradientImportance:
-    """Michel et al. (2019): ``I_h = E_x |dL(x)/d xi_h|`` with ``L`` the cross-entropy of the gold label."""
+    """Michel et al. (2019): ``I_h = E_x |dL(x)/d xi_h|`` with ``L`` the cross-entropy of the gold label.
+
+    ``MHA(x) = sum_h xi_h Att_h(x)`` with a gate ``xi_h = 1`` per example, so ``dL(x)/d xi_h`` is example
+    ``x``'s own gradient: its absolute value is taken per example, then averaged over the ``N`` examples.
+
+    The Hugging Face bertology script (``examples/research_projects/bertology/run_bertology.py``) adds
+    ``|head_mask.grad|`` once per *batch*, for one gate shared by the batch and the batch's mean loss, so
+    signs cancel within a batch (``sum_b |mean_{x in b} dL(x)/d xi_h|``); it never zeroes
+    ``head_mask.grad``, so batch ``b`` adds the absolute gradient summed over batches ``1..b``; and it
+    divides by the number of tokens, not of examples. With batch size 1 (its default) and the gradient
+    zeroed per batch, its importance is ``N / tokens`` times this one, so the two agree once normalised per
+    layer. A gate per token would give ``E_x sum_t |dL(x)/d xi_{h,t}|``, at least this value since
+    ``dL(x)/d xi_h = sum_t dL(x)/d xi_{h,t}``, and larger wherever a head's tokens pull the loss in
+    opposite directions.
+    """
 
     def __init__(self, task_model: TaskModel, *, batch_size: int = 32, progress: bool = True):
         self.task_model, self.batch_size, self.progress = task_model, batch_size, progress
@@ -211,16 +226,42 @@ class GradientImportance:
         return (total / len(rows)).numpy()
 
 
-def normalise_per_layer(importance: np.ndarray) -> np.ndarray:
-    """Michel et al.: each layer's importances divided by their l2 norm."""
-    norms = np.linalg.norm(importance, axis=1, keepdims=True)
-    return importance / np.where(norms > 0, norms, 1.0)
+NORMALISATIONS = ("layer", "global", "layer+global", "none")
 
 
-def importance_table(importance: np.ndarray) -> pd.DataFrame:
+def _check_normalisation(how: str) -> None:
+    if how not in NORMALISATIONS:
+        raise BertologyError(f"unknown normalisation {how!r}; use {', '.join(NORMALISATIONS)}")
+
+
+def normalise_importance(importance: np.ndarray, how: str = "layer") -> np.ndarray:
+    """Normalised ``[layer, head]`` importances; ``how`` matches the Hugging Face bertology script's flags.
+
+    * ``layer`` (Michel et al. 2019): ``I_lh / sqrt(sum_h' I_lh'^2)``, each layer by its l2 norm
+      (the script with ``--dont_normalize_global_importance``);
+    * ``global``: ``(I - min I) / (max I - min I)`` over all heads (the script with
+      ``--dont_normalize_importance_by_layer``); the order of the heads is the raw one;
+    * ``layer+global``: ``layer``, then ``global`` (the script's default); the order is that of ``layer``;
+    * ``none``: the raw importance (the script with both flags).
+
+    A layer whose importances are all 0 stays 0, and so does every head when all importances are equal
+    (where the script gives 0 and NaN).
+    """
+    _check_normalisation(how)
+    if how.startswith("layer"):
+        norms = np.linalg.norm(importance, axis=1, keepdims=True)
+        importance = importance / np.where(norms > 0, norms, 1.0)
+    if how.endswith("global"):
+        spread = importance.max() - importance.min()
+        importance = (importance - importance.min()) / spread if spread > 0 else np.zeros_like(importance)
+    return importance
+
+
+def importance_table(importance: np.ndarray, normalise: str = "layer") -> pd.DataFrame:
+    """``layer, head, importance, importance_normalised`` (normalised as :func:`normalise_importance` says)."""
     layers, heads = importance.shape
     return pd.DataFrame({"layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers),
-                         "importance": importance.ravel(), "importance_normalised": normalise_per_layer(importance).ravel()})
+                         "importance": importance.ravel(), "importance_normalised": normalise_importance(importance, normalise).ravel()})
 
 
 def _score(task: TaskData, gold: np.ndarray, logits: np.ndarray) -> dict[str, float]:
@@ -236,10 +277,11 @@ class PruningCurve:
 
 
 def pruning_curve(task_model: TaskModel, task: TaskData, importance_rows: list[dict], eval_rows: list[dict], eval_gold: np.ndarray, *,
-                  step: float = 0.1, keep_at: int | None = None, batch_size: int = 32, progress: bool = True) -> PruningCurve:
+                  step: float = 0.1, keep_at: int | None = None, normalise: str = "layer", batch_size: int = 32, progress: bool = True) -> PruningCurve:
     """Michel et al.'s iterative pruning: mask the ``step`` share (of all heads) least important by normalised
-    importance, recompute the importance on ``importance_rows``, evaluate on ``eval_rows``; repeat until each
-    layer has one head. ``keep_at`` makes one step stop exactly at that many heads left."""
+    importance (:func:`normalise_importance`; per layer by default, so a layer with large raw importances
+    still loses heads), recompute the importance on ``importance_rows``, evaluate on ``eval_rows``; repeat
+    until each layer has one head. ``keep_at`` makes one step stop exactly at that many heads left."""
     layers, heads = task_model.num_layers, task_model.num_heads
     total = layers * heads
     per_step = max(1, math.ceil(step * total))
@@ -255,7 +297,7 @@ def pruning_curve(task_model: TaskModel, task: TaskData, importance_rows: list[d
     record(0)
     with tqdm(total=total - layers, unit="head", desc="pruning", disable=not progress) as bar:
         while (mask.sum(1) > 1).any():
-            importance = normalise_per_layer(scorer.attribute(importance_rows, mask))
+            importance = normalise_importance(scorer.attribute(importance_rows, mask), normalise)
             left = int(mask.sum())
             count = per_step if keep_at is None or left <= keep_at else min(per_step, left - keep_at)
             for layer, head in sorted(zip(*np.nonzero(mask)), key=lambda lh: importance[lh]):
@@ -309,13 +351,18 @@ def prune_and_time(task_model: TaskModel, task: TaskData, mask: np.ndarray, rows
 
 @dataclass
 class HeadStudy:
-    """What an ``ablate``, ``importance`` or ``prune`` run found. Tables are tidy; :meth:`save` writes the run folder."""
+    """What an ``ablate``, ``importance`` or ``prune`` run found. Tables are tidy; :meth:`save` writes the run folder.
+
+    ``examples`` dev examples were evaluated; the importance was measured on ``importance_examples`` examples
+    of ``settings["importance_split"]`` (None: not measured). ``settings`` holds only the options that applied.
+    """
 
     model: dict
     task: str
     examples: int
     baseline: dict[str, float]
     settings: dict
+    importance_examples: int | None = None
     ablation: pd.DataFrame | None = None
     importance: pd.DataFrame | None = None
     pruning: pd.DataFrame | None = None
@@ -343,31 +390,72 @@ class HeadStudy:
         report = folder.write_text("report.html", Report(f"bertology: which heads matter for {self.task}", summary, [section]).render())
         folder.write_json("manifest.json", {
             "status": "complete", "command": command if command is not None else sys.argv, "model": self.model, "task": self.task,
-            "examples": self.examples, "baseline": self.baseline, "settings": self.settings, "versions": package_versions(),
-            "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "examples": self.examples, "importance_examples": self.importance_examples, "baseline": self.baseline, "settings": self.settings,
+            "versions": package_versions(), "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         })
         return report
 
 
+ABLATE_DEFAULTS = {"intervention": "mask", "bootstrap": 10000, "correction": "fdr_bh"}
+IMPORTANCE_DEFAULTS = {"importance_split": "train", "importance_examples": 1000, "normalise": "layer"}
+PRUNE_DEFAULTS = {"step": 0.1, "prune_to": None}
+
+
+def _applying(given: dict, defaults: dict, applies: bool, where: str) -> dict:
+    """``defaults`` with the options ``given`` (not None) when they apply; given where they do not: refused."""
+    given = {name: value for name, value in given.items() if value is not None}
+    if given and not applies:
+        raise BertologyError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} only to {where}")
+    return {**defaults, **given} if applies else {}
+
+
+def _check_settings(settings: dict) -> None:
+    """Refuse impossible values of the options that apply, before any computing."""
+    if "intervention" in settings:
+        if settings["intervention"] not in INTERVENTIONS:
+            raise BertologyError(f"unknown intervention {settings['intervention']!r}; use {' or '.join(INTERVENTIONS)}")
+        try:
+            multipletests([0.5], method=settings["correction"])
+        except ValueError:
+            raise BertologyError(f"unknown correction {settings['correction']!r} (statsmodels multipletests: fdr_bh, bonferroni, holm, ...)") from None
+    if "normalise" in settings:
+        if settings["importance_split"] not in ("train", "dev"):
+            raise BertologyError(f"importance split must be train or dev, not {settings['importance_split']!r}")
+        if settings["importance_examples"] < 1:
+            raise BertologyError("importance_examples must be at least 1")
+        _check_normalisation(settings["normalise"])
+    if "step" in settings and not 0 < settings["step"] <= 1:
+        raise BertologyError(f"step must be in (0, 1], not {settings['step']}")
+
+
 def study_heads(model: str | Path | TaskModel, task: TaskData, *, ablate: bool = False, importance: bool = False, prune: bool = False,
-                intervention: str = "mask", max_examples: int | None = None, importance_split: str = "train", importance_examples: int = 1000,
-                bootstrap: int = 10000, correction: str = "fdr_bh", step: float = 0.1, prune_to: int | None = None, batch_size: int = 16,
-                max_length: int = 128, seed: int = 0, device: str = "auto", out: str | Path | None = None, progress: bool = True,
+                intervention: str | None = None, max_examples: int | None = None, importance_split: str | None = None,
+                importance_examples: int | None = None, normalise: str | None = None, bootstrap: int | None = None,
+                correction: str | None = None, step: float | None = None, prune_to: int | None = None, batch_size: int = 16,
+                max_length: int | None = None, seed: int = 0, device: str | None = None, out: str | Path | None = None, progress: bool = True,
                 command: list[str] | None = None) -> HeadStudy:
     """Evaluate ``model`` on ``task``'s dev split with heads disabled (``ablate``), measure each head's gradient
     importance (``importance``) and draw the pruning curve (``prune``; ``prune_to`` also removes heads physically).
 
-    Importance is measured on ``importance_examples`` examples of ``importance_split`` (train by default, so that
-    the pruning order is not chosen on the examples it is evaluated on). With ``out``, each table is written as
-    soon as it is computed, then the report.
+    Ablation options (``intervention`` mask, ``bootstrap`` 10000, ``correction`` fdr_bh), importance options
+    (``importance_split`` train, ``importance_examples`` 1000, ``normalise`` layer) and pruning options (``step``
+    0.1, ``prune_to``) take their defaults when left None; one given for a study that is not run is refused, and
+    so are ``device`` and ``max_length`` (defaults auto, 128) with an already loaded ``TaskModel``.
+
+    Importance is measured on a seeded subset of ``importance_examples`` examples of ``importance_split``
+    (all of the split if it has fewer; train by default, so that the pruning order is not chosen on the examples
+    it is evaluated on). With ``out``, each table is written as soon as it is computed, then the report.
     """
     from bertology.runfolder import RunFolder
 
-    if importance_split not in ("train", "dev"):
-        raise BertologyError(f"importance split must be train or dev, not {importance_split!r}")
-    if intervention not in INTERVENTIONS:
-        raise BertologyError(f"unknown intervention {intervention!r}; use {' or '.join(INTERVENTIONS)}")
-    task_model = model if isinstance(model, TaskModel) else load_task_model(model, device=device, max_length=max_length)
+    settings = {**_applying({"intervention": intervention, "bootstrap": bootstrap, "correction": correction}, ABLATE_DEFAULTS, ablate, "ablate"),
+                **_applying({"importance_split": importance_split, "importance_examples": importance_examples, "normalise": normalise},
+                            IMPORTANCE_DEFAULTS, importance or prune, "importance or prune"),
+                **_applying({"step": step, "prune_to": prune_to}, PRUNE_DEFAULTS, prune, "prune")}
+    _check_settings(settings)
+    loading = _applying({"device": device, "max_length": max_length}, {"device": "auto", "max_length": 128}, not isinstance(model, TaskModel),
+                        "a model given by its path (a TaskModel keeps its own)")
+    task_model = load_task_model(model, **loading) if loading else model
     if task_model.info()["pruned_heads"]:
         raise BertologyError(f"{task_model.name}: heads were removed from this model; disabling and pruning start from a model with all its heads")
     if prune_to is not None and not task_model.num_layers <= prune_to < task_model.num_layers * task_model.num_heads:
@@ -376,25 +464,28 @@ def study_heads(model: str | Path | TaskModel, task: TaskData, *, ablate: bool =
     dev = seeded_subset(task.dev, max_examples, seed)
     rows, gold = task_model.encode(dev, "dev")
     baseline = _score(task, gold, task_model.logits(rows, batch_size * 2))
-    study = HeadStudy(task_model.info(), task.name, len(rows), baseline, {
-        "intervention": intervention, "max_examples": max_examples, "importance_split": importance_split, "importance_examples": importance_examples,
-        "bootstrap": bootstrap, "correction": correction, "step": step, "prune_to": prune_to, "batch_size": batch_size, "max_length": max_length,
-        "seed": seed, "device": device})
+    settings.update(max_examples=max_examples, batch_size=batch_size, max_length=task_model.max_length, seed=seed, device=str(task_model.device))
+    study = HeadStudy(task_model.info(), task.name, len(rows), baseline, settings)
     folder = RunFolder(out) if out is not None else None
     if ablate:
-        loo = LeaveOneOut(task_model, intervention, batch_size=batch_size, progress=progress)
+        loo = LeaveOneOut(task_model, settings["intervention"], batch_size=batch_size, progress=progress)
         base, variants = loo.predict(rows)
-        study.ablation = ablation_table(task, gold, base, variants, loo.variants(), intervention, replicates=bootstrap, seed=seed, correction=correction)
+        study.ablation = ablation_table(task, gold, base, variants, loo.variants(), settings["intervention"], replicates=settings["bootstrap"],
+                                        seed=seed, correction=settings["correction"])
         if folder is not None:
             folder.write_table("ablation", study.ablation)
     if importance or prune:
-        source = dev if importance_split == "dev" else seeded_subset(task.train, importance_examples, seed)
-        importance_rows, _ = (rows, gold) if importance_split == "dev" else task_model.encode(source, "train")
-        study.importance = importance_table(GradientImportance(task_model, batch_size=batch_size, progress=progress).attribute(importance_rows))
+        split = settings["importance_split"]
+        source = seeded_subset(task.dev if split == "dev" else task.train, settings["importance_examples"], seed)
+        importance_rows, _ = task_model.encode(source, split)
+        study.importance_examples = len(importance_rows)
+        scores = GradientImportance(task_model, batch_size=batch_size, progress=progress).attribute(importance_rows)
+        study.importance = importance_table(scores, settings["normalise"])
         if folder is not None:
             folder.write_table("importance", study.importance)
         if prune:
-            curve = pruning_curve(task_model, task, importance_rows, rows, gold, step=step, keep_at=prune_to, batch_size=batch_size, progress=progress)
+            curve = pruning_curve(task_model, task, importance_rows, rows, gold, step=settings["step"], keep_at=prune_to, normalise=settings["normalise"],
+                                  batch_size=batch_size, progress=progress)
             study.pruning = curve.table
             if folder is not None:
                 folder.write_table("pruning", study.pruning)

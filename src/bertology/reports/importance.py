@@ -9,6 +9,10 @@ from bertology.reports.html import Figure, Section
 from bertology.runfolder import RunFolder
 
 
+NORMALISED = {"layer": "divided by its layer's l2 norm", "global": "min-max scaled over all heads",
+              "layer+global": "divided by its layer's l2 norm, then min-max scaled over all heads", "none": "not normalised"}
+
+
 def heads_within(pruning: pd.DataFrame, metric: str, unpruned: float, tolerance: float = 0.01) -> int:
     """The most heads pruned on the curve before the metric first drops by more than ``tolerance``."""
     rows = pruning[pruning.metric == metric].sort_values("heads_pruned")
@@ -23,14 +27,19 @@ def heads_within(pruning: pd.DataFrame, metric: str, unpruned: float, tolerance:
 def importance_section(folder: RunFolder, study) -> Section:
     metric = next(iter(study.baseline))
     unpruned = study.baseline[metric]
+    measured = ""
+    if study.importance is not None:
+        split, normalised = study.settings["importance_split"], NORMALISED[study.settings["normalise"]]
+        measured = f"Measured on {study.importance_examples} {split} examples; importance_normalised is {normalised}. "
     section = Section(
         title="Which heads matter",
         intro=(
             f"{study.task}, {study.examples} dev examples; {metric} with no intervention: {unpruned:.4f}. "
             "Leave-one-out (ablation.csv): the metric with one head, or one whole layer (head -1), disabled, its change with a "
             "paired bootstrap 95% interval over examples and a two-sided p, FDR-corrected across heads and layers (p_adj). "
-            "Importance (importance.csv, Michel et al. 2019): E|dL/d xi_h| for a gate xi_h on each head's output, normalised per layer. "
-            "Pruning (pruning.csv): mask the least important heads step by step, recomputing the importance each time."
+            "Importance (importance.csv, Michel et al. 2019): E|dL/d xi_h| for a gate xi_h on each head's output, the absolute gradient "
+            f"per example averaged over examples. {measured}"
+            "Pruning (pruning.csv): mask the least important heads by normalised importance step by step, recomputing the importance each time."
         ),
     )
     if study.ablation is not None:
@@ -42,7 +51,7 @@ def importance_section(folder: RunFolder, study) -> Section:
         section.tables.append(("Whole layers disabled", rows[rows["head"] < 0]))
     if study.importance is not None:
         section.figures.append(Figure(folder.write_figure("importance_heatmap", figures.importance_heatmap(study.importance)),
-                                      "Head importance, normalised per layer."))
+                                      f"Head importance ({NORMALISED[study.settings['normalise']]})."))
     if study.pruning is not None:
         section.figures.append(Figure(folder.write_figure("pruning_curve", figures.pruning_curve(study.pruning, metric, unpruned)),
                                       "The metric against the share of heads pruned."))
