@@ -152,3 +152,80 @@ def test_auto_format_detection(tmp_path):
 def test_limit_stops_reading(tmp_path):
     path = write(tmp_path, "a.txt", "one\ntwo\nthree\n")
     assert [e.text for e in Corpus(path, limit=2)] == ["one", "two"]
+
+
+# A valid sentence (lines 1-3), then "The cat sat ." (lines 5-10; words 1-4 on lines 7-10).
+TREE = """# sent_id = 1
+1	Yes	yes	INTJ	UH	_	0	root	_	_
+
+# sent_id = 2
+# text = The cat sat .
+1-2	The cat	_	_	_	_	_	_	_	_
+1	The	the	DET	DT	_	2	det	_	_
+2	cat	cat	NOUN	NN	_	3	nsubj	_	_
+3	sat	sit	VERB	VBD	_	0	root	_	_
+4	.	.	PUNCT	.	_	3	punct	_	_
+"""
+
+
+@pytest.mark.parametrize(
+    "heads, line, message",
+    [
+        ((2, 7, 0, 3), 8, "word 2 has head 7, but the sentence has 4 words (heads are 0 to 4)"),
+        ((2, -1, 0, 3), 8, "word 2 has head -1, but the sentence has 4 words (heads are 0 to 4)"),
+        ((2, 3, 0, 4), 10, "word 4 is its own head"),
+        ((2, 4, 0, 2), 8, "words 2 -> 4 -> 2 form a cycle that never reaches the root"),
+        ((2, 3, 2, 3), 8, "no word has head 0 (no root): words 2 -> 3 -> 2 form a cycle"),
+        ((2, 3, 0, 0), 10, "word 4 is a second root (word 3 has head 0 too); UD allows one root per sentence"),
+    ],
+)
+def test_conllu_trees_are_validated_at_the_offending_token(tmp_path, heads, line, message):
+    lines = TREE.splitlines()
+    for index, head in enumerate(heads):
+        columns = lines[6 + index].split("\t")
+        columns[6] = str(head)
+        lines[6 + index] = "\t".join(columns)
+    path = write(tmp_path, "bad.conllu", "\n".join(lines) + "\n")
+    with pytest.raises(CorpusError) as caught:
+        list(read_conllu(path))
+    assert str(caught.value) == f"{path}:{line}: {message}"
+    assert [e.heads for e in read_conllu(write(tmp_path, "good.conllu", TREE))] == [(0,), (2, 3, 0, 3)]
+
+
+def test_glue_header_must_match_the_format(tmp_path):
+    stsb = write(tmp_path, "sts.tsv", "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+                                      "0\tmain-captions\tMSRvid\t2012test\t0001\tnone\tnone\tA man is dancing.\tA man dances.\t5.000\n")
+    with pytest.raises(CorpusError) as caught:
+        Corpus(stsb)
+    assert str(caught.value) == (f"{stsb}:1: a GLUE-style header this reader does not know (index, genre, filename, year, old_index, source1, "
+                                 "source2, sentence1, sentence2, score); known: SST-2, MRPC, RTE, QNLI, QQP, or CoLA without header")
+    rte = write(tmp_path, "rte.tsv", "index\tsentence1\tsentence2\tlabel\n0\tA cat.\tA dog.\tentailment\n")
+    for format in ("pairs", "text"):
+        with pytest.raises(CorpusError) as caught:
+            Corpus(rte, format=format)
+        assert str(caught.value) == f"{rte}:1: a GLUE header (index, sentence1, sentence2, label), not {format}: use --format glue (or auto)"
+    assert Corpus(rte).format == "glue" and Corpus(write(tmp_path, "p.tsv", "a cat.\ta dog.\n"), format="pairs").format == "pairs"
+    with pytest.raises(CorpusError, match=r"sts\.tsv:1: not a GLUE TSV header"):
+        Corpus(stsb, format="glue").validate()
+
+
+def test_a_folder_is_not_a_corpus(tmp_path):
+    with pytest.raises(CorpusError) as caught:
+        Corpus(tmp_path)
+    assert str(caught.value) == f"{tmp_path}: is a folder, not a corpus file"
+
+
+def test_corpus_errors_from_the_command_line_are_one_line(tiny_bert_dir, tmp_path):
+    from test_cli import bertology
+
+    stsb = write(tmp_path, "sts.tsv", "index\tgenre\tsentence1\tsentence2\tscore\n0\tmain\tA man is dancing.\tA man dances.\t5.000\n")
+    bad_tree = write(tmp_path, "bad.conllu", TREE.replace("3\tsat\tsit\tVERB\tVBD\t_\t0", "3\tsat\tsit\tVERB\tVBD\t_\t3"))
+    for corpus, expected in [
+        (tmp_path, f"error: {tmp_path}: is a folder, not a corpus file"),
+        (stsb, f"error: {stsb}:1: a GLUE-style header this reader does not know (index, genre, sentence1, sentence2, score); "
+               "known: SST-2, MRPC, RTE, QNLI, QQP, or CoLA without header"),
+        (bad_tree, f"error: {bad_tree}:9: word 3 is its own head"),
+    ]:
+        result = bertology("analyze", "--model", tiny_bert_dir, "--corpus", corpus, "--out", tmp_path / "run", "-q")
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert result.stderr.strip().splitlines() == [expected]

@@ -15,6 +15,7 @@ from bertology.dynamics import (
     find_checkpoints,
     hypothesis_verdict,
     ordered_checkpoints,
+    parse_steps,
     track,
 )
 from bertology.errors import BertologyError
@@ -43,6 +44,74 @@ def test_checkpoints_are_ordered_by_step_and_must_tell_it(tmp_path):
         ordered_checkpoints(["a/step-100", "b/step_100"])
     with pytest.raises(BertologyError, match="no model folders"):
         find_checkpoints(tmp_path)
+
+
+@pytest.mark.parametrize("name, step", [
+    ("runs/ft/checkpoint-500", 500),  # Hugging Face Trainer
+    ("runs/ft/checkpoint-500/", 500),
+    ("runs/pt/step-1500", 1500),
+    ("ckpts/step_20k", 20000),
+    ("google/multiberts-seed_0-step_20k", 20000),  # MultiBERTs
+    ("pythia-70m/step1000", 1000),  # Pythia revisions, as folders
+    ("pythia-70m/revision=step1000", 1000),
+    ("runs/ft/checkpoint-final", None),
+])
+def test_checkpoint_step_from_every_naming_scheme(name, step):
+    assert checkpoint_step(name) == step
+
+
+def test_trainer_state_gives_the_step_and_wins_over_the_name(tmp_path):
+    folder = tmp_path / "checkpoint-500"
+    folder.mkdir()
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 512, "epoch": 1.0}))
+    assert checkpoint_step(str(folder)) == 512
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "trainer_state.json").write_text(json.dumps({"global_step": 3000}))
+    assert ordered_checkpoints([str(final), str(folder)]) == [(512, str(folder)), (3000, str(final))]
+
+
+def test_explicit_steps_go_with_the_checkpoints_in_order():
+    assert parse_steps("30, 10,20") == [30, 10, 20]
+    assert ordered_checkpoints(["a", "b", "c"], steps=[30, 10, 20]) == [(10, "b"), (20, "c"), (30, "a")]
+    assert ordered_checkpoints(["x/step-5", "y/step-9"], steps=[9, 5]) == [(5, "y/step-9"), (9, "x/step-5")]  # given steps win over names
+    with pytest.raises(BertologyError, match=r"^--steps: 2 given for 3 checkpoints; give one step per checkpoint, in the same order$"):
+        ordered_checkpoints(["a", "b", "c"], steps=[1, 2])
+    with pytest.raises(BertologyError, match=r"^--steps: 'ten' is not a whole number of steps \(give e.g. --steps 0,500,1000\)$"):
+        parse_steps("0,ten")
+    with pytest.raises(BertologyError, match="same training step"):
+        ordered_checkpoints(["a", "b"], steps=[7, 7])
+
+
+def test_track_command_reads_trainer_checkpoints_and_explicit_steps(tiny_bert_dir, tmp_path):
+    import shutil
+
+    from test_cli import bertology
+
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    trainer = tmp_path / "trainer-out"
+    for step in (500, 1000):
+        shutil.copytree(tiny_bert_dir, trainer / f"checkpoint-{step}")
+    (trainer / "checkpoint-1000" / "trainer_state.json").write_text(json.dumps({"global_step": 1000}))
+    result = bertology("track", "--checkpoints", trainer, "--corpus", corpus, "--bootstrap", 100, "--out", tmp_path / "t1", "--device", "cpu", "-q")
+    assert result.returncode == 0, result.stderr
+    assert sorted(pd.read_csv(tmp_path / "t1" / "track.csv").step.unique()) == [500, 1000]
+
+    a, b = tmp_path / "model-a", tmp_path / "model-b"
+    shutil.copytree(tiny_bert_dir, a)
+    shutil.copytree(tiny_bert_dir, b)
+    result = bertology("track", b, a, "--steps", "200,0", "--corpus", corpus, "--bootstrap", 100, "--out", tmp_path / "t2", "--device", "cpu", "-q")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "t2" / "manifest.json").read_text())
+    assert manifest["checkpoints"] == [{"step": 0, "checkpoint": str(a)}, {"step": 200, "checkpoint": str(b)}]
+
+    wrong = bertology("track", a, b, "--steps", "0", "--corpus", corpus, "--out", tmp_path / "t3")
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+    assert wrong.stderr.strip().splitlines() == ["error: --steps: 1 given for 2 checkpoints; give one step per checkpoint, in the same order"]
+    with_folder = bertology("track", "--checkpoints", trainer, "--steps", "1,2", "--corpus", corpus, "--out", tmp_path / "t4")
+    assert with_folder.returncode == 2
+    assert with_folder.stderr.strip().splitlines() == ["error: --steps goes with checkpoints given as arguments (one step each, in the same order), not with --checkpoints DIR"]
 
 
 def replicates(data: np.ndarray, noise: float, count: int = 400, seed: int = 0) -> np.ndarray:

@@ -52,3 +52,59 @@ def test_device_resolution(monkeypatch):
         resolve_device("cuda")
     with pytest.raises(ModelError, match="unknown device 'gpu0'"):
         resolve_device("gpu0")
+
+
+def test_devices_the_machine_lacks_are_refused(monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ModelError, match=r"^device 'mps' was asked for, but Apple MPS is not available on this machine$"):
+        resolve_device("mps")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("cuda:0") == torch.device("cuda:0") and resolve_device("cuda") == torch.device("cuda")
+    with pytest.raises(ModelError, match=r"^device 'cuda:5' was asked for, but this machine has only cuda:0$"):
+        resolve_device("cuda:5")
+    for device in ("meta", "xla", "cpu:1"):
+        with pytest.raises(ModelError, match=rf"^unknown device '{device}': use auto, cpu, cuda, cuda:N or mps$"):
+            resolve_device(device)
+
+
+def pickled_model(tiny_bert_dir, folder):
+    """The tiny BERT with its weights as a pickle (``pytorch_model.bin``) instead of safetensors."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    shutil.copytree(tiny_bert_dir, folder)
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+PICKLE_REFUSED = ("only pickle weights (pytorch_model.bin), which bertology never loads: convert them to model.safetensors "
+                  "where you trust the file (from_pretrained, then save_pretrained)")
+
+
+def test_pickle_weights_are_refused_without_being_loaded(tiny_bert_dir, tmp_path, monkeypatch):
+    folder = pickled_model(tiny_bert_dir, tmp_path / "pickled")
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("the pickle was loaded"))
+    with pytest.raises(ModelError) as caught:
+        load_model(folder, device="cpu")
+    assert str(caught.value) == f"{folder}: {PICKLE_REFUSED}"
+
+
+def test_device_and_weight_errors_from_the_command_line_are_one_line(tiny_bert_dir, tmp_path):
+    from test_cli import bertology
+
+    missing_cuda = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    cuda_message = (f"this machine has only {', '.join(f'cuda:{i}' for i in range(torch.cuda.device_count()))}" if torch.cuda.is_available()
+                    else "CUDA is not available on this machine")
+    pickled = pickled_model(tiny_bert_dir, tmp_path / "pickled")
+    for args, expected in [
+        (["--model", tiny_bert_dir, "--device", "mps"], "error: device 'mps' was asked for, but Apple MPS is not available on this machine"),
+        (["--model", tiny_bert_dir, "--device", missing_cuda], f"error: device '{missing_cuda}' was asked for, but {cuda_message}"),
+        (["--model", tiny_bert_dir, "--device", "meta"], "error: unknown device 'meta': use auto, cpu, cuda, cuda:N or mps"),
+        (["--model", pickled, "--device", "cpu"], f"error: {pickled}: {PICKLE_REFUSED}"),
+    ]:
+        result = bertology("info", *args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert result.stderr.strip().splitlines() == [expected]

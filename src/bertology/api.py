@@ -122,7 +122,7 @@ class Analysis:
             if self.head_distance is not None:
                 folder.write_table("head_distance", self.head_distance)
                 folder.write_table("head_map", self.head_map)
-            sections.append(profile_section(folder, self.heads, self.layers, self.labels, self.head_map))
+            sections.append(profile_section(folder, self.heads, self.layers, self.labels, self.head_map, self.settings["punct"]))
         if self.roles is not None:
             folder.write_table("roles", self.roles)
             folder.write_table("role_shares", self.role_shares)
@@ -197,6 +197,7 @@ def analyze(
     device: str = "auto",
     seed: int = 0,
     head_distance_sample: float = 0.1,
+    punct: str = "upos",
     bootstrap: int = 1000,
     min_dependents: int = 25,
     correction: str = "fdr_bh",
@@ -222,6 +223,8 @@ def analyze(
     subset of :data:`FAMILIES`; by default profile, roles and patterns, plus syntax when the corpus
     has trees (CoNLL-U) or ``parser="spacy"`` (the roles then include syntactic roles). ``correction``
     is the multiple-testing method (statsmodels' ``multipletests``) for syntax and roles alike.
+    ``punct`` is the profile's punctuation set: ``upos`` (every punctuation-only piece) or ``clark``
+    (the pieces "." and "," only, as in Clark et al.'s code; METHODS.md section 1).
     With ``out``, the run folder is written there. ``view`` adds the attention viewer
     (``viewer.html``) for the corpus's first example, linked from the report.
     """
@@ -245,7 +248,7 @@ def analyze(
         test_corpus.validate()
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, trust_remote_code=trust_remote_code)
     torch.manual_seed(seed)
-    engine = Engine(loaded, batch_size=batch_size, max_length=max_length, overflow=overflow, progress=progress)
+    engine = Engine(loaded, batch_size=batch_size, max_length=max_length, overflow=overflow, progress=progress, punct=punct)
 
     analyzers: dict[str, object] = {}
     if "profile" in families:
@@ -272,6 +275,7 @@ def analyze(
         "limit": limit,
         "device": device,
         "head_distance_sample": head_distance_sample,
+        "punct": punct,
         "parser": parser or ("gold" if with_trees else None),
         "bootstrap": bootstrap,
         "min_dependents": min_dependents,

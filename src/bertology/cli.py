@@ -57,6 +57,7 @@ TASK_MAX_LENGTH = typer.Option(128, "--max-length", min=8)
 IMPORTANCE_SPLIT = typer.Option("train", "--importance-split", help="Split the gradient importance is measured on: train or dev.")
 IMPORTANCE_EXAMPLES = typer.Option(1000, "--importance-examples", min=1, help="Examples (seeded subset of --importance-split; all if it has fewer) for the gradient importance.")
 NORMALISE = typer.Option("layer", "--normalise", help="Importance normalisation: layer (l2 per layer, Michel et al.), global (min-max over all heads), layer+global, none.")
+PUNCT = typer.Option("upos", "--punct", help="Punctuation set of the profile: upos (every punctuation-only token) or clark (the tokens '.' and ',' only, as in Clark et al.'s code).")
 PATTERN_THRESHOLDS = typer.Option(None, "--pattern-thresholds", help="Pattern rule thresholds, e.g. 'vertical=0.5,diagonal=0.5,mixed_min=0.25,mixed_total=0.6,block=0.8'.")
 
 
@@ -119,6 +120,7 @@ def analyze(
     patterns: bool = typer.Option(True, "--patterns/--no-patterns", help="Pattern classes (Kovaleva et al.)."),
     syntax: Optional[bool] = typer.Option(None, "--syntax/--no-syntax", help="Syntactic heads and probe [default: on when the corpus has trees]."),
     head_distance_sample: float = typer.Option(0.1, "--head-distance-sample", min=0.0, max=1.0, help="Share of sequences used for the head-to-head JS distance."),
+    punct: str = PUNCT,
     parser: Optional[str] = PARSER,
     spacy_pipeline: Optional[str] = SPACY_PIPELINE,
     bootstrap: int = BOOTSTRAP,
@@ -145,7 +147,7 @@ def analyze(
         raise BertologyError("nothing to do: every analysis is switched off")
     _run(
         "analyze", model, corpus, out, quiet, skip_long, analyses=analyses, format=format, batch_size=batch_size, max_length=max_length,
-        limit=limit, head_distance_sample=head_distance_sample, parser=parser, spacy_pipeline=spacy_pipeline, bootstrap=bootstrap,
+        limit=limit, head_distance_sample=head_distance_sample, punct=punct, parser=parser, spacy_pipeline=spacy_pipeline, bootstrap=bootstrap,
         min_dependents=min_dependents, correction=correction, heatmap_relation=heatmap_relation, probe=probe, probe_test=probe_test,
         probe_folds=probe_folds, probe_epochs=probe_epochs, tau=tau, role_window=role_window,
         pattern_thresholds=_pattern_thresholds(pattern_thresholds), seed=seed, device=device, trust_remote_code=trust_remote_code,
@@ -323,6 +325,7 @@ def track(
     bootstrap: int = BOOTSTRAP,
     tau: float = TAU,
     min_dependents: int = MIN_DEPENDENTS,
+    punct: str = PUNCT,
     seed: int = SEED,
     device: str = DEVICE,
     trust_remote_code: bool = TRUST,
@@ -339,7 +342,7 @@ def track(
     label = checkpoints.name if checkpoints is not None else Path(series[-1]).name
     out = out or _default_out("track", label, corpus)
     result = run_track(series, corpus, format=format, parser=parser, out=out, batch_size=batch_size, max_length=max_length, limit=limit,
-                       bootstrap=bootstrap, tau=tau, min_dependents=min_dependents, seed=seed, device=device,
+                       bootstrap=bootstrap, tau=tau, min_dependents=min_dependents, punct=punct, seed=seed, device=device,
                        trust_remote_code=trust_remote_code, progress=not quiet, command=sys.argv)
     for claim in ("depth", "training"):
         typer.echo(f"{claim}: {result.verdict[claim]['verdict']}: {result.verdict[claim]['statement']}")
@@ -358,6 +361,7 @@ def compare(
     limit: Optional[int] = LIMIT,
     skip_long: bool = SKIP_LONG,
     tau: float = TAU,
+    punct: str = PUNCT,
     seed: int = SEED,
     device: str = DEVICE,
     trust_remote_code: bool = TRUST,
@@ -370,7 +374,7 @@ def compare(
     names = [re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(m).name if m else "all-MiniLM-L6-v2") for m in models]
     out = out or _default_out("compare", "-".join(names), corpus)
     result = run_compare(*models, corpus, format=format, out=out, batch_size=batch_size, max_length=max_length, limit=limit,
-                         overflow="skip" if skip_long else "truncate", tau=tau, device=device, seed=seed,
+                         overflow="skip" if skip_long else "truncate", tau=tau, punct=punct, device=device, seed=seed,
                          trust_remote_code=trust_remote_code, progress=not quiet, command=sys.argv)
     layers = ", ".join(f"{int(r.layer)}: {r.cosine:.3f}" for r in result.similarity_layers.itertuples())
     typer.echo(f"{result.stats.sequences} sequences; mean cosine similarity per layer: {layers}")

@@ -180,16 +180,18 @@ class Comparison:
 
 
 def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, batch_size: int = 32, max_length: int | None = None,
-            limit: int | None = None, overflow: str = "truncate", tau: float = 3.0, device: str = "auto", seed: int = 0,
+            limit: int | None = None, overflow: str = "truncate", tau: float = 3.0, punct: str = "upos", device: str = "auto", seed: int = 0,
             trust_remote_code: bool = False, progress: bool = True, command: list[str] | None = None) -> Comparison:
-    """Run two models over the same inputs and report per-head similarity and the change in profile and roles."""
+    """Run two models over the same inputs and report per-head similarity and the change in profile and roles.
+
+    ``punct``: the profile's punctuation set, as in :func:`bertology.analyze`."""
     examples, corpus_info = open_corpus(corpus, format, limit)
     total = examples.validate() if isinstance(examples, Corpus) else len(examples)
     corpus_info["examples"] = total
     loaded = [m if isinstance(m, LoadedModel) else load_model(m, device=device, trust_remote_code=trust_remote_code) for m in (model_a, model_b)]
     torch.manual_seed(seed)
     length = min(max_length or 10**9, loaded[0].max_length, loaded[1].max_length)
-    engines = [Engine(m, batch_size=batch_size, max_length=length, overflow=overflow, progress=progress) for m in loaded]
+    engines = [Engine(m, batch_size=batch_size, max_length=length, overflow=overflow, progress=progress, punct=punct) for m in loaded]
     similarity = HeadSimilarity()
     sides = {(kind, side): Side(make(), side) for kind, make in (("profile", GeneralProfile), ("roles", lambda: HeadRoles(tau=tau))) for side in "ab"}
     stats = CompareEngine(*engines).run(examples, [similarity, *sides.values()], total=total)
@@ -201,7 +203,8 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
         profile_delta=profile_delta(sides["profile", "a"].result(), sides["profile", "b"].result()),
         roles_delta=roles_delta(sides["roles", "a"].result(), sides["roles", "b"].result()),
         model_a=loaded[0].info(), model_b=loaded[1].info(), corpus=corpus_info, stats=stats,
-        settings={"batch_size": batch_size, "max_length": length, "overflow": overflow, "tau": tau, "seed": seed, "limit": limit, "device": device},
+        settings={"batch_size": batch_size, "max_length": length, "overflow": overflow, "tau": tau, "punct": punct, "seed": seed, "limit": limit,
+                  "device": device},
     )
     if out is not None:
         comparison.save(out, command=command)

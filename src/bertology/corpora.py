@@ -42,6 +42,12 @@ class Example:
     def has_tree(self) -> bool:
         return self.heads is not None
 
+    @property
+    def line(self) -> int | None:
+        """The example's line in its file (``source`` is ``NAME:LINE``); None when ``source`` names no line."""
+        line = self.source.rpartition(":")[2]
+        return int(line) if line.isdigit() else None
+
 
 def numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
     """Numbered lines of a UTF-8 file (BOM and CR/LF stripped); invalid UTF-8 names its line."""
@@ -101,6 +107,9 @@ GLUE_LAYOUTS = {
     ("id", "qid1", "qid2", "question1", "question2", "is_duplicate"): TableLayout("question1", "question2", "is_duplicate"),
 }
 COLA_LAYOUT = TableLayout(text=3, label=1, header=False)
+KNOWN_GLUE = "SST-2, MRPC, RTE, QNLI, QQP, or CoLA without header"
+# Column names that hold text in some GLUE header: a first line naming one is a header, not data.
+GLUE_TEXT_COLUMNS = frozenset(c for layout in GLUE_LAYOUTS.values() for c in (layout.text, layout.text_pair) if c is not None)
 
 
 def read_table(path: Path, layout: TableLayout) -> Iterator[Example]:
@@ -138,17 +147,40 @@ def read_table(path: Path, layout: TableLayout) -> Iterator[Example]:
         yield Example(text=text, text_pair=cell(layout.text_pair), label=cell(layout.label), source=f"{path.name}:{number}")
 
 
-def glue_layout(path: Path) -> TableLayout:
-    """Recognise a GLUE TSV by its header (or CoLA's header-less four columns)."""
+def first_cells(path: Path) -> tuple[str, ...]:
+    """The tab-separated cells of a file's first line."""
     first = next(numbered_lines(path), None)
     if first is None:
         raise CorpusError(path, None, "the file is empty")
-    cells = tuple(c.strip() for c in first[1].split("\t"))
+    return tuple(c.strip() for c in first[1].split("\t"))
+
+
+def _glue_layout(cells: tuple[str, ...]) -> TableLayout | None:
+    """The GLUE layout a first line belongs to (a known header, or CoLA's header-less four columns)."""
     if cells in GLUE_LAYOUTS:
         return GLUE_LAYOUTS[cells]
-    if len(cells) == 4 and cells[1] in {"0", "1"}:
-        return COLA_LAYOUT
-    raise CorpusError(path, 1, "not a GLUE TSV header this reader knows (SST-2, MRPC, RTE, QNLI, QQP, or CoLA without header)")
+    return COLA_LAYOUT if len(cells) == 4 and cells[1] in {"0", "1"} else None
+
+
+def _is_glue_style_header(cells: tuple[str, ...]) -> bool:
+    return len(cells) >= 2 and not GLUE_TEXT_COLUMNS.isdisjoint(cells)
+
+
+def glue_layout(path: Path) -> TableLayout:
+    """Recognise a GLUE TSV by its header (or CoLA's header-less four columns)."""
+    layout = _glue_layout(first_cells(path))
+    if layout is None:
+        raise CorpusError(path, 1, f"not a GLUE TSV header this reader knows ({KNOWN_GLUE})")
+    return layout
+
+
+def check_header(path: Path, format: str) -> None:
+    """Refuse a GLUE-style header in a file read as ``text`` or ``pairs`` (it would be read as data)."""
+    cells = first_cells(path)
+    if cells in GLUE_LAYOUTS:
+        raise CorpusError(path, 1, f"a GLUE header ({', '.join(cells)}), not {format}: use --format glue (or auto)")
+    if _is_glue_style_header(cells):
+        raise CorpusError(path, 1, f"a GLUE-style header this reader does not know ({', '.join(cells)}); known: {KNOWN_GLUE}")
 
 
 def read_conllu(path: Path) -> Iterator[Example]:
@@ -156,7 +188,8 @@ def read_conllu(path: Path) -> Iterator[Example]:
 
     Multiword-token lines (``3-4``) give the surface text but no tree node; empty nodes (``5.1``)
     are skipped. ``SpaceAfter=No`` is respected when rebuilding the sentence text, so the
-    tokenizer sees the sentence as written.
+    tokenizer sees the sentence as written. Each sentence must be one tree, as UD requires
+    (exactly one root, no cycle: :func:`_check_tree`).
     """
     block: list[tuple[int, str]] = []
     for number, line in numbered_lines(path):
@@ -176,6 +209,7 @@ def _conllu_sentence(path: Path, block: list[tuple[int, str]]) -> Example:
     spans: list[tuple[int, int]] = []
     heads: list[int] = []
     relations: list[str] = []
+    word_lines: list[int] = []
     # An open multiword token: (first id, last id, surface form, space after, line), and its words so far.
     multiword: tuple[int, int, str, bool, int] | None = None
     multiword_words: list[str] = []
@@ -219,6 +253,7 @@ def _conllu_sentence(path: Path, block: list[tuple[int, str]]) -> Example:
         words.append(token["form"])
         heads.append(token["head"])
         relations.append(token["deprel"] or "_")
+        word_lines.append(number)
         if multiword is None:
             begin = append_surface(token["form"], space_after)
             spans.append((begin, begin + len(token["form"])))
@@ -231,9 +266,7 @@ def _conllu_sentence(path: Path, block: list[tuple[int, str]]) -> Example:
         close_multiword()
     if not words:
         raise CorpusError(path, block[0][0], "sentence has no words")
-    for index, head in enumerate(heads):
-        if head > len(words):
-            raise CorpusError(path, block[0][0], f"word {index + 1} has head {head}, but the sentence has {len(words)} words")
+    _check_tree(path, heads, word_lines)
     return Example(
         text=text.rstrip(),
         source=f"{path.name}:{block[0][0]}",
@@ -242,6 +275,40 @@ def _conllu_sentence(path: Path, block: list[tuple[int, str]]) -> Example:
         heads=tuple(heads),
         relations=tuple(relations),
     )
+
+
+def _check_tree(path: Path, heads: list[int], lines: list[int]) -> None:
+    """Refuse heads (1-based, 0 = root) that are not one tree, naming the line of the offending word.
+
+    As in UD, a sentence has exactly one root (a second root is an error) and every word reaches it.
+    """
+    count = len(heads)
+    root = None
+    for word, (head, line) in enumerate(zip(heads, lines), start=1):
+        if not 0 <= head <= count:
+            raise CorpusError(path, line, f"word {word} has head {head}, but the sentence has {count} words (heads are 0 to {count})")
+        if head == word:
+            raise CorpusError(path, line, f"word {word} is its own head")
+        if head == 0 and root is not None:
+            raise CorpusError(path, line, f"word {word} is a second root (word {root} has head 0 too); UD allows one root per sentence")
+        if head == 0:
+            root = word
+    rooted = {0}
+    for start in range(1, count + 1):
+        walk: list[int] = []  # from start up its heads, until a word known to reach the root or a repeat
+        node = start
+        while node not in rooted and node not in walk:
+            walk.append(node)
+            node = heads[node - 1]
+        if node in rooted:
+            rooted.update(walk)
+            continue
+        cycle = walk[walk.index(node):]
+        first = cycle.index(min(cycle))
+        cycle = cycle[first:] + cycle[:first + 1]
+        words = " -> ".join(map(str, cycle))
+        message = f"words {words} form a cycle that never reaches the root" if root else f"no word has head 0 (no root): words {words} form a cycle"
+        raise CorpusError(path, lines[cycle[0] - 1], message)
 
 
 def _split_surface(form: str, words: list[str], begin: int) -> list[tuple[int, int]]:
@@ -269,12 +336,10 @@ def detect_format(path: Path) -> str:
     """Guess a corpus format from the file's extension and first line."""
     if path.suffix.lower() in {".conllu", ".conll"}:
         return "conllu"
-    first = next(numbered_lines(path), None)
-    if first is None:
-        raise CorpusError(path, None, "the file is empty")
-    cells = tuple(c.strip() for c in first[1].split("\t"))
-    if cells in GLUE_LAYOUTS or (len(cells) == 4 and cells[1] in {"0", "1"}):
+    cells = first_cells(path)
+    if _glue_layout(cells) is not None:
         return "glue"
+    check_header(path, "pairs")  # a GLUE-style header this reader does not know must not become a pair
     return "pairs" if len(cells) >= 2 else "text"
 
 
@@ -291,10 +356,14 @@ class Corpus:
             raise CorpusError(self.path or "sample", None, f"unknown format {self.format!r}; choose one of {', '.join(FORMATS)}")
         if self.path is not None:
             self.path = Path(self.path)
+            if self.path.is_dir():
+                raise CorpusError(self.path, None, "is a folder, not a corpus file")
             if not self.path.is_file():
                 raise CorpusError(self.path, None, "no such file")
             if self.format == "auto":
                 self.format = detect_format(self.path)
+            elif self.format in ("text", "pairs"):
+                check_header(self.path, self.format)
         elif self.format == "auto":
             self.format = "sample"
 

@@ -347,7 +347,7 @@ def _save_part(parts: Path, name: str, key: str, result: CheckpointResult) -> No
 def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_trees: bool, settings: dict, progress: bool) -> CheckpointResult:
     loaded = load_model(None if checkpoint in ("default", DEFAULT_MODEL) else checkpoint, device=settings["device"], trust_remote_code=settings["trust_remote_code"])
     torch.manual_seed(settings["seed"])
-    engine = Engine(loaded, batch_size=settings["batch_size"], max_length=settings["max_length"], progress=progress)
+    engine = Engine(loaded, batch_size=settings["batch_size"], max_length=settings["max_length"], progress=progress, punct=settings["punct"])
     profile, peaks = GeneralProfile(), LayerPeaks(bootstrap=settings["bootstrap"], seed=settings["seed"])
     roles = HeadRoles(tau=settings["tau"])
     relations = RelationHeads(bootstrap=settings["bootstrap"], seed=settings["seed"]) if with_trees else None
@@ -382,6 +382,7 @@ def track(
     bootstrap: int = 1000,
     tau: float = 3.0,
     min_dependents: int = 25,
+    punct: str = "upos",
     seed: int = 0,
     device: str = "auto",
     trust_remote_code: bool = False,
@@ -394,7 +395,7 @@ def track(
     ordered by the step in their name or ``pretraining_step.json``. ``corpus`` as in
     :func:`bertology.analyze` (trees from CoNLL-U or ``parser="spacy"`` add syntax). With ``out``,
     each checkpoint's results are saved under ``out/parts`` as soon as they exist (a rerun skips
-    them) and the run folder is written at the end.
+    them) and the run folder is written at the end. ``punct``: the punctuation set, as in :func:`bertology.analyze`.
     """
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     series = ordered_checkpoints([str(c) for c in checkpoints])
@@ -404,7 +405,7 @@ def track(
         raise BertologyError("the corpus has no examples")
     with_trees = any(example.has_tree for example in examples)
     settings = {"batch_size": batch_size, "max_length": max_length, "limit": limit, "bootstrap": bootstrap, "tau": tau,
-                "min_dependents": min_dependents, "seed": seed, "device": device, "trust_remote_code": trust_remote_code,
+                "min_dependents": min_dependents, "punct": punct, "seed": seed, "device": device, "trust_remote_code": trust_remote_code,
                 "parser": parser or ("gold" if with_trees else None)}
     key = json.dumps({"corpus": corpus_info.get("sha256"), "examples": len(examples), **{k: v for k, v in settings.items() if k != "device"}}, sort_keys=True)
     parts = Path(out) / "parts" if out is not None else None

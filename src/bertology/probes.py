@@ -26,7 +26,7 @@ from torch import nn
 from bertology.analyzers.base import Analyzer
 from bertology.analyzers.syntax import OFFSETS
 from bertology.engine import Batch
-from bertology.stats import keyed_rng
+from bertology.stats import keyed_rng, sequence_key
 
 VARIANTS = ("attn", "attn+emb")
 
@@ -37,7 +37,7 @@ class ProbeSentence:
     root, candidate j the j-th word), ``heads`` (gold candidate per word) and word ``embeddings``."""
 
     source: str
-    key: str  # stable identity (source line and text): orders sentences and fixes their folds
+    key: str  # stable identity (line and text, not the file's name; stats.sequence_key): orders sentences and fixes their folds
     features: np.ndarray  # float16 [2 * layers * heads, m, m + 1]
     heads: np.ndarray  # int [m]
     embeddings: np.ndarray  # float16 [m, dim]
@@ -74,7 +74,7 @@ class ProbeData(Analyzer):
             features = torch.cat([dep_to_head, head_to_dep]).reshape(2 * num_layers * num_heads, len(words), len(words) + 1)
             assignment = torch.as_tensor(alignment.assignment[word_units], dtype=torch.float32, device=word_maps.device)
             embeddings = (assignment / assignment.sum(1, keepdim=True)) @ batch.input_embeddings[b, :n].float()
-            key = repr((example.source, example.text, example.text_pair))
+            key = repr(sequence_key(example))
             self.sentences[key] = ProbeSentence(
                 source=example.source,
                 key=key,

@@ -81,7 +81,7 @@ def t_test_greater(moments: RunningMoments, tau: float, rtol: float = 1e-6) -> t
 
 
 def keyed_rng(seed: int, *key) -> np.random.Generator:
-    """A random generator fixed by ``seed`` and ``key`` (e.g. a sentence's source and text).
+    """A random generator fixed by ``seed`` and ``key`` (for a sequence: :func:`sequence_key`).
 
     Draws made from it (bootstrap weights, samples, folds) follow the data item, not its position
     in a batch or shard, which keeps analyzers independent of batch order and mergeable.
@@ -90,16 +90,25 @@ def keyed_rng(seed: int, *key) -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(digest, "big"))
 
 
+def sequence_key(example) -> tuple:
+    """What keys a sequence's random draws: its line in the corpus file and its text(s).
+
+    Never the file's name or path, so the same corpus under another name gives byte-identical
+    tables; the line keeps a sentence that occurs twice in a file two independent draws.
+    """
+    return example.line, example.text, example.text_pair
+
+
 def bootstrap_weights(seed: int, bootstrap: int, example) -> np.ndarray:
     """``[1 + bootstrap]`` weights of one sequence: 1 for the data itself (replicate 0), then Poisson(1) draws.
 
     The Poisson bootstrap (a sequence appears ``w ~ Poisson(1)`` times in a replicate) needs no
     pass over the whole corpus, so replicates are built while streaming and merge by addition.
-    The draws are keyed by the example's source and text: every analyzer and every checkpoint
-    that sees the same corpus with the same seed gets the same replicates (paired comparisons).
+    The draws are keyed by :func:`sequence_key`: every analyzer and every checkpoint that sees the
+    same corpus with the same seed gets the same replicates (paired comparisons).
     """
     weights = np.ones(1 + bootstrap)
-    weights[1:] = keyed_rng(seed, example.source, example.text, example.text_pair).poisson(1.0, bootstrap)
+    weights[1:] = keyed_rng(seed, *sequence_key(example)).poisson(1.0, bootstrap)
     return weights
 
 

@@ -138,7 +138,8 @@ def test_layer_peaks_bootstrap_by_hand():
     values = np.array([[[np.mean([by_hand(maps[b][layer][head], *flags[b])[metric] for head in range(2)]) for metric in ("cls", "sep", "punct")]
                         for layer in range(3)] for b in range(3)])  # [sequence, layer, metric]
     weights = np.stack([bootstrap_weights(2, 30, e) for e in examples])  # [sequence, 1 + B]
-    expected = np.einsum("br,blm->rlm", weights, values) / weights.sum(axis=0)[:, None, None]
+    with np.errstate(invalid="ignore"):  # a replicate that drew no sequence has no mean
+        expected = np.einsum("br,blm->rlm", weights, values) / weights.sum(axis=0)[:, None, None]
     np.testing.assert_allclose(peaks.replicate_means(), expected, rtol=1e-10)
     table = peaks.result()
     np.testing.assert_allclose(table.value, values.mean(axis=0).ravel(), rtol=1e-10)
@@ -146,3 +147,112 @@ def test_layer_peaks_bootstrap_by_hand():
     for k, metric in enumerate(("cls", "sep", "punct")):
         assert found.loc[metric, "peak_layer"] == values.mean(axis=0)[:, k].argmax()
         assert found.loc[metric, "agreement"] == pytest.approx(np.mean(expected[1:, :, k].argmax(axis=1) == values.mean(axis=0)[:, k].argmax()))
+    # 95% percentile intervals of the replicates (a 90% interval would take the 5th and 95th)
+    low, high = np.nanpercentile(expected[1:], [2.5, 97.5], axis=0)  # [layer, metric]; NaN: a replicate that drew no sequence
+    np.testing.assert_allclose(table.ci_low, low.ravel(), rtol=1e-10)
+    np.testing.assert_allclose(table.ci_high, high.ravel(), rtol=1e-10)
+    peak_low, peak_high = np.percentile(expected[1:].argmax(axis=1), [2.5, 97.5], axis=0)
+    np.testing.assert_array_equal(found.loc[["cls", "sep", "punct"], "ci_low"], peak_low)
+    np.testing.assert_array_equal(found.loc[["cls", "sep", "punct"], "ci_high"], peak_high)
+
+
+@pytest.mark.parametrize("piece, upos, clark", [
+    (".", True, True), (",", True, True), ("\u0120.", True, True), ("##,", True, True), (";", True, False), ("!", True, False),
+    ("...", True, False), ("\u2581,", True, True), ("a.", False, False), ("", False, False),
+])
+def test_punctuation_sets(piece, upos, clark):
+    from bertology.models import is_punctuation
+
+    assert (is_punctuation(piece, "upos"), is_punctuation(piece, "clark")) == (upos, clark)
+
+
+PUNCT_TEXT = "we saw it; the dog ran! the cat, the dog."
+# every query sends 0.25 to [CLS], 0.1 to ";", 0.2 to "!", 0.3 to "," and 0.15 to "."
+PUNCT_WEIGHTS = {"[CLS]": 0.25, ";": 0.1, "!": 0.2, ",": 0.3, ".": 0.15}
+
+
+@pytest.mark.parametrize("punct, expected", [("upos", 0.75), ("clark", 0.45)])
+def test_punct_set_upos_or_clark_on_a_hand_made_map(tiny_bert, punct, expected):
+    import dataclasses
+
+    from bertology.analyzers import GeneralProfile
+    from bertology.corpora import Example
+    from bertology.engine import Engine, RunStats
+
+    engine = Engine(tiny_bert, progress=False, punct=punct)
+    (items,) = list(engine.batches(engine.encode(enumerate([Example(PUNCT_TEXT)]), RunStats())))
+    batch = engine.run_batch(items)
+    tokens = tiny_bert.tokenizer.convert_ids_to_tokens(items[0].input_ids)
+    assert tokens[1:-1] == ["we", "saw", "it", ";", "the", "dog", "ran", "!", "the", "cat", ",", "the", "dog", "."]
+    members = {";", "!", ",", "."} if punct == "upos" else {",", "."}
+    assert batch.punct_mask[0].tolist() == [token in members for token in tokens]
+    row = np.array([PUNCT_WEIGHTS.get(token, 0.0) for token in tokens])
+    attention = torch.tensor(np.tile(row, (len(tokens), 1)), dtype=torch.float64)
+    assert attention.sum(-1).allclose(torch.ones(len(tokens), dtype=torch.float64))
+    profile = GeneralProfile()
+    profile.update(dataclasses.replace(batch, attentions=attention.expand(2, 1, 4, -1, -1).clone()))
+    values = profile.result().query("metric == 'punct'").value
+    by_numpy = np.mean([sum(attention[i, j].item() for j in range(len(tokens)) if tokens[j] in members) for i in range(len(tokens))])
+    assert by_numpy == pytest.approx(expected, abs=1e-12)
+    assert values.tolist() == pytest.approx([by_numpy] * 8, abs=1e-12)
+
+
+def test_punct_reaches_the_engine_from_the_api_and_the_command_line(tiny_bert, tiny_bert_dir, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from bertology.api import analyze
+    from bertology.cli import app
+    from bertology.errors import BertologyError
+
+    tokens = tiny_bert.tokenizer.convert_ids_to_tokens(tiny_bert.tokenizer(PUNCT_TEXT)["input_ids"])
+    attentions = torch.stack(tiny_bert.model(**tiny_bert.tokenizer(PUNCT_TEXT, return_tensors="pt"), output_attentions=True).attentions)[:, 0]
+    for punct, members in (("upos", {";", "!", ",", "."}), ("clark", {",", "."})):
+        result = analyze(tiny_bert, [PUNCT_TEXT], analyses=["profile"], punct=punct, view=False, progress=False)
+        assert result.settings["punct"] == punct
+        columns = [j for j, token in enumerate(tokens) if token in members]
+        expected = attentions[..., columns].sum(-1).mean(-1).detach().numpy().ravel()  # [layer, head]
+        np.testing.assert_allclose(result.heads.query("metric == 'punct'").value, expected, rtol=1e-5)
+    with pytest.raises(BertologyError, match="unknown punctuation set 'ptb': use upos or clark"):
+        analyze(tiny_bert, [PUNCT_TEXT], analyses=["profile"], punct="ptb", view=False, progress=False)
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(PUNCT_TEXT + "\n")
+    out = tmp_path / "run"
+    outcome = CliRunner().invoke(app, ["analyze", "-m", str(tiny_bert_dir), "-c", str(corpus), "-o", str(out), "--punct", "clark",
+                                       "--no-roles", "--no-patterns", "-q"])
+    assert outcome.exit_code == 0, outcome.output
+    assert json.loads((out / "manifest.json").read_text())["settings"]["punct"] == "clark"
+    assert "(--punct clark)" in (out / "report.html").read_text()
+
+
+def test_peak_layers_interval_is_the_95_percent_percentile_interval():
+    from bertology.analyzers.profile import peak_layers
+
+    # 40 replicates of one metric over 5 layers: the peak is layer 0 once, 1 twice, 2 in 34, 3 twice, 4 once
+    peaks = [0] + [1] * 2 + [2] * 34 + [3] * 2 + [4]
+    means = np.zeros((41, 5, 1))
+    means[0, 2, 0] = 1.0  # the data peaks at layer 2
+    for r, layer in enumerate(peaks, start=1):
+        means[r, layer, 0] = 1.0
+    row = peak_layers(means, metrics=("cls",)).iloc[0]
+    # linear interpolation at rank (B - 1) q / 100 of the sorted peaks: 0.975 -> 0 + 0.975 (1 - 0); 38.025 -> 3 + 0.025 (4 - 3)
+    assert (row.peak_layer, row.ci_low, row.ci_high) == (2, pytest.approx(0.975, abs=1e-12), pytest.approx(3.025, abs=1e-12))
+    assert row.agreement == 34 / 40  # a 90% interval would be (1, 3)
+
+
+def test_head_distance_sample_does_not_depend_on_the_file_name(tiny_bert):
+    from bertology.analyzers import HeadDistance
+    from bertology.corpora import Example
+    from bertology.engine import Engine
+    from conftest import TEXTS
+
+    def matrix(name):
+        analyzer = HeadDistance(sample=0.5, seed=1)
+        Engine(tiny_bert, progress=False).run([Example(text, source=f"{name}:{line}") for line, text in enumerate(TEXTS, 1)], [analyzer])
+        return analyzer._rows, analyzer.matrix()
+
+    (rows, first), (rows_again, second) = matrix("corpus.txt"), matrix("other/folder/renamed.txt")
+    assert 0 < rows == rows_again < sum(len(tiny_bert.tokenizer(t)["input_ids"]) for t in TEXTS)
+    np.testing.assert_array_equal(first, second)

@@ -8,6 +8,7 @@ from scipy import stats as scipy_stats
 from bertology.analyzers.syntax import OFFSETS, RelationHeads
 from bertology.corpora import Example
 from bertology.engine import Engine, RunStats
+from bertology.stats import bootstrap_weights
 
 # "the cat sat on the mat ." with UD-style heads (1-based, 0 = root)
 WORDS = ("the", "cat", "sat", "on", "the", "mat", ".")
@@ -32,7 +33,7 @@ def batch_with(model, examples, attention_for):
     attentions = torch.zeros_like(batch.attentions)
     for b in range(batch.size):
         n = int(batch.lengths[b])
-        attentions[:, b, :, :n, :n] = attention_for(batch, b)[None, None]
+        attentions[:, b, :, :n, :n] = attention_for(batch, b)  # [n, n] for every head, or [layer, head, n, n]
     return dataclasses.replace(batch, attentions=attentions)
 
 
@@ -131,9 +132,7 @@ def test_bootstrap_interval_matches_a_direct_bootstrap_of_sentences(tiny_bert):
 
     analyzer = RelationHeads(bootstrap=300, seed=2)
     analyzer.update(batch_with(tiny_bert, examples, mixed))
-    from bertology.stats import keyed_rng
-
-    weights = np.stack([keyed_rng(2, e.source, e.text, e.text_pair).poisson(1.0, 300) for e in examples])  # [sentence, B]
+    weights = np.stack([bootstrap_weights(2, 300, e)[1:] for e in examples])  # [sentence, B]
     correct = hits.astype(float) * 2  # two det dependents per sentence
     replicate = (weights * correct[:, None]).sum(0) / (weights * 2).sum(0)
     row = analyzer.result().query("relation == 'det' and direction == 'dep->head' and layer == 0 and head == 0")
@@ -166,3 +165,188 @@ def test_best_accuracy_replicates_average_the_best_head_of_each_relation(tiny_be
     # every head of every layer sees the same maps here, so the best head's replicate is the det interval's source
     assert np.percentile(replicates[1:], 2.5) == pytest.approx(eligible.ci_low.item())
     assert np.isnan(analyzer.best_accuracy_replicates(min_dependents=1000)).all()
+
+
+def units_of_words(batch, b):
+    """Unit index of each word; the toy sentence has one piece per word: [CLS]=0, words 1..7, [SEP]=8."""
+    alignment = batch.alignments[b]
+    assert alignment.num_units == len(WORDS) + 2 and list(alignment.word_unit[: len(WORDS)]) == list(range(1, len(WORDS) + 1))
+    return np.arange(1, len(WORDS) + 1)
+
+
+def numpy_accuracy(matrix: np.ndarray, direction: str) -> dict:
+    """Clark et al.'s argmax parser on one unit-level map, written independently: per relation (and
+    ``all``, root excluded), the share of dependents whose first-maximum other word is the gold head."""
+    scores = matrix if direction == "dep->head" else matrix.T
+    words = list(range(1, len(WORDS) + 1))  # units of the words; 0 and 8 are [CLS] and [SEP]
+    hits: dict[str, list[bool]] = {}
+    for word, (head, relation) in enumerate(zip(HEADS, RELATIONS)):
+        if head == 0:
+            continue
+        unit = word + 1
+        candidates = [c for c in words if c != unit]
+        predicted = candidates[int(np.argmax([scores[unit, c] for c in candidates]))]
+        for name in ("all", relation):
+            hits.setdefault(name, []).append(predicted == head)  # the gold head's unit is its 1-based word id
+    return {name: sum(h) / len(h) for name, h in hits.items()}
+
+
+# Each dependent's row peaks on itself (0.4), then on [CLS] (even words) or [SEP] (odd words) (0.3); of the
+# other words, the gold head is next (0.2, then a wrong word 0.1) for RIGHT, a wrong word (0.2) for the rest.
+RIGHT = {0, 3, 5}  # "the"(det), "on"(case), "mat"(obl); wrong: "cat"(nsubj), the second "the"(det), "."(punct)
+
+
+def self_and_specials_first(batch, b):
+    matrix = torch.zeros(len(WORDS) + 2, len(WORDS) + 2, dtype=torch.float64)
+    matrix[0] = matrix[-1] = 1 / matrix.shape[0]
+    for word, head in enumerate(HEADS):
+        unit = word + 1
+        matrix[unit, unit] = 0.4
+        matrix[unit, 0 if word % 2 == 0 else -1] = 0.3
+        if head == 0:
+            matrix[unit, 4] = 0.3  # the root "sat" looks at "on"
+            continue
+        wrong = 7 if 7 not in (unit, head) else 1  # "." unless it is the dependent or its head; then the first "the"
+        matrix[unit, head], matrix[unit, wrong] = (0.2, 0.1) if word in RIGHT else (0.1, 0.2)
+    return matrix
+
+
+def test_argmax_skips_the_dependent_itself_and_the_special_tokens(tiny_bert):
+    batch = batch_with(tiny_bert, [tree_example()], self_and_specials_first)
+    units_of_words(batch, 0)
+    matrix = self_and_specials_first(batch, 0).numpy()
+    np.testing.assert_allclose(matrix.sum(1), 1.0)
+    analyzer = RelationHeads(bootstrap=10)
+    analyzer.update(batch)
+    table = analyzer.result().query("layer == 1 and head == 2")
+    for direction in ("dep->head", "head->dep"):
+        got = table[table.direction == direction].set_index("relation").accuracy.to_dict()
+        assert got == numpy_accuracy(matrix, direction)
+    got = table[table.direction == "dep->head"].set_index("relation").accuracy.to_dict()
+    # self or [CLS]/[SEP] as candidates would make every prediction wrong (0.0 everywhere)
+    assert got == {"all": 0.5, "det": 0.5, "nsubj": 0.0, "case": 1.0, "obl": 1.0, "punct": 0.0}
+
+
+def right_neighbour(batch, b):
+    """Every dependent attends to the next word (the last one to [SEP]); specials and the root to [CLS]."""
+    n = int(batch.lengths[b])
+    matrix = torch.zeros(n, n)
+    matrix[:, 0] = 1.0
+    for word, head in enumerate(batch.examples[b].heads):
+        if head > 0:
+            piece = pieces_of(batch, b, word)[0]
+            matrix[piece] = 0
+            matrix[piece, piece + 1] = 1.0
+    return matrix
+
+
+def by_hand_percentile(values, q):
+    """numpy's default ("linear") percentile, written out: interpolate at rank (B - 1) q / 100 of the sorted values."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    upper = ordered[min(low + 1, len(ordered) - 1)]
+    return ordered[low] + (rank - low) * (upper - ordered[low])
+
+
+def test_best_interval_is_the_95_percent_percentile_interval_and_p_is_paired(tiny_bert):
+    """Four sentences of 25 get every dependent right (6/6), the others attend to the right neighbour, which
+    is right for 3 of 6 in 'all' and equals the best offset baseline (+1) exactly. Replicate r's head
+    accuracy is (6 a_r + 3 b_r) / (6 (a_r + b_r)) with a_r, b_r the summed weights of the two kinds."""
+    examples = [tree_example(source=f"toy:{i}") for i in range(25)]
+    gold = {3, 9, 17, 22}
+    analyzer = RelationHeads(bootstrap=400, seed=7)
+    analyzer.update(batch_with(tiny_bert, examples, lambda batch, b: (gold_pointer if batch.examples[b].line in gold else right_neighbour)(batch, b)))
+    best = analyzer.best().set_index("relation").loc["all"]
+    assert (best.accuracy, best.baseline_offset, best.baseline_accuracy) == ((6 * 4 + 3 * 21) / (6 * 25), 1, 0.5)
+
+    weights = [bootstrap_weights(7, 400, e)[1:] for e in examples]
+    head = []
+    for r in range(400):
+        a = sum(w[r] for e, w in zip(examples, weights) if e.line in gold)
+        b = sum(w[r] for e, w in zip(examples, weights) if e.line not in gold)
+        head.append((6 * a + 3 * b) / (6 * (a + b)))
+    assert best.ci_low == pytest.approx(by_hand_percentile(head, 2.5), rel=1e-12, abs=0)
+    assert best.ci_high == pytest.approx(by_hand_percentile(head, 97.5), rel=1e-12, abs=0)
+    assert by_hand_percentile(head, 5.0) != by_hand_percentile(head, 2.5)  # a 90% interval would differ
+    # one-sided paired p: replicates where the head is no better than the baseline (0.5) are those with a_r = 0
+    no_better = sum(1 for r in range(400) if sum(w[r] for e, w in zip(examples, weights) if e.line in gold) == 0)
+    assert 0 < no_better < 400
+    assert best.p_value == (1 + no_better) / 401
+
+
+def children_pointer(batch, b):
+    """Every head word spreads its attention over its dependents; words without dependents attend to [CLS]."""
+    n = int(batch.lengths[b])
+    matrix = torch.zeros(n, n)
+    matrix[:, 0] = 1.0
+    heads = batch.examples[b].heads
+    for word in range(len(heads)):
+        children = [child for child, head in enumerate(heads) if head == word + 1]
+        if children:
+            piece = pieces_of(batch, b, word)[0]
+            matrix[piece] = 0
+            for child in children:
+                matrix[piece, pieces_of(batch, b, child)[0]] = 1 / len(children)
+    return matrix
+
+
+def test_best_lists_every_head_tied_at_the_best_accuracy(tiny_bert):
+    # head 0-1 points each dependent at its head (dep->head 100%), head 1-2 each head at its dependents
+    # (head->dep 100%); the other six heads attend uniformly (1 of 6 dependents right, in both directions)
+    def maps(batch, b):
+        n = int(batch.lengths[b])
+        layers = torch.full((2, 4, n, n), 1 / n)
+        layers[0, 1], layers[1, 2] = gold_pointer(batch, b), children_pointer(batch, b)
+        return layers
+
+    analyzer = RelationHeads(bootstrap=50)
+    analyzer.update(batch_with(tiny_bert, [tree_example()], maps))
+    best = analyzer.best().set_index("relation")
+    for relation in ("all", "det", "nsubj", "obl", "case", "punct"):
+        row = best.loc[relation]
+        assert (row.accuracy, row.n_ties, row.ties) == (1.0, 2, "0-1 dep->head; 1-2 head->dep"), relation
+        assert (row["layer"], row["head"], row["direction"]) == (0, 1, "dep->head")  # the first of the tied heads
+    uniform = analyzer.result().query("relation == 'all' and not ((layer == 0 and head == 1) or (layer == 1 and head == 2))")
+    assert (uniform.accuracy == 1 / 6).all()
+
+
+CONLLU_WORDS = [("the", "cat", "sat", "on", "the", "mat"), ("a", "dog", "ran", "under", "the", "table"),
+                ("the", "big", "ran", "to", "a", "house"), ("a", "cat", "sat", "in", "the", "tree"),
+                ("the", "dog", "sat", "with", "a", "cat"), ("a", "small", "ran", "from", "the", "mat"),
+                ("the", "red", "sat", "at", "the", "table"), ("the", "cat", "ran", "by", "a", "tree")]
+
+
+def write_treebank(path):
+    """Eight CoNLL-U sentences with the toy tree (det noun verb prep det noun .)."""
+    blocks = []
+    for number, words in enumerate(CONLLU_WORDS, start=1):
+        rows = [f"# sent_id = {number}", f"# text = {' '.join(words)}."]
+        for i, (word, head, relation) in enumerate(zip((*words, "."), HEADS, RELATIONS), start=1):
+            rows.append(f"{i}\t{word}\t_\t_\t_\t_\t{head}\t{relation}\t_\t{'SpaceAfter=No' if i == 6 else '_'}")
+        blocks.append("\n".join(rows))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n\n".join(blocks) + "\n\n")
+    return path
+
+
+def test_same_corpus_under_another_name_and_folder_gives_byte_identical_tables(tiny_bert, tmp_path):
+    from bertology.api import analyze
+
+    outputs = []
+    for corpus in (tmp_path / "a" / "ewt-small.conllu", tmp_path / "elsewhere" / "deeper" / "copy.conllu"):
+        out = tmp_path / f"run-{len(outputs)}"
+        analyze(tiny_bert, write_treebank(corpus), analyses=["syntax"], bootstrap=200, seed=3, probe_folds=2, probe_epochs=1,
+                min_dependents=2, view=False, progress=False, out=out)
+        outputs.append(out)
+    for name in ("syntax.csv", "syntax_best.csv", "syntax_baselines.csv", "probe.json"):
+        assert (outputs[0] / name).read_bytes() == (outputs[1] / name).read_bytes(), name
+
+
+def test_bootstrap_weights_follow_line_and_text_never_the_file_name():
+    same = [Example("the cat sat.", source=source) for source in ("a.conllu:3", "runs/x/b.txt:3", "C:\\data\\c.tsv:3")]
+    weights = [bootstrap_weights(0, 50, e) for e in same]
+    assert all((w == weights[0]).all() for w in weights)
+    assert not (bootstrap_weights(0, 50, Example("the cat sat.", source="a.conllu:4")) == weights[0]).all()  # repeated sentences stay apart
+    assert not (bootstrap_weights(0, 50, Example("the dog sat.", source="a.conllu:3")) == weights[0]).all()
+    assert (bootstrap_weights(0, 50, Example("the cat sat.")) == bootstrap_weights(0, 50, Example("the cat sat.", source="view"))).all()

@@ -31,7 +31,7 @@ import torch
 
 from bertology.analyzers.base import Analyzer
 from bertology.engine import Batch, is_pair, same_sentence
-from bertology.stats import keyed_rng
+from bertology.stats import keyed_rng, sequence_key
 
 PATTERNS = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
 _GOLDEN = 0.6180339887498949  # spreads one key per sequence over its layer x head maps
@@ -137,7 +137,7 @@ class HeadPatterns(Analyzer):
             n = int(batch.lengths[b])
             if n > self.max_example_length:
                 continue
-            keys = (keyed_rng(self.seed, example.source, example.text, example.text_pair).random() + offsets) % 1.0
+            keys = (keyed_rng(self.seed, *sequence_key(example)).random() + offsets) % 1.0
             for k, pattern in enumerate(PATTERNS):
                 kept = self._examples[pattern]
                 bound = -kept[0].key if len(kept) >= self.examples_per_class else np.inf  # the largest hash kept

@@ -4,6 +4,9 @@ Per head and sequence, with ``a[i, j]`` the attention from query i to key j and 
 (special tokens included, padding excluded):
 
 - ``cls``, ``sep``, ``punct``: attention to a token set K, ``(1/n) sum_i sum_{j in K} a[i, j]``;
+  punctuation is the engine's set (``Engine(punct=...)``, :data:`~bertology.models.PUNCT_SETS`):
+  ``upos`` (default), every token whose text without a continuation marker (``##``, ``Ġ``) is only
+  Unicode punctuation (category P*); ``clark``, the tokens "." and "," only, as in Clark et al.'s code;
 - ``self``, ``prev``, ``next``: ``(1/n) sum_i a[i, i]``, ``(1/n) sum_{i>=1} a[i, i-1]``,
   ``(1/n) sum_{i<n-1} a[i, i+1]`` (Clark's convention: divide by n);
 - ``entropy``: smooth ``a <- 0.9999 a + 0.0001/n``, then ``mean_i -sum_j a[i,j] ln a[i,j]`` (nats);
@@ -22,7 +25,7 @@ from sklearn.manifold import MDS
 
 from bertology.analyzers.base import Analyzer
 from bertology.engine import Batch
-from bertology.stats import RunningMoments, bootstrap_weights, interval_frame, keyed_rng
+from bertology.stats import RunningMoments, bootstrap_weights, interval_frame, keyed_rng, sequence_key
 
 PROFILE_METRICS = ("cls", "sep", "punct", "self", "prev", "next", "entropy", "cls_entropy", "distance")
 ENTROPY_SMOOTHING = 1e-4  # Clark et al.: a <- (1 - eps) a + eps / n
@@ -135,7 +138,8 @@ PEAK_METRICS = ("cls", "sep", "punct")
 
 
 class LayerPeaks(Analyzer):
-    """Per-layer attention to [CLS], [SEP] and punctuation, with bootstrap replicates over sequences.
+    """Per-layer attention to [CLS], [SEP] and punctuation (the engine's set, as in :class:`GeneralProfile`),
+    with bootstrap replicates over sequences.
 
     A sequence's value for layer l is the mean over its heads of the metric (as in
     :meth:`GeneralProfile.layers`); ``m_l`` is its mean over sequences, and the metric peaks at
@@ -231,8 +235,8 @@ class HeadDistance(Analyzer):
 
     ``d(A, B) = sum_docs sum_i JS(A_i, B_i)`` over the rows i of the sampled sequences, reported
     divided by the number of rows (the mean JS divergence per row, in nats). A sequence is sampled
-    if a hash of its text and the seed falls below ``sample``, so the sample is the same whatever
-    the batch size, order or sharding.
+    if a hash of its line and text (:func:`~bertology.stats.sequence_key`) and the seed falls below
+    ``sample``, so the sample is the same whatever the batch size, order, sharding or file name.
     """
 
     name = "head_distance"
@@ -251,7 +255,7 @@ class HeadDistance(Analyzer):
         self._shape = (num_layers, num_heads)
         if self._total is None:
             self._total = np.zeros((num_layers * num_heads,) * 2)
-        sampled = [b for b, e in enumerate(batch.examples) if keyed_rng(self.seed, e.text, e.text_pair).random() < self.sample]
+        sampled = [b for b, e in enumerate(batch.examples) if keyed_rng(self.seed, *sequence_key(e)).random() < self.sample]
         if not sampled:
             return
         # All sampled sequences' rows side by side; padding rows are zero and add nothing.

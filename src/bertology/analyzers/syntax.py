@@ -6,13 +6,18 @@ word-level attention, over the other words ([CLS]/[SEP] and the word itself excl
 - ``dep->head``: the row of the word-level map ``W`` (the word the dependent attends to most);
 - ``head->dep``: the row of ``W^T`` (the word that attends most to the dependent).
 
-Accuracy for relation r is the share of dependents with relation r (root excluded) whose
-predicted parent is the gold head; ``all`` pools every relation. Fixed-offset baselines predict the
-word at offset k (k in -3..+3 without 0).
+Accuracy for relation r is the share of dependents with relation r whose predicted parent is the
+gold head; ``all`` pools every relation (punctuation included). The root word is no dependent
+anywhere, ``all`` included: its gold head is no word, so no attention argmax could be right.
+(Clark et al.'s code counts it in ``all`` as a miss for every head, which scales a head's ``all``
+accuracy by ``N / (N + R)``, N dependents and R roots, and lets an offset baseline clipped to the
+sentence's start hit it.) Dependents whose word or gold head lost its pieces to truncation are
+left out too. Fixed-offset baselines predict the word at offset k (k in -3..+3 without 0).
 
 Uncertainty comes from a Poisson bootstrap over sentences (Hanley & MacGibbon 2006; Chamandy et
-al. 2012): each sentence carries ``B`` fixed weights drawn from Poisson(1) and seeded by its source
-and text, so replicate counts stream, merge across shards and do not depend on batch order.
+al. 2012): each sentence carries ``B`` fixed weights drawn from Poisson(1) and keyed by its line
+and text (:func:`~bertology.stats.sequence_key`, never the file's name), so replicate counts
+stream, merge across shards and do not depend on batch order.
 """
 
 from __future__ import annotations
@@ -64,9 +69,9 @@ class RelationHeads(Analyzer):
 
     ``result()``: ``relation, direction, layer, head, accuracy, n`` for every head;
     ``baselines()``: ``relation, offset, accuracy, n``; ``best()``: one row per relation with the
-    best head and direction, a bootstrap 95% interval over sentences, the best offset baseline,
-    and a one-sided paired bootstrap p-value (head better than baseline), corrected across
-    relations with statsmodels' ``multipletests``.
+    best head and direction (and every head tied with it), a bootstrap 95% interval over
+    sentences, the best offset baseline, and a one-sided paired bootstrap p-value (head better than
+    baseline), corrected across relations with statsmodels' ``multipletests``.
     """
 
     name = "syntax"
@@ -181,13 +186,18 @@ class RelationHeads(Analyzer):
     def best(self, min_dependents: int = 25, correction: str = "fdr_bh", alpha: float = 0.05) -> pd.DataFrame:
         """One row per relation: the best head against the best offset baseline.
 
+        ``n_ties``: how many (layer, head, direction) share the best accuracy, all listed in
+        ``ties`` as ``layer-head direction`` (``"7-5 dep->head; 8-1 head->dep"``, 0-based, in
+        layer, head, direction order); ``layer``, ``head``, ``direction``, the interval and the
+        p-value are those of the first of them. (Clark et al.'s code keeps the last of its sorted
+        list.) The baseline is the best offset, the first of -3..+3 on a tie.
         ``ci_low``/``ci_high``: 2.5th and 97.5th percentiles of the head's bootstrap accuracies;
         ``p_value``: ``(1 + #{b: acc_head(b) - acc_baseline(b) <= 0}) / (1 + B)``; ``p_adj``
         corrected across relations (``correction`` is a ``multipletests`` method: fdr_bh,
         bonferroni, holm, ...); ``few``: fewer than ``min_dependents`` dependents.
         """
         columns = ["relation", "n", "layer", "head", "direction", "accuracy", "ci_low", "ci_high", "baseline_offset",
-                   "baseline_accuracy", "p_value", "p_adj", "significant", "few"]
+                   "baseline_accuracy", "p_value", "p_adj", "significant", "few", "n_ties", "ties"]
         if not self._count:
             return pd.DataFrame(columns=columns)
         num_layers, num_heads = self._shape
@@ -196,25 +206,29 @@ class RelationHeads(Analyzer):
         for relation in self._relations():
             with np.errstate(invalid="ignore", divide="ignore"):
                 accuracy = self._correct[relation] / self._count[relation][:, None]  # [1 + B, width + offsets]
-            best = int(np.argmax(accuracy[0, :width]))
+            # hit counts are whole numbers over one denominator: equal accuracies are exactly equal
+            tied = np.flatnonzero(accuracy[0, :width] == np.max(accuracy[0, :width]))
+            best = int(tied[0])
             base = int(np.argmax(accuracy[0, width:]))
             replicates = accuracy[1:, best], accuracy[1:, width + base]
             valid = ~np.isnan(replicates[0])
-            layer, head, direction = np.unravel_index(best, (num_layers, num_heads, 2))
+            layer, head, direction = np.unravel_index(tied, (num_layers, num_heads, 2))
             difference = replicates[0][valid] - replicates[1][valid]
             rows.append(
                 {
                     "relation": relation,
                     "n": int(self._count[relation][0]),
-                    "layer": int(layer),
-                    "head": int(head),
-                    "direction": DIRECTIONS[direction],
+                    "layer": int(layer[0]),
+                    "head": int(head[0]),
+                    "direction": DIRECTIONS[direction[0]],
                     "accuracy": accuracy[0, best],
                     "ci_low": np.percentile(replicates[0][valid], 2.5),
                     "ci_high": np.percentile(replicates[0][valid], 97.5),
                     "baseline_offset": OFFSETS[base],
                     "baseline_accuracy": accuracy[0, width + base],
                     "p_value": (1 + np.sum(difference <= 0)) / (1 + len(difference)),
+                    "n_ties": len(tied),
+                    "ties": "; ".join(f"{tl}-{th} {DIRECTIONS[td]}" for tl, th, td in zip(layer, head, direction)),
                 }
             )
         table = pd.DataFrame(rows)

@@ -9,6 +9,9 @@ from bertology.reports import figures
 from bertology.reports.html import Figure, Section
 from bertology.runfolder import RunFolder
 
+_PUNCT_SETS = {"upos": "every token that is only punctuation (Unicode category P*; --punct upos)",
+               "clark": "the tokens '.' and ',' only, as in Clark et al.'s code (--punct clark)"}
+
 
 def profile_section(
     folder: RunFolder,
@@ -16,14 +19,15 @@ def profile_section(
     layers: pd.DataFrame,
     labels: pd.DataFrame,
     head_map: pd.DataFrame | None,
+    punct: str = "upos",
 ) -> Section:
-    """Write the profile figures into ``folder`` and return the report section that shows them."""
+    """Write the profile figures into ``folder`` and return the report section that shows them (``punct``: the punctuation set)."""
     section = Section(
         title="General attention profile",
         intro=(
             "Clark et al. (2019), 'What Does BERT Look At?': for every head, the average attention to [CLS], [SEP], "
             "punctuation, itself and its neighbours, the entropy of its attention and its mean attention distance, "
-            "averaged over sequences with 95% intervals (heads.csv)."
+            f"averaged over sequences with 95% intervals (heads.csv). Punctuation: {_PUNCT_SETS[punct]}."
         ),
     )
     special = folder.write_figure("special_tokens_by_layer", figures.special_by_layer(heads))
