@@ -162,7 +162,7 @@ def roles(
     out: Optional[Path] = OUT,
     tau: float = TAU,
     role_window: int = ROLE_WINDOW,
-    correction: str = typer.Option("fdr_bh", "--correction", help="Correction across heads x roles (statsmodels: fdr_bh, bonferroni, holm, ...)."),
+    correction: str = typer.Option("fdr_bh", "--correction", help="Correction within each role over its heads (statsmodels: fdr_bh, bonferroni, holm, ...)."),
     parser: Optional[str] = PARSER,
     spacy_pipeline: Optional[str] = SPACY_PIPELINE,
     batch_size: int = BATCH_SIZE,
@@ -315,6 +315,7 @@ def pretrain(
 def track(
     checkpoint: Optional[list[str]] = typer.Argument(None, help="Checkpoints in any order: model folders or hub names ('default': the bundled model)."),
     checkpoints: Optional[Path] = typer.Option(None, "--checkpoints", help="A folder of checkpoints (e.g. a `bertology pretrain` run)."),
+    steps: Optional[str] = typer.Option(None, "--steps", help="Training steps of the CKPT arguments, one each in the same order, e.g. 0,500,1000 [default: from each checkpoint]."),
     corpus: Optional[Path] = typer.Option(None, "--corpus", "-c", help="Corpus file; CoNLL-U adds syntactic heads [default: the bundled sample corpus]."),
     format: str = FORMAT,
     parser: Optional[str] = PARSER,
@@ -332,18 +333,21 @@ def track(
     quiet: bool = QUIET,
 ) -> None:
     """Profile, roles and syntactic heads over training checkpoints, and the verdict on the learning-curve hypothesis."""
-    from bertology.dynamics import find_checkpoints
+    from bertology.dynamics import find_checkpoints, parse_steps
     from bertology.dynamics import track as run_track
     from bertology.models import DEFAULT_MODEL
 
     if bool(checkpoint) == (checkpoints is not None):
         raise BertologyError("give checkpoints as arguments or --checkpoints DIR (one of the two)")
+    if steps is not None and checkpoints is not None:
+        raise BertologyError("--steps goes with checkpoints given as arguments (one step each, in the same order), not with --checkpoints DIR")
     series = find_checkpoints(checkpoints) if checkpoints is not None else [DEFAULT_MODEL if c == "default" else c for c in checkpoint]
     label = checkpoints.name if checkpoints is not None else Path(series[-1]).name
     out = out or _default_out("track", label, corpus)
     result = run_track(series, corpus, format=format, parser=parser, out=out, batch_size=batch_size, max_length=max_length, limit=limit,
                        bootstrap=bootstrap, tau=tau, min_dependents=min_dependents, punct=punct, seed=seed, device=device,
-                       trust_remote_code=trust_remote_code, progress=not quiet, command=sys.argv)
+                       trust_remote_code=trust_remote_code, progress=not quiet, command=sys.argv,
+                       steps=parse_steps(steps) if steps is not None else None)
     for claim in ("depth", "training"):
         typer.echo(f"{claim}: {result.verdict[claim]['verdict']}: {result.verdict[claim]['statement']}")
     typer.echo(f"report: {(Path(out) / 'report.html').resolve()}")

@@ -55,18 +55,38 @@ TRACK_COLUMNS = ["step", "checkpoint", "layer", "head", "metric", "value", "ci_l
 
 
 def checkpoint_step(name: str) -> int | None:
-    """The training step of a checkpoint: its ``pretraining_step.json`` (written by ``bertology pretrain``), else its name.
+    """The training step of a checkpoint: its ``pretraining_step.json`` (written by ``bertology pretrain``),
+    its ``trainer_state.json`` (Hugging Face Trainer: ``global_step``), else its name.
+
+    Names end in ``checkpoint-N`` (Trainer), ``step-N``, ``step_N``, ``stepN`` (Pythia's revisions) or
+    ``step_Nk`` (MultiBERTs; k = thousands).
 
     >>> checkpoint_step("google/multiberts-seed_0-step_20k"), checkpoint_step("runs/pt/checkpoints/step-001500")
     (20000, 1500)
+    >>> checkpoint_step("runs/finetune/checkpoint-500"), checkpoint_step("pythia-70m/revision=step1000")
+    (500, 1000)
     """
-    marker = Path(name) / "pretraining_step.json"
-    if marker.is_file():
-        return int(json.loads(marker.read_text())["step"])
-    match = re.search(r"step[-_]?(\d+)(k?)$", str(name).rstrip("/").split("/")[-1], flags=re.IGNORECASE)
+    for marker, key in (("pretraining_step.json", "step"), ("trainer_state.json", "global_step")):
+        path = Path(name) / marker
+        if path.is_file():
+            try:
+                return int(json.loads(path.read_text())[key])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise BertologyError(f"{path}: no whole-number {key!r} in it") from exc
+    match = re.search(r"(?:step|checkpoint)[-_]?(\d+)(k?)$", str(name).rstrip("/").split("/")[-1], flags=re.IGNORECASE)
     if match is None:
         return None
     return int(match.group(1)) * (1000 if match.group(2) else 1)
+
+
+def parse_steps(text: str) -> list[int]:
+    """``--steps 0,500,1000`` -> ``[0, 500, 1000]``."""
+    steps = []
+    for item in text.split(","):
+        if not item.strip().isdigit():
+            raise BertologyError(f"--steps: {item.strip()!r} is not a whole number of steps (give e.g. --steps 0,500,1000)")
+        steps.append(int(item))
+    return steps
 
 
 def find_checkpoints(directory: str | Path) -> list[str]:
@@ -81,16 +101,23 @@ def find_checkpoints(directory: str | Path) -> list[str]:
     raise BertologyError(f"{directory}: no model folders (sub-folders with config.json) in it or in its checkpoints/ folder")
 
 
-def ordered_checkpoints(checkpoints: list[str]) -> list[tuple[int | None, str]]:
-    """``(step, checkpoint)`` pairs in training order; every checkpoint must tell its step unless there is only one (step None)."""
+def ordered_checkpoints(checkpoints: list[str], steps: list[int] | None = None) -> list[tuple[int | None, str]]:
+    """``(step, checkpoint)`` pairs in training order.
+
+    ``steps``: one per checkpoint, in the same order; else every checkpoint must tell its step
+    (:func:`checkpoint_step`) unless there is only one (step None).
+    """
     if not checkpoints:
         raise BertologyError("no checkpoints given: pass model folders or hub names, or --checkpoints DIR")
-    steps = [checkpoint_step(c) for c in checkpoints]
+    if steps is not None and len(steps) != len(checkpoints):
+        raise BertologyError(f"--steps: {len(steps)} given for {len(checkpoints)} checkpoints; give one step per checkpoint, in the same order")
+    if steps is None:
+        steps = [checkpoint_step(c) for c in checkpoints]
     if len(checkpoints) == 1:
         return [(steps[0], checkpoints[0])]
     unknown = [c for c, s in zip(checkpoints, steps) if s is None]
     if unknown:
-        raise BertologyError(f"{unknown[0]}: cannot tell its training step (name it like step-1500 or step_20k)")
+        raise BertologyError(f"{unknown[0]}: cannot tell its training step (name it like checkpoint-500, step-1500 or step_20k, or give --steps)")
     if len(set(steps)) < len(steps):
         raise BertologyError("two checkpoints have the same training step")
     return sorted(zip(steps, checkpoints))
@@ -388,17 +415,19 @@ def track(
     trust_remote_code: bool = False,
     progress: bool = True,
     command: list[str] | None = None,
+    steps: list[int] | None = None,
 ) -> Track:
     """Profile, roles and (with trees) syntactic heads of every checkpoint on one corpus, and the verdict.
 
     ``checkpoints``: model folders or hub names (``"default"`` or ``"all-MiniLM-L6-v2"``: the bundled model),
-    ordered by the step in their name or ``pretraining_step.json``. ``corpus`` as in
+    ordered by ``steps`` (one per checkpoint, in the same order) or by the step each one tells
+    (:func:`checkpoint_step`). ``corpus`` as in
     :func:`bertology.analyze` (trees from CoNLL-U or ``parser="spacy"`` add syntax). With ``out``,
     each checkpoint's results are saved under ``out/parts`` as soon as they exist (a rerun skips
     them) and the run folder is written at the end. ``punct``: the punctuation set, as in :func:`bertology.analyze`.
     """
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    series = ordered_checkpoints([str(c) for c in checkpoints])
+    series = ordered_checkpoints([str(c) for c in checkpoints], steps)
     source, corpus_info = open_corpus(corpus, format, limit)
     examples = list(spacy_trees(source) if parser == "spacy" else source)
     if not examples:
@@ -413,7 +442,7 @@ def track(
     for step, checkpoint in series:
         name = _part_name(checkpoint)
         result = _load_part(parts, name, key) if parts is not None else None
-        if result is None:
+        if result is None or result.step != step:
             result = _analyze_checkpoint(step, checkpoint, examples, with_trees, settings, progress)
             if parts is not None:
                 _save_part(parts, name, key, result)

@@ -8,6 +8,7 @@ Any Hugging Face encoder whose attention goes through transformers' ``AttentionI
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,20 +51,26 @@ def quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(verbosity)
 
 
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
 def resolve_device(device: str = "auto") -> torch.device:
-    """``auto`` picks CUDA, then Apple MPS, then CPU; anything else is passed to ``torch.device``."""
+    """``auto`` picks CUDA, then Apple MPS, then CPU; ``cpu``, ``cuda``, ``cuda:N`` and ``mps`` only where this machine has them."""
     if device == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError as exc:
-        raise ModelError(f"unknown device {device!r}: use auto, cpu, cuda, cuda:N or mps") from exc
+        return torch.device("mps" if _mps_available() else "cpu")
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
+        raise ModelError(f"unknown device {device!r}: use auto, cpu, cuda, cuda:N or mps")
+    resolved = torch.device(device)
+    if resolved.type == "mps" and not _mps_available():
+        raise ModelError(f"device {device!r} was asked for, but Apple MPS is not available on this machine")
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ModelError(f"device {device!r} was asked for, but CUDA is not available on this machine")
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        present = ", ".join(f"cuda:{index}" for index in range(torch.cuda.device_count()))
+        raise ModelError(f"device {device!r} was asked for, but this machine has only {present}")
     return resolved
 
 
@@ -149,6 +156,15 @@ def _model_max_length(config, tokenizer) -> int:
     return min(limits) if limits else 512
 
 
+def require_safetensors(folder: str | Path) -> None:
+    """Refuse a model folder whose weights are only pickles (``pytorch_model*.bin``): unpickling can run planted code."""
+    folder = Path(folder)
+    pickles = sorted(path.name for path in folder.glob("pytorch_model*.bin"))
+    if pickles and not any(folder.glob("*.safetensors")):
+        raise ModelError(f"{folder}: only pickle weights ({', '.join(pickles)}), which bertology never loads: "
+                         "convert them to model.safetensors where you trust the file (from_pretrained, then save_pretrained)")
+
+
 def load_model(
     name_or_path: str | Path | None = None,
     *,
@@ -169,13 +185,14 @@ def load_model(
             source = str(Path(source).expanduser())
             if not (Path(source) / "config.json").is_file():
                 raise ModelError(f"{source}: not a model folder (no config.json in it)")
+            require_safetensors(source)
     torch_device = device if isinstance(device, torch.device) else resolve_device(device)
     with quiet_transformers():
         try:
             config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
             model = AutoModel.from_pretrained(
-                source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code
+                source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code, use_safetensors=True
             )
         except OSError as exc:
             if Path(source).exists():
