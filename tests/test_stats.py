@@ -106,3 +106,33 @@ def test_confusion_metrics_match_scikit_learn():
     # vectorised over leading axes
     stacked = np.stack([confusion, confusion])
     np.testing.assert_allclose(confusion_metric(stacked, "accuracy"), [accuracy_score(gold, predicted)] * 2)
+
+
+def test_paired_bootstrap_by_hand():
+    """The paired bootstrap's interval is the 2.5th-97.5th percentile of the resampled differences, and its
+    p-value is two-sided, checked against a plain loop over the same resamples."""
+    from bertology.stats import paired_bootstrap
+
+    rng = np.random.default_rng(3)
+    gold = rng.integers(0, 2, 60)
+    baseline = np.where(rng.random(60) < 0.8, gold, 1 - gold)
+    variant = np.where(rng.random(60) < 0.7, gold, 1 - gold)
+    replicates, seed = 400, 11
+    table = paired_bootstrap(gold, baseline, variant[None], classes=2, metric="accuracy", replicates=replicates, seed=seed)
+
+    draws = np.random.default_rng(seed)
+    deltas = []
+    for _ in range(replicates):
+        counts = draws.multinomial(60, np.full(60, 1 / 60))
+        deltas.append((counts * (variant == gold)).sum() / 60 - (counts * (baseline == gold)).sum() / 60)
+    deltas = np.sort(deltas)
+    assert table.loc[0, "value"] == pytest.approx((variant == gold).mean())
+    assert table.loc[0, "delta"] == pytest.approx((variant == gold).mean() - (baseline == gold).mean())
+    # numpy's default percentile: linear interpolation between order statistics at (B - 1) q
+    for column, q in (("ci_low", 0.025), ("ci_high", 0.975)):
+        position = (replicates - 1) * q
+        below = int(np.floor(position))
+        expected = deltas[below] + (position - below) * (deltas[below + 1] - deltas[below])
+        assert table.loc[0, column] == pytest.approx(expected, abs=1e-12)
+    tail = min(1 + np.sum(deltas <= 0), 1 + np.sum(deltas >= 0))
+    assert table.loc[0, "p"] == pytest.approx(min(1.0, 2 * tail / (1 + replicates)))
