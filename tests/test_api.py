@@ -1,9 +1,15 @@
 """The Python API, and one end-to-end run on the bundled default model."""
 
+import json
+
 import numpy as np
+import pytest
 
 import bertology
+from bertology import api
 from bertology.analyzers import PROFILE_METRICS
+from bertology.errors import BertologyError
+from test_runfolder import snapshot
 
 SENTENCES = [
     "The old lighthouse keeper climbed the stairs every evening.",
@@ -38,3 +44,66 @@ def test_results_are_deterministic(tiny_bert):
 def test_no_sampled_sequence_is_a_warning_not_a_failure(tiny_bert):
     result = bertology.analyze(tiny_bert, ["the cat sat."], progress=False, head_distance_sample=1e-9)
     assert result.head_map is None and "no sequence was sampled" in result.warnings[0]
+
+
+TREEBANK = """# text = the cat sat on the mat.
+1\tthe\t_\tDET\t_\t_\t2\tdet\t_\t_
+2\tcat\t_\tNOUN\t_\t_\t3\tnsubj\t_\t_
+3\tsat\t_\tVERB\t_\t_\t0\troot\t_\t_
+4\ton\t_\tADP\t_\t_\t6\tcase\t_\t_
+5\tthe\t_\tDET\t_\t_\t6\tdet\t_\t_
+6\tmat\t_\tNOUN\t_\t_\t3\tobl\t_\tSpaceAfter=No
+7\t.\t_\tPUNCT\t_\t_\t3\tpunct\t_\t_
+
+# text = the dog ran fast.
+1\tthe\t_\tDET\t_\t_\t2\tdet\t_\t_
+2\tdog\t_\tNOUN\t_\t_\t3\tnsubj\t_\t_
+3\tran\t_\tVERB\t_\t_\t0\troot\t_\t_
+4\tfast\t_\tADV\t_\t_\t3\tadvmod\t_\tSpaceAfter=No
+5\t.\t_\tPUNCT\t_\t_\t3\tpunct\t_\t_
+
+"""
+
+
+def test_out_is_checked_before_the_corpus_is_read_or_the_model_loaded(tmp_path):
+    taken = tmp_path / "taken.txt"
+    taken.write_text("not a folder\n")
+    with pytest.raises(BertologyError, match=r"taken\.txt: is a file") as error:
+        bertology.analyze("nobody/no-such-model", tmp_path / "no-such-corpus.txt", out=taken, progress=False)
+    assert "\n" not in str(error.value) and taken.read_text() == "not a folder\n"
+
+
+def test_a_rerun_leaves_no_stale_file_and_a_failed_save_leaves_the_previous_run_whole(tiny_bert, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    bertology.analyze(tiny_bert, SENTENCES, out=out, progress=False, view=False)
+    assert (out / "roles.csv").is_file()
+    bertology.analyze(tiny_bert, SENTENCES, analyses=["profile"], out=out, progress=False, view=False)
+    assert not (out / "roles.csv").exists() and not (out / "roles_grid.png").exists()  # nothing of the earlier run is left
+    before = snapshot(out)
+
+    def killed(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(api, "roles_section", killed)
+    with pytest.raises(OSError, match="No space left"):
+        bertology.analyze(tiny_bert, SENTENCES, out=out, progress=False, view=False)
+    assert snapshot(out) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]  # no staging folder, no lock
+
+
+def test_one_family_failing_loses_nothing_else(tiny_bert, tmp_path):
+    corpus = tmp_path / "tiny.conllu"
+    corpus.write_text(TREEBANK)
+    out = tmp_path / "run"
+    result = bertology.analyze(tiny_bert, corpus, max_length=3, bootstrap=100, probe=False, out=out, progress=False, view=False)
+    assert list(result.failures) == ["syntax"] and "no sentence had a dependency tree" in result.failures["syntax"]
+    assert result.syntax is None and result.heads is not None and result.roles is not None and result.patterns is not None
+    for name in ("heads.csv", "roles.csv", "patterns.csv", "report.html"):
+        assert (out / name).is_file(), name
+    assert not (out / "syntax.csv").exists()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "partial" and manifest["failures"] == result.failures
+    assert "no sentence had a dependency tree" in (out / "report.html").read_text()
+    with pytest.raises(BertologyError, match="no sentence had a dependency tree"):  # when every family fails, nothing is saved
+        bertology.analyze(tiny_bert, corpus, analyses=["syntax"], max_length=3, probe=False, out=tmp_path / "alone", progress=False)
+    assert not (tmp_path / "alone").exists()

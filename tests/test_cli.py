@@ -208,3 +208,34 @@ def test_pretrain_then_track_the_checkpoints(corpus, tmp_path):
     assert neither.returncode == 2 and neither.stderr.strip().splitlines() == ["error: give checkpoints as arguments or --checkpoints DIR (one of the two)"]
     missing = bertology("pretrain", tmp_path / "nothing-here")
     assert missing.returncode == 2 and missing.stderr.strip() == f"error: {tmp_path / 'nothing-here'}: no such file or folder"
+
+
+@pytest.mark.parametrize("command", [
+    ["analyze", "-m", "nobody/none", "-c", "{missing}"], ["roles", "-m", "nobody/none", "-c", "{missing}"],
+    ["patterns", "-m", "nobody/none", "-c", "{missing}"], ["syntax", "-m", "nobody/none", "-c", "{missing}"],
+    ["compare", "nobody/a", "nobody/b", "-c", "{missing}"], ["track", "nobody/a", "nobody/b", "-c", "{missing}"],
+    ["finetune", "{missing}", "-m", "nobody/none"], ["pretrain", "{missing}"], ["ablate", "{missing}", "-m", "nobody/none"],
+    ["importance", "{missing}", "-m", "nobody/none"], ["prune", "{missing}", "-m", "nobody/none"],
+])
+def test_out_is_refused_before_any_input_is_read(command, tmp_path):
+    from typer.testing import CliRunner
+
+    from bertology.cli import app
+    from bertology.errors import BertologyError
+
+    taken = tmp_path / "taken.txt"
+    taken.write_text("not a folder\n")
+    args = [arg.format(missing=tmp_path / "missing") for arg in command] + ["--out", str(taken)]
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, BertologyError) and str(result.exception) == f"{taken}: is a file, not a folder; give a new folder or an earlier run folder"
+
+
+def test_a_failing_analysis_keeps_the_others_and_exits_non_zero(tiny_bert_dir, treebank, tmp_path):
+    out = tmp_path / "run"
+    result = bertology("analyze", "-m", tiny_bert_dir, "-c", treebank, "-o", out, "--max-length", 3, "--bootstrap", 100, "--no-probe", "-q")
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line == f"error: syntax failed: no sentence had a dependency tree with a scorable dependent; the other analyses are saved in {out.resolve()}"
+    assert (out / "heads.csv").is_file() and (out / "roles.csv").is_file() and not (out / "syntax.csv").exists()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "partial" and list(manifest["failures"]) == ["syntax"]

@@ -1,13 +1,16 @@
 import math
+import random
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import PreTrainedTokenizerBase
 
 from bertology.errors import BertologyError, CorpusError
-from bertology.finetuning import TaskData, finetune, load_task, task_metrics
+from bertology.finetuning import TaskData, finetune, load_task, random_states, restore_random_states, task_metrics
 from bertology.models import load_model
+from test_runfolder import snapshot
 
 SENTENCES = ["the cat sat.", "the dog ran.", "a cat and a dog.", "where is the dog?", "we saw the cat.", "the big red house.",
              "the small tree.", "they ran fast.", "you saw a cat here.", "the dog is under the table.", "it is here.", "we ran slowly."]
@@ -80,3 +83,67 @@ def test_user_tsv_with_named_columns(tmp_path):
     with pytest.raises(CorpusError, match=r"train\.tsv:1: not a GLUE TSV header .* name its columns with --text-column and --label-column"):
         load_task(train=tmp_path / "train.tsv", dev=tmp_path / "dev.tsv")
     assert np.isclose(task_metrics(task, ["yes", "no"], ["yes", "yes"])["macro_f1"], (2 / 3 + 0) / 2)
+
+
+class Planted:
+    """A pickle that writes a marker file when it is loaded."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_a_planted_pickle_in_the_checkpoint_never_runs(tiny_bert_dir, sst_like, tmp_path):
+    task = load_task(sst_like)
+    settings = dict(model=tiny_bert_dir, batch_size=4, epochs=3, max_length=16, progress=False, checkpoint_every=2)
+    finetune(task, tmp_path / "model", max_steps=2, **settings)
+    state = tmp_path / "model" / "checkpoint" / "state.pt"
+    marker = tmp_path / "pwned"
+    torch.save({"model": Planted(marker), "step": 2}, state)
+    with pytest.raises(BertologyError) as error:
+        finetune(task, tmp_path / "model", **settings)
+    assert not marker.exists()
+    assert str(state) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_random_states_round_trip_through_a_weights_only_load(tmp_path):
+    random.seed(1), random.gauss(0, 1)  # a cached Gaussian is part of the state
+    np.random.seed(2), np.random.standard_normal()
+    torch.manual_seed(3)
+    torch.save(random_states(), tmp_path / "state.pt")
+    expected = random.random(), random.gauss(0, 1), np.random.standard_normal(3), torch.rand(3)
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    restore_random_states(torch.load(tmp_path / "state.pt", weights_only=True))
+    again = random.random(), random.gauss(0, 1), np.random.standard_normal(3), torch.rand(3)
+    assert again[:2] == expected[:2] and np.array_equal(again[2], expected[2]) and torch.equal(again[3], expected[3])
+
+
+def test_out_is_checked_before_the_model_loads(sst_like, tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("a file\n")
+    with pytest.raises(BertologyError, match="is a file"):
+        finetune(load_task(sst_like), taken, model="nobody/no-such-model", progress=False)
+
+
+def test_a_failure_while_saving_keeps_the_earlier_model_and_the_checkpoint(tiny_bert_dir, sst_like, tmp_path, monkeypatch):
+    task = load_task(sst_like)
+    out = tmp_path / "model"
+    settings = dict(model=tiny_bert_dir, batch_size=4, epochs=1, max_length=16, progress=False)
+    finetune(task, out, **settings)
+    earlier = snapshot(out)
+
+    def killed(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(PreTrainedTokenizerBase, "save_pretrained", killed)
+    with pytest.raises(OSError, match="No space left"):
+        finetune(task, out, learning_rate=1e-3, **settings)
+    assert {name: data for name, data in snapshot(out).items() if not name.startswith("checkpoint/")} == earlier  # the earlier model, whole
+    assert (out / "checkpoint" / "state.pt").is_file()  # the new run's training is not lost
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("model")] == ["model"]
+    monkeypatch.undo()
+    metrics = finetune(task, out, learning_rate=1e-3, **settings)
+    assert metrics["resumed_from_step"] == metrics["steps"] and metrics["settings"]["learning_rate"] == 1e-3
+    assert not (out / "checkpoint").exists()

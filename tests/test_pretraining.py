@@ -1,4 +1,5 @@
 import json
+import pickle
 
 import numpy as np
 import pandas as pd
@@ -7,9 +8,12 @@ import torch
 from safetensors.torch import load_file
 
 from bertology.dynamics import checkpoint_step
-from bertology.errors import CorpusError
+from bertology.errors import BertologyError, CorpusError
 from bertology.models import load_model
 from bertology.pretraining import checkpoint_steps, documents_for_pairs, make_instances, pretrain, split_documents, unigram_cross_entropy
+from bertology.reports import dynamics as reports
+from test_finetuning import Planted
+from test_runfolder import snapshot
 
 SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the rabbit"]
 VERBS = ["sat on", "looked at", "ran to", "thought about", "walked past"]
@@ -138,3 +142,47 @@ def test_bad_corpora_name_the_file(tmp_path):
     bad.write_bytes(b"fine line\n\xff broken\n")
     with pytest.raises(CorpusError, match=r"bad.txt:2: invalid UTF-8"):
         pretrain(bad, tmp_path / "run", **SMALL)
+
+
+def test_a_planted_pickle_in_the_training_state_never_runs(tmp_path):
+    books = write_books(tmp_path / "books")
+    pretrain(books, tmp_path / "run", steps=12, save_every=5, max_steps=5, **SMALL)
+    [state] = (tmp_path / "run").rglob("state.pt")
+    marker = tmp_path / "pwned"
+    state.write_bytes(pickle.dumps({"settings": Planted(marker)}, protocol=2))
+    with pytest.raises(BertologyError) as error:
+        pretrain(books, tmp_path / "run", steps=12, save_every=5, **SMALL)
+    assert not marker.exists()
+    assert str(state) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_out_is_checked_before_the_corpus_is_read(tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("a file\n")
+    with pytest.raises(BertologyError, match="is a file"):
+        pretrain(tmp_path / "no-such-corpus", taken, **SMALL)
+
+
+def test_a_new_run_replaces_the_earlier_checkpoints_and_a_failed_save_loses_nothing(tmp_path, monkeypatch):
+    books = write_books(tmp_path / "books")
+    out = tmp_path / "run"
+    pretrain(books, out, steps=20, **SMALL)
+    earlier = snapshot(out)
+
+    def killed(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(reports, "pretraining_report", killed)
+    with pytest.raises(OSError, match="No space left"):
+        pretrain(books, out, steps=12, **SMALL)
+    assert {name: data for name, data in snapshot(out).items() if not name.startswith("training/")} == earlier  # the earlier run is whole
+    assert (out / "training" / "state" / "state.pt").is_file()  # and the new one's training is kept
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("run")] == ["run"]
+    monkeypatch.undo()
+    summary = pretrain(books, out, steps=12, **SMALL)
+    assert summary["resumed_from_step"] == 12
+    steps = checkpoint_steps(12, SMALL["checkpoints"])
+    assert steps == [0, 10, 11, 12]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step-{step:06d}" for step in steps]  # none of the earlier run's (14, 20)
+    assert pd.read_csv(out / "checkpoints.csv").step.tolist() == steps
+    assert not (out / "training").exists()

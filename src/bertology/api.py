@@ -12,6 +12,7 @@ import datetime as dt
 import platform
 import sys
 from collections.abc import Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from html import escape
 from importlib import metadata
@@ -35,7 +36,7 @@ from bertology.reports.profile import profile_section
 from bertology.reports.roles import patterns_section, roles_section
 from bertology.reports.syntax import syntax_section
 from bertology.reports.viewer import viewer_section
-from bertology.runfolder import RunFolder
+from bertology.runfolder import RunFolder, claims_out
 from bertology.viewer import AttentionView, attention_view, head_labels
 
 FAMILIES = ("profile", "roles", "patterns", "syntax")
@@ -67,7 +68,8 @@ class Analysis:
     ``role_shares`` (share of heads per role at several tau). Patterns: ``patterns`` (``layer, head,
     pattern, share, n, majority``), ``pattern_layers`` and ``pattern_examples``. Syntax: ``syntax``
     (``relation, direction, layer, head, accuracy, n``), ``syntax_best`` (one row per relation),
-    ``syntax_baselines`` and ``probe`` (UAS figures). Families not run are None.
+    ``syntax_baselines`` and ``probe`` (UAS figures). Families not run are None, and so are those that
+    failed: ``failures`` maps each of them to its error message (the run folder is then ``partial``).
     """
 
     model: dict
@@ -93,6 +95,7 @@ class Analysis:
     out: Path | None = None
     warnings: list[str] = field(default_factory=list)
     view: AttentionView | None = None
+    failures: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict:
         """The facts shown at the top of the report."""
@@ -109,10 +112,12 @@ class Analysis:
             "device": self.model["device"],
             "time": f"{stats['seconds']} s ({stats['sequences_per_second']} sequences/s)",
             "started": self.started,
+            **({"failed": "; ".join(f"{family}: {message}" for family, message in self.failures.items())} if self.failures else {}),
         }
 
+    @claims_out
     def save(self, out: str | Path, command: list[str] | None = None) -> Path:
-        """Write tables, figures, ``report.html`` and ``manifest.json`` to ``out``; returns the report path."""
+        """Write tables, figures, ``report.html`` and ``manifest.json`` to ``out``, replacing it whole; returns the report path."""
         folder = RunFolder(out)
         sections = []
         if self.heads is not None:
@@ -145,11 +150,12 @@ class Analysis:
             self.view.save(folder.path / "viewer.html")
             sections.append(viewer_section(self.view))
         report = Report(title=f"bertology: {self.model['name']} on {self.corpus['name']}", summary=self.summary(), sections=sections)
-        report_path = folder.write_text("report.html", report.render())
+        folder.write_text("report.html", report.render())
         folder.write_json(
             "manifest.json",
             {
-                "status": "complete",
+                "status": "partial" if self.failures else "complete",
+                "failures": self.failures,
                 "command": command if command is not None else sys.argv,
                 "model": self.model,
                 "corpus": self.corpus,
@@ -163,8 +169,8 @@ class Analysis:
                 "warnings": self.warnings,
             },
         )
-        self.out = folder.path
-        return report_path
+        self.out = folder.commit()
+        return self.out / "report.html"
 
     def _repr_html_(self) -> str:
         summary = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th><td>{escape(str(v))}</td></tr>" for k, v in self.summary().items())
@@ -182,6 +188,7 @@ def _has_trees(examples: Corpus | list[Example]) -> bool:
     return any(example.has_tree for example in examples)
 
 
+@claims_out
 def analyze(
     model: str | Path | LoadedModel | None = None,
     corpus: str | Path | Corpus | Iterable[str | Example] | None = None,
@@ -225,8 +232,10 @@ def analyze(
     is the multiple-testing method (statsmodels' ``multipletests``) for syntax and roles alike.
     ``punct`` is the profile's punctuation set: ``upos`` (every punctuation-only piece) or ``clark``
     (the pieces "." and "," only, as in Clark et al.'s code; METHODS.md section 1).
-    With ``out``, the run folder is written there. ``view`` adds the attention viewer
-    (``viewer.html``) for the corpus's first example, linked from the report.
+    With ``out`` (checked before anything runs), the run folder is written there. ``view`` adds the
+    attention viewer (``viewer.html``) for the corpus's first example, linked from the report. A family
+    that fails after the pass loses nothing else: it is left out and recorded in ``failures``
+    (BertologyError when every family fails).
     """
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     examples, corpus_info = open_corpus(corpus, format, limit)
@@ -290,24 +299,42 @@ def analyze(
     }
     analysis = Analysis(model=loaded.info(), corpus=corpus_info, stats=stats, settings=settings, started=started)
     if "profile" in analyzers:
-        _finish_profile(analysis, analyzers["profile"], analyzers["distance"])
+        with _finishing(analysis, "profile"):
+            _finish_profile(analysis, analyzers["profile"], analyzers["distance"])
     if "roles" in analyzers:
-        roles = analyzers["roles"]
-        analysis.roles = roles.result()
-        taus = sorted(set(REPORTED_TAUS) | {tau})
-        analysis.role_shares = pd.concat([role_shares(roles.test(tau=value)).assign(tau=value) for value in taus], ignore_index=True)
+        with _finishing(analysis, "roles"):
+            roles = analyzers["roles"]
+            analysis.roles = roles.result()
+            taus = sorted(set(REPORTED_TAUS) | {tau})
+            analysis.role_shares = pd.concat([role_shares(roles.test(tau=value)).assign(tau=value) for value in taus], ignore_index=True)
     if "patterns" in analyzers:
-        patterns = analyzers["patterns"]
-        analysis.patterns, analysis.pattern_layers = patterns.result(), patterns.by_layer()
-        analysis.pattern_examples, analysis.pattern_thresholds = patterns.examples(), patterns.thresholds()
+        with _finishing(analysis, "patterns"):
+            patterns = analyzers["patterns"]
+            analysis.patterns, analysis.pattern_layers = patterns.result(), patterns.by_layer()
+            analysis.pattern_examples, analysis.pattern_thresholds = patterns.examples(), patterns.thresholds()
     if "relations" in analyzers:
-        _finish_syntax(analysis, analyzers["relations"], analyzers.get("probe"), engine, test_corpus, probe_folds, probe_epochs, seed)
+        with _finishing(analysis, "syntax"):
+            _finish_syntax(analysis, analyzers["relations"], analyzers.get("probe"), engine, test_corpus, probe_folds, probe_epochs, seed)
+    if len(analysis.failures) == len(families):  # nothing left worth a run folder
+        raise BertologyError("; ".join(analysis.failures.values()))
     if view:
         first = next(iter(examples))
         analysis.view = attention_view(first.text, first.text_pair, model=loaded, max_length=engine.max_length)
     if out is not None:
         analysis.save(out, command=command)
     return analysis
+
+
+@contextmanager
+def _finishing(analysis: Analysis, family: str):
+    """Finish one family; if that fails, its results are dropped and its error is recorded in ``analysis.failures``."""
+    before = dict(vars(analysis))
+    try:
+        yield
+    except Exception as exc:
+        vars(analysis).update(before)
+        message = " ".join(str(exc).split())
+        analysis.failures[family] = message if isinstance(exc, BertologyError) else f"{type(exc).__name__}: {message}"
 
 
 def _finish_profile(analysis: Analysis, profile: GeneralProfile, distance: HeadDistance) -> None:

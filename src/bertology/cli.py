@@ -103,6 +103,9 @@ def _run(command: str, model, corpus, out, quiet: bool, skip_long: bool, **setti
     for warning in result.warnings:
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"report: {(result.out / 'report.html').resolve()}")
+    if result.failures:
+        failed = "; ".join(f"{family} failed: {message}" for family, message in result.failures.items())
+        raise BertologyError(f"{failed}; the other analyses are saved in {result.out.resolve()}")
 
 
 @app.command()
@@ -265,7 +268,10 @@ def finetune(
     """Fine-tune an encoder on a GLUE-style task; the result is a model folder every command accepts as --model."""
     from bertology.finetuning import finetune as run_finetune
     from bertology.finetuning import load_task
+    from bertology.runfolder import check_out
 
+    if out is not None:
+        check_out(out)  # before the task is read
     data = load_task(task, train=train, dev=dev, text_column=text_column, text_pair_column=text_pair_column, label_column=label_column)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name if model else "all-MiniLM-L6-v2")
     out = out or Path("runs") / f"finetune-{name}-{data.name}"
@@ -388,7 +394,10 @@ def compare(
 def _study(command: str, task, model, train, dev, text_column, text_pair_column, label_column, out, quiet: bool, **settings):
     from bertology.finetuning import load_task
     from bertology.importance import study_heads
+    from bertology.runfolder import check_out
 
+    if out is not None:
+        check_out(out)  # before the task is read
     data = load_task(task, train=train, dev=dev, text_column=text_column, text_pair_column=text_pair_column, label_column=label_column)
     out = out or _default_out(command, model, Path(data.name))
     study = study_heads(model, data, out=out, progress=not quiet, command=sys.argv, **settings)

@@ -28,7 +28,7 @@ from bertology.errors import BertologyError
 from bertology.models import LoadedModel, load_model
 from bertology.reports.compare import comparison_section
 from bertology.reports.html import Report
-from bertology.runfolder import RunFolder
+from bertology.runfolder import RunFolder, claims_out
 from bertology.stats import RunningMoments, interval_frame
 
 
@@ -158,8 +158,9 @@ class Comparison:
     stats: RunStats
     settings: dict
 
+    @claims_out
     def save(self, out, command: list[str] | None = None):
-        """Write tables, figures, ``report.html`` and ``manifest.json``; returns the report path."""
+        """Write tables, figures, ``report.html`` and ``manifest.json``, replacing ``out`` whole; returns the report path."""
         folder = RunFolder(out)
         folder.write_table("similarity", self.similarity)
         folder.write_table("similarity_by_layer", self.similarity_layers)
@@ -170,15 +171,16 @@ class Comparison:
         stats = self.stats.as_dict()
         summary = {"model A": name_a, "model B": name_b, "corpus": f"{self.corpus['name']} ({self.corpus['format']})",
                    "sequences": stats["sequences"], "truncated": stats["truncated"], "time": f"{stats['seconds']} s"}
-        report = folder.write_text("report.html", Report(f"bertology: {name_a} vs {name_b}", summary, [section]).render())
+        folder.write_text("report.html", Report(f"bertology: {name_a} vs {name_b}", summary, [section]).render())
         folder.write_json("manifest.json", {
             "status": "complete", "command": command if command is not None else sys.argv, "model_a": self.model_a, "model_b": self.model_b,
             "corpus": self.corpus, "settings": self.settings, "stats": stats, "versions": package_versions(),
             "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         })
-        return report
+        return folder.commit() / "report.html"
 
 
+@claims_out
 def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, batch_size: int = 32, max_length: int | None = None,
             limit: int | None = None, overflow: str = "truncate", tau: float = 3.0, punct: str = "upos", device: str = "auto", seed: int = 0,
             trust_remote_code: bool = False, progress: bool = True, command: list[str] | None = None) -> Comparison:

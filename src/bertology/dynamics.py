@@ -47,7 +47,7 @@ from bertology.engine import Engine
 from bertology.errors import BertologyError
 from bertology.models import DEFAULT_MODEL, load_model
 from bertology.parsing import spacy_trees
-from bertology.runfolder import RunFolder, atomic_write
+from bertology.runfolder import RunFolder, atomic_write, claims_out
 
 LEVEL = 0.95
 METRIC_NAMES = {"cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation", "syntax": "dependency relations (best head per relation)"}
@@ -316,8 +316,10 @@ class Track:
         rows += [(r.step, "syntax", float(r.syntax[0])) for r in self.results if r.syntax is not None]
         return pd.DataFrame(rows, columns=["step", "metric", "value"])
 
+    @claims_out
     def save(self, out: str | Path, command: list[str] | None = None) -> Path:
-        """Write ``track.csv``/``.parquet``, ``track_layers``, ``peaks``, ``emergence``, ``verdict.json``, figures, ``report.html``."""
+        """Write ``track.csv``/``.parquet``, ``track_layers``, ``peaks``, ``emergence``, ``verdict.json``, figures, ``report.html``
+        (replacing ``out`` whole, its saved ``parts/`` kept)."""
         from bertology.reports.dynamics import track_report
 
         folder = RunFolder(out)
@@ -327,7 +329,7 @@ class Track:
         if self.emergence is not None:
             folder.write_table("emergence", self.emergence)
         folder.write_json("verdict.json", self.verdict)
-        report = folder.write_text("report.html", track_report(folder, self))
+        folder.write_text("report.html", track_report(folder, self))
         from bertology.api import package_versions
 
         folder.write_json("manifest.json", {
@@ -336,7 +338,7 @@ class Track:
             "checkpoints": [{"step": r.step, "checkpoint": r.checkpoint} for r in self.results], "started": self.started,
             "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "warnings": self.warnings,
         })
-        return report
+        return folder.commit(keep=("parts",)) / "report.html"
 
 
 def _part_name(checkpoint: str) -> str:
@@ -396,6 +398,7 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
     return CheckpointResult(step, checkpoint, rows, layers, peaks.replicate_means(), syntax)
 
 
+@claims_out
 def track(
     checkpoints: list[str],
     corpus=None,

@@ -4,10 +4,12 @@ Tasks: SST-2 and CoLA (single sentences), MRPC and RTE (pairs), read from a fold
 ``train.tsv`` and ``dev.tsv`` in GLUE's format, or any TSV pair with named text and label columns.
 Training is a standard loop: AdamW with linear warm-up and decay (``transformers``'
 ``get_linear_schedule_with_warmup``), length-padded batches in a seeded order. Every
-``checkpoint_every`` steps the model, optimiser, scheduler and random states are saved, so an
-interrupted run started again with the same command resumes where it stopped. The result is a
-model folder (safetensors, tokenizer, config, ``metrics.json``) that every bertology command
-accepts as ``--model``.
+``checkpoint_every`` steps the model, optimiser, scheduler and random states are saved in
+``out/checkpoint/``, so an interrupted run started again with the same command resumes where it
+stopped; the state holds only tensors and plain values and is read with ``weights_only=True``, so a
+planted pickle is refused, never run. The result is a model folder (safetensors, tokenizer, config,
+``metrics.json``) that every bertology command accepts as ``--model``; it replaces ``out`` whole at
+the end (:class:`~bertology.runfolder.RunFolder`), the checkpoint with it.
 
 Metrics on dev, as GLUE reports them: accuracy (SST-2, RTE), F1 and accuracy (MRPC), Matthews
 correlation (CoLA), each against the majority-class baseline (the most frequent training label).
@@ -15,8 +17,8 @@ correlation (CoLA), each against the majority-class baseline (the most frequent 
 
 from __future__ import annotations
 
-import json
 import math
+import pickle
 import random
 import shutil
 import time
@@ -34,7 +36,7 @@ from bertology.corpora import Example, TableLayout, glue_layout, read_table
 from bertology.errors import BertologyError, CorpusError
 from bertology.hooks import Hooks
 from bertology.models import default_model_path, quiet_transformers, resolve_device
-from bertology.runfolder import atomic_write
+from bertology.runfolder import RunFolder, claims_out
 from bertology.stats import confusion_metric
 
 #: GLUE tasks bertology knows: folder name -> (task, metrics, positive label for F1).
@@ -177,8 +179,40 @@ def predict_logits(model, tokenizer, rows: list[dict], batch_size: int, device, 
     return logits
 
 
+def random_states() -> dict:
+    """Python's, NumPy's, torch's and CUDA's random states as tensors and plain values (what a ``weights_only`` load reads)."""
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": [name, keys.tolist(), position, has_gauss, cached_gaussian],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def restore_random_states(states: dict) -> None:
+    """Set the random states saved by :func:`random_states`."""
+    random.setstate(states["python"])
+    name, keys, position, has_gauss, cached_gaussian = states["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), position, has_gauss, cached_gaussian))
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def load_training_state(path: Path) -> dict:
+    """A state written by :func:`save_training_state`, loaded on the CPU with ``weights_only=True``: anything else is refused, never run."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        raise BertologyError(f"{path}: refused: not a training state of tensors and plain values (loading it could run code); delete it to start over") from exc
+    if not isinstance(state, dict):
+        raise BertologyError(f"{path}: not a training state; delete it to start over")
+    return state
+
+
 def save_training_state(folder: Path, state: dict, tokenizer=None) -> None:
-    """Atomically replace ``folder`` with ``state.pt`` holding ``state`` (model, optimiser, step, RNG states...) and the tokenizer if given."""
+    """Atomically replace ``folder`` with ``state.pt`` holding ``state`` (tensors and plain values only) and the tokenizer if given."""
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -192,6 +226,7 @@ def save_training_state(folder: Path, state: dict, tokenizer=None) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+@claims_out
 def finetune(
     task: TaskData,
     out: str | Path,
@@ -213,7 +248,8 @@ def finetune(
 ) -> dict:
     """Fine-tune ``model`` (default: all-MiniLM-L6-v2) on ``task``; write the model folder ``out`` and return its metrics.
 
-    ``max_steps`` stops training early (the run can be resumed later: tests use it to interrupt).
+    ``out`` is checked and claimed before anything else. ``max_steps`` stops training early (the run
+    can be resumed later: tests use it to interrupt).
     """
     out = Path(out)
     source = str(default_model_path()) if model is None else str(model)
@@ -252,16 +288,14 @@ def finetune(
     step, losses = 0, []
     if (checkpoint / "state.pt").is_file():
         # Loaded on the CPU: RNG states must stay CPU tensors; load_state_dict moves the rest to the model's device.
-        state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)
-        if state["settings"] != asdict(settings):
+        state = load_training_state(checkpoint / "state.pt")
+        if state.get("settings") != asdict(settings):
             raise BertologyError(f"{checkpoint}: a checkpoint of a run with other settings is there; use another --out or delete it")
         network.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step, losses = state["step"], state["losses"]
-        torch.set_rng_state(state["torch_rng"])
-        if state["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        restore_random_states(state["random"])
     resumed_from = step
 
     started = time.perf_counter()
@@ -285,8 +319,7 @@ def finetune(
             if step % checkpoint_every == 0 or step == stop_at:
                 save_training_state(checkpoint, {
                     "model": network.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step,
-                    "losses": losses, "settings": asdict(settings), "torch_rng": torch.get_rng_state(),
-                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                    "losses": losses, "settings": asdict(settings), "random": random_states(),
                 })
     seconds = time.perf_counter() - started
     if step < total_steps:
@@ -309,8 +342,9 @@ def finetune(
         "loss_curve": [round(float(np.mean(losses[i : i + 50])), 4) for i in range(0, len(losses), 50)],
         "settings": asdict(settings),
     }
-    network.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    atomic_write(out / "metrics.json", lambda p: p.write_text(json.dumps(metrics, indent=2) + "\n"))
-    shutil.rmtree(checkpoint, ignore_errors=True)
+    folder = RunFolder(out)  # the model replaces out whole; the checkpoint goes with the previous contents
+    network.save_pretrained(folder.path)
+    tokenizer.save_pretrained(folder.path)
+    folder.write_json("metrics.json", metrics)
+    folder.commit()
     return metrics

@@ -37,6 +37,7 @@ from bertology.finetuning import TaskData, collate_rows, encode_examples, length
 from bertology.hooks import ATTN_IMPLEMENTATION, Hooks, register_attention
 from bertology.interventions import INTERVENTIONS, HeadGates, Intervention, LayerReplay, attach_variants, prune_heads, reads_first_token_only, shrink_to_config
 from bertology.models import quiet_transformers, resolve_device
+from bertology.runfolder import claims_out
 from bertology.stats import paired_bootstrap
 
 
@@ -368,8 +369,9 @@ class HeadStudy:
     pruning: pd.DataFrame | None = None
     pruned: dict | None = None
 
+    @claims_out
     def save(self, out: str | Path, command: list[str] | None = None) -> Path:
-        """Write every table there is, figures, ``report.html`` and ``manifest.json``; returns the report path."""
+        """Write every table there is, figures, ``report.html`` and ``manifest.json``, replacing ``out`` whole; returns the report path."""
         import datetime as dt
         import sys
 
@@ -387,13 +389,13 @@ class HeadStudy:
         summary = {"model": self.model["name"], "task": self.task, "examples": self.examples,
                    **{f"{metric} (no intervention)": f"{value:.4f}" for metric, value in self.baseline.items()}}
         section = importance_section(folder, self)
-        report = folder.write_text("report.html", Report(f"bertology: which heads matter for {self.task}", summary, [section]).render())
+        folder.write_text("report.html", Report(f"bertology: which heads matter for {self.task}", summary, [section]).render())
         folder.write_json("manifest.json", {
             "status": "complete", "command": command if command is not None else sys.argv, "model": self.model, "task": self.task,
             "examples": self.examples, "importance_examples": self.importance_examples, "baseline": self.baseline, "settings": self.settings,
             "versions": package_versions(), "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         })
-        return report
+        return folder.commit() / "report.html"
 
 
 ABLATE_DEFAULTS = {"intervention": "mask", "bootstrap": 10000, "correction": "fdr_bh"}
@@ -428,6 +430,7 @@ def _check_settings(settings: dict) -> None:
         raise BertologyError(f"step must be in (0, 1], not {settings['step']}")
 
 
+@claims_out
 def study_heads(model: str | Path | TaskModel, task: TaskData, *, ablate: bool = False, importance: bool = False, prune: bool = False,
                 intervention: str | None = None, max_examples: int | None = None, importance_split: str | None = None,
                 importance_examples: int | None = None, normalise: str | None = None, bootstrap: int | None = None,
@@ -490,9 +493,11 @@ def study_heads(model: str | Path | TaskModel, task: TaskData, *, ablate: bool =
             if folder is not None:
                 folder.write_table("pruning", study.pruning)
             if prune_to is not None:
-                target = Path(out) / f"pruned-{prune_to}-heads" if out is not None else Path(f"pruned-{prune_to}-heads")
+                target = folder.path / f"pruned-{prune_to}-heads" if folder is not None else Path(f"pruned-{prune_to}-heads")
                 study.pruned = prune_and_time(task_model, task, curve.masks[task_model.num_layers * task_model.num_heads - prune_to], rows, gold, target,
                                               batch_size=batch_size * 2)
+                if folder is not None:  # saved in the staging folder, which becomes out
+                    study.pruned["model"] = str(Path(out) / target.name)
     if out is not None:
         study.save(out, command)
     return study

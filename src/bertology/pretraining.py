@@ -41,9 +41,9 @@ from transformers.utils import logging as hf_logging
 
 from bertology.corpora import numbered_lines
 from bertology.errors import BertologyError, CorpusError
-from bertology.finetuning import save_training_state
+from bertology.finetuning import load_training_state, random_states, restore_random_states, save_training_state
 from bertology.models import quiet_transformers, resolve_device
-from bertology.runfolder import RunFolder
+from bertology.runfolder import RunFolder, claims_out, link_tree
 from bertology.stats import keyed_rng
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -255,6 +255,7 @@ def unigram_cross_entropy(train_ids: list[list[list[int]]], batches: list[dict[s
     return float(-log_p[targets].mean())
 
 
+@claims_out
 def pretrain(
     corpus: list[str | Path] | str | Path,
     out: str | Path,
@@ -284,8 +285,10 @@ def pretrain(
     Writes to ``out``: ``checkpoints/step-NNNNNN/`` (model folders), ``checkpoints.csv`` (step,
     validation masked-LM loss and next-sentence accuracy), ``loss.csv`` (training losses per step),
     ``loss_curve.png``, ``report.html`` and ``pretraining.json`` (settings, corpus, unigram
-    baseline, final losses, wall time). The training state is saved every ``save_every`` steps:
-    the same call resumes an interrupted run. ``max_steps`` stops early (tests use it to interrupt).
+    baseline, final losses, wall time). While training, the checkpoints so far and the training state
+    (saved every ``save_every`` steps, read back with ``weights_only=True``) are kept in ``out/training/``:
+    the same call resumes an interrupted run, and an earlier run in ``out`` stays whole until the new
+    one replaces it at the end. ``max_steps`` stops early (tests use it to interrupt).
     """
     if hidden % heads:
         raise BertologyError(f"--hidden {hidden} is not divisible by --heads {heads}")
@@ -293,14 +296,16 @@ def pretrain(
     files = corpus_files([corpus] if isinstance(corpus, (str, Path)) else list(corpus))
     settings = PretrainSettings([str(f) for f in files], vocab_size, layers, heads, hidden, intermediate or 4 * hidden, max_length,
                                 batch_size, steps, learning_rate, warmup, weight_decay, mask_probability, checkpoints, validation_share, seed)
-    folder = RunFolder(out)
     torch_device = resolve_device(device)
     hf_logging.disable_progress_bar()
     torch.manual_seed(seed)
 
-    state_folder = folder.path / "state"
-    state = torch.load(state_folder / "state.pt", map_location="cpu", weights_only=False) if (state_folder / "state.pt").is_file() else None
-    if state is not None and state["settings"] != asdict(settings):
+    training = Path(out) / "training"  # the work of an unfinished run: its state and checkpoints so far
+    state_folder = training / "state"
+    state = load_training_state(state_folder / "state.pt") if (state_folder / "state.pt").is_file() else None
+    if state is None:
+        shutil.rmtree(training, ignore_errors=True)  # a start that never saved a state: nothing to resume
+    elif state.get("settings") != asdict(settings):
         raise BertologyError(f"{state_folder}: the training state of a run with other settings is there; use another --out or delete it")
     documents = documents_for_pairs(read_documents(files))
     train_text, validation_text = split_documents(documents, validation_share)
@@ -353,34 +358,26 @@ def pretrain(
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         collator.generator.set_state(state["mask_rng"])
-        torch.set_rng_state(state["torch_rng"])  # dropout
-        if state["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        restore_random_states(state["random"])  # torch's: dropout
         step, epoch, position, losses, evaluations = state["step"], state["epoch"], state["position"], state["losses"], state["evaluations"]
     resumed_from = step
 
     def save_state() -> None:
         save_training_state(state_folder, {
             "model": network.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "mask_rng": collator.generator.get_state(), "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None, "step": step, "epoch": epoch, "position": position,
+            "mask_rng": collator.generator.get_state(), "random": random_states(), "step": step, "epoch": epoch, "position": position,
             "losses": losses, "evaluations": evaluations, "settings": asdict(settings),
         }, tokenizer)
-
-    def write_tables() -> None:
-        folder.write_table("loss", pd.DataFrame(losses, columns=["step", "mlm_loss", "nsp_loss", "learning_rate"]))
-        folder.write_table("checkpoints", pd.DataFrame(evaluations, columns=["step", "checkpoint", "val_mlm_loss", "val_nsp_accuracy"]))
 
     def save_checkpoint() -> None:
         scores = evaluate(network, validation_batches)
         name = checkpoint_name(step)
-        target = folder.path / "checkpoints" / name
+        target = training / "checkpoints" / name
         with quiet_transformers():
             network.save_pretrained(target)
             tokenizer.save_pretrained(target)
         (target / "pretraining_step.json").write_text(json.dumps({"step": step, **scores}, indent=2) + "\n")
         evaluations.append((step, name, scores["mlm_loss"], scores["nsp_accuracy"]))
-        write_tables()
 
     saved_steps = set(checkpoint_steps(steps, checkpoints))
     done = {row[0] for row in evaluations}
@@ -427,7 +424,7 @@ def pretrain(
         "epochs": round(epoch + position / max(len(rows), 1), 2),
         "resumed_from_step": resumed_from or None,
         "seconds": round(seconds, 1),
-        "final_checkpoint": str((folder.path / "checkpoints" / final[1]).resolve()),
+        "final_checkpoint": str((Path(out) / "checkpoints" / final[1]).resolve()),
         "val_mlm_loss": final[2],
         "val_nsp_accuracy": final[3],
         "unigram_cross_entropy": unigram,
@@ -435,8 +432,13 @@ def pretrain(
     }
     from bertology.reports.dynamics import pretraining_report
 
+    folder = RunFolder(out)  # replaces out whole, training/ with it
+    link_tree(training / "checkpoints", folder.path / "checkpoints")
+    loss_table = pd.DataFrame(losses, columns=["step", "mlm_loss", "nsp_loss", "learning_rate"])
+    checkpoint_table = pd.DataFrame(evaluations, columns=["step", "checkpoint", "val_mlm_loss", "val_nsp_accuracy"])
+    folder.write_table("loss", loss_table)
+    folder.write_table("checkpoints", checkpoint_table)
     folder.write_json("pretraining.json", summary)
-    folder.write_text("report.html", pretraining_report(folder, summary, pd.DataFrame(losses, columns=["step", "mlm_loss", "nsp_loss", "learning_rate"]),
-                                                        pd.DataFrame(evaluations, columns=["step", "checkpoint", "val_mlm_loss", "val_nsp_accuracy"])))
-    shutil.rmtree(state_folder, ignore_errors=True)
+    folder.write_text("report.html", pretraining_report(folder, summary, loss_table, checkpoint_table))
+    folder.commit()
     return summary
