@@ -91,6 +91,30 @@ def test_a_rerun_leaves_no_stale_file_and_a_failed_save_leaves_the_previous_run_
     assert [p.name for p in tmp_path.iterdir()] == ["run"]  # no staging folder, no lock
 
 
+def test_an_analyzer_failing_during_the_pass_loses_nothing_else(tiny_bert, tmp_path, monkeypatch):
+    """An analyzer that raises on the second batch (say, out of memory) takes only its own family out."""
+    from bertology.analyzers.roles import HeadRoles
+
+    calls = []
+    update = HeadRoles.update
+
+    def failing_update(self, batch):
+        calls.append(len(batch.examples))
+        if len(calls) == 2:
+            raise RuntimeError("CUDA out of memory.\nTried to allocate 2 GiB")
+        update(self, batch)
+
+    monkeypatch.setattr(HeadRoles, "update", failing_update)
+    out = tmp_path / "run"
+    result = bertology.analyze(tiny_bert, SENTENCES * 3, batch_size=4, out=out, progress=False, view=False, head_distance_sample=1.0)
+    assert calls == [4, 4]  # left out of the rest of the pass
+    assert result.failures == {"roles": "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB"}
+    assert result.roles is None and (result.heads.n == 12).all() and result.patterns is not None
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "partial" and manifest["failures"] == result.failures
+    assert (out / "heads.csv").is_file() and (out / "patterns.csv").is_file() and not (out / "roles.csv").exists()
+
+
 def test_one_family_failing_loses_nothing_else(tiny_bert, tmp_path):
     corpus = tmp_path / "tiny.conllu"
     corpus.write_text(TREEBANK)

@@ -239,3 +239,14 @@ def test_a_failing_analysis_keeps_the_others_and_exits_non_zero(tiny_bert_dir, t
     assert (out / "heads.csv").is_file() and (out / "roles.csv").is_file() and not (out / "syntax.csv").exists()
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "partial" and list(manifest["failures"]) == ["syntax"]
+
+
+def test_view_refuses_a_folder_as_its_page_before_loading_the_model(tmp_path):
+    from typer.testing import CliRunner
+
+    from bertology.cli import app
+    from bertology.errors import BertologyError
+
+    result = CliRunner().invoke(app, ["view", "a cat sat.", "--model", str(tmp_path / "missing"), "--out", str(tmp_path)])
+    assert isinstance(result.exception, BertologyError)
+    assert str(result.exception) == f"{tmp_path}: is a folder; give the file to write, for instance {tmp_path / 'view.html'}"

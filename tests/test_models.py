@@ -108,3 +108,19 @@ def test_device_and_weight_errors_from_the_command_line_are_one_line(tiny_bert_d
         result = bertology("info", *args)
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert result.stderr.strip().splitlines() == [expected]
+
+
+def test_task_models_refuse_pickle_weights_too(tiny_bert_dir, tmp_path, monkeypatch):
+    """Fine-tuning and the head studies load their models themselves: the same refusal, before any unpickling."""
+    from bertology.finetuning import TaskData, finetune
+    from bertology.importance import load_task_model
+
+    folder = pickled_model(tiny_bert_dir, tmp_path / "pickled")
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("the pickle was loaded"))
+    with pytest.raises(ModelError) as caught:
+        load_task_model(folder, device="cpu")
+    assert str(caught.value) == f"{folder}: {PICKLE_REFUSED}"
+    task = TaskData("sst2", ("accuracy",), ("0", "1"), [], [])
+    with pytest.raises(ModelError) as caught:
+        finetune(task, tmp_path / "out", model=folder, device="cpu")
+    assert str(caught.value) == f"{folder}: {PICKLE_REFUSED}"

@@ -27,7 +27,7 @@ from bertology.analyzers.roles import HeadRoles, role_shares
 from bertology.analyzers.syntax import RelationHeads
 from bertology.corpora import Corpus, Example, open_corpus
 from bertology.engine import Engine, RunStats
-from bertology.errors import BertologyError
+from bertology.errors import BertologyError, one_line_error
 from bertology.models import LoadedModel, load_model
 from bertology.parsing import spacy_trees
 from bertology.probes import ProbeData, cross_validate, evaluate
@@ -41,6 +41,8 @@ from bertology.viewer import AttentionView, attention_view, head_labels
 
 FAMILIES = ("profile", "roles", "patterns", "syntax")
 DEFAULT_FAMILIES = ("profile", "roles", "patterns")
+#: The family each of :func:`analyze`'s analyzers belongs to.
+_FAMILY_OF = {"profile": "profile", "distance": "profile", "roles": "roles", "patterns": "patterns", "relations": "syntax", "probe": "syntax"}
 #: Role shares are always reported at these tau values too (Pande et al. discuss 1 to 3).
 REPORTED_TAUS = (1.0, 2.0, 3.0)
 PARSERS = ("gold", "spacy")
@@ -271,7 +273,7 @@ def analyze(
         if probe:
             analyzers["probe"] = ProbeData()
     stream = spacy_trees(examples, spacy_pipeline) if parser == "spacy" else examples
-    stats = engine.run(stream, list(analyzers.values()), total=total)
+    stats = engine.run(stream, list(analyzers.values()), total=total, isolate=True)
     if stats.sequences == 0:
         raise BertologyError(f"every sequence was longer than {engine.max_length} pieces and skipped: raise --max-length or truncate")
 
@@ -298,6 +300,10 @@ def analyze(
         "probe_epochs": probe_epochs,
     }
     analysis = Analysis(model=loaded.info(), corpus=corpus_info, stats=stats, settings=settings, started=started)
+    keys = list(analyzers)
+    for position, message in stats.failed.items():  # an analyzer that failed during the pass takes its family out
+        analysis.failures.setdefault(_FAMILY_OF[keys[position]], message)
+    analyzers = {key: analyzer for key, analyzer in analyzers.items() if _FAMILY_OF[key] not in analysis.failures}
     if "profile" in analyzers:
         with _finishing(analysis, "profile"):
             _finish_profile(analysis, analyzers["profile"], analyzers["distance"])
@@ -333,8 +339,7 @@ def _finishing(analysis: Analysis, family: str):
         yield
     except Exception as exc:
         vars(analysis).update(before)
-        message = " ".join(str(exc).split())
-        analysis.failures[family] = message if isinstance(exc, BertologyError) else f"{type(exc).__name__}: {message}"
+        analysis.failures[family] = one_line_error(exc)
 
 
 def _finish_profile(analysis: Analysis, profile: GeneralProfile, distance: HeadDistance) -> None:

@@ -517,8 +517,10 @@ def view(
 ) -> None:
     """Write an interactive attention viewer (head view and model view) as one self-contained HTML page."""
     from bertology.models import load_model
+    from bertology.runfolder import check_file_out
     from bertology.viewer import attention_view
 
+    check_file_out(out)
     loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)
     page = attention_view(text, pair, model=loaded, run=run, top_k=top_k, max_length=max_length).save(out)
     typer.echo(f"viewer: {page.resolve()} ({page.stat().st_size / 1024:.0f} KiB)")

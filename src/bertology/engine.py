@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from bertology.alignment import WordAlignment, align, default_word_spans, to_word_level
 from bertology.corpora import Example
-from bertology.errors import BertologyError
+from bertology.errors import BertologyError, one_line_error
 from bertology.hooks import Hooks
 from bertology.models import PUNCT_SETS, LoadedModel, punctuation_table
 
@@ -128,6 +128,8 @@ class RunStats:
     batches: int = 0
     seconds: float = 0.0
     skipped_sources: list[str] = field(default_factory=list)
+    #: Analyzers whose ``update`` raised (``isolate=True``): position in the run's analyzers -> the error, one line.
+    failed: dict[int, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {
@@ -300,11 +302,13 @@ class Engine:
         )
 
     def run(self, examples: Iterable[Example], analyzers: Sequence, *, total: int | None = None,
-            step: Callable[[list[Encoded]], object] | None = None, desc: str = "analyzing") -> RunStats:
+            step: Callable[[list[Encoded]], object] | None = None, desc: str = "analyzing", isolate: bool = False) -> RunStats:
         """Stream ``examples`` through the model once and update every analyzer with every batch.
 
         ``step`` turns a batch's items into what the analyzers receive (default :meth:`run_batch`;
-        a :class:`~bertology.comparison.CompareEngine` runs two models there).
+        a :class:`~bertology.comparison.CompareEngine` runs two models there). With ``isolate``, an
+        analyzer whose ``update`` raises is left out of the rest of the pass and its error recorded in
+        ``RunStats.failed``, so the others lose nothing; the error is raised only when every analyzer failed.
         """
         step = step or self.run_batch
         stats = RunStats()
@@ -313,8 +317,15 @@ class Engine:
         with tqdm(total=total, unit="seq", desc=desc, disable=not self.progress, smoothing=0.1) as bar:
             for items in self.batches(encoded):
                 batch = step(items)
-                for analyzer in analyzers:
-                    analyzer.update(batch)
+                for position, analyzer in enumerate(analyzers):
+                    if position in stats.failed:
+                        continue
+                    try:
+                        analyzer.update(batch)
+                    except Exception as exc:
+                        if not isolate or len(stats.failed) == len(analyzers) - 1:
+                            raise
+                        stats.failed[position] = one_line_error(exc)
                 stats.sequences += len(items)
                 stats.tokens += sum(len(item) for item in items)
                 stats.batches += 1

@@ -26,3 +26,9 @@ class CorpusError(BertologyError):
 
 class ModelError(BertologyError):
     """A model could not be found, loaded, or does not expose attention."""
+
+
+def one_line_error(error: Exception) -> str:
+    """An error as one line: a user's error by its message, any other with its type in front."""
+    message = " ".join(str(error).split())
+    return message if isinstance(error, BertologyError) else f"{type(error).__name__}: {message}"

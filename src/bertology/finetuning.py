@@ -35,7 +35,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_
 from bertology.corpora import Example, TableLayout, glue_layout, read_table
 from bertology.errors import BertologyError, CorpusError
 from bertology.hooks import Hooks
-from bertology.models import default_model_path, quiet_transformers, resolve_device
+from bertology.models import default_model_path, quiet_transformers, require_safetensors, resolve_device
 from bertology.runfolder import RunFolder, claims_out
 from bertology.stats import confusion_metric
 
@@ -63,13 +63,9 @@ class TaskData:
 def _check_labels(examples: list[Example], labels: tuple[str, ...], split: str) -> None:
     for example in examples:
         if example.label is None or example.label == "":
-            raise CorpusError(split, _line(example), "missing label")
+            raise CorpusError(split, example.line, "missing label")
         if example.label not in labels:
-            raise CorpusError(split, _line(example), f"label {example.label!r} does not occur in the training data ({', '.join(labels)})")
-
-
-def _line(example: Example) -> int | None:
-    return int(example.source.rsplit(":", 1)[1]) if ":" in example.source else None
+            raise CorpusError(split, example.line, f"label {example.label!r} does not occur in the training data ({', '.join(labels)})")
 
 
 def load_task(folder: str | Path | None = None, *, train: str | Path | None = None, dev: str | Path | None = None,
@@ -259,12 +255,14 @@ def finetune(
     np.random.seed(seed)
     torch.manual_seed(seed)
     label_ids = {label: i for i, label in enumerate(task.labels)}
+    if Path(source).is_dir():
+        require_safetensors(source)
     try:
         with quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
             network = AutoModelForSequenceClassification.from_pretrained(
                 source, num_labels=len(task.labels), id2label=dict(enumerate(task.labels)), label2id=label_ids,
-                trust_remote_code=trust_remote_code, ignore_mismatched_sizes=True,
+                trust_remote_code=trust_remote_code, ignore_mismatched_sizes=True, use_safetensors=True,
             )
     except OSError as exc:
         raise BertologyError(f"model {source!r} could not be loaded (no network? pass a local model folder): {str(exc).splitlines()[0]}") from exc

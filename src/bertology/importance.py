@@ -36,7 +36,7 @@ from bertology.errors import BertologyError, CorpusError, ModelError
 from bertology.finetuning import TaskData, collate_rows, encode_examples, length_batches, positive_index, predict_logits, seeded_subset, task_metrics
 from bertology.hooks import ATTN_IMPLEMENTATION, Hooks, register_attention
 from bertology.interventions import INTERVENTIONS, HeadGates, Intervention, LayerReplay, attach_variants, prune_heads, reads_first_token_only, shrink_to_config
-from bertology.models import quiet_transformers, resolve_device
+from bertology.models import quiet_transformers, require_safetensors, resolve_device
 from bertology.runfolder import claims_out
 from bertology.stats import paired_bootstrap
 
@@ -81,6 +81,8 @@ def load_task_model(path: str | Path, *, device: str | torch.device = "auto", ma
     hf_logging.disable_progress_bar()
     source = str(Path(path).expanduser()) if Path(path).expanduser().exists() else str(path)
     torch_device = device if isinstance(device, torch.device) else resolve_device(device)
+    if Path(source).is_dir():
+        require_safetensors(source)
     try:
         with quiet_transformers():
             config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
@@ -88,7 +90,8 @@ def load_task_model(path: str | Path, *, device: str | torch.device = "auto", ma
             if getattr(config, "bertology_pruned_heads", None):
                 model = _load_pruned(source, config, trust_remote_code)
             else:
-                model = AutoModelForSequenceClassification.from_pretrained(source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code)
+                model = AutoModelForSequenceClassification.from_pretrained(source, config=config, attn_implementation=ATTN_IMPLEMENTATION,
+                                                                           trust_remote_code=trust_remote_code, use_safetensors=True)
     except (OSError, ValueError) as exc:
         raise ModelError(f"{source}: could not load a sequence classifier ({str(exc).splitlines()[0]})") from exc
     if "ForSequenceClassification" not in type(model).__name__:

@@ -129,6 +129,16 @@ def check_out(out: str | Path) -> None:
             raise BertologyError(f"{out}: cannot write there (no permission to write in {place})")
 
 
+def check_file_out(out: str | Path) -> None:
+    """Refuse at once, in one line, a single-file output (a page) that cannot be written; creates nothing."""
+    path = Path(out).absolute()
+    if path.is_dir():
+        raise BertologyError(f"{out}: is a folder; give the file to write, for instance {Path(out) / 'view.html'}")
+    parent = next(parent for parent in path.parents if parent.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise BertologyError(f"{out}: cannot write there ({parent} is not a folder you can write in)")
+
+
 @dataclass
 class _Claim:
     """One run's hold on its ``out`` folder."""

@@ -29,7 +29,7 @@ from bertology.corpora import Example
 from bertology.engine import Engine, RunStats
 from bertology.errors import BertologyError
 from bertology.models import LoadedModel, load_model
-from bertology.runfolder import atomic_write
+from bertology.runfolder import atomic_write, check_file_out
 
 #: Inputs longer than this keep only each row's top-k weights unless ``top_k=0`` is asked for.
 DENSE_UP_TO = 128
@@ -76,6 +76,7 @@ class AttentionView:
         )
 
     def save(self, path: str | Path) -> Path:
+        check_file_out(path)
         page = self.html()
         return atomic_write(Path(path), lambda p: p.write_text(page, encoding="utf-8"))
 
