@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bertology.finetuning import load_task
-from bertology.importance import LeaveOneOut, load_task_model
+from bertology.workflows.finetuning import load_task
+from bertology.workflows.importance import LeaveOneOut, load_task_model
 
 SST2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue" / "SST-2"
 

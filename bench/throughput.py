@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModel
 
-from bertology.analyzers import GeneralProfile, HeadDistance
-from bertology.corpora import Corpus
-from bertology.engine import Engine, RunStats
-from bertology.models import default_model_path, load_model
+from bertology.families.profile.analyzer import GeneralProfile, HeadDistance
+from bertology.core.corpora import Corpus
+from bertology.core.engine import Engine, RunStats
+from bertology.core.models import default_model_path, load_model
 
 EWT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud_english_ewt" / "en_ewt-ud-test.conllu"
 
@@ -55,8 +55,8 @@ def peak_memory(count: int, device: str) -> float:
     """Max RSS (MiB) of a fresh process that runs the engine with the general profile over ``count`` sentences."""
     code = (
         "import resource, sys; sys.path.insert(0, %r);"
-        "from throughput import sentences; from bertology.models import load_model; from bertology.engine import Engine;"
-        "from bertology.analyzers import GeneralProfile, HeadDistance;"
+        "from throughput import sentences; from bertology.core.models import load_model; from bertology.core.engine import Engine;"
+        "from bertology.families.profile.analyzer import GeneralProfile, HeadDistance;"
         "examples = sentences(%d); model = load_model(None, device=%r);"
         "Engine(model, progress=False).run(examples, [GeneralProfile(), HeadDistance()]);"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"

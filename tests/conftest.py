@@ -17,8 +17,8 @@ import torch  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
 from transformers import BertConfig, BertModel, BertTokenizerFast, RobertaConfig, RobertaModel, RobertaTokenizerFast  # noqa: E402
 
-from bertology.corpora import Example  # noqa: E402
-from bertology.models import load_model  # noqa: E402
+from bertology.core.corpora import Example  # noqa: E402
+from bertology.core.models import load_model  # noqa: E402
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

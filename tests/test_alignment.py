@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from bertology.alignment import align, default_word_spans, to_word_level
+from bertology.core.alignment import align, default_word_spans, to_word_level
 
 
 def encode(model, text, pair=None):
@@ -52,7 +52,7 @@ def test_roberta_pieces_with_leading_space_and_empty_pieces(tiny_roberta):
 
 def test_word_level_attention_sums_columns_and_averages_rows():
     # pieces: [CLS], "un", "##believ", "!", [SEP]  ->  units [CLS], unbelievable, !, [SEP]
-    from bertology.alignment import WordAlignment
+    from bertology.core.alignment import WordAlignment
 
     assignment = np.zeros((4, 5))
     assignment[[0, 1, 1, 2, 3], range(5)] = 1
@@ -75,8 +75,8 @@ def test_ud_contraction_shares_the_straddling_piece_between_its_words(tmp_path):
     """UD splits "don't" into "do" + "n't"; BERT's pieces are "don", "'", "t"."""
     from transformers import AutoTokenizer
 
-    from bertology.corpora import read_conllu
-    from bertology.models import default_model_path
+    from bertology.core.corpora import read_conllu
+    from bertology.core.models import default_model_path
 
     conllu = tmp_path / "c.conllu"
     conllu.write_text(

@@ -7,8 +7,8 @@ import pytest
 
 import bertology
 from bertology import api
-from bertology.analyzers import PROFILE_METRICS
-from bertology.errors import BertologyError
+from bertology.families.profile.analyzer import PROFILE_METRICS
+from bertology.core.errors import BertologyError
 from test_runfolder import snapshot
 
 SENTENCES = [
@@ -93,7 +93,7 @@ def test_a_rerun_leaves_no_stale_file_and_a_failed_save_leaves_the_previous_run_
 
 def test_an_analyzer_failing_during_the_pass_loses_nothing_else(tiny_bert, tmp_path, monkeypatch):
     """An analyzer that raises on the second batch (say, out of memory) takes only its own family out."""
-    from bertology.analyzers.roles import HeadRoles
+    from bertology.families.roles.analyzer import HeadRoles
 
     calls = []
     update = HeadRoles.update

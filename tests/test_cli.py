@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
-from bertology.analyzers import PROFILE_METRICS
+from bertology.families.profile.analyzer import PROFILE_METRICS
 from conftest import TEXTS
 
 
@@ -77,8 +77,8 @@ def test_info_prints_model_facts(tiny_roberta_dir):
 @pytest.fixture(scope="module")
 def treebank(tmp_path_factory):
     """A small CoNLL-U file (trees from spaCy over the test sentences, written as UD would)."""
-    from bertology.corpora import Example
-    from bertology.parsing import spacy_trees
+    from bertology.core.corpora import Example
+    from bertology.core.parsing import spacy_trees
 
     blocks = []
     for number, example in enumerate(spacy_trees([Example(t) for t in TEXTS * 2]), start=1):
@@ -221,7 +221,7 @@ def test_out_is_refused_before_any_input_is_read(command, tmp_path):
     from typer.testing import CliRunner
 
     from bertology.cli import app
-    from bertology.errors import BertologyError
+    from bertology.core.errors import BertologyError
 
     taken = tmp_path / "taken.txt"
     taken.write_text("not a folder\n")
@@ -245,7 +245,7 @@ def test_view_refuses_a_folder_as_its_page_before_loading_the_model(tmp_path):
     from typer.testing import CliRunner
 
     from bertology.cli import app
-    from bertology.errors import BertologyError
+    from bertology.core.errors import BertologyError
 
     result = CliRunner().invoke(app, ["view", "a cat sat.", "--model", str(tmp_path / "missing"), "--out", str(tmp_path)])
     assert isinstance(result.exception, BertologyError)

@@ -3,10 +3,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from bertology.comparison import HeadSimilarity, compare, map_cosine
-from bertology.errors import BertologyError
-from bertology.models import load_model
-from bertology.testing import check_analyzer
+from bertology.workflows.comparison import HeadSimilarity, compare, map_cosine
+from bertology.core.errors import BertologyError
+from bertology.core.models import load_model
+from bertology.core.testing import check_analyzer
 from conftest import tiny_examples
 
 

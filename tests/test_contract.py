@@ -1,16 +1,17 @@
-"""Every analyzer passes the same contract (bertology.testing.check_analyzer)."""
+"""Every analyzer passes the same contract (bertology.core.testing.check_analyzer)."""
 
 import pandas as pd
 import pytest
 
-from bertology.analyzers import Analyzer, GeneralProfile, HeadDistance, LayerPeaks
-from bertology.analyzers.patterns import HeadPatterns
-from bertology.analyzers.roles import HeadRoles
-from bertology.analyzers.syntax import RelationHeads
-from bertology.parsing import spacy_trees
-from bertology.probes import ProbeData
-from bertology.models import load_model
-from bertology.testing import check_analyzer
+from bertology.core.analyzer import Analyzer
+from bertology.families.profile.analyzer import GeneralProfile, HeadDistance, LayerPeaks
+from bertology.families.patterns.analyzer import HeadPatterns
+from bertology.families.roles.analyzer import HeadRoles
+from bertology.families.syntax.analyzer import RelationHeads
+from bertology.core.parsing import spacy_trees
+from bertology.families.syntax.probes import ProbeData
+from bertology.core.models import load_model
+from bertology.core.testing import check_analyzer
 from conftest import tiny_examples
 
 ANALYZERS = {
@@ -56,7 +57,7 @@ def test_every_analyzer_is_registered_here():
             yield sub
             yield from subclasses(sub)
 
-    import bertology.comparison  # noqa: F401  (registers the comparison analyzers)
+    import bertology.workflows.comparison  # noqa: F401  (registers the comparison analyzers)
 
     names = {cls.name for cls in subclasses(Analyzer) if cls.__module__.startswith("bertology.")}
     built = {factory().name for factory in ANALYZERS.values()} | set(COVERED_ELSEWHERE)
@@ -89,7 +90,7 @@ def test_the_contract_catches_a_broken_analyzer(tiny_bert):
 
 
 def test_head_distance_sample_is_fixed_by_text_and_seed(tiny_bert):
-    from bertology.engine import Engine
+    from bertology.core.engine import Engine
 
     def rows(seed):
         analyzer = HeadDistance(sample=0.5, seed=seed)
@@ -107,7 +108,7 @@ def test_head_distance_sample_is_fixed_by_text_and_seed(tiny_bert):
 
 
 def test_pattern_examples_do_not_depend_on_batching(tiny_bert):
-    from bertology.engine import Engine
+    from bertology.core.engine import Engine
 
     def kept(batch_size, examples):
         analyzer = HeadPatterns(examples_per_class=3, seed=2)
@@ -125,7 +126,7 @@ def test_pattern_examples_do_not_depend_on_batching(tiny_bert):
 
 
 def test_pattern_examples_merge_when_both_shards_hold_the_same_sequence(tiny_bert):
-    from bertology.engine import Engine
+    from bertology.core.engine import Engine
 
     shards = []
     for _ in range(2):

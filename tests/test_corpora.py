@@ -1,7 +1,7 @@
 import pytest
 
-from bertology.corpora import Corpus, TableLayout, read_conllu, read_pairs, read_table, read_text
-from bertology.errors import CorpusError
+from bertology.core.corpora import Corpus, TableLayout, read_conllu, read_pairs, read_table, read_text
+from bertology.core.errors import CorpusError
 
 CONLLU = """# sent_id = 1
 # text = I don't know.

@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from bertology import dynamics
-from bertology.corpora import Example
-from bertology.dynamics import (
+from bertology.core.corpora import Example
+from bertology.workflows.dynamics import (
     TRACK_COLUMNS,
     checkpoint_step,
     crossing_steps,
@@ -18,8 +18,8 @@ from bertology.dynamics import (
     parse_steps,
     track,
 )
-from bertology.errors import BertologyError
-from bertology.pretraining import pretrain
+from bertology.core.errors import BertologyError
+from bertology.workflows.pretraining import pretrain
 from conftest import TEXTS
 from test_pretraining import SMALL, write_books
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from bertology.corpora import Example
-from bertology.engine import Engine, RunStats
+from bertology.core.corpora import Example
+from bertology.core.engine import Engine, RunStats
 from conftest import tiny_examples
 
 
@@ -98,8 +98,8 @@ def test_roberta_pairs_mark_both_separators(tiny_roberta):
 def test_every_family_loads_from_a_folder_and_runs(family, tiny_bert_dir, tmp_path):
     import transformers as tf
 
-    from bertology.analyzers import GeneralProfile
-    from bertology.models import load_model
+    from bertology.families.profile.analyzer import GeneralProfile
+    from bertology.core.models import load_model
 
     tokenizer = tf.AutoTokenizer.from_pretrained(tiny_bert_dir)
     configs = {

@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import PreTrainedTokenizerBase
 
-from bertology.errors import BertologyError, CorpusError
-from bertology.finetuning import TaskData, finetune, load_task, random_states, restore_random_states, task_metrics
-from bertology.models import load_model
+from bertology.core.errors import BertologyError, CorpusError
+from bertology.workflows.finetuning import TaskData, finetune, load_task, random_states, restore_random_states, task_metrics
+from bertology.core.models import load_model
 from test_runfolder import snapshot
 
 SENTENCES = ["the cat sat.", "the dog ran.", "a cat and a dog.", "where is the dog?", "we saw the cat.", "the big red house.",

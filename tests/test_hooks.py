@@ -2,7 +2,7 @@ import pytest
 import torch
 import transformers as tf
 
-from bertology.hooks import ATTN_IMPLEMENTATION, Hooks, register_attention
+from bertology.core.hooks import ATTN_IMPLEMENTATION, Hooks, register_attention
 
 FAMILIES = {
     "bert": (tf.BertConfig, {}),

@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 import torch
 
-from bertology.corpora import Example
-from bertology.errors import BertologyError, CorpusError
-from bertology.finetuning import TaskData, load_task
-from bertology.hooks import Hooks
-from bertology.importance import (
+from bertology.core.corpora import Example
+from bertology.core.errors import BertologyError, CorpusError
+from bertology.workflows.finetuning import TaskData, load_task
+from bertology.core.hooks import Hooks
+from bertology.workflows.importance import (
     GradientImportance,
     LeaveOneOut,
     ablation_table,
@@ -22,7 +22,7 @@ from bertology.importance import (
     pruning_curve,
     study_heads,
 )
-from bertology.interventions import HeadGates, Intervention
+from bertology.workflows.interventions import HeadGates, Intervention
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_gradient_importance_agrees_with_finite_differences(task_model, rows):
 
 
 def _batch(task_model, encoded):
-    from bertology.finetuning import collate_rows
+    from bertology.workflows.finetuning import collate_rows
 
     return collate_rows(task_model.tokenizer, encoded, task_model.device)
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from bertology.errors import ModelError
-from bertology.models import default_model_path, is_punctuation, load_model, resolve_device
+from bertology.core.errors import ModelError
+from bertology.core.models import default_model_path, is_punctuation, load_model, resolve_device
 
 
 def test_tiny_bert_facts(tiny_bert):
@@ -112,8 +112,8 @@ def test_device_and_weight_errors_from_the_command_line_are_one_line(tiny_bert_d
 
 def test_task_models_refuse_pickle_weights_too(tiny_bert_dir, tmp_path, monkeypatch):
     """Fine-tuning and the head studies load their models themselves: the same refusal, before any unpickling."""
-    from bertology.finetuning import TaskData, finetune
-    from bertology.importance import load_task_model
+    from bertology.workflows.finetuning import TaskData, finetune
+    from bertology.workflows.importance import load_task_model
 
     folder = pickled_model(tiny_bert_dir, tmp_path / "pickled")
     monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("the pickle was loaded"))

@@ -1,8 +1,8 @@
 import pytest
 
-from bertology.corpora import Example
-from bertology.errors import BertologyError
-from bertology.parsing import spacy_trees
+from bertology.core.corpora import Example
+from bertology.core.errors import BertologyError
+from bertology.core.parsing import spacy_trees
 
 
 def test_spacy_trees_give_words_spans_heads_and_relations():
@@ -25,8 +25,8 @@ def test_missing_pipeline_is_a_one_line_error():
 
 
 def test_a_line_too_long_for_spacy_names_its_file_and_line(tmp_path):
-    from bertology.corpora import Corpus
-    from bertology.errors import CorpusError
+    from bertology.core.corpora import Corpus
+    from bertology.core.errors import CorpusError
 
     corpus = tmp_path / "long.txt"
     corpus.write_text("a short line.\n\n" + "word " * 200_001 + "\n")

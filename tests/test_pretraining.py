@@ -7,10 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bertology.dynamics import checkpoint_step
-from bertology.errors import BertologyError, CorpusError
-from bertology.models import load_model
-from bertology.pretraining import checkpoint_steps, documents_for_pairs, make_instances, pretrain, split_documents, unigram_cross_entropy
+from bertology.workflows.dynamics import checkpoint_step
+from bertology.core.errors import BertologyError, CorpusError
+from bertology.core.models import load_model
+from bertology.workflows.pretraining import checkpoint_steps, documents_for_pairs, make_instances, pretrain, split_documents, unigram_cross_entropy
 from bertology.reports import dynamics as reports
 from test_finetuning import Planted
 from test_runfolder import snapshot

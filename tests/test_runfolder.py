@@ -7,8 +7,8 @@ import sys
 import pandas as pd
 import pytest
 
-from bertology.errors import BertologyError
-from bertology.runfolder import LOCK, RunFolder, atomic_write, check_out, claim
+from bertology.core.errors import BertologyError
+from bertology.core.runfolder import LOCK, RunFolder, atomic_write, check_out, claim
 
 
 def snapshot(folder):

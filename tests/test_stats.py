@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bertology.stats import RunningMoments, t_test_greater
+from bertology.core.stats import RunningMoments, t_test_greater
 
 
 def test_moments_and_interval_match_numpy_and_scipy():
@@ -89,7 +89,7 @@ def test_t_test_greater_needs_two_observations():
 def test_confusion_metrics_match_scikit_learn():
     from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, matthews_corrcoef
 
-    from bertology.stats import confusion_metric
+    from bertology.core.stats import confusion_metric
 
     rng = np.random.default_rng(3)
     for classes in (2, 3):
@@ -111,7 +111,7 @@ def test_confusion_metrics_match_scikit_learn():
 def test_paired_bootstrap_by_hand():
     """The paired bootstrap's interval is the 2.5th-97.5th percentile of the resampled differences, and its
     p-value is two-sided, checked against a plain loop over the same resamples."""
-    from bertology.stats import paired_bootstrap
+    from bertology.core.stats import paired_bootstrap
 
     rng = np.random.default_rng(3)
     gold = rng.integers(0, 2, 60)

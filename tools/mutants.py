@@ -37,24 +37,24 @@ class Mutation:
     tests: tuple[str, ...]
 
 
-PROFILE_TESTS = ("tests/analyzers/test_profile.py",)
-ROLE_TESTS = ("tests/analyzers/test_roles.py",)
-SYNTAX_TESTS = ("tests/analyzers/test_syntax.py",)
-PATTERN_TESTS = ("tests/analyzers/test_patterns.py",)
+PROFILE_TESTS = ("tests/families/test_profile.py",)
+ROLE_TESTS = ("tests/families/test_roles.py",)
+SYNTAX_TESTS = ("tests/families/test_syntax.py",)
+PATTERN_TESTS = ("tests/families/test_patterns.py",)
 STATS_TESTS = ("tests/test_stats.py",)
 ALIGNMENT_TESTS = ("tests/test_alignment.py",)
 IMPORTANCE_TESTS = ("tests/test_importance.py",)
 DYNAMICS_TESTS = ("tests/test_dynamics.py",)
 
-PROFILE = f"{PACKAGE}/analyzers/profile.py"
-ROLES = f"{PACKAGE}/analyzers/roles.py"
-SYNTAX = f"{PACKAGE}/analyzers/syntax.py"
-PATTERNS = f"{PACKAGE}/analyzers/patterns.py"
-STATS = f"{PACKAGE}/stats.py"
-ALIGNMENT = f"{PACKAGE}/alignment.py"
-MODELS = f"{PACKAGE}/models.py"
-IMPORTANCE = f"{PACKAGE}/importance.py"
-DYNAMICS = f"{PACKAGE}/dynamics.py"
+PROFILE = f"{PACKAGE}/families/profile/analyzer.py"
+ROLES = f"{PACKAGE}/families/roles/analyzer.py"
+SYNTAX = f"{PACKAGE}/families/syntax/analyzer.py"
+PATTERNS = f"{PACKAGE}/families/patterns/analyzer.py"
+STATS = f"{PACKAGE}/core/stats.py"
+ALIGNMENT = f"{PACKAGE}/core/alignment.py"
+MODELS = f"{PACKAGE}/core/models.py"
+IMPORTANCE = f"{PACKAGE}/workflows/importance.py"
+DYNAMICS = f"{PACKAGE}/workflows/dynamics.py"
 
 MUTATIONS = [
     # Clark et al.'s profile (METHODS.md section 1)

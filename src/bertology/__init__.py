@@ -6,13 +6,13 @@
 """
 
 from bertology.api import Analysis, analyze
-from bertology.corpora import Corpus, Example
-from bertology.dynamics import Track, track
-from bertology.engine import Batch, Engine
-from bertology.errors import BertologyError, CorpusError, ModelError
-from bertology.hooks import Hooks
-from bertology.models import LoadedModel, load_model
-from bertology.pretraining import pretrain
+from bertology.core.corpora import Corpus, Example
+from bertology.workflows.dynamics import Track, track
+from bertology.core.engine import Batch, Engine
+from bertology.core.errors import BertologyError, CorpusError, ModelError
+from bertology.core.hooks import Hooks
+from bertology.core.models import LoadedModel, load_model
+from bertology.workflows.pretraining import pretrain
 from bertology.viewer import AttentionView, attention_view
 
 __version__ = "0.1.0"

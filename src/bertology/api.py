@@ -21,22 +21,23 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from bertology.analyzers import GeneralProfile, HeadDistance, clark_labels
-from bertology.analyzers.patterns import HeadPatterns, PatternThresholds, RuleClassifier
-from bertology.analyzers.roles import HeadRoles, role_shares
-from bertology.analyzers.syntax import RelationHeads
-from bertology.corpora import Corpus, Example, open_corpus
-from bertology.engine import Engine, RunStats
-from bertology.errors import BertologyError, one_line_error
-from bertology.models import LoadedModel, load_model
-from bertology.parsing import spacy_trees
-from bertology.probes import ProbeData, cross_validate, evaluate
+from bertology.families.profile.analyzer import GeneralProfile, HeadDistance, clark_labels
+from bertology.families.patterns.analyzer import HeadPatterns, PatternThresholds, RuleClassifier
+from bertology.families.roles.analyzer import HeadRoles, role_shares
+from bertology.families.syntax.analyzer import RelationHeads
+from bertology.core.corpora import Corpus, Example, open_corpus
+from bertology.core.engine import Engine, RunStats
+from bertology.core.errors import BertologyError, one_line_error
+from bertology.core.models import LoadedModel, load_model
+from bertology.core.parsing import spacy_trees
+from bertology.families.syntax.probes import ProbeData, cross_validate, evaluate
 from bertology.reports.html import Report
-from bertology.reports.profile import profile_section
-from bertology.reports.roles import patterns_section, roles_section
-from bertology.reports.syntax import syntax_section
+from bertology.families.profile.report import profile_section
+from bertology.families.patterns.report import patterns_section
+from bertology.families.roles.report import roles_section
+from bertology.families.syntax.report import syntax_section
 from bertology.reports.viewer import viewer_section
-from bertology.runfolder import RunFolder, claims_out
+from bertology.core.runfolder import RunFolder, claims_out
 from bertology.viewer import AttentionView, attention_view, head_labels
 
 FAMILIES = ("profile", "roles", "patterns", "syntax")
@@ -228,7 +229,7 @@ def analyze(
 
     ``model``: hub name, local folder, an already loaded model, or None for the default
     all-MiniLM-L6-v2. ``corpus``: a file (``format`` auto-detected), a list of strings or
-    :class:`~bertology.corpora.Example`, or None for the bundled sample corpus. ``analyses``: a
+    :class:`~bertology.core.corpora.Example`, or None for the bundled sample corpus. ``analyses``: a
     subset of :data:`FAMILIES`; by default profile, roles and patterns, plus syntax when the corpus
     has trees (CoNLL-U) or ``parser="spacy"`` (the roles then include syntactic roles). ``correction``
     is the multiple-testing method (statsmodels' ``multipletests``) for syntax and roles alike.

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from bertology.errors import BertologyError
+from bertology.core.errors import BertologyError
 
 app = typer.Typer(
     help="What every attention head of a BERT-like encoder does, and how sure we can be of it.",
@@ -65,7 +65,7 @@ def _pattern_thresholds(text: str | None):
     """Parse ``name=value,...`` into PatternThresholds (defaults for names not given)."""
     from dataclasses import fields
 
-    from bertology.analyzers.patterns import PatternThresholds
+    from bertology.families.patterns.analyzer import PatternThresholds
 
     if not text:
         return None
@@ -266,9 +266,9 @@ def finetune(
     quiet: bool = QUIET,
 ) -> None:
     """Fine-tune an encoder on a GLUE-style task; the result is a model folder every command accepts as --model."""
-    from bertology.finetuning import finetune as run_finetune
-    from bertology.finetuning import load_task
-    from bertology.runfolder import check_out
+    from bertology.workflows.finetuning import finetune as run_finetune
+    from bertology.workflows.finetuning import load_task
+    from bertology.core.runfolder import check_out
 
     if out is not None:
         check_out(out)  # before the task is read
@@ -304,7 +304,7 @@ def pretrain(
     quiet: bool = QUIET,
 ) -> None:
     """Pre-train a small BERT from scratch (masked LM + next sentence) with log-spaced checkpoints; rerun to resume."""
-    from bertology.pretraining import pretrain as run_pretrain
+    from bertology.workflows.pretraining import pretrain as run_pretrain
 
     summary = run_pretrain(corpus, out, vocab_size=vocab_size, layers=layers, heads=heads, hidden=hidden, max_length=max_length,
                            batch_size=batch_size, steps=steps, learning_rate=learning_rate, checkpoints=checkpoints, seed=seed,
@@ -339,9 +339,9 @@ def track(
     quiet: bool = QUIET,
 ) -> None:
     """Profile, roles and syntactic heads over training checkpoints, and the verdict on the learning-curve hypothesis."""
-    from bertology.dynamics import find_checkpoints, parse_steps
-    from bertology.dynamics import track as run_track
-    from bertology.models import DEFAULT_MODEL
+    from bertology.workflows.dynamics import find_checkpoints, parse_steps
+    from bertology.workflows.dynamics import track as run_track
+    from bertology.core.models import DEFAULT_MODEL
 
     if bool(checkpoint) == (checkpoints is not None):
         raise BertologyError("give checkpoints as arguments or --checkpoints DIR (one of the two)")
@@ -378,7 +378,7 @@ def compare(
     quiet: bool = QUIET,
 ) -> None:
     """Per-head similarity of two models' attention on the same inputs, and what changed in profile and roles (Kovaleva et al.)."""
-    from bertology.comparison import compare as run_compare
+    from bertology.workflows.comparison import compare as run_compare
 
     models = [None if m == "default" else m for m in (model_a, model_b)]
     names = [re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(m).name if m else "all-MiniLM-L6-v2") for m in models]
@@ -392,9 +392,9 @@ def compare(
 
 
 def _study(command: str, task, model, train, dev, text_column, text_pair_column, label_column, out, quiet: bool, **settings):
-    from bertology.finetuning import load_task
-    from bertology.importance import study_heads
-    from bertology.runfolder import check_out
+    from bertology.workflows.finetuning import load_task
+    from bertology.workflows.importance import study_heads
+    from bertology.core.runfolder import check_out
 
     if out is not None:
         check_out(out)  # before the task is read
@@ -516,8 +516,8 @@ def view(
     trust_remote_code: bool = TRUST,
 ) -> None:
     """Write an interactive attention viewer (head view and model view) as one self-contained HTML page."""
-    from bertology.models import load_model
-    from bertology.runfolder import check_file_out
+    from bertology.core.models import load_model
+    from bertology.core.runfolder import check_file_out
     from bertology.viewer import attention_view
 
     check_file_out(out)
@@ -529,7 +529,7 @@ def view(
 @app.command()
 def info(model: Optional[str] = MODEL, device: str = DEVICE, trust_remote_code: bool = TRUST) -> None:
     """Print the model's facts: architecture, layers, heads, special tokens, maximum length."""
-    from bertology.models import load_model
+    from bertology.core.models import load_model
 
     loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)
     typer.echo(json.dumps(loaded.info(), indent=2))

@@ -25,11 +25,11 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
-from bertology.corpora import Example
-from bertology.engine import Engine, RunStats
-from bertology.errors import BertologyError
-from bertology.models import LoadedModel, load_model
-from bertology.runfolder import atomic_write, check_file_out
+from bertology.core.corpora import Example
+from bertology.core.engine import Engine, RunStats
+from bertology.core.errors import BertologyError
+from bertology.core.models import LoadedModel, load_model
+from bertology.core.runfolder import atomic_write, check_file_out
 
 #: Inputs longer than this keep only each row's top-k weights unless ``top_k=0`` is asked for.
 DENSE_UP_TO = 128

@@ -1,14 +1,15 @@
 import pandas as pd
 
+from bertology.core.runfolder import RunFolder
+from bertology.families.profile.report import metric_heatmap
 from bertology.reports import Figure, Report, Section
-from bertology.reports import figures
-from bertology.runfolder import RunFolder
 
 
 def test_report_embeds_figures_and_escapes_text(tmp_path):
-    folder = RunFolder(tmp_path)
     heads = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "metric": "sep", "value": [0.1, 0.2, 0.3, 0.4]})
-    png = folder.write_figure("heatmap_sep", figures.metric_heatmap(heads, "sep"))
+    with RunFolder(tmp_path / "run") as folder:
+        png = folder.write_figure("heatmap_sep", metric_heatmap(heads, "sep"))
+    png = tmp_path / "run" / png.name
     hostile = '"><img src=x onerror=alert(1)><script>alert(1)</script>'
     report = Report(
         title=f"run on {hostile}",

@@ -6,7 +6,7 @@ import pandas as pd
 
 from bertology.reports import figures
 from bertology.reports.html import Figure, Section
-from bertology.runfolder import RunFolder
+from bertology.core.runfolder import RunFolder
 
 
 def comparison_section(folder: RunFolder, similarity: pd.DataFrame, layers: pd.DataFrame, deltas: pd.DataFrame,

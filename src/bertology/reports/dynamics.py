@@ -6,7 +6,7 @@ import pandas as pd
 
 from bertology.reports import figures
 from bertology.reports.html import Figure, Report, Section
-from bertology.runfolder import RunFolder
+from bertology.core.runfolder import RunFolder
 
 
 def pretraining_report(folder: RunFolder, summary: dict, losses: pd.DataFrame, checkpoints: pd.DataFrame) -> str:

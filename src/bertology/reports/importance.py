@@ -6,7 +6,7 @@ import pandas as pd
 
 from bertology.reports import figures
 from bertology.reports.html import Figure, Section
-from bertology.runfolder import RunFolder
+from bertology.core.runfolder import RunFolder
 
 
 NORMALISED = {"layer": "divided by its layer's l2 norm", "global": "min-max scaled over all heads",

@@ -1,0 +1,40 @@
+"""The uniform analyzer interface.
+
+An analyzer folds batches into a bounded summary with :meth:`Analyzer.update`, combines with a
+summary of other data with :meth:`Analyzer.merge` (shards of a corpus, workers of a cluster) and
+reports a tidy :class:`pandas.DataFrame` with :meth:`Analyzer.result`. Results must not depend on
+batch size, batch order or sharding, and the same seed gives the same result: the contract test
+``bertology.core.testing.check_analyzer`` checks this for every analyzer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import pandas as pd
+
+from bertology.core.engine import Batch
+
+
+class Analyzer(ABC):
+    """Base class of every analyzer. Subclasses set :attr:`name` and implement the three verbs."""
+
+    #: Short name, used for file names in the run folder.
+    name: ClassVar[str]
+
+    @abstractmethod
+    def update(self, batch: Batch) -> None:
+        """Fold one batch into the running summary."""
+
+    @abstractmethod
+    def merge(self, other: "Analyzer") -> "Analyzer":
+        """Fold another analyzer's summary (of disjoint data) into this one; returns self."""
+
+    @abstractmethod
+    def result(self) -> pd.DataFrame:
+        """The summary so far as a tidy table."""
+
+    def _check_mergeable(self, other: "Analyzer") -> None:
+        if type(other) is not type(self):
+            raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")

@@ -1,0 +1,427 @@
+"""Corpus readers: plain text, sentence pairs, GLUE TSVs, CoNLL-U, and the bundled sample corpus.
+
+Every reader is a generator of :class:`Example` and reports bad input as a
+:class:`~bertology.core.errors.CorpusError` that names the file and line. Files are read line by line,
+so a corpus of any size streams in constant memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from conllu.exceptions import ParseException
+from conllu.parser import DEFAULT_FIELDS, parse_line
+
+from bertology.core.errors import CorpusError
+
+FORMATS = ("auto", "text", "pairs", "glue", "conllu")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One input sequence (or sentence pair), with its dependency tree where the corpus has one.
+
+    ``words``/``word_spans`` give the syntactic words and their character spans in ``text``;
+    ``heads`` are 1-based CoNLL-U heads (0 = root) and ``relations`` the dependency relations.
+    """
+
+    text: str
+    text_pair: str | None = None
+    label: str | None = None
+    source: str = ""
+    words: tuple[str, ...] | None = None
+    word_spans: tuple[tuple[int, int], ...] | None = None
+    heads: tuple[int, ...] | None = None
+    relations: tuple[str, ...] | None = None
+
+    @property
+    def has_tree(self) -> bool:
+        return self.heads is not None
+
+    @property
+    def line(self) -> int | None:
+        """The example's line in its file (``source`` is ``NAME:LINE``); None when ``source`` names no line."""
+        line = self.source.rpartition(":")[2]
+        return int(line) if line.isdigit() else None
+
+
+def numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Numbered lines of a UTF-8 file (BOM and CR/LF stripped); invalid UTF-8 names its line."""
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise CorpusError(path, None, f"cannot open file ({exc.strerror})") from exc
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise CorpusError(path, number, f"invalid UTF-8 at byte {exc.start} of the line") from exc
+            if number == 1:
+                line = line.removeprefix("\ufeff")
+            yield number, line.rstrip("\r\n")
+
+
+def read_text(path: Path) -> Iterator[Example]:
+    """Plain text: one sequence per line; blank lines are skipped."""
+    for number, line in numbered_lines(path):
+        if line.strip():
+            yield Example(text=line.strip(), source=f"{path.name}:{number}")
+
+
+def read_pairs(path: Path) -> Iterator[Example]:
+    """Sentence pairs: ``text_a<TAB>text_b`` per line (an optional third column is a label)."""
+    for number, line in numbered_lines(path):
+        if not line.strip():
+            continue
+        columns = line.split("\t")
+        if len(columns) < 2:
+            raise CorpusError(path, number, f"expected 2 tab-separated columns (sentence A, sentence B), found {len(columns)}")
+        text_a, text_b = columns[0].strip(), columns[1].strip()
+        if not text_a or not text_b:
+            raise CorpusError(path, number, "empty sentence in a pair")
+        label = columns[2].strip() if len(columns) > 2 else None
+        yield Example(text=text_a, text_pair=text_b, label=label, source=f"{path.name}:{number}")
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """Which columns of a TSV hold the text, the optional second text and the label."""
+
+    text: str | int
+    text_pair: str | int | None = None
+    label: str | int | None = None
+    header: bool = True
+
+
+# GLUE layouts, by header (see ../shared/data/README.md). CoLA has no header.
+GLUE_LAYOUTS = {
+    ("sentence", "label"): TableLayout("sentence", label="label"),  # SST-2
+    ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"): TableLayout("#1 String", "#2 String", "Quality"),  # MRPC
+    ("index", "sentence1", "sentence2", "label"): TableLayout("sentence1", "sentence2", "label"),  # RTE, WNLI
+    ("index", "question", "sentence", "label"): TableLayout("question", "sentence", "label"),  # QNLI
+    ("id", "qid1", "qid2", "question1", "question2", "is_duplicate"): TableLayout("question1", "question2", "is_duplicate"),
+}
+COLA_LAYOUT = TableLayout(text=3, label=1, header=False)
+KNOWN_GLUE = "SST-2, MRPC, RTE, QNLI, QQP, or CoLA without header"
+# Column names that hold text in some GLUE header: a first line naming one is a header, not data.
+GLUE_TEXT_COLUMNS = frozenset(c for layout in GLUE_LAYOUTS.values() for c in (layout.text, layout.text_pair) if c is not None)
+
+
+def read_table(path: Path, layout: TableLayout) -> Iterator[Example]:
+    """A TSV without quoting (as GLUE ships it), columns chosen by name (with a header) or by index."""
+    lines = numbered_lines(path)
+    names: list[str] | None = None
+    if layout.header:
+        first = next(lines, None)
+        if first is None:
+            return
+        names = [name.strip() for name in first[1].split("\t")]
+    wanted = [c for c in (layout.text, layout.text_pair, layout.label) if c is not None]
+    index: dict[str | int, int] = {}
+    for column in wanted:
+        if isinstance(column, int):
+            index[column] = column
+        elif names is None or column not in names:
+            raise CorpusError(path, 1, f"missing column {column!r} in the header (found: {', '.join(names or [])})")
+        else:
+            index[column] = names.index(column)
+    needed = max(index.values()) + 1
+    for number, line in lines:
+        if not line.strip():
+            continue
+        cells = line.split("\t")
+        if len(cells) < needed:
+            raise CorpusError(path, number, f"expected at least {needed} tab-separated columns, found {len(cells)}")
+
+        def cell(column):
+            return None if column is None else cells[index[column]].strip()
+
+        text = cell(layout.text)
+        if not text:
+            raise CorpusError(path, number, "empty text")
+        yield Example(text=text, text_pair=cell(layout.text_pair), label=cell(layout.label), source=f"{path.name}:{number}")
+
+
+def first_cells(path: Path) -> tuple[str, ...]:
+    """The tab-separated cells of a file's first line."""
+    first = next(numbered_lines(path), None)
+    if first is None:
+        raise CorpusError(path, None, "the file is empty")
+    return tuple(c.strip() for c in first[1].split("\t"))
+
+
+def _glue_layout(cells: tuple[str, ...]) -> TableLayout | None:
+    """The GLUE layout a first line belongs to (a known header, or CoLA's header-less four columns)."""
+    if cells in GLUE_LAYOUTS:
+        return GLUE_LAYOUTS[cells]
+    return COLA_LAYOUT if len(cells) == 4 and cells[1] in {"0", "1"} else None
+
+
+def _is_glue_style_header(cells: tuple[str, ...]) -> bool:
+    return len(cells) >= 2 and not GLUE_TEXT_COLUMNS.isdisjoint(cells)
+
+
+def glue_layout(path: Path) -> TableLayout:
+    """Recognise a GLUE TSV by its header (or CoLA's header-less four columns)."""
+    layout = _glue_layout(first_cells(path))
+    if layout is None:
+        raise CorpusError(path, 1, f"not a GLUE TSV header this reader knows ({KNOWN_GLUE})")
+    return layout
+
+
+def check_header(path: Path, format: str) -> None:
+    """Refuse a GLUE-style header in a file read as ``text`` or ``pairs`` (it would be read as data)."""
+    cells = first_cells(path)
+    if cells in GLUE_LAYOUTS:
+        raise CorpusError(path, 1, f"a GLUE header ({', '.join(cells)}), not {format}: use --format glue (or auto)")
+    if _is_glue_style_header(cells):
+        raise CorpusError(path, 1, f"a GLUE-style header this reader does not know ({', '.join(cells)}); known: {KNOWN_GLUE}")
+
+
+def read_conllu(path: Path) -> Iterator[Example]:
+    """CoNLL-U with gold trees: words, heads and relations.
+
+    Multiword-token lines (``3-4``) give the surface text but no tree node; empty nodes (``5.1``)
+    are skipped. ``SpaceAfter=No`` is respected when rebuilding the sentence text, so the
+    tokenizer sees the sentence as written. Each sentence must be one tree, as UD requires
+    (exactly one root, no cycle: :func:`_check_tree`).
+    """
+    block: list[tuple[int, str]] = []
+    for number, line in numbered_lines(path):
+        if line.strip():
+            block.append((number, line))
+            continue
+        if block:
+            yield _conllu_sentence(path, block)
+            block = []
+    if block:
+        yield _conllu_sentence(path, block)
+
+
+def _conllu_sentence(path: Path, block: list[tuple[int, str]]) -> Example:
+    text = ""
+    words: list[str] = []
+    spans: list[tuple[int, int]] = []
+    heads: list[int] = []
+    relations: list[str] = []
+    word_lines: list[int] = []
+    # An open multiword token: (first id, last id, surface form, space after, line), and its words so far.
+    multiword: tuple[int, int, str, bool, int] | None = None
+    multiword_words: list[str] = []
+
+    def append_surface(form: str, space_after: bool) -> int:
+        nonlocal text
+        begin = len(text)
+        text += form + (" " if space_after else "")
+        return begin
+
+    def close_multiword() -> None:
+        first, last, form, space_after, line_number = multiword
+        if len(multiword_words) != last - first + 1:
+            raise CorpusError(path, line_number, f"multiword token {first}-{last} is not followed by its {last - first + 1} words")
+        spans.extend(_split_surface(form, multiword_words, append_surface(form, space_after)))
+        multiword_words.clear()
+
+    for number, line in block:
+        if line.startswith("#"):
+            continue
+        columns = line.split("\t")
+        if len(columns) != 10:
+            raise CorpusError(path, number, f"expected 10 tab-separated CoNLL-U columns, found {len(columns)}")
+        try:
+            token = parse_line(line, DEFAULT_FIELDS)
+        except ParseException as exc:
+            raise CorpusError(path, number, f"malformed CoNLL-U line: {exc}") from exc
+        token_id = token["id"]
+        space_after = not (token["misc"] and token["misc"].get("SpaceAfter") == "No")
+        if isinstance(token_id, tuple):
+            if token_id[1] == ".":
+                continue  # empty node (enhanced dependencies): no word of the basic tree
+            if multiword is not None:
+                close_multiword()
+            multiword = (token_id[0], token_id[2], token["form"], space_after, number)
+            continue
+        if token_id != len(words) + 1:
+            raise CorpusError(path, number, f"word id {token_id} out of order (expected {len(words) + 1})")
+        if not isinstance(token["head"], int):
+            raise CorpusError(path, number, f"HEAD must be a word id, found {columns[6]!r}")
+        words.append(token["form"])
+        heads.append(token["head"])
+        relations.append(token["deprel"] or "_")
+        word_lines.append(number)
+        if multiword is None:
+            begin = append_surface(token["form"], space_after)
+            spans.append((begin, begin + len(token["form"])))
+            continue
+        multiword_words.append(token["form"])
+        if token_id == multiword[1]:
+            close_multiword()
+            multiword = None
+    if multiword is not None:
+        close_multiword()
+    if not words:
+        raise CorpusError(path, block[0][0], "sentence has no words")
+    _check_tree(path, heads, word_lines)
+    return Example(
+        text=text.rstrip(),
+        source=f"{path.name}:{block[0][0]}",
+        words=tuple(words),
+        word_spans=tuple(spans),
+        heads=tuple(heads),
+        relations=tuple(relations),
+    )
+
+
+def _check_tree(path: Path, heads: list[int], lines: list[int]) -> None:
+    """Refuse heads (1-based, 0 = root) that are not one tree, naming the line of the offending word.
+
+    As in UD, a sentence has exactly one root (a second root is an error) and every word reaches it.
+    """
+    count = len(heads)
+    root = None
+    for word, (head, line) in enumerate(zip(heads, lines), start=1):
+        if not 0 <= head <= count:
+            raise CorpusError(path, line, f"word {word} has head {head}, but the sentence has {count} words (heads are 0 to {count})")
+        if head == word:
+            raise CorpusError(path, line, f"word {word} is its own head")
+        if head == 0 and root is not None:
+            raise CorpusError(path, line, f"word {word} is a second root (word {root} has head 0 too); UD allows one root per sentence")
+        if head == 0:
+            root = word
+    rooted = {0}
+    for start in range(1, count + 1):
+        walk: list[int] = []  # from start up its heads, until a word known to reach the root or a repeat
+        node = start
+        while node not in rooted and node not in walk:
+            walk.append(node)
+            node = heads[node - 1]
+        if node in rooted:
+            rooted.update(walk)
+            continue
+        cycle = walk[walk.index(node):]
+        first = cycle.index(min(cycle))
+        cycle = cycle[first:] + cycle[:first + 1]
+        words = " -> ".join(map(str, cycle))
+        message = f"words {words} form a cycle that never reaches the root" if root else f"no word has head 0 (no root): words {words} form a cycle"
+        raise CorpusError(path, lines[cycle[0] - 1], message)
+
+
+def _split_surface(form: str, words: list[str], begin: int) -> list[tuple[int, int]]:
+    """Spans of a multiword token's words: exact where their forms concatenate to the surface
+    form (``don't`` = ``do`` + ``n't``), else the surface cut in proportion to the words' lengths."""
+    if "".join(words).lower() == form.lower():
+        lengths = [len(word) for word in words]
+    else:
+        total = sum(len(word) for word in words)
+        lengths = [max(1, round(len(form) * len(word) / total)) for word in words]
+    cuts = [0]
+    for length in lengths:
+        cuts.append(min(len(form), cuts[-1] + length))
+    cuts[-1] = len(form)
+    return [(begin + a, begin + b) for a, b in zip(cuts, cuts[1:])]
+
+
+def sample_files() -> tuple[Path, Path]:
+    """The bundled sample corpus: single sentences and sentence pairs, written for bertology."""
+    data = resources.files("bertology") / "data"
+    return Path(str(data / "sample_sentences.txt")), Path(str(data / "sample_pairs.tsv"))
+
+
+def detect_format(path: Path) -> str:
+    """Guess a corpus format from the file's extension and first line."""
+    if path.suffix.lower() in {".conllu", ".conll"}:
+        return "conllu"
+    cells = first_cells(path)
+    if _glue_layout(cells) is not None:
+        return "glue"
+    check_header(path, "pairs")  # a GLUE-style header this reader does not know must not become a pair
+    return "pairs" if len(cells) >= 2 else "text"
+
+
+@dataclass
+class Corpus:
+    """A re-iterable corpus: a file in one of :data:`FORMATS`, or the bundled sample (``path=None``)."""
+
+    path: Path | None = None
+    format: str = "auto"
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise CorpusError(self.path or "sample", None, f"unknown format {self.format!r}; choose one of {', '.join(FORMATS)}")
+        if self.path is not None:
+            self.path = Path(self.path)
+            if self.path.is_dir():
+                raise CorpusError(self.path, None, "is a folder, not a corpus file")
+            if not self.path.is_file():
+                raise CorpusError(self.path, None, "no such file")
+            if self.format == "auto":
+                self.format = detect_format(self.path)
+            elif self.format in ("text", "pairs"):
+                check_header(self.path, self.format)
+        elif self.format == "auto":
+            self.format = "sample"
+
+    @property
+    def name(self) -> str:
+        return "sample" if self.path is None else self.path.name
+
+    def _examples(self) -> Iterator[Example]:
+        if self.path is None:
+            sentences, pairs = sample_files()
+            yield from read_text(sentences)
+            yield from read_pairs(pairs)
+        elif self.format == "text":
+            yield from read_text(self.path)
+        elif self.format == "pairs":
+            yield from read_pairs(self.path)
+        elif self.format == "glue":
+            yield from read_table(self.path, glue_layout(self.path))
+        else:
+            yield from read_conllu(self.path)
+
+    def __iter__(self) -> Iterator[Example]:
+        for count, example in enumerate(self._examples()):
+            if self.limit is not None and count >= self.limit:
+                return
+            yield example
+
+    def validate(self) -> int:
+        """Read the whole corpus once (before any model runs) and return its number of examples.
+
+        Raises :class:`CorpusError` at the first bad line, or if there is no example at all.
+        """
+        count = sum(1 for _ in self)
+        if count == 0:
+            raise CorpusError(self.path or "sample", None, "no examples in the corpus (empty file or only blank lines)")
+        return count
+
+    def sha256(self) -> str:
+        """Hash of the corpus file(s), for the run manifest."""
+        digest = hashlib.sha256()
+        for path in sample_files() if self.path is None else (self.path,):
+            with path.open("rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+        return digest.hexdigest()
+
+
+def open_corpus(corpus, format: str = "auto", limit: int | None = None) -> tuple["Corpus | list[Example]", dict]:
+    """Resolve what a user passed as a corpus, and describe it for the manifest.
+
+    ``None`` is the bundled sample; a path is a :class:`Corpus` (``format`` auto-detected); a
+    :class:`Corpus` is used as it is; any other iterable of strings or :class:`Example` is kept
+    in memory (first ``limit`` items).
+    """
+    if isinstance(corpus, Corpus):
+        return corpus, {"name": corpus.name, "path": str(corpus.path) if corpus.path else None, "format": corpus.format, "sha256": corpus.sha256()}
+    if corpus is None or isinstance(corpus, (str, Path)):
+        return open_corpus(Corpus(None if corpus is None else Path(corpus), format=format, limit=limit))
+    examples = [item if isinstance(item, Example) else Example(str(item)) for item in corpus]
+    examples = examples[:limit] if limit is not None else examples
+    return examples, {"name": "in-memory", "path": None, "format": "examples", "sha256": None}

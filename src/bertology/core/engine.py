@@ -1,0 +1,334 @@
+"""The engine: tokenize, batch by length, run the model once per batch, feed every analyzer.
+
+Memory stays bounded whatever the corpus size: examples are read lazily, sorted by length only
+within a window of ``batch_size * sort_window`` examples (to cut padding), and each batch's
+attention ``[layer, batch, head, query, key]`` is dropped once the analyzers have seen it. A
+batch is also capped so that its attention tensor holds at most ``max_attention_elements``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+from tqdm.auto import tqdm
+
+from bertology.core.alignment import WordAlignment, align, default_word_spans, to_word_level
+from bertology.core.corpora import Example
+from bertology.core.errors import BertologyError, one_line_error
+from bertology.core.hooks import Hooks
+from bertology.core.models import PUNCT_SETS, LoadedModel, punctuation_table
+
+OVERFLOW_POLICIES = ("truncate", "skip")
+MAX_SKIPPED_SOURCES = 100  # the manifest lists the first skipped sequences; the count is exact
+
+
+@dataclass
+class Encoded:
+    """One tokenized example: its ids, offsets and segment ids, and where it sits in the corpus."""
+
+    index: int
+    example: Example
+    input_ids: list[int]
+    token_type_ids: list[int] | None
+    offsets: list[tuple[int, int]]
+    sequence_ids: list[int | None]
+    truncated: bool
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def same_sentence(segment_ids: torch.Tensor) -> torch.Tensor:
+    """``[batch, n, n]``: True where query and key are non-special pieces of the same sentence."""
+    return (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, :, None] >= 0)
+
+
+def is_pair(segment_ids: torch.Tensor) -> torch.Tensor:
+    """``[batch]``: True for sentence pairs (some piece belongs to sentence B)."""
+    return (segment_ids == 1).any(dim=1)
+
+
+@dataclass
+class Batch:
+    """What every analyzer receives for one batch (tensors on the model's device).
+
+    ``attentions[l, b, h, i, j]`` is head ``h`` of layer ``l``'s attention from query ``i`` to key
+    ``j`` of sequence ``b``; rows and columns of padding are zero. Masks are ``[batch, n]`` booleans.
+    ``segment_ids`` is 0 or 1 for the pieces of sentence A or B and -1 for special tokens and padding.
+    """
+
+    items: list[Encoded]
+    input_ids: torch.Tensor
+    mask: torch.Tensor
+    cls_mask: torch.Tensor
+    sep_mask: torch.Tensor
+    punct_mask: torch.Tensor
+    segment_ids: torch.Tensor
+    attentions: torch.Tensor
+    embedding: torch.nn.Module | None = field(default=None, repr=False)
+    _word_maps: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+
+    @cached_property
+    def input_embeddings(self) -> torch.Tensor:
+        """The model's static input (token) embeddings of every piece, ``[batch, n, dim]``."""
+        with torch.inference_mode():
+            return self.embedding(self.input_ids)
+
+    def word_attention(self, b: int) -> torch.Tensor:
+        """Word-level attention ``[layer, head, u, u]`` of sequence ``b`` (METHODS.md section 2),
+        computed once per batch and shared by every analyzer that asks."""
+        if b not in self._word_maps:
+            n = int(self.mask[b].sum())
+            self._word_maps[b] = to_word_level(self.attentions[:, b, :, :n, :n], self.alignments[b])
+        return self._word_maps[b]
+
+    @property
+    def size(self) -> int:
+        return len(self.items)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.mask.sum(dim=1)
+
+    @property
+    def examples(self) -> list[Example]:
+        return [item.example for item in self.items]
+
+    @property
+    def indices(self) -> list[int]:
+        """Position of each sequence in the corpus (stable across batch sizes and shards)."""
+        return [item.index for item in self.items]
+
+    @cached_property
+    def alignments(self) -> list[WordAlignment]:
+        """Piece-to-word alignment of each sequence (gold words where the corpus has them)."""
+        result = []
+        for item in self.items:
+            example = item.example
+            spans = [list(example.word_spans) if example.word_spans is not None else default_word_spans(example.text)]
+            if example.text_pair is not None:
+                spans.append(default_word_spans(example.text_pair))
+            result.append(align(item.offsets, item.sequence_ids, spans))
+        return result
+
+
+@dataclass
+class RunStats:
+    """What a run saw: sequence and token counts, truncations and skips, and its wall time."""
+
+    sequences: int = 0
+    tokens: int = 0
+    truncated: int = 0
+    skipped: int = 0
+    batches: int = 0
+    seconds: float = 0.0
+    skipped_sources: list[str] = field(default_factory=list)
+    #: Analyzers whose ``update`` raised (``isolate=True``): position in the run's analyzers -> the error, one line.
+    failed: dict[int, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "sequences": self.sequences,
+            "tokens": self.tokens,
+            "truncated": self.truncated,
+            "skipped": self.skipped,
+            "batches": self.batches,
+            "seconds": round(self.seconds, 3),
+            "sequences_per_second": round(self.sequences / self.seconds, 2) if self.seconds else None,
+        }
+
+
+class Engine:
+    """Runs one model over a corpus once and hands each batch to every analyzer.
+
+    Parameters
+    ----------
+    model : LoadedModel
+    batch_size : int
+        Most sequences per forward pass.
+    max_length : int, optional
+        Most pieces per sequence (default and upper bound: the model's limit).
+    overflow : {"truncate", "skip"}
+        What to do with longer sequences; either way the run counts them.
+    sort_window : int
+        Sort by length within windows of ``batch_size * sort_window`` examples.
+    max_attention_elements : int
+        Cap on ``layers * batch * heads * n * n`` for one batch (bounds memory at long lengths).
+    progress : bool
+        Show a progress bar with sequences per second.
+    punct : {"upos", "clark"}
+        The punctuation set of ``Batch.punct_mask`` (:data:`~bertology.core.models.PUNCT_SETS`, METHODS.md
+        section 1), so every analyzer of a run measures attention to the same punctuation.
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        *,
+        batch_size: int = 32,
+        max_length: int | None = None,
+        overflow: str = "truncate",
+        sort_window: int = 32,
+        max_attention_elements: int = 2**28,
+        progress: bool = True,
+        punct: str = "upos",
+    ):
+        if punct not in PUNCT_SETS:
+            raise BertologyError(f"unknown punctuation set {punct!r}: use {' or '.join(PUNCT_SETS)}")
+        if overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, not {overflow!r}")
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.model = model
+        self.batch_size = batch_size
+        self.max_length = min(max_length or model.max_length, model.max_length)
+        self.overflow = overflow
+        self.sort_window = sort_window
+        self.max_attention_elements = max_attention_elements
+        self.progress = progress
+        self.punct = punct
+        table = model.punct_by_id if punct == "upos" else punctuation_table(model.tokenizer, punct)
+        self._punct_by_id = torch.as_tensor(table, device=model.device)
+
+    # -- tokenization and batching ---------------------------------------------------------
+    def _encode(self, example: Example, truncate: bool) -> dict:
+        return self.model.tokenizer(
+            example.text,
+            example.text_pair,
+            truncation="longest_first" if truncate else False,
+            max_length=self.max_length if truncate else None,
+            return_offsets_mapping=True,
+            return_token_type_ids=True,
+        )
+
+    def encode(self, indexed: Iterable[tuple[int, Example]], stats: RunStats) -> Iterator[Encoded]:
+        """Tokenize examples, truncating or skipping those over ``max_length``."""
+        for index, example in indexed:
+            encoding = self._encode(example, truncate=False)
+            truncated = len(encoding["input_ids"]) > self.max_length
+            if truncated:
+                if self.overflow == "skip":
+                    stats.skipped += 1
+                    if len(stats.skipped_sources) < MAX_SKIPPED_SOURCES:
+                        stats.skipped_sources.append(example.source)
+                    continue
+                encoding = self._encode(example, truncate=True)
+                stats.truncated += 1
+            yield Encoded(
+                index=index,
+                example=example,
+                input_ids=encoding["input_ids"],
+                token_type_ids=encoding.get("token_type_ids"),
+                offsets=[tuple(o) for o in encoding["offset_mapping"]],
+                sequence_ids=encoding.sequence_ids(),
+                truncated=truncated,
+            )
+
+    def batches(self, encoded: Iterable[Encoded]) -> Iterator[list[Encoded]]:
+        """Length-sorted batches, sorted within windows so that memory stays bounded."""
+        per_sequence = self.model.num_layers * self.model.num_heads
+        iterator = iter(encoded)
+        while window := list(itertools.islice(iterator, self.batch_size * self.sort_window)):
+            window.sort(key=lambda item: (len(item), item.index))
+            start = 0
+            while start < len(window):
+                stop = start + 1
+                while stop < len(window) and stop - start < self.batch_size:
+                    longest = len(window[stop])
+                    if (stop - start + 1) * per_sequence * longest * longest > self.max_attention_elements:
+                        break
+                    stop += 1
+                yield window[start:stop]
+                start = stop
+
+    def collate(self, items: list[Encoded]) -> dict[str, torch.Tensor]:
+        """Pad a batch into tensors on the model's device."""
+        pad_id = self.model.tokenizer.pad_token_id or 0
+        width = max(len(item) for item in items)
+        input_ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(items), width), dtype=torch.bool)
+        token_types = torch.zeros((len(items), width), dtype=torch.long)
+        segments = torch.full((len(items), width), -1, dtype=torch.long)
+        for row, item in enumerate(items):
+            n = len(item)
+            input_ids[row, :n] = torch.tensor(item.input_ids)
+            mask[row, :n] = True
+            if item.token_type_ids is not None:
+                token_types[row, :n] = torch.tensor(item.token_type_ids)
+            segments[row, :n] = torch.tensor([-1 if s is None else s for s in item.sequence_ids])
+        device = self.model.device
+        return {
+            "input_ids": input_ids.to(device),
+            "mask": mask.to(device),
+            "token_type_ids": token_types.to(device),
+            "segment_ids": segments.to(device),
+        }
+
+    # -- running -----------------------------------------------------------------------------
+    def forward(self, tensors: dict[str, torch.Tensor], hooks: Hooks | None = None):
+        """One forward pass of the model on collated tensors, with optional hooks."""
+        inputs = {"input_ids": tensors["input_ids"], "attention_mask": tensors["mask"].long()}
+        if "token_type_ids" in self.model.tokenizer.model_input_names:
+            inputs["token_type_ids"] = tensors["token_type_ids"]
+        hooks = hooks or Hooks()
+        with torch.inference_mode(), hooks.attach(self.model.model):
+            return self.model.model(**inputs)
+
+    def run_batch(self, items: list[Encoded]) -> Batch:
+        """Run the model on one batch and capture every layer's attention."""
+        tensors = self.collate(items)
+        patterns: list[torch.Tensor] = []
+        self.forward(tensors, Hooks().add("pattern", lambda layer, pattern: patterns.append(pattern)))
+        mask = tensors["mask"]
+        float_mask = mask.to(patterns[0].dtype)
+        # Zero the rows of padding queries: they are no query of the sequence (METHODS.md section 1).
+        attentions = torch.stack(patterns) * float_mask[None, :, None, :, None]
+        input_ids = tensors["input_ids"]
+        return Batch(
+            items=items,
+            input_ids=input_ids,
+            mask=mask,
+            cls_mask=(input_ids == self.model.cls_token_id) & mask,
+            sep_mask=(input_ids == self.model.sep_token_id) & mask,
+            punct_mask=self._punct_by_id[input_ids] & mask,
+            segment_ids=tensors["segment_ids"],
+            attentions=attentions,
+            embedding=self.model.model.get_input_embeddings(),
+        )
+
+    def run(self, examples: Iterable[Example], analyzers: Sequence, *, total: int | None = None,
+            step: Callable[[list[Encoded]], object] | None = None, desc: str = "analyzing", isolate: bool = False) -> RunStats:
+        """Stream ``examples`` through the model once and update every analyzer with every batch.
+
+        ``step`` turns a batch's items into what the analyzers receive (default :meth:`run_batch`;
+        a :class:`~bertology.workflows.comparison.CompareEngine` runs two models there). With ``isolate``, an
+        analyzer whose ``update`` raises is left out of the rest of the pass and its error recorded in
+        ``RunStats.failed``, so the others lose nothing; the error is raised only when every analyzer failed.
+        """
+        step = step or self.run_batch
+        stats = RunStats()
+        started = time.perf_counter()
+        encoded = self.encode(enumerate(examples), stats)
+        with tqdm(total=total, unit="seq", desc=desc, disable=not self.progress, smoothing=0.1) as bar:
+            for items in self.batches(encoded):
+                batch = step(items)
+                for position, analyzer in enumerate(analyzers):
+                    if position in stats.failed:
+                        continue
+                    try:
+                        analyzer.update(batch)
+                    except Exception as exc:
+                        if not isolate or len(stats.failed) == len(analyzers) - 1:
+                            raise
+                        stats.failed[position] = one_line_error(exc)
+                stats.sequences += len(items)
+                stats.tokens += sum(len(item) for item in items)
+                stats.batches += 1
+                bar.update(stats.sequences + stats.skipped - bar.n)
+        stats.seconds = time.perf_counter() - started
+        return stats

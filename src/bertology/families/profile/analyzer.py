@@ -1,0 +1,322 @@
+"""The general head profile (Clark et al. 2019, "What Does BERT Look At?", METHODS.md section 1).
+
+Per head and sequence, with ``a[i, j]`` the attention from query i to key j and n real tokens
+(special tokens included, padding excluded):
+
+- ``cls``, ``sep``, ``punct``: attention to a token set K, ``(1/n) sum_i sum_{j in K} a[i, j]``;
+  punctuation is the engine's set (``Engine(punct=...)``, :data:`~bertology.core.models.PUNCT_SETS`):
+  ``upos`` (default), every token whose text without a continuation marker (``##``, ``Ġ``) is only
+  Unicode punctuation (category P*); ``clark``, the tokens "." and "," only, as in Clark et al.'s code;
+- ``self``, ``prev``, ``next``: ``(1/n) sum_i a[i, i]``, ``(1/n) sum_{i>=1} a[i, i-1]``,
+  ``(1/n) sum_{i<n-1} a[i, i+1]`` (Clark's convention: divide by n);
+- ``entropy``: smooth ``a <- 0.9999 a + 0.0001/n``, then ``mean_i -sum_j a[i,j] ln a[i,j]`` (nats);
+  ``cls_entropy``: the same for the [CLS] row alone;
+- ``distance``: ``(1/n) sum_i sum_j a[i, j] |i - j|`` (in tokens).
+
+Each metric is averaged over sequences, with a 95% Student-t interval over sequences.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.manifold import MDS
+
+from bertology.core.analyzer import Analyzer
+from bertology.core.engine import Batch
+from bertology.core.stats import RunningMoments, bootstrap_weights, interval_frame, keyed_rng, sequence_key
+
+PROFILE_METRICS = ("cls", "sep", "punct", "self", "prev", "next", "entropy", "cls_entropy", "distance")
+ENTROPY_SMOOTHING = 1e-4  # Clark et al.: a <- (1 - eps) a + eps / n
+
+
+def attention_to(attention: torch.Tensor, mask: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
+    """Attention to a token set K, ``(1/n) sum_i sum_{j in K} a[i, j]`` (Clark et al. 2019).
+
+    ``attention`` is ``[..., batch, head, n, n]`` (any leading dimensions, e.g. layers), ``mask``
+    and ``members`` are ``[batch, n]`` booleans. Returns ``[..., batch, head]``.
+    """
+    n = mask.sum(dim=1).to(attention.dtype)[:, None]
+    return torch.einsum("...bhij,bj->...bh", attention, members.to(attention.dtype)) / n
+
+
+def profile_metrics(
+    attention: torch.Tensor,
+    mask: torch.Tensor,
+    cls_mask: torch.Tensor,
+    sep_mask: torch.Tensor,
+    punct_mask: torch.Tensor,
+) -> torch.Tensor:
+    """The :data:`PROFILE_METRICS` of every head on every sequence.
+
+    ``attention`` is ``[batch, head, n, n]`` (one layer, padding rows and columns zero), the masks
+    are ``[batch, n]`` booleans. Returns ``[batch, head, len(PROFILE_METRICS)]``.
+    """
+    dtype = attention.dtype
+    real = mask.to(dtype)
+    n = real.sum(dim=1)[:, None]  # [batch, 1]
+    width = attention.shape[-1]
+
+    positions = torch.arange(width, device=attention.device)
+    gap = (positions[:, None] - positions[None, :]).abs().to(dtype)
+    smoothed = (1 - ENTROPY_SMOOTHING) * attention + (ENTROPY_SMOOTHING / n)[:, :, None, None] * real[:, None, None, :]
+    row_entropy = -torch.special.xlogy(smoothed, smoothed).sum(dim=-1) * real[:, None, :]  # [batch, head, n]
+    cls_position = cls_mask.to(torch.int8).argmax(dim=1)
+    cls_entropy = row_entropy.gather(2, cls_position[:, None, None].expand(-1, attention.shape[1], 1))[..., 0]
+    cls_entropy = torch.where(cls_mask.any(dim=1)[:, None], cls_entropy, torch.nan)
+    columns = {
+        "cls": attention_to(attention, mask, cls_mask),
+        "sep": attention_to(attention, mask, sep_mask),
+        "punct": attention_to(attention, mask, punct_mask),
+        "self": attention.diagonal(dim1=-2, dim2=-1).sum(-1) / n,
+        "prev": attention.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / n,
+        "next": attention.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1) / n,
+        "entropy": row_entropy.sum(-1) / n,
+        "cls_entropy": cls_entropy,
+        "distance": (attention * gap).sum(dim=(-1, -2)) / n,
+    }
+    return torch.stack([columns[name] for name in PROFILE_METRICS], dim=-1)
+
+
+class GeneralProfile(Analyzer):
+    """Clark et al.'s general attention profile of every head (see the module docstring).
+
+    :meth:`result` gives one row per ``layer, head, metric`` (0-based layer and head) with the mean
+    over sequences ``value``, its 95% interval ``ci_low``/``ci_high`` and the number of sequences
+    ``n``. :meth:`layers` gives the same per layer, where a sequence's layer value is the mean of
+    its heads.
+    """
+
+    name = "heads"
+
+    def __init__(self) -> None:
+        self._heads: RunningMoments | None = None
+        self._layers: RunningMoments | None = None
+
+    def update(self, batch: Batch) -> None:
+        num_layers, _, num_heads = batch.attentions.shape[:3]
+        if self._heads is None:
+            self._heads = RunningMoments((num_layers, num_heads, len(PROFILE_METRICS)))
+            self._layers = RunningMoments((num_layers, len(PROFILE_METRICS)))
+        per_layer = [
+            profile_metrics(batch.attentions[layer], batch.mask, batch.cls_mask, batch.sep_mask, batch.punct_mask)
+            for layer in range(num_layers)
+        ]
+        values = torch.stack(per_layer, dim=1).double().cpu().numpy()  # [batch, layer, head, metric]
+        self._heads.push(values)
+        self._layers.push(values.mean(axis=2))
+
+    def merge(self, other: "GeneralProfile") -> "GeneralProfile":
+        self._check_mergeable(other)
+        if other._heads is None:
+            return self
+        if self._heads is None:
+            self._heads, self._layers = other._heads, other._layers
+            return self
+        self._heads.merge(other._heads)
+        self._layers.merge(other._layers)
+        return self
+
+    def result(self) -> pd.DataFrame:
+        if self._heads is None:
+            return pd.DataFrame(columns=["layer", "head", "metric", "value", "ci_low", "ci_high", "n"])
+        num_layers, num_heads, _ = self._heads.count.shape
+        index = pd.MultiIndex.from_product([range(num_layers), range(num_heads), PROFILE_METRICS], names=["layer", "head", "metric"])
+        return interval_frame(self._heads, index)
+
+    def layers(self) -> pd.DataFrame:
+        """Per-layer aggregates: ``layer, metric, value, ci_low, ci_high, n``."""
+        if self._layers is None:
+            return pd.DataFrame(columns=["layer", "metric", "value", "ci_low", "ci_high", "n"])
+        index = pd.MultiIndex.from_product([range(self._layers.count.shape[0]), PROFILE_METRICS], names=["layer", "metric"])
+        return interval_frame(self._layers, index)
+
+
+#: The token sets whose attention peaks at a characteristic depth under the learning-curve hypothesis (METHODS.md section 8).
+PEAK_METRICS = ("cls", "sep", "punct")
+
+
+class LayerPeaks(Analyzer):
+    """Per-layer attention to [CLS], [SEP] and punctuation (the engine's set, as in :class:`GeneralProfile`),
+    with bootstrap replicates over sequences.
+
+    A sequence's value for layer l is the mean over its heads of the metric (as in
+    :meth:`GeneralProfile.layers`); ``m_l`` is its mean over sequences, and the metric peaks at
+    ``argmax_l m_l``. Replicate 0 is the data; replicates 1..B weight each sequence by a Poisson(1)
+    draw keyed by the sequence (:func:`~bertology.core.stats.bootstrap_weights`), so the replicates of
+    two checkpoints run on one corpus are paired.
+
+    :meth:`result`: ``layer, metric, value, ci_low, ci_high, n`` (2.5th/97.5th percentiles of the
+    replicates). :meth:`peaks`: ``metric, peak_layer, ci_low, ci_high, agreement`` (the replicates'
+    peak layers: percentiles, and the share that agree with the data's). :meth:`replicate_means`:
+    ``[1 + B, layer, metric]``.
+    """
+
+    name = "layer_peaks"
+
+    def __init__(self, bootstrap: int = 1000, seed: int = 0):
+        self.bootstrap = bootstrap
+        self.seed = seed
+        self._sums: np.ndarray | None = None  # [1 + B, layer, metric]: weighted sums of sequence values
+        self._weights = np.zeros(1 + bootstrap)  # [1 + B]: summed sequence weights
+        self._sequences = 0
+
+    def update(self, batch: Batch) -> None:
+        sets = {"cls": batch.cls_mask, "sep": batch.sep_mask, "punct": batch.punct_mask}
+        # a sequence's layer value: the mean over heads; [layer, batch, metric] -> [batch, layer, metric]
+        values = torch.stack([attention_to(batch.attentions, batch.mask, sets[metric]).mean(dim=-1) for metric in PEAK_METRICS], dim=-1)
+        values = values.transpose(0, 1).double().cpu().numpy()
+        weights = np.stack([bootstrap_weights(self.seed, self.bootstrap, example) for example in batch.examples])  # [batch, 1 + B]
+        sums = np.einsum("br,blm->rlm", weights, values)
+        self._sums = sums if self._sums is None else self._sums + sums
+        self._weights += weights.sum(axis=0)
+        self._sequences += len(batch.examples)
+
+    def merge(self, other: "LayerPeaks") -> "LayerPeaks":
+        self._check_mergeable(other)
+        if other.bootstrap != self.bootstrap or other.seed != self.seed:
+            raise ValueError("cannot merge LayerPeaks with different bootstrap sizes or seeds")
+        if other._sums is not None:
+            self._sums = other._sums.copy() if self._sums is None else self._sums + other._sums
+            self._weights = self._weights + other._weights
+            self._sequences += other._sequences
+        return self
+
+    def replicate_means(self) -> np.ndarray:
+        """``[1 + B, layer, metric]``: the per-layer means of the data (row 0) and of each replicate."""
+        if self._sums is None:
+            raise ValueError("LayerPeaks has seen no sequence")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self._sums / self._weights[:, None, None]
+
+    def result(self) -> pd.DataFrame:
+        columns = ["layer", "metric", "value", "ci_low", "ci_high", "n"]
+        if self._sums is None:
+            return pd.DataFrame(columns=columns)
+        means = self.replicate_means()
+        low, high = np.nanpercentile(means[1:], [2.5, 97.5], axis=0)
+        layer, metric = np.indices(means.shape[1:])
+        return pd.DataFrame({"layer": layer.ravel(), "metric": np.array(PEAK_METRICS)[metric.ravel()], "value": means[0].ravel(),
+                             "ci_low": low.ravel(), "ci_high": high.ravel(), "n": self._sequences})
+
+    def peaks(self) -> pd.DataFrame:
+        """Where each metric peaks: the data's layer, the replicates' 95% percentile interval and their agreement."""
+        return peak_layers(self.replicate_means())
+
+
+def peak_layers(means: np.ndarray, metrics=PEAK_METRICS) -> pd.DataFrame:
+    """``means [1 + B, layer, metric]`` (row 0 the data) -> ``metric, peak_layer, ci_low, ci_high, agreement``."""
+    peaks = means.argmax(axis=1)  # [1 + B, metric]
+    low, high = np.percentile(peaks[1:], [2.5, 97.5], axis=0)
+    return pd.DataFrame({"metric": list(metrics), "peak_layer": peaks[0], "ci_low": low, "ci_high": high,
+                         "agreement": (peaks[1:] == peaks[0]).mean(axis=0)})
+
+
+def pairwise_js(rows: torch.Tensor) -> torch.Tensor:
+    """Summed Jensen-Shannon divergence (nats) between every pair of heads, over matching rows.
+
+    ``rows`` is ``[heads, r, n]`` (r attention rows of n keys per head; all-zero padding rows add
+    nothing). Uses ``JS(p, q) = H((p + q) / 2) - (H(p) + H(q)) / 2``, equal to scipy's
+    ``jensenshannon(p, q) ** 2``; one head against all later heads at a time (upper triangle).
+    Returns ``[heads, heads]``.
+    """
+    neg_entropy = torch.special.xlogy(rows, rows).sum(dim=(1, 2))  # -sum_r H(p_r) per head
+    upper = torch.zeros(rows.shape[0], rows.shape[0], dtype=rows.dtype, device=rows.device)
+    for first in range(rows.shape[0] - 1):
+        middle = 0.5 * (rows[first] + rows[first + 1 :])
+        mixed = -torch.special.xlogy(middle, middle).sum(dim=(1, 2))
+        upper[first, first + 1 :] = mixed + 0.5 * (neg_entropy[first] + neg_entropy[first + 1 :])
+    return upper + upper.T
+
+
+class HeadDistance(Analyzer):
+    """Head-to-head Jensen-Shannon distance and its 2-D MDS map (Clark et al. 2019, section 6).
+
+    ``d(A, B) = sum_docs sum_i JS(A_i, B_i)`` over the rows i of the sampled sequences, reported
+    divided by the number of rows (the mean JS divergence per row, in nats). A sequence is sampled
+    if a hash of its line and text (:func:`~bertology.core.stats.sequence_key`) and the seed falls below
+    ``sample``, so the sample is the same whatever the batch size, order, sharding or file name.
+    """
+
+    name = "head_distance"
+
+    def __init__(self, sample: float = 0.1, seed: int = 0):
+        if not 0 < sample <= 1:
+            raise ValueError("sample must be in (0, 1]")
+        self.sample = sample
+        self.seed = seed
+        self._total: np.ndarray | None = None
+        self._rows = 0
+        self._shape: tuple[int, int] | None = None
+
+    def update(self, batch: Batch) -> None:
+        num_layers, _, num_heads = batch.attentions.shape[:3]
+        self._shape = (num_layers, num_heads)
+        if self._total is None:
+            self._total = np.zeros((num_layers * num_heads,) * 2)
+        sampled = [b for b, e in enumerate(batch.examples) if keyed_rng(self.seed, *sequence_key(e)).random() < self.sample]
+        if not sampled:
+            return
+        # All sampled sequences' rows side by side; padding rows are zero and add nothing.
+        width = batch.attentions.shape[-1]
+        rows = batch.attentions[:, sampled].permute(0, 2, 1, 3, 4).reshape(num_layers * num_heads, len(sampled) * width, width)
+        self._total += pairwise_js(rows).double().cpu().numpy()
+        self._rows += int(batch.lengths[sampled].sum())
+
+    def merge(self, other: "HeadDistance") -> "HeadDistance":
+        self._check_mergeable(other)
+        if other._total is not None:
+            self._total = other._total.copy() if self._total is None else self._total + other._total
+            self._rows += other._rows
+            self._shape = other._shape
+        return self
+
+    def matrix(self) -> np.ndarray:
+        """``[layer*head, layer*head]`` mean JS divergence per row (heads in layer-major order)."""
+        if self._total is None or self._rows == 0:
+            raise ValueError("no sequence was sampled for the head distance: raise `sample` or give more data")
+        return self._total / self._rows
+
+    def result(self) -> pd.DataFrame:
+        """Long table ``layer_a, head_a, layer_b, head_b, distance, rows`` over all ordered pairs."""
+        matrix = self.matrix()
+        num_layers, num_heads = self._shape
+        layer, head = np.divmod(np.arange(num_layers * num_heads), num_heads)
+        a, b = np.meshgrid(np.arange(len(layer)), np.arange(len(layer)), indexing="ij")
+        return pd.DataFrame(
+            {
+                "layer_a": layer[a.ravel()],
+                "head_a": head[a.ravel()],
+                "layer_b": layer[b.ravel()],
+                "head_b": head[b.ravel()],
+                "distance": matrix.ravel(),
+                "rows": self._rows,
+            }
+        )
+
+    def embedding(self) -> pd.DataFrame:
+        """2-D multidimensional scaling of the distance matrix: ``layer, head, x, y``."""
+        matrix = self.matrix()
+        num_layers, num_heads = self._shape
+        mds = MDS(n_components=2, metric="precomputed", random_state=self.seed, n_init=4, init="random")
+        coordinates = mds.fit_transform(matrix)
+        layer, head = np.divmod(np.arange(num_layers * num_heads), num_heads)
+        return pd.DataFrame({"layer": layer, "head": head, "x": coordinates[:, 0], "y": coordinates[:, 1]})
+
+
+#: Clark et al.'s labels: a head is "broad" if its mean entropy exceeds 3.8 nats, "prev"/"next" if
+#: over half its attention goes to that neighbour, "cls"/"sep"/"punct" above 0.6. They depend on
+#: the sequence length n, so they are parameters.
+CLARK_THRESHOLDS = {"entropy": 3.8, "prev": 0.5, "next": 0.5, "cls": 0.6, "sep": 0.6, "punct": 0.6}
+_LABEL_NAMES = {"entropy": "broad"}
+
+
+def clark_labels(heads: pd.DataFrame, thresholds: dict[str, float] | None = None) -> pd.DataFrame:
+    """Heads whose mean metric exceeds Clark's threshold: ``layer, head, label, metric, value, threshold``."""
+    thresholds = CLARK_THRESHOLDS if thresholds is None else thresholds
+    rows = heads[heads.metric.isin(thresholds)].copy()
+    rows["threshold"] = rows.metric.map(thresholds)
+    rows = rows[rows.value > rows.threshold]
+    rows["label"] = rows.metric.map(lambda m: _LABEL_NAMES.get(m, m))
+    return rows[["layer", "head", "label", "metric", "value", "threshold"]].sort_values(["layer", "head", "label"]).reset_index(drop=True)

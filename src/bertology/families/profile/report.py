@@ -1,0 +1,119 @@
+"""The general profile's figures and report section (Clark et al. 2019). Layers and heads are numbered from 0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from bertology.reports.figures import METRIC_TITLES, plt
+
+from bertology.core.runfolder import RunFolder
+from bertology.families.profile.analyzer import CLARK_THRESHOLDS, PROFILE_METRICS
+from bertology.reports.html import Figure, Section
+
+_PUNCT_SETS = {"upos": "every token that is only punctuation (Unicode category P*; --punct upos)",
+               "clark": "the tokens '.' and ',' only, as in Clark et al.'s code (--punct clark)"}
+
+
+def special_by_layer(heads: pd.DataFrame, metrics=("cls", "sep", "punct")):
+    """Clark et al.'s figure 2: each head's attention to special tokens (dots) and the layer mean (line)."""
+    figure, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), sharey=True)
+    rng = np.random.default_rng(0)
+    for axis, metric in zip(np.atleast_1d(axes), metrics):
+        rows = heads[heads.metric == metric]
+        jitter = rng.uniform(-0.15, 0.15, len(rows))
+        axis.scatter(rows.layer + jitter, rows.value, s=12, alpha=0.55, color="tab:blue", label="one head")
+        mean = rows.groupby("layer").value.mean()
+        axis.plot(mean.index, mean.values, color="tab:red", marker="o", label="layer mean")
+        axis.set_title(METRIC_TITLES[metric])
+        axis.set_xlabel("layer (0-based)")
+        axis.set_xticks(sorted(rows.layer.unique()))
+        axis.grid(alpha=0.3)
+    np.atleast_1d(axes)[0].set_ylabel("average attention")
+    np.atleast_1d(axes)[0].legend(loc="upper left", fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def metric_heatmap(heads: pd.DataFrame, metric: str, axis=None):
+    """Layer x head heatmap of one metric's mean over sequences."""
+    grid = heads[heads.metric == metric].pivot(index="layer", columns="head", values="value")
+    own = axis is None
+    if own:
+        figure, axis = plt.subplots(figsize=(0.45 * grid.shape[1] + 2.5, 0.45 * grid.shape[0] + 1.5))
+    image = axis.imshow(grid.values, aspect="auto", cmap="viridis")
+    axis.set_xticks(range(grid.shape[1]), grid.columns)
+    axis.set_yticks(range(grid.shape[0]), grid.index)
+    axis.set_xlabel("head (0-based)")
+    axis.set_ylabel("layer (0-based)")
+    axis.set_title(METRIC_TITLES.get(metric, metric))
+    plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+    if own:
+        figure.tight_layout()
+        return figure
+    return axis.figure
+
+
+def metric_heatmaps(heads: pd.DataFrame, metrics) -> plt.Figure:
+    """All metrics' layer x head heatmaps in one grid (for the report)."""
+    columns = 3
+    rows = int(np.ceil(len(metrics) / columns))
+    figure, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.4 * rows))
+    for axis, metric in zip(axes.ravel(), metrics):
+        metric_heatmap(heads, metric, axis=axis)
+    for axis in axes.ravel()[len(metrics):]:
+        axis.set_visible(False)
+    figure.tight_layout()
+    return figure
+
+
+def head_map_figure(embedding: pd.DataFrame):
+    """2-D MDS map of the heads by Jensen-Shannon distance, coloured by layer (Clark et al. figure 6)."""
+    figure, axis = plt.subplots(figsize=(6.5, 5.5))
+    points = axis.scatter(embedding.x, embedding.y, c=embedding.layer, cmap="viridis", s=40, edgecolor="white", linewidth=0.5)
+    for row in embedding.itertuples():
+        axis.annotate(f"{row.layer}-{row.head}", (row.x, row.y), fontsize=6, alpha=0.7, xytext=(2, 2), textcoords="offset points")
+    bar = plt.colorbar(points, ax=axis)
+    bar.set_label("layer (0-based)")
+    axis.set_title("heads by Jensen-Shannon distance (MDS); labels layer-head")
+    axis.set_xticks([])
+    axis.set_yticks([])
+    figure.tight_layout()
+    return figure
+
+
+
+def profile_section(
+    folder: RunFolder,
+    heads: pd.DataFrame,
+    layers: pd.DataFrame,
+    labels: pd.DataFrame,
+    head_map: pd.DataFrame | None,
+    punct: str = "upos",
+) -> Section:
+    """Write the profile figures into ``folder`` and return the report section that shows them (``punct``: the punctuation set)."""
+    section = Section(
+        title="General attention profile",
+        intro=(
+            "Clark et al. (2019), 'What Does BERT Look At?': for every head, the average attention to [CLS], [SEP], "
+            "punctuation, itself and its neighbours, the entropy of its attention and its mean attention distance, "
+            f"averaged over sequences with 95% intervals (heads.csv). Punctuation: {_PUNCT_SETS[punct]}."
+        ),
+    )
+    special = folder.write_figure("special_tokens_by_layer", special_by_layer(heads))
+    section.figures.append(Figure(special, "Attention to [CLS], [SEP] and punctuation by layer: dots are heads, the line is the layer mean."))
+    for metric in PROFILE_METRICS:
+        folder.write_figure(f"heatmap_{metric}", metric_heatmap(heads, metric))
+    grid = folder.write_figure("heatmaps", metric_heatmaps(heads, PROFILE_METRICS))
+    section.figures.append(Figure(grid, "Each metric's mean per head, layer x head (heatmap_<metric>.png has each on its own)."))
+    if head_map is not None:
+        mds = folder.write_figure("head_map", head_map_figure(head_map))
+        section.figures.append(Figure(mds, "Heads placed by their Jensen-Shannon distance (MDS): heads that attend alike sit together."))
+    wide = layers.pivot(index="layer", columns="metric", values="value")[list(PROFILE_METRICS)].reset_index()
+    section.tables.append(("Per-layer means (a sequence's layer value is the mean of its heads)", wide))
+    thresholds = ", ".join(f"{metric} > {value}" for metric, value in CLARK_THRESHOLDS.items())
+    if len(labels):
+        section.tables.append((f"Heads that pass Clark's thresholds ({thresholds})", labels))
+    else:
+        section.notes.append(f"No head passes Clark's thresholds ({thresholds}).")
+    return section

@@ -1,0 +1,239 @@
+"""Syntactic heads (Clark et al. 2019, section 4; METHODS.md sections 2-3).
+
+For every head and both directions, each word's parent is predicted as the argmax of its
+word-level attention, over the other words ([CLS]/[SEP] and the word itself excluded):
+
+- ``dep->head``: the row of the word-level map ``W`` (the word the dependent attends to most);
+- ``head->dep``: the row of ``W^T`` (the word that attends most to the dependent).
+
+Accuracy for relation r is the share of dependents with relation r whose predicted parent is the
+gold head; ``all`` pools every relation (punctuation included). The root word is no dependent
+anywhere, ``all`` included: its gold head is no word, so no attention argmax could be right.
+(Clark et al.'s code counts it in ``all`` as a miss for every head, which scales a head's ``all``
+accuracy by ``N / (N + R)``, N dependents and R roots, and lets an offset baseline clipped to the
+sentence's start hit it.) Dependents whose word or gold head lost its pieces to truncation are
+left out too. Fixed-offset baselines predict the word at offset k (k in -3..+3 without 0).
+
+Uncertainty comes from a Poisson bootstrap over sentences (Hanley & MacGibbon 2006; Chamandy et
+al. 2012): each sentence carries ``B`` fixed weights drawn from Poisson(1) and keyed by its line
+and text (:func:`~bertology.core.stats.sequence_key`, never the file's name), so replicate counts
+stream, merge across shards and do not depend on batch order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from statsmodels.stats.multitest import multipletests
+
+from bertology.core.analyzer import Analyzer
+from bertology.core.engine import Batch
+from bertology.core.stats import bootstrap_weights
+
+DIRECTIONS = ("dep->head", "head->dep")
+OFFSETS = (-3, -2, -1, 1, 2, 3)
+ALL_RELATIONS = "all"
+
+
+def tree_targets(example, word_unit: np.ndarray):
+    """Dependents that can be scored: gold heads that are words, both ends aligned to pieces.
+
+    Returns (dependent word indices, their gold head word indices, their relations), 0-based.
+    """
+    heads = np.asarray(example.heads)
+    words = len(heads)
+    units = word_unit[:words]
+    dependents = np.flatnonzero(heads > 0)
+    dependents = dependents[(units[dependents] >= 0) & (units[heads[dependents] - 1] >= 0)]
+    relations = [example.relations[i] for i in dependents]
+    return dependents, heads[dependents] - 1, relations
+
+
+def predicted_parents(word_maps: torch.Tensor, dependent_units: torch.Tensor, is_word: torch.Tensor) -> torch.Tensor:
+    """Argmax parents in both directions: ``[direction, layer, head, dependent]`` unit indices.
+
+    ``word_maps`` is ``[layer, head, u, u]``; candidates are word units other than the dependent.
+    """
+    units = word_maps.shape[-1]
+    allowed = is_word[None, :].expand(len(dependent_units), units).clone()
+    allowed[torch.arange(len(dependent_units)), dependent_units] = False
+    dep_to_head = word_maps[:, :, dependent_units, :]
+    head_to_dep = word_maps[:, :, :, dependent_units].transpose(-1, -2)
+    scores = torch.stack([dep_to_head, head_to_dep]).masked_fill(~allowed, -torch.inf)
+    return scores.argmax(dim=-1)
+
+
+class RelationHeads(Analyzer):
+    """Per relation, head and direction: how often the attention argmax is the gold parent.
+
+    ``result()``: ``relation, direction, layer, head, accuracy, n`` for every head;
+    ``baselines()``: ``relation, offset, accuracy, n``; ``best()``: one row per relation with the
+    best head and direction (and every head tied with it), a bootstrap 95% interval over
+    sentences, the best offset baseline, and a one-sided paired bootstrap p-value (head better than
+    baseline), corrected across relations with statsmodels' ``multipletests``.
+    """
+
+    name = "syntax"
+
+    def __init__(self, bootstrap: int = 1000, seed: int = 0):
+        self.bootstrap = bootstrap
+        self.seed = seed
+        self._correct: dict[str, np.ndarray] = {}  # relation -> [1 + B, 2 * L * H + len(OFFSETS)]
+        self._count: dict[str, np.ndarray] = {}  # relation -> [1 + B]
+        self._shape: tuple[int, int] | None = None
+
+    def update(self, batch: Batch) -> None:
+        num_layers, _, num_heads = batch.attentions.shape[:3]
+        self._shape = (num_layers, num_heads)
+        offsets = torch.tensor(OFFSETS)
+        # Per relation: each sentence's bootstrap weights, hit counts and number of dependents.
+        weights: dict[str, list[np.ndarray]] = {}
+        sums: dict[str, list[np.ndarray]] = {}
+        counts: dict[str, list[int]] = {}
+        for b, example in enumerate(batch.examples):
+            if not example.has_tree:
+                continue
+            alignment = batch.alignments[b]
+            dependents, gold, relations = tree_targets(example, alignment.word_unit)
+            if len(dependents) == 0:
+                continue
+            word_maps = batch.word_attention(b)
+            units = torch.as_tensor(alignment.word_unit)
+            is_word = torch.as_tensor(alignment.unit_is_word, device=word_maps.device)
+            predicted = predicted_parents(word_maps, units[dependents].to(word_maps.device), is_word).cpu()
+            head_hits = (predicted == units[gold]).permute(3, 1, 2, 0).reshape(len(dependents), -1)  # [dep, layer*head*direction]
+            offset_hits = (torch.as_tensor(dependents)[:, None] + offsets[None, :]) == torch.as_tensor(gold)[:, None]
+            hits = torch.cat([head_hits, offset_hits], dim=1).double().numpy()
+            relations = np.array(relations)
+            sentence_weights = bootstrap_weights(self.seed, self.bootstrap, example)
+            for relation in [ALL_RELATIONS, *np.unique(relations)]:
+                rows = hits if relation == ALL_RELATIONS else hits[relations == relation]
+                weights.setdefault(relation, []).append(sentence_weights)
+                sums.setdefault(relation, []).append(rows.sum(axis=0))
+                counts.setdefault(relation, []).append(len(rows))
+        for relation in weights:
+            replicate_weights = np.stack(weights[relation], axis=1)  # [1 + B, sentences]
+            if relation not in self._correct:
+                self._correct[relation] = np.zeros((1 + self.bootstrap, len(sums[relation][0])))
+                self._count[relation] = np.zeros(1 + self.bootstrap)
+            self._correct[relation] += replicate_weights @ np.stack(sums[relation])
+            self._count[relation] += replicate_weights @ np.array(counts[relation], dtype=np.float64)
+
+    def merge(self, other: "RelationHeads") -> "RelationHeads":
+        self._check_mergeable(other)
+        if other.bootstrap != self.bootstrap or other.seed != self.seed:
+            raise ValueError("cannot merge RelationHeads with different bootstrap sizes or seeds")
+        for relation, correct in other._correct.items():
+            if relation in self._correct:
+                self._correct[relation] = self._correct[relation] + correct
+                self._count[relation] = self._count[relation] + other._count[relation]
+            else:
+                self._correct[relation], self._count[relation] = correct.copy(), other._count[relation].copy()
+        self._shape = self._shape or other._shape
+        return self
+
+    def _relations(self) -> list[str]:
+        """Relations by number of dependents (most first), ``all`` first."""
+        return sorted(self._count, key=lambda r: (r != ALL_RELATIONS, -self._count[r][0], r))
+
+    def result(self) -> pd.DataFrame:
+        columns = ["relation", "direction", "layer", "head", "accuracy", "n"]
+        if not self._count:
+            return pd.DataFrame(columns=columns)
+        num_layers, num_heads = self._shape
+        layer, head, direction = np.unravel_index(np.arange(num_layers * num_heads * 2), (num_layers, num_heads, 2))
+        frames = []
+        for relation in self._relations():
+            n = self._count[relation][0]
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "relation": relation,
+                        "direction": np.array(DIRECTIONS)[direction],
+                        "layer": layer,
+                        "head": head,
+                        "accuracy": self._correct[relation][0, : len(layer)] / n,
+                        "n": int(n),
+                    }
+                )
+            )
+        return pd.concat(frames, ignore_index=True)
+
+    def best_accuracy_replicates(self, min_dependents: int = 25) -> np.ndarray:
+        """``[1 + B]``: the mean over relations (``all`` excluded, at least ``min_dependents`` dependents) of the best head's accuracy.
+
+        The best head is chosen within each replicate (row 0: the data), as :meth:`best` chooses it
+        on the data; NaN if no relation has enough dependents.
+        """
+        width = self._shape[0] * self._shape[1] * 2 if self._shape else 0
+        relations = [r for r in self._relations() if r != ALL_RELATIONS and self._count[r][0] >= min_dependents]
+        if not relations:
+            return np.full(1 + self.bootstrap, np.nan)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            best = [(self._correct[r][:, :width] / self._count[r][:, None]).max(axis=1) for r in relations]
+        return np.mean(best, axis=0)
+
+    def baselines(self) -> pd.DataFrame:
+        """Accuracy of each fixed offset baseline per relation: ``relation, offset, accuracy, n``."""
+        rows = []
+        for relation in self._relations():
+            n = self._count[relation][0]
+            for k, offset in enumerate(OFFSETS):
+                rows.append((relation, offset, self._correct[relation][0, -len(OFFSETS) + k] / n, int(n)))
+        return pd.DataFrame(rows, columns=["relation", "offset", "accuracy", "n"])
+
+    def best(self, min_dependents: int = 25, correction: str = "fdr_bh", alpha: float = 0.05) -> pd.DataFrame:
+        """One row per relation: the best head against the best offset baseline.
+
+        ``n_ties``: how many (layer, head, direction) share the best accuracy, all listed in
+        ``ties`` as ``layer-head direction`` (``"7-5 dep->head; 8-1 head->dep"``, 0-based, in
+        layer, head, direction order); ``layer``, ``head``, ``direction``, the interval and the
+        p-value are those of the first of them. (Clark et al.'s code keeps the last of its sorted
+        list.) The baseline is the best offset, the first of -3..+3 on a tie.
+        ``ci_low``/``ci_high``: 2.5th and 97.5th percentiles of the head's bootstrap accuracies;
+        ``p_value``: ``(1 + #{b: acc_head(b) - acc_baseline(b) <= 0}) / (1 + B)``; ``p_adj``
+        corrected across relations (``correction`` is a ``multipletests`` method: fdr_bh,
+        bonferroni, holm, ...); ``few``: fewer than ``min_dependents`` dependents.
+        """
+        columns = ["relation", "n", "layer", "head", "direction", "accuracy", "ci_low", "ci_high", "baseline_offset",
+                   "baseline_accuracy", "p_value", "p_adj", "significant", "few", "n_ties", "ties"]
+        if not self._count:
+            return pd.DataFrame(columns=columns)
+        num_layers, num_heads = self._shape
+        width = num_layers * num_heads * 2
+        rows = []
+        for relation in self._relations():
+            with np.errstate(invalid="ignore", divide="ignore"):
+                accuracy = self._correct[relation] / self._count[relation][:, None]  # [1 + B, width + offsets]
+            # hit counts are whole numbers over one denominator: equal accuracies are exactly equal
+            tied = np.flatnonzero(accuracy[0, :width] == np.max(accuracy[0, :width]))
+            best = int(tied[0])
+            base = int(np.argmax(accuracy[0, width:]))
+            replicates = accuracy[1:, best], accuracy[1:, width + base]
+            valid = ~np.isnan(replicates[0])
+            layer, head, direction = np.unravel_index(tied, (num_layers, num_heads, 2))
+            difference = replicates[0][valid] - replicates[1][valid]
+            rows.append(
+                {
+                    "relation": relation,
+                    "n": int(self._count[relation][0]),
+                    "layer": int(layer[0]),
+                    "head": int(head[0]),
+                    "direction": DIRECTIONS[direction[0]],
+                    "accuracy": accuracy[0, best],
+                    "ci_low": np.percentile(replicates[0][valid], 2.5),
+                    "ci_high": np.percentile(replicates[0][valid], 97.5),
+                    "baseline_offset": OFFSETS[base],
+                    "baseline_accuracy": accuracy[0, width + base],
+                    "p_value": (1 + np.sum(difference <= 0)) / (1 + len(difference)),
+                    "n_ties": len(tied),
+                    "ties": "; ".join(f"{tl}-{th} {DIRECTIONS[td]}" for tl, th, td in zip(layer, head, direction)),
+                }
+            )
+        table = pd.DataFrame(rows)
+        reject, adjusted, _, _ = multipletests(table.p_value, alpha=alpha, method=correction)
+        table["p_adj"] = adjusted
+        table["significant"] = reject
+        table["few"] = table.n < min_dependents
+        return table[columns]

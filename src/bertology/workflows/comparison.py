@@ -1,0 +1,213 @@
+"""What changes between two models: fine-tuning (Kovaleva et al. 2019, METHODS.md section 4) and more.
+
+:class:`CompareEngine` runs two models with the same tokenizer over the same batches, so every
+analyzer sees both models' attention for the same input. :class:`HeadSimilarity` gives, per head,
+the cosine similarity of the flattened maps, ``cos(A, B) = sum_ij A_ij B_ij / (||A|| ||B||)`` over
+the real tokens, averaged over inputs with a 95% interval. :class:`Side` runs any single-model
+analyzer on one of the two (for the change in the general profile and in the roles).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from bertology.families.profile.analyzer import GeneralProfile
+from bertology.core.analyzer import Analyzer
+from bertology.families.roles.analyzer import HeadRoles
+from bertology.api import package_versions
+from bertology.core.corpora import Corpus, Example, open_corpus
+from bertology.core.engine import Batch, Engine, RunStats
+from bertology.core.errors import BertologyError
+from bertology.core.models import LoadedModel, load_model
+from bertology.reports.compare import comparison_section
+from bertology.reports.html import Report
+from bertology.core.runfolder import RunFolder, claims_out
+from bertology.core.stats import RunningMoments, interval_frame
+
+
+@dataclass
+class BatchPair:
+    """The same batch run through model A and model B."""
+
+    a: Batch
+    b: Batch
+
+
+class CompareEngine:
+    """Two engines over one tokenization and batching (model A's); both models need the same vocabulary and shape."""
+
+    def __init__(self, engine_a: Engine, engine_b: Engine):
+        a, b = engine_a.model, engine_b.model
+        if a.tokenizer.get_vocab() != b.tokenizer.get_vocab():
+            raise BertologyError(f"{a.name} and {b.name} have different vocabularies: their attention maps cannot be compared token by token")
+        if (a.num_layers, a.num_heads) != (b.num_layers, b.num_heads):
+            raise BertologyError(f"{a.name} has {a.num_layers}x{a.num_heads} heads and {b.name} {b.num_layers}x{b.num_heads}: compare models of one shape")
+        self.engine_a, self.engine_b = engine_a, engine_b
+
+    def run(self, examples: Iterable[Example], analyzers: Sequence, *, total: int | None = None) -> RunStats:
+        """Feed every analyzer a :class:`BatchPair` per batch."""
+        return self.engine_a.run(
+            examples, analyzers, total=total, desc="comparing",
+            step=lambda items: BatchPair(self.engine_a.run_batch(items), self.engine_b.run_batch(items)),
+        )
+
+
+def map_cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity of flattened maps ``[..., n, n]`` -> ``[...]`` (padding is zero in both)."""
+    dot = (a * b).sum(dim=(-1, -2))
+    return dot / (a.norm(dim=(-1, -2)) * b.norm(dim=(-1, -2))).clamp(min=1e-30)
+
+
+class HeadSimilarity(Analyzer):
+    """Per head, the cosine similarity between model A's and model B's map of each input (Kovaleva et al.).
+
+    ``result()``: ``layer, head, cosine, ci_low, ci_high, n``; ``layers()``: the same per layer, a
+    sequence's layer value being the mean over its heads.
+    """
+
+    name = "similarity"
+
+    def __init__(self) -> None:
+        self._heads: RunningMoments | None = None
+        self._layers: RunningMoments | None = None
+
+    def update(self, pair: BatchPair) -> None:
+        cosine = map_cosine(pair.a.attentions, pair.b.attentions).permute(1, 0, 2).double().cpu().numpy()  # [batch, layer, head]
+        if self._heads is None:
+            self._heads, self._layers = RunningMoments(cosine.shape[1:]), RunningMoments(cosine.shape[1:2])
+        self._heads.push(cosine)
+        self._layers.push(cosine.mean(axis=2))
+
+    def merge(self, other: "HeadSimilarity") -> "HeadSimilarity":
+        self._check_mergeable(other)
+        if other._heads is not None:
+            if self._heads is None:
+                self._heads, self._layers = other._heads, other._layers
+            else:
+                self._heads.merge(other._heads)
+                self._layers.merge(other._layers)
+        return self
+
+    def result(self) -> pd.DataFrame:
+        if self._heads is None:
+            return pd.DataFrame(columns=["layer", "head", "cosine", "ci_low", "ci_high", "n"])
+        num_layers, num_heads = self._heads.count.shape
+        index = pd.MultiIndex.from_product([range(num_layers), range(num_heads)], names=["layer", "head"])
+        return interval_frame(self._heads, index).rename(columns={"value": "cosine"})
+
+    def layers(self) -> pd.DataFrame:
+        index = pd.Index(range(self._layers.count.shape[0]), name="layer")
+        return interval_frame(self._layers, index).rename(columns={"value": "cosine"})
+
+
+class Side(Analyzer):
+    """Runs a single-model analyzer on side ``a`` or ``b`` of a :class:`BatchPair`."""
+
+    name = "side"
+
+    def __init__(self, inner: Analyzer, side: str):
+        if side not in ("a", "b"):
+            raise ValueError("side is 'a' or 'b'")
+        self.inner, self.side = inner, side
+
+    def update(self, pair: BatchPair) -> None:
+        self.inner.update(getattr(pair, self.side))
+
+    def merge(self, other: "Side") -> "Side":
+        self._check_mergeable(other)
+        self.inner.merge(other.inner)
+        return self
+
+    def result(self) -> pd.DataFrame:
+        return self.inner.result()
+
+
+def profile_delta(heads_a: pd.DataFrame, heads_b: pd.DataFrame) -> pd.DataFrame:
+    """``layer, head, metric, value_a, value_b, delta`` (delta = b - a) from two general profiles."""
+    merged = heads_a[["layer", "head", "metric", "value"]].merge(heads_b[["layer", "head", "metric", "value"]], on=["layer", "head", "metric"], suffixes=("_a", "_b"))
+    merged["delta"] = merged.value_b - merged.value_a
+    return merged
+
+
+def roles_delta(roles_a: pd.DataFrame, roles_b: pd.DataFrame) -> pd.DataFrame:
+    """Roles gained or lost per head: ``layer, head, role, mean_a, mean_b, has_role_a, has_role_b, change``."""
+    keys = ["layer", "head", "role"]
+    merged = roles_a[keys + ["mean", "has_role"]].merge(roles_b[keys + ["mean", "has_role"]], on=keys, suffixes=("_a", "_b"))
+    merged["change"] = np.select([merged.has_role_b & ~merged.has_role_a, merged.has_role_a & ~merged.has_role_b], ["gained", "lost"], "same")
+    return merged[merged.change != "same"].reset_index(drop=True)
+
+
+@dataclass
+class Comparison:
+    """The result of :func:`compare`: per-head similarity, per-layer similarity, profile and role changes."""
+
+    similarity: pd.DataFrame
+    similarity_layers: pd.DataFrame
+    profile_delta: pd.DataFrame
+    roles_delta: pd.DataFrame
+    model_a: dict
+    model_b: dict
+    corpus: dict
+    stats: RunStats
+    settings: dict
+
+    @claims_out
+    def save(self, out, command: list[str] | None = None):
+        """Write tables, figures, ``report.html`` and ``manifest.json``, replacing ``out`` whole; returns the report path."""
+        folder = RunFolder(out)
+        folder.write_table("similarity", self.similarity)
+        folder.write_table("similarity_by_layer", self.similarity_layers)
+        folder.write_table("profile_delta", self.profile_delta)
+        folder.write_table("roles_delta", self.roles_delta)
+        name_a, name_b = self.model_a["name"], self.model_b["name"]
+        section = comparison_section(folder, self.similarity, self.similarity_layers, self.profile_delta, self.roles_delta, name_a, name_b)
+        stats = self.stats.as_dict()
+        summary = {"model A": name_a, "model B": name_b, "corpus": f"{self.corpus['name']} ({self.corpus['format']})",
+                   "sequences": stats["sequences"], "truncated": stats["truncated"], "time": f"{stats['seconds']} s"}
+        folder.write_text("report.html", Report(f"bertology: {name_a} vs {name_b}", summary, [section]).render())
+        folder.write_json("manifest.json", {
+            "status": "complete", "command": command if command is not None else sys.argv, "model_a": self.model_a, "model_b": self.model_b,
+            "corpus": self.corpus, "settings": self.settings, "stats": stats, "versions": package_versions(),
+            "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        })
+        return folder.commit() / "report.html"
+
+
+@claims_out
+def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, batch_size: int = 32, max_length: int | None = None,
+            limit: int | None = None, overflow: str = "truncate", tau: float = 3.0, punct: str = "upos", device: str = "auto", seed: int = 0,
+            trust_remote_code: bool = False, progress: bool = True, command: list[str] | None = None) -> Comparison:
+    """Run two models over the same inputs and report per-head similarity and the change in profile and roles.
+
+    ``punct``: the profile's punctuation set, as in :func:`bertology.analyze`."""
+    examples, corpus_info = open_corpus(corpus, format, limit)
+    total = examples.validate() if isinstance(examples, Corpus) else len(examples)
+    corpus_info["examples"] = total
+    loaded = [m if isinstance(m, LoadedModel) else load_model(m, device=device, trust_remote_code=trust_remote_code) for m in (model_a, model_b)]
+    torch.manual_seed(seed)
+    length = min(max_length or 10**9, loaded[0].max_length, loaded[1].max_length)
+    engines = [Engine(m, batch_size=batch_size, max_length=length, overflow=overflow, progress=progress, punct=punct) for m in loaded]
+    similarity = HeadSimilarity()
+    sides = {(kind, side): Side(make(), side) for kind, make in (("profile", GeneralProfile), ("roles", lambda: HeadRoles(tau=tau))) for side in "ab"}
+    stats = CompareEngine(*engines).run(examples, [similarity, *sides.values()], total=total)
+    if stats.sequences == 0:
+        raise BertologyError("no sequence was compared (all skipped as too long)")
+    comparison = Comparison(
+        similarity=similarity.result(),
+        similarity_layers=similarity.layers(),
+        profile_delta=profile_delta(sides["profile", "a"].result(), sides["profile", "b"].result()),
+        roles_delta=roles_delta(sides["roles", "a"].result(), sides["roles", "b"].result()),
+        model_a=loaded[0].info(), model_b=loaded[1].info(), corpus=corpus_info, stats=stats,
+        settings={"batch_size": batch_size, "max_length": length, "overflow": overflow, "tau": tau, "punct": punct, "seed": seed, "limit": limit,
+                  "device": device},
+    )
+    if out is not None:
+        comparison.save(out, command=command)
+    return comparison

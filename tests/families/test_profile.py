@@ -1,0 +1,258 @@
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy.spatial.distance import jensenshannon
+
+from bertology.families.profile.analyzer import PROFILE_METRICS, clark_labels, profile_metrics
+from bertology.families.profile.analyzer import pairwise_js
+
+
+def by_hand(a: np.ndarray, cls: list[int], sep: list[int], punct: list[int]) -> dict:
+    """Clark et al.'s metrics of one n x n map, written as plain loops (METHODS.md section 1)."""
+    n = a.shape[0]
+    smoothed = 0.9999 * a + 0.0001 / n
+    row_entropy = [-sum(smoothed[i, j] * math.log(smoothed[i, j]) for j in range(n)) for i in range(n)]
+    return {
+        "cls": sum(a[i, j] for i in range(n) for j in cls) / n,
+        "sep": sum(a[i, j] for i in range(n) for j in sep) / n,
+        "punct": sum(a[i, j] for i in range(n) for j in punct) / n,
+        "self": sum(a[i, i] for i in range(n)) / n,
+        "prev": sum(a[i, i - 1] for i in range(1, n)) / n,
+        "next": sum(a[i, i + 1] for i in range(n - 1)) / n,
+        "entropy": sum(row_entropy) / n,
+        "cls_entropy": row_entropy[cls[0]],
+        "distance": sum(a[i, j] * abs(i - j) for i in range(n) for j in range(n)) / n,
+    }
+
+
+def padded_batch(maps, flags):
+    """Stack maps of different n into one zero-padded batch of one head, with masks."""
+    width = max(m.shape[0] for m in maps)
+    attention = torch.zeros(len(maps), 1, width, width, dtype=torch.float64)
+    masks = {name: torch.zeros(len(maps), width, dtype=torch.bool) for name in ("mask", "cls", "sep", "punct")}
+    for b, (m, (cls, sep, punct)) in enumerate(zip(maps, flags)):
+        n = m.shape[0]
+        attention[b, 0, :n, :n] = torch.tensor(m)
+        masks["mask"][b, :n] = True
+        masks["cls"][b, cls] = True
+        masks["sep"][b, sep] = True
+        masks["punct"][b, punct] = True
+    return attention, masks
+
+
+def test_metrics_match_hand_computation_on_sequences_of_different_length():
+    rng = np.random.default_rng(0)
+    short = rng.dirichlet(np.ones(4), size=4)  # [CLS] w , [SEP]
+    long = rng.dirichlet(np.full(7, 0.3), size=7)  # [CLS] w w [SEP] w . [SEP]
+    flags = [([0], [3], [2]), ([0], [3, 6], [5])]
+    attention, m = padded_batch([short, long], flags)
+    values = profile_metrics(attention, m["mask"], m["cls"], m["sep"], m["punct"]).numpy()
+    for b, (matrix, (cls, sep, punct)) in enumerate(zip([short, long], flags)):
+        expected = by_hand(matrix, cls, sep, punct)
+        for k, metric in enumerate(PROFILE_METRICS):
+            assert values[b, 0, k] == pytest.approx(expected[metric], rel=1e-10), metric
+
+
+def test_uniform_attention_has_entropy_ln_n_and_self_one_over_n():
+    n = 6
+    attention, m = padded_batch([np.full((n, n), 1 / n)], [([0], [5], [])])
+    values = dict(zip(PROFILE_METRICS, profile_metrics(attention, m["mask"], m["cls"], m["sep"], m["punct"])[0, 0].tolist()))
+    assert values["entropy"] == pytest.approx(math.log(n))
+    assert values["cls_entropy"] == pytest.approx(math.log(n))
+    assert values["self"] == pytest.approx(1 / n)
+    assert values["cls"] == pytest.approx(1 / n)
+    assert values["punct"] == 0
+
+
+def test_previous_token_head():
+    n = 5
+    a = np.zeros((n, n))
+    a[0, 0] = 1
+    for i in range(1, n):
+        a[i, i - 1] = 1
+    attention, m = padded_batch([a], [([0], [4], [])])
+    values = dict(zip(PROFILE_METRICS, profile_metrics(attention, m["mask"], m["cls"], m["sep"], m["punct"])[0, 0].tolist()))
+    assert values["prev"] == pytest.approx((n - 1) / n)
+    assert values["next"] == 0
+    assert values["self"] == pytest.approx(1 / n)
+    assert values["distance"] == pytest.approx((n - 1) / n)
+
+
+def test_pairwise_js_equals_scipy_squared_distance_summed_over_rows():
+    rng = np.random.default_rng(3)
+    heads = rng.dirichlet(np.ones(5), size=(4, 5))  # 4 heads, 5 rows of 5 keys
+    heads[2, :, 4] = 0  # zeros are allowed (padding, hard attention)
+    heads[2] /= heads[2].sum(axis=1, keepdims=True)
+    matrix = pairwise_js(torch.tensor(heads)).numpy()
+    for x in range(4):
+        for y in range(4):
+            expected = sum(jensenshannon(heads[x, i], heads[y, i]) ** 2 for i in range(5))
+            assert matrix[x, y] == pytest.approx(expected, abs=1e-12)
+
+
+def test_clark_labels_apply_the_thresholds():
+    heads = pd.DataFrame(
+        {
+            "layer": [0, 0, 1, 1],
+            "head": [0, 1, 0, 1],
+            "metric": ["entropy", "entropy", "sep", "prev"],
+            "value": [4.0, 3.0, 0.7, 0.5],
+            "ci_low": 0.0,
+            "ci_high": 1.0,
+            "n": 10,
+        }
+    )
+    labels = clark_labels(heads)
+    assert labels[["layer", "head", "label"]].values.tolist() == [[0, 0, "broad"], [1, 0, "sep"]]
+    assert clark_labels(heads, {"prev": 0.4}).label.tolist() == ["prev"]
+
+
+def test_layer_peaks_bootstrap_by_hand():
+    from types import SimpleNamespace
+
+    from bertology.families.profile.analyzer import LayerPeaks
+    from bertology.core.corpora import Example
+    from bertology.core.stats import bootstrap_weights
+
+    rng = np.random.default_rng(1)
+    flags = [([0], [3], [2]), ([0], [3, 6], [5]), ([0], [4], [1])]
+    lengths = [4, 7, 5]
+    # maps[b][layer][head]
+    maps = [[[rng.dirichlet(np.full(n, 0.4), size=n) for _ in range(2)] for _ in range(3)] for n in lengths]
+    examples = [Example(f"sequence {b}", source=f"s:{b}") for b in range(3)]
+    per_layer = []
+    for layer in range(3):
+        heads = []
+        for head in range(2):
+            attention, m = padded_batch([maps[b][layer][head] for b in range(3)], flags)
+            heads.append(attention)
+        per_layer.append(torch.cat(heads, dim=1))
+    batch = SimpleNamespace(attentions=torch.stack(per_layer), mask=m["mask"], cls_mask=m["cls"], sep_mask=m["sep"], punct_mask=m["punct"], examples=examples)
+    peaks = LayerPeaks(bootstrap=30, seed=2)
+    peaks.update(batch)
+
+    # by hand: a sequence's layer value is the mean over heads; replicate r weights sequence b by w_b[r]
+    values = np.array([[[np.mean([by_hand(maps[b][layer][head], *flags[b])[metric] for head in range(2)]) for metric in ("cls", "sep", "punct")]
+                        for layer in range(3)] for b in range(3)])  # [sequence, layer, metric]
+    weights = np.stack([bootstrap_weights(2, 30, e) for e in examples])  # [sequence, 1 + B]
+    with np.errstate(invalid="ignore"):  # a replicate that drew no sequence has no mean
+        expected = np.einsum("br,blm->rlm", weights, values) / weights.sum(axis=0)[:, None, None]
+    np.testing.assert_allclose(peaks.replicate_means(), expected, rtol=1e-10)
+    table = peaks.result()
+    np.testing.assert_allclose(table.value, values.mean(axis=0).ravel(), rtol=1e-10)
+    found = peaks.peaks().set_index("metric")
+    for k, metric in enumerate(("cls", "sep", "punct")):
+        assert found.loc[metric, "peak_layer"] == values.mean(axis=0)[:, k].argmax()
+        assert found.loc[metric, "agreement"] == pytest.approx(np.mean(expected[1:, :, k].argmax(axis=1) == values.mean(axis=0)[:, k].argmax()))
+    # 95% percentile intervals of the replicates (a 90% interval would take the 5th and 95th)
+    low, high = np.nanpercentile(expected[1:], [2.5, 97.5], axis=0)  # [layer, metric]; NaN: a replicate that drew no sequence
+    np.testing.assert_allclose(table.ci_low, low.ravel(), rtol=1e-10)
+    np.testing.assert_allclose(table.ci_high, high.ravel(), rtol=1e-10)
+    peak_low, peak_high = np.percentile(expected[1:].argmax(axis=1), [2.5, 97.5], axis=0)
+    np.testing.assert_array_equal(found.loc[["cls", "sep", "punct"], "ci_low"], peak_low)
+    np.testing.assert_array_equal(found.loc[["cls", "sep", "punct"], "ci_high"], peak_high)
+
+
+@pytest.mark.parametrize("piece, upos, clark", [
+    (".", True, True), (",", True, True), ("\u0120.", True, True), ("##,", True, True), (";", True, False), ("!", True, False),
+    ("...", True, False), ("\u2581,", True, True), ("a.", False, False), ("", False, False),
+])
+def test_punctuation_sets(piece, upos, clark):
+    from bertology.core.models import is_punctuation
+
+    assert (is_punctuation(piece, "upos"), is_punctuation(piece, "clark")) == (upos, clark)
+
+
+PUNCT_TEXT = "we saw it; the dog ran! the cat, the dog."
+# every query sends 0.25 to [CLS], 0.1 to ";", 0.2 to "!", 0.3 to "," and 0.15 to "."
+PUNCT_WEIGHTS = {"[CLS]": 0.25, ";": 0.1, "!": 0.2, ",": 0.3, ".": 0.15}
+
+
+@pytest.mark.parametrize("punct, expected", [("upos", 0.75), ("clark", 0.45)])
+def test_punct_set_upos_or_clark_on_a_hand_made_map(tiny_bert, punct, expected):
+    import dataclasses
+
+    from bertology.families.profile.analyzer import GeneralProfile
+    from bertology.core.corpora import Example
+    from bertology.core.engine import Engine, RunStats
+
+    engine = Engine(tiny_bert, progress=False, punct=punct)
+    (items,) = list(engine.batches(engine.encode(enumerate([Example(PUNCT_TEXT)]), RunStats())))
+    batch = engine.run_batch(items)
+    tokens = tiny_bert.tokenizer.convert_ids_to_tokens(items[0].input_ids)
+    assert tokens[1:-1] == ["we", "saw", "it", ";", "the", "dog", "ran", "!", "the", "cat", ",", "the", "dog", "."]
+    members = {";", "!", ",", "."} if punct == "upos" else {",", "."}
+    assert batch.punct_mask[0].tolist() == [token in members for token in tokens]
+    row = np.array([PUNCT_WEIGHTS.get(token, 0.0) for token in tokens])
+    attention = torch.tensor(np.tile(row, (len(tokens), 1)), dtype=torch.float64)
+    assert attention.sum(-1).allclose(torch.ones(len(tokens), dtype=torch.float64))
+    profile = GeneralProfile()
+    profile.update(dataclasses.replace(batch, attentions=attention.expand(2, 1, 4, -1, -1).clone()))
+    values = profile.result().query("metric == 'punct'").value
+    by_numpy = np.mean([sum(attention[i, j].item() for j in range(len(tokens)) if tokens[j] in members) for i in range(len(tokens))])
+    assert by_numpy == pytest.approx(expected, abs=1e-12)
+    assert values.tolist() == pytest.approx([by_numpy] * 8, abs=1e-12)
+
+
+def test_punct_reaches_the_engine_from_the_api_and_the_command_line(tiny_bert, tiny_bert_dir, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from bertology.api import analyze
+    from bertology.cli import app
+    from bertology.core.errors import BertologyError
+
+    tokens = tiny_bert.tokenizer.convert_ids_to_tokens(tiny_bert.tokenizer(PUNCT_TEXT)["input_ids"])
+    attentions = torch.stack(tiny_bert.model(**tiny_bert.tokenizer(PUNCT_TEXT, return_tensors="pt"), output_attentions=True).attentions)[:, 0]
+    for punct, members in (("upos", {";", "!", ",", "."}), ("clark", {",", "."})):
+        result = analyze(tiny_bert, [PUNCT_TEXT], analyses=["profile"], punct=punct, view=False, progress=False)
+        assert result.settings["punct"] == punct
+        columns = [j for j, token in enumerate(tokens) if token in members]
+        expected = attentions[..., columns].sum(-1).mean(-1).detach().numpy().ravel()  # [layer, head]
+        np.testing.assert_allclose(result.heads.query("metric == 'punct'").value, expected, rtol=1e-5)
+    with pytest.raises(BertologyError, match="unknown punctuation set 'ptb': use upos or clark"):
+        analyze(tiny_bert, [PUNCT_TEXT], analyses=["profile"], punct="ptb", view=False, progress=False)
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(PUNCT_TEXT + "\n")
+    out = tmp_path / "run"
+    outcome = CliRunner().invoke(app, ["analyze", "-m", str(tiny_bert_dir), "-c", str(corpus), "-o", str(out), "--punct", "clark",
+                                       "--no-roles", "--no-patterns", "-q"])
+    assert outcome.exit_code == 0, outcome.output
+    assert json.loads((out / "manifest.json").read_text())["settings"]["punct"] == "clark"
+    assert "(--punct clark)" in (out / "report.html").read_text()
+
+
+def test_peak_layers_interval_is_the_95_percent_percentile_interval():
+    from bertology.families.profile.analyzer import peak_layers
+
+    # 40 replicates of one metric over 5 layers: the peak is layer 0 once, 1 twice, 2 in 34, 3 twice, 4 once
+    peaks = [0] + [1] * 2 + [2] * 34 + [3] * 2 + [4]
+    means = np.zeros((41, 5, 1))
+    means[0, 2, 0] = 1.0  # the data peaks at layer 2
+    for r, layer in enumerate(peaks, start=1):
+        means[r, layer, 0] = 1.0
+    row = peak_layers(means, metrics=("cls",)).iloc[0]
+    # linear interpolation at rank (B - 1) q / 100 of the sorted peaks: 0.975 -> 0 + 0.975 (1 - 0); 38.025 -> 3 + 0.025 (4 - 3)
+    assert (row.peak_layer, row.ci_low, row.ci_high) == (2, pytest.approx(0.975, abs=1e-12), pytest.approx(3.025, abs=1e-12))
+    assert row.agreement == 34 / 40  # a 90% interval would be (1, 3)
+
+
+def test_head_distance_sample_does_not_depend_on_the_file_name(tiny_bert):
+    from bertology.families.profile.analyzer import HeadDistance
+    from bertology.core.corpora import Example
+    from bertology.core.engine import Engine
+    from conftest import TEXTS
+
+    def matrix(name):
+        analyzer = HeadDistance(sample=0.5, seed=1)
+        Engine(tiny_bert, progress=False).run([Example(text, source=f"{name}:{line}") for line, text in enumerate(TEXTS, 1)], [analyzer])
+        return analyzer._rows, analyzer.matrix()
+
+    (rows, first), (rows_again, second) = matrix("corpus.txt"), matrix("other/folder/renamed.txt")
+    assert 0 < rows == rows_again < sum(len(tiny_bert.tokenizer(t)["input_ids"]) for t in TEXTS)
+    np.testing.assert_array_equal(first, second)
