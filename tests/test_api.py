@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import bertology
-from bertology import api
 from bertology.families.profile.analyzer import PROFILE_METRICS
 from bertology.core.errors import BertologyError
 from test_runfolder import snapshot
@@ -84,7 +83,7 @@ def test_a_rerun_leaves_no_stale_file_and_a_failed_save_leaves_the_previous_run_
     def killed(*args, **kwargs):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(api, "roles_section", killed)
+    monkeypatch.setattr("bertology.families.roles.report.roles_section", killed)
     with pytest.raises(OSError, match="No space left"):
         bertology.analyze(tiny_bert, SENTENCES, out=out, progress=False, view=False)
     assert snapshot(out) == before

@@ -1,29 +1,32 @@
-"""Every analyzer passes the same contract (bertology.core.testing.check_analyzer)."""
+"""Every analyzer passes the same contract (bertology.testing.check_analyzer): every registered family's
+analyzers automatically, and the workflows' own."""
 
 import pandas as pd
 import pytest
 
 from bertology.core.analyzer import Analyzer
-from bertology.families.profile.analyzer import GeneralProfile, HeadDistance, LayerPeaks
-from bertology.families.patterns.analyzer import HeadPatterns
-from bertology.families.roles.analyzer import HeadRoles
-from bertology.families.syntax.analyzer import RelationHeads
-from bertology.core.parsing import spacy_trees
-from bertology.families.syntax.probes import ProbeData
 from bertology.core.models import load_model
+from bertology.core.parsing import spacy_trees
 from bertology.core.testing import check_analyzer
+from bertology.families import families
+from bertology.families.patterns.analyzer import HeadPatterns
+from bertology.families.profile.analyzer import GeneralProfile, HeadDistance, LayerPeaks
 from conftest import tiny_examples
 
-ANALYZERS = {
-    "general_profile": lambda: GeneralProfile(),
-    "head_distance": lambda: HeadDistance(sample=0.7, seed=3),
-    "layer_peaks": lambda: LayerPeaks(bootstrap=200, seed=4),
-    "relation_heads": lambda: RelationHeads(bootstrap=200, seed=5),
-    "probe_data": lambda: ProbeData(),
-    "roles": lambda: HeadRoles(tau=1.0),
-    "patterns": lambda: HeadPatterns(examples_per_class=2),
-}
-NEEDS_TREES = {"relation_heads", "probe_data", "roles"}
+#: Settings that keep contract runs small and exercise the statistics (an option of any family by these names).
+CONTRACT_SETTINGS = {"bootstrap": 200, "head_distance_sample": 0.7, "tau": 1.0, "seed": 3, "correction": "fdr_bh", "punct": "upos"}
+
+
+def family_analyzers():
+    """``family:analyzer`` -> a factory of that analyzer, as the family builds it for a run."""
+    for family in families().values():
+        settings = {**{option.name: option.default for option in family.options}, **CONTRACT_SETTINGS}
+        for key in family.analyzers(settings):
+            yield f"{family.name}:{key}", lambda family=family, key=key, settings=settings: family.analyzers(settings)[key]
+
+
+ANALYZERS = {**dict(family_analyzers()), "layer_peaks": lambda: LayerPeaks(bootstrap=200, seed=4)}
+WITHOUT_TREES = {"layer_peaks"}
 COVERED_ELSEWHERE = {
     "similarity": "tests/test_comparison.py::test_similarity_contract (needs two models)",
     "side": "an adapter that feeds one side of a model pair to an analyzer tested here",
@@ -48,7 +51,7 @@ def roberta64(tiny_roberta_dir):
 
 def examples_for(name):
     examples = tiny_examples()
-    return list(spacy_trees(examples)) if name in NEEDS_TREES else examples
+    return examples if name in WITHOUT_TREES else list(spacy_trees(examples))
 
 
 def test_every_analyzer_is_registered_here():

@@ -3,36 +3,53 @@
 >>> import bertology
 >>> result = bertology.analyze(corpus=["The cat sat on the mat."])  # doctest: +SKIP
 >>> result.heads.head()  # doctest: +SKIP
+
+The names below are imported when first used (PEP 562), so that ``import bertology`` and
+``bertology --help`` do not pay for torch and transformers.
 """
 
-from bertology.api import Analysis, analyze
-from bertology.core.corpora import Corpus, Example
-from bertology.workflows.dynamics import Track, track
-from bertology.core.engine import Batch, Engine
-from bertology.core.errors import BertologyError, CorpusError, ModelError
-from bertology.core.hooks import Hooks
-from bertology.core.models import LoadedModel, load_model
-from bertology.workflows.pretraining import pretrain
-from bertology.viewer import AttentionView, attention_view
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Analysis",
-    "AttentionView",
-    "Batch",
-    "BertologyError",
-    "Corpus",
-    "CorpusError",
-    "Engine",
-    "Example",
-    "Hooks",
-    "LoadedModel",
-    "ModelError",
-    "Track",
-    "analyze",
-    "attention_view",
-    "load_model",
-    "pretrain",
-    "track",
-]
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "Analysis": "bertology.api",
+    "analyze": "bertology.api",
+    "AttentionView": "bertology.viewer",
+    "attention_view": "bertology.viewer",
+    "Batch": "bertology.core.engine",
+    "Engine": "bertology.core.engine",
+    "BertologyError": "bertology.core.errors",
+    "CorpusError": "bertology.core.errors",
+    "ModelError": "bertology.core.errors",
+    "Corpus": "bertology.core.corpora",
+    "Example": "bertology.core.corpora",
+    "Hooks": "bertology.core.hooks",
+    "LoadedModel": "bertology.core.models",
+    "load_model": "bertology.core.models",
+    "Family": "bertology.families",
+    "FamilyResult": "bertology.families",
+    "Option": "bertology.families",
+    "families": "bertology.families",
+    "register_family": "bertology.families",
+    "Track": "bertology.workflows.dynamics",
+    "track": "bertology.workflows.dynamics",
+    "pretrain": "bertology.workflows.pretraining",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'bertology' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

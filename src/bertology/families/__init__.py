@@ -1,0 +1,182 @@
+"""Analysis families: the one registry that ``analyze()``, its result, the run folder, the CLI and the report iterate over.
+
+A family is one room, ``bertology/families/<name>/``, whose :class:`Family` subclass declares in one place:
+its ``name``, the analyzers it feeds from the engine's single pass (:meth:`Family.analyzers`), its
+``options`` (the CLI's flags and the API's keywords derive from them, help text included), the tables
+it produces (:meth:`Family.finish`, named in ``outputs``), and its figures and report section
+(:meth:`Family.section`). Users define families the same way and add them with :func:`register_family`;
+``bertology.analyze(analyses=[..., "mine"])`` then runs them in the same pass as the others.
+
+Declaring a family imports nothing heavy: a family imports its analyzers and figures inside its
+methods, so that ``bertology --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import keyword
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+from bertology.core.errors import BertologyError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from bertology.core.analyzer import Analyzer
+    from bertology.core.engine import Engine
+    from bertology.reports.html import Section
+    from bertology.core.runfolder import RunFolder
+
+#: The families bertology ships, in report order.
+BUILTIN_FAMILIES = ("profile", "roles", "patterns", "syntax")
+#: Keywords of ``analyze()`` itself: no family option may take these names.
+COMMON_SETTINGS = frozenset({
+    "model", "corpus", "analyses", "format", "parser", "spacy_pipeline", "out", "batch_size", "max_length", "limit", "overflow",
+    "device", "seed", "punct", "correction", "trust_remote_code", "view", "progress", "command",
+})
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting of a family: the API keyword ``name`` (CLI flag ``--name-with-dashes``), its default and help.
+
+    ``type``: the CLI's type (default: the default's type); ``parse`` turns the CLI's text into the
+    API's value (a structured option); ``minimum``/``maximum`` bound a number; ``flag`` overrides the
+    CLI's flag (``"--probe/--no-probe"``).
+    """
+
+    name: str
+    default: Any
+    help: str
+    type: type | None = None
+    parse: Callable[[str], Any] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    flag: str | None = None
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def cli_type(self) -> type:
+        if self.parse is not None:
+            return str
+        return self.type or (type(self.default) if self.default is not None else str)
+
+
+@dataclass
+class FamilyResult:
+    """What a family finished with: ``tables`` (written as ``NAME.csv`` and ``NAME.parquet``), ``documents``
+    (``NAME.json``) and ``extras`` (kept in memory for figures and notebooks, not written)."""
+
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    documents: dict[str, dict] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, name: str) -> Any:
+        for store in (self.tables, self.documents, self.extras):
+            if name in store:
+                return store[name]
+        return None
+
+    def __contains__(self, name: str) -> bool:
+        return any(name in store for store in (self.tables, self.documents, self.extras))
+
+
+@dataclass
+class FamilyContext:
+    """What a family may use when it finishes: the run's ``settings``, its ``engine`` (for a second pass,
+    such as a probe's test corpus), the ``corpus`` facts, and ``warnings`` to report."""
+
+    settings: dict
+    engine: Engine
+    corpus: dict
+    warnings: list[str]
+
+
+class Family:
+    """An analysis family (see the module docstring). Subclasses set the class attributes and implement
+    :meth:`analyzers` and :meth:`finish`; :meth:`section` draws the figures and returns the report section.
+
+    ``default``: ``analyze`` runs it unless told otherwise; ``needs_trees``: it needs dependency trees
+    (CoNLL-U, or ``parser="spacy"``) and runs by default only where there are trees; ``command``: the
+    CLI gets a ``bertology NAME`` command for it.
+    """
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    options: ClassVar[tuple[Option, ...]] = ()
+    outputs: ClassVar[tuple[str, ...]] = ()
+    default: ClassVar[bool] = True
+    needs_trees: ClassVar[bool] = False
+    command: ClassVar[bool] = True
+
+    def prepare(self, settings: dict) -> None:
+        """Check the family's inputs before the model loads; raise :class:`~bertology.core.errors.BertologyError` for bad ones."""
+
+    def analyzers(self, settings: dict) -> dict[str, Analyzer]:
+        """The analyzers this family feeds from the engine's pass, by name."""
+        raise NotImplementedError
+
+    def finish(self, analyzers: dict[str, Analyzer], context: FamilyContext) -> FamilyResult:
+        """Turn the analyzers, after the pass, into tables."""
+        raise NotImplementedError
+
+    def section(self, folder: RunFolder, result: FamilyResult, settings: dict) -> Section | None:
+        """Write the family's figures (and any derived tables) into ``folder``; return its report section."""
+        return None
+
+    def summary(self, result: FamilyResult) -> list[str]:
+        """Lines the command line prints after a run."""
+        return []
+
+    def overview(self, result: FamilyResult) -> pd.DataFrame | None:
+        """A small table for a notebook's display of the result."""
+        return None
+
+
+_registry: dict[str, Family] = {}
+
+
+def register_family(family: Family, *, replace: bool = False) -> Family:
+    """Add ``family`` (an instance of a :class:`Family` subclass) to the registry and return it.
+
+    Its name must be a Python identifier, and its option names new: neither another family's nor one of
+    ``analyze()``'s own keywords. ``replace=True`` swaps in a new definition under a registered name.
+    """
+    name = getattr(family, "name", None)
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise BertologyError(f"a family needs a name that is a Python identifier, not {name!r}")
+    if name in _registry and not replace:
+        raise BertologyError(f"a family named {name!r} is registered already (replace=True swaps it)")
+    taken = {option.name: other.name for other in _registry.values() if other.name != name for option in other.options}
+    for option in family.options:
+        if option.name in COMMON_SETTINGS:
+            raise BertologyError(f"family {name!r}: option {option.name!r} is one of analyze()'s own settings")
+        if option.name in taken:
+            raise BertologyError(f"family {name!r}: option {option.name!r} belongs to family {taken[option.name]!r} already")
+    _registry[name] = family
+    return family
+
+
+def families() -> dict[str, Family]:
+    """Every registered family by name: bertology's own first (in report order), then the users'."""
+    for name in BUILTIN_FAMILIES:
+        if name not in _registry:
+            importlib.import_module(f"bertology.families.{name}")
+    order = {name: k for k, name in enumerate(BUILTIN_FAMILIES)}
+    return dict(sorted(_registry.items(), key=lambda item: order.get(item[0], len(order))))
+
+
+def get_family(name: str) -> Family:
+    known = families()
+    if name not in known:
+        raise BertologyError(f"unknown analysis {name!r}: choose from {', '.join(known)}")
+    return known[name]
+
+
+def option_owner(name: str) -> Family | None:
+    """The family that declares option ``name`` (None: no family does)."""
+    return next((family for family in families().values() if any(option.name == name for option in family.options)), None)

@@ -1,0 +1,48 @@
+"""The general head profile (Clark et al. 2019, "What Does BERT Look At?"; METHODS.md section 1).
+
+Tables: ``heads`` (``layer, head, metric, value, ci_low, ci_high, n``), ``layers``, ``head_labels``
+(heads past Clark's thresholds), ``head_distance`` and ``head_map`` (Jensen-Shannon distances between
+heads and their 2-D MDS map). Figures: attention to special tokens by layer, a heatmap per metric, the
+head map.
+"""
+
+from __future__ import annotations
+
+from bertology.families import Family, FamilyResult, Option, register_family
+
+
+class Profile(Family):
+    name = "profile"
+    title = "The general head profile: attention to [CLS], [SEP], punctuation and neighbours, entropy, distance (Clark et al. 2019)."
+    options = (
+        Option("head_distance_sample", 0.1, "Share of sequences used for the head-to-head JS distance.", minimum=0.0, maximum=1.0),
+    )
+    outputs = ("heads", "layers", "head_labels", "head_distance", "head_map")
+
+    def analyzers(self, settings):
+        from bertology.families.profile.analyzer import GeneralProfile, HeadDistance
+
+        return {"profile": GeneralProfile(), "distance": HeadDistance(sample=settings["head_distance_sample"], seed=settings["seed"])}
+
+    def finish(self, analyzers, context):
+        from bertology.families.profile.analyzer import clark_labels
+
+        heads = analyzers["profile"].result()
+        result = FamilyResult(tables={"heads": heads, "layers": analyzers["profile"].layers(), "head_labels": clark_labels(heads)})
+        try:
+            result.tables.update(head_distance=analyzers["distance"].result(), head_map=analyzers["distance"].embedding())
+        except ValueError as exc:  # no sequence was sampled
+            context.warnings.append(str(exc))
+        return result
+
+    def section(self, folder, result, settings):
+        from bertology.families.profile.report import profile_section
+
+        tables = result.tables
+        return profile_section(folder, tables["heads"], tables["layers"], tables["head_labels"], tables.get("head_map"), settings["punct"])
+
+    def overview(self, result):
+        return result.tables["layers"].pivot(index="layer", columns="metric", values="value")
+
+
+register_family(Profile())

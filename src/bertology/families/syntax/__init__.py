@@ -1,0 +1,93 @@
+"""Syntactic heads and the attention parsing probe (Clark et al. 2019, section 4; METHODS.md sections 2-3).
+
+Needs dependency trees (CoNLL-U, or ``parser="spacy"``). Tables: ``syntax`` (``relation, direction,
+layer, head, accuracy, n``), ``syntax_best`` (one row per relation), ``syntax_baselines``; document
+``probe`` (``probe.json``: UAS of the parsing probe and its baselines).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bertology.core.errors import BertologyError
+from bertology.families import Family, FamilyResult, Option, register_family
+
+
+class Syntax(Family):
+    name = "syntax"
+    title = "Syntactic heads per relation with baselines and significance, and the attention parsing probe (Clark et al. 2019)."
+    needs_trees = True
+    options = (
+        Option("bootstrap", 1000, "Bootstrap replicates over sentences.", minimum=100),
+        Option("min_dependents", 25, "Flag relations with fewer dependents.", minimum=1),
+        Option("heatmap_relation", "all", "Relation drawn as a layer x head heatmap."),
+        Option("probe", True, "Train and evaluate the attention parsing probe.", flag="--probe/--no-probe"),
+        Option("probe_test", None, "CoNLL-U file to test the probe on [default: k-fold within the corpus].", type=Path),
+        Option("probe_folds", 5, "Folds of the probe's cross-validation.", minimum=2),
+        Option("probe_epochs", 20, "Training epochs of the probe.", minimum=1),
+    )
+    outputs = ("syntax", "syntax_best", "syntax_baselines", "probe")
+
+    def _test_corpus(self, settings):
+        from bertology.core.corpora import Corpus
+
+        return Corpus(Path(settings["probe_test"]), format="conllu") if settings["probe_test"] is not None else None
+
+    def prepare(self, settings):
+        test_corpus = self._test_corpus(settings)
+        if test_corpus is not None:
+            test_corpus.validate()
+
+    def analyzers(self, settings):
+        from bertology.families.syntax.analyzer import RelationHeads
+        from bertology.families.syntax.probes import ProbeData
+
+        analyzers = {"relations": RelationHeads(bootstrap=settings["bootstrap"], seed=settings["seed"])}
+        if settings["probe"]:
+            analyzers["probe"] = ProbeData()
+        return analyzers
+
+    def finish(self, analyzers, context):
+        from bertology.families.syntax.probes import ProbeData, cross_validate, evaluate
+
+        settings, relations = context.settings, analyzers["relations"]
+        syntax = relations.result()
+        if syntax.empty:
+            raise BertologyError("no sentence had a dependency tree with a scorable dependent")
+        result = FamilyResult(tables={
+            "syntax": syntax,
+            "syntax_best": relations.best(min_dependents=settings["min_dependents"], correction=settings["correction"]),
+            "syntax_baselines": relations.baselines(),
+        })
+        if "probe" not in analyzers:
+            return result
+        sentences, folds, epochs, seed = analyzers["probe"].ordered(), settings["probe_folds"], settings["probe_epochs"], settings["seed"]
+        test_corpus = self._test_corpus(settings)
+        if test_corpus is not None:
+            test_data = ProbeData()
+            context.engine.run(test_corpus, [test_data])
+            result.documents["probe"] = {"evaluation": f"trained on {context.corpus['name']}, tested on {test_corpus.name}",
+                                         **evaluate(sentences, test_data.ordered(), epochs=epochs, seed=seed)}
+        elif len(sentences) >= 2 * folds:
+            result.documents["probe"] = cross_validate(sentences, folds=folds, epochs=epochs, seed=seed)
+        else:
+            context.warnings.append(f"parsing probe skipped: {len(sentences)} sentences are too few for {folds}-fold cross-validation")
+        return result
+
+    def section(self, folder, result, settings):
+        from bertology.families.syntax.report import syntax_section
+
+        return syntax_section(folder, result.tables["syntax"], result.tables["syntax_best"], result.documents.get("probe"),
+                              settings["heatmap_relation"], settings["min_dependents"])
+
+    def summary(self, result):
+        probe = result.documents.get("probe")
+        if probe is None:
+            return []
+        return [f"parsing probe UAS ({probe['evaluation']}): " + ", ".join(f"{name} {value:.3f}" for name, value in probe["uas"].items())]
+
+    def overview(self, result):
+        return result.tables["syntax_best"].head(10)
+
+
+register_family(Syntax())
