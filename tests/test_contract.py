@@ -8,7 +8,7 @@ from bertology.core.analyzer import Analyzer
 from bertology.core.models import load_model
 from bertology.core.parsing import spacy_trees
 from bertology.core.testing import check_analyzer
-from bertology.families import families
+from bertology.families import registered
 from bertology.families.patterns.analyzer import HeadPatterns
 from bertology.families.profile.analyzer import GeneralProfile, HeadDistance, LayerPeaks
 from conftest import tiny_examples
@@ -19,7 +19,7 @@ CONTRACT_SETTINGS = {"bootstrap": 200, "head_distance_sample": 0.7, "tau": 1.0, 
 
 def family_analyzers():
     """``family:analyzer`` -> a factory of that analyzer, as the family builds it for a run."""
-    for family in families().values():
+    for family in registered().values():
         settings = {**{option.name: option.default for option in family.options}, **CONTRACT_SETTINGS}
         for key in family.analyzers(settings):
             yield f"{family.name}:{key}", lambda family=family, key=key, settings=settings: family.analyzers(settings)[key]

@@ -33,7 +33,6 @@ _EXPORTS = {
     "Family": "bertology.families",
     "FamilyResult": "bertology.families",
     "Option": "bertology.families",
-    "families": "bertology.families",
     "register_family": "bertology.families",
     "Track": "bertology.workflows.dynamics",
     "track": "bertology.workflows.dynamics",

@@ -24,7 +24,7 @@ from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.models import LoadedModel, load_model
 from bertology.core.parsing import spacy_trees
 from bertology.core.runfolder import RunFolder, claims_out
-from bertology.families import Family, FamilyContext, FamilyResult, families, get_family
+from bertology.families import Family, FamilyContext, FamilyResult, get_family, registered
 from bertology.reports.html import Report
 from bertology.reports.viewer import viewer_section
 from bertology.viewer import AttentionView, attention_view, head_labels
@@ -78,7 +78,7 @@ class Analysis:
         for result in self.__dict__.get("results", {}).values():
             if name in result:
                 return result.get(name)
-        if any(name in family.outputs for family in families().values()):
+        if any(name in family.outputs for family in registered().values()):
             return None
         raise AttributeError(f"{type(self).__name__!r} has no table or attribute {name!r}")
 
@@ -165,7 +165,7 @@ def _choose_families(analyses: Iterable[str] | None, include: Iterable[str], exc
     are trees), with ``include`` added and ``exclude`` left out."""
     if analyses is None:
         include, exclude = {get_family(name).name for name in include}, {get_family(name).name for name in exclude}
-        analyses = [name for name, family in families().items()
+        analyses = [name for name, family in registered().items()
                     if name not in exclude and (name in include or family.default and (with_trees or not family.needs_trees))]
     chosen = [get_family(name) for name in dict.fromkeys(analyses)]
     for family in chosen:
@@ -176,7 +176,7 @@ def _choose_families(analyses: Iterable[str] | None, include: Iterable[str], exc
 
 def _family_settings(chosen: list[Family], options: dict) -> dict:
     """Every chosen family's options, the given value or the default; an option of no chosen family is refused."""
-    owners = {option.name: family for family in families().values() for option in family.options}
+    owners = {option.name: family for family in registered().values() for option in family.options}
     for name in options:
         if name not in owners:
             raise BertologyError(f"unknown setting {name!r}: the families' settings are {', '.join(sorted(owners))}")
@@ -216,7 +216,7 @@ def analyze(
     ``model``: hub name, local folder, an already loaded model, or None for the default
     all-MiniLM-L6-v2. ``corpus``: a file (``format`` auto-detected), a list of strings or
     :class:`~bertology.core.corpora.Example`, or None for the bundled sample corpus. ``analyses``: names
-    of registered families (:func:`bertology.families.families`); by default every default family, the
+    of registered families (:func:`bertology.families.registered`); by default every default family, the
     ones that need trees (syntax) only when the corpus has them (CoNLL-U, or ``parser="spacy"``), with the
     families named in ``include`` added and those in ``exclude`` left out.
     ``options``: the families' own settings by name (``tau=2``, ``bootstrap=500``, ...; each family's

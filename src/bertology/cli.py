@@ -65,9 +65,9 @@ def _default_out(command: str, model: str | None, corpus: Path | None) -> Path:
 def _run(command: str, quiet: bool, skip_long: bool, switches: dict[str, bool | None], options: dict, **settings) -> None:
     """Run ``bertology.analyze`` for an analysis command; families' options are passed where they differ from their defaults."""
     from bertology.api import analyze as run_analysis
-    from bertology.families import families
+    from bertology.families import registered
 
-    registry = families()
+    registry = registered()
     given = {}
     for family in registry.values():
         for option in family.options:
@@ -152,9 +152,9 @@ def _analysis_command(name: str, help: str, with_families, switches) -> None:
 
 def _register_analysis_commands() -> None:
     """``bertology analyze`` (every family, switched on and off) and ``bertology NAME`` for each family with a command."""
-    from bertology.families import families
+    from bertology.families import registered
 
-    registry = list(families().values())
+    registry = list(registered().values())
     _analysis_command("analyze", "Run the analysis families over a corpus in one pass (by default the profile, roles and patterns, plus "
                       "syntax when the corpus has trees); write a run folder with report.html.", registry, registry)
     for family in registry:

@@ -161,7 +161,7 @@ def register_family(family: Family, *, replace: bool = False) -> Family:
     return family
 
 
-def families() -> dict[str, Family]:
+def registered() -> dict[str, Family]:
     """Every registered family by name: bertology's own first (in report order), then the users'."""
     for name in BUILTIN_FAMILIES:
         if name not in _registry:
@@ -171,12 +171,8 @@ def families() -> dict[str, Family]:
 
 
 def get_family(name: str) -> Family:
-    known = families()
+    known = registered()
     if name not in known:
         raise BertologyError(f"unknown analysis {name!r}: choose from {', '.join(known)}")
     return known[name]
 
-
-def option_owner(name: str) -> Family | None:
-    """The family that declares option ``name`` (None: no family does)."""
-    return next((family for family in families().values() if any(option.name == name for option in family.options)), None)
