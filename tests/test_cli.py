@@ -34,7 +34,7 @@ def test_analyze_writes_a_complete_run_folder(tiny_bert_dir, corpus, tmp_path):
     assert len(heads) == 2 * 4 * len(PROFILE_METRICS)
     assert (heads.n == len(TEXTS)).all()
     pd.testing.assert_frame_equal(pd.read_parquet(out / "heads.parquet"), heads, check_dtype=False)
-    for name in ("layers.csv", "head_map.csv", "head_distance.csv", "special_tokens_by_layer.png", "head_map.png", "heatmap_sep.png", "report.html"):
+    for name in ("layers.csv", "head_map.csv", "head_distance.csv", "special_tokens_by_layer.png", "head_map.png", "heatmaps.png", "report.html"):
         assert (out / name).is_file(), name
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "complete"

@@ -1,14 +1,14 @@
 import pandas as pd
 
 from bertology.core.runfolder import RunFolder
-from bertology.families.profile.report import metric_heatmap
+from bertology.families.profile.report import metric_heatmaps
 from bertology.reports import Figure, Report, Section
 
 
 def test_report_embeds_figures_and_escapes_text(tmp_path):
     heads = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "metric": "sep", "value": [0.1, 0.2, 0.3, 0.4]})
     with RunFolder(tmp_path / "run") as folder:
-        png = folder.write_figure("heatmap_sep", metric_heatmap(heads, "sep"))
+        png = folder.write_figure("heatmaps", metric_heatmaps(heads, ["sep"]))
     png = tmp_path / "run" / png.name
     hostile = '"><img src=x onerror=alert(1)><script>alert(1)</script>'
     report = Report(

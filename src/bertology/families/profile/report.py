@@ -35,12 +35,9 @@ def special_by_layer(heads: pd.DataFrame, metrics=("cls", "sep", "punct")):
     return figure
 
 
-def metric_heatmap(heads: pd.DataFrame, metric: str, axis=None):
-    """Layer x head heatmap of one metric's mean over sequences."""
+def metric_heatmap(heads: pd.DataFrame, metric: str, axis) -> None:
+    """Layer x head heatmap of one metric's mean over sequences, drawn on ``axis``."""
     grid = heads[heads.metric == metric].pivot(index="layer", columns="head", values="value")
-    own = axis is None
-    if own:
-        figure, axis = plt.subplots(figsize=(0.45 * grid.shape[1] + 2.5, 0.45 * grid.shape[0] + 1.5))
     image = axis.imshow(grid.values, aspect="auto", cmap="viridis")
     axis.set_xticks(range(grid.shape[1]), grid.columns)
     axis.set_yticks(range(grid.shape[0]), grid.index)
@@ -48,19 +45,15 @@ def metric_heatmap(heads: pd.DataFrame, metric: str, axis=None):
     axis.set_ylabel("layer (0-based)")
     axis.set_title(METRIC_TITLES.get(metric, metric))
     plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
-    if own:
-        figure.tight_layout()
-        return figure
-    return axis.figure
 
 
 def metric_heatmaps(heads: pd.DataFrame, metrics) -> plt.Figure:
     """All metrics' layer x head heatmaps in one grid (for the report)."""
     columns = 3
     rows = int(np.ceil(len(metrics) / columns))
-    figure, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.4 * rows))
+    figure, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.4 * rows), squeeze=False)
     for axis, metric in zip(axes.ravel(), metrics):
-        metric_heatmap(heads, metric, axis=axis)
+        metric_heatmap(heads, metric, axis)
     for axis in axes.ravel()[len(metrics):]:
         axis.set_visible(False)
     figure.tight_layout()
@@ -102,10 +95,8 @@ def profile_section(
     )
     special = folder.write_figure("special_tokens_by_layer", special_by_layer(heads))
     section.figures.append(Figure(special, "Attention to [CLS], [SEP] and punctuation by layer: dots are heads, the line is the layer mean."))
-    for metric in PROFILE_METRICS:
-        folder.write_figure(f"heatmap_{metric}", metric_heatmap(heads, metric))
     grid = folder.write_figure("heatmaps", metric_heatmaps(heads, PROFILE_METRICS))
-    section.figures.append(Figure(grid, "Each metric's mean per head, layer x head (heatmap_<metric>.png has each on its own)."))
+    section.figures.append(Figure(grid, "Each metric's mean per head, layer x head (every value is in heads.csv)."))
     if head_map is not None:
         mds = folder.write_figure("head_map", head_map_figure(head_map))
         section.figures.append(Figure(mds, "Heads placed by their Jensen-Shannon distance (MDS): heads that attend alike sit together."))
