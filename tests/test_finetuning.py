@@ -108,6 +108,19 @@ def test_a_planted_pickle_in_the_checkpoint_never_runs(tiny_bert_dir, sst_like, 
     assert str(state) in str(error.value) and "\n" not in str(error.value)
 
 
+def test_a_state_saved_by_an_older_bertology_is_refused_in_one_line(tiny_bert_dir, sst_like, tmp_path):
+    task = load_task(sst_like)
+    settings = dict(model=tiny_bert_dir, batch_size=4, epochs=3, max_length=16, progress=False, checkpoint_every=2)
+    finetune(task, tmp_path / "model", max_steps=2, **settings)
+    state = tmp_path / "model" / "checkpoint" / "state.pt"
+    older = torch.load(state, weights_only=True)
+    del older["random"]  # the previous version kept no random states
+    torch.save(older, state)
+    with pytest.raises(BertologyError) as error:
+        finetune(task, tmp_path / "model", **settings)
+    assert str(error.value) == f"{state}: a training state from an older bertology (missing random); delete {state.parent} to start again"
+
+
 def test_random_states_round_trip_through_a_weights_only_load(tmp_path):
     random.seed(1), random.gauss(0, 1)  # a cached Gaussian is part of the state
     np.random.seed(2), np.random.standard_normal()

@@ -156,6 +156,18 @@ def test_a_planted_pickle_in_the_training_state_never_runs(tmp_path):
     assert str(state) in str(error.value) and "\n" not in str(error.value)
 
 
+def test_a_state_saved_by_an_older_bertology_is_refused_in_one_line(tmp_path):
+    books = write_books(tmp_path / "books")
+    pretrain(books, tmp_path / "run", steps=12, save_every=5, max_steps=5, **SMALL)
+    [state] = (tmp_path / "run").rglob("state.pt")
+    older = torch.load(state, weights_only=True)
+    del older["random"], older["mask_rng"]
+    torch.save(older, state)
+    with pytest.raises(BertologyError) as error:
+        pretrain(books, tmp_path / "run", steps=12, save_every=5, **SMALL)
+    assert str(error.value) == f"{state}: a training state from an older bertology (missing mask_rng, random); delete {state.parent} to start again"
+
+
 def test_out_is_checked_before_the_corpus_is_read(tmp_path):
     taken = tmp_path / "taken"
     taken.write_text("a file\n")

@@ -1,14 +1,17 @@
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from bertology.core import runfolder
 from bertology.core.errors import BertologyError
-from bertology.core.runfolder import LOCK, RunFolder, atomic_write, check_out, claim
+from bertology.core.runfolder import LOCK, RunFolder, atomic_write, check_out, claim, claims_out
 
 
 def snapshot(folder):
@@ -139,22 +142,240 @@ def test_an_unwritable_place_is_refused(tmp_path):
         check_out(locked / "run")
 
 
-def test_a_folder_held_by_a_live_run_is_refused_and_a_stale_lock_taken_over(tmp_path):
+HOLD = """
+import sys, time
+from bertology.core.runfolder import claim
+with claim(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_live_run_holds_its_folder_until_it_dies_even_killed(tmp_path):
     out = tmp_path / "run"
     with RunFolder(out) as folder:
         folder.write_text("a.txt", "complete\n")
-    (out / LOCK).write_text(f"{os.getppid()}\n")  # a live process holds it
-    with pytest.raises(BertologyError, match=rf"another run \(pid {os.getppid()}\) is writing") as error:
-        check_out(out)
-    assert "\n" not in str(error.value)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
-    (out / LOCK).write_text(f"{dead}\n")  # left behind by a killed run
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(BertologyError, match=rf"another run \(pid {holder.pid}\) is writing") as error:
+            check_out(out)
+        assert "\n" not in str(error.value)
+        with pytest.raises(BertologyError, match=rf"another run \(pid {holder.pid}\) is writing"), claim(out):
+            pytest.fail("claimed a folder a live run holds")
+    finally:
+        holder.kill()  # SIGKILL: no clean-up runs
+        holder.wait()
+    assert (out / LOCK).read_text().split() == [str(holder.pid)]  # its lock file stays, but the kernel let the lock go
     with claim(out):
         assert (out / LOCK).read_text().split() == [str(os.getpid())]
         with claim(out):  # the same run may claim it again (save inside analyze)
             pass
         assert (out / LOCK).is_file()
     assert not (out / LOCK).exists() and (out / "a.txt").read_text() == "complete\n"
+
+
+RACER = """
+import fcntl, os, sys, time
+handle = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o666)
+fcntl.flock(handle, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_lock_taken_but_not_yet_written_is_not_mistaken_for_a_stale_one(tmp_path):
+    # a racing run that has created and locked the lock file, but not yet written its pid
+    out = tmp_path / "run"
+    with RunFolder(out) as folder:
+        folder.write_text("a.txt", "complete\n")
+    racer = subprocess.Popen([sys.executable, "-c", RACER, str(out / LOCK)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert racer.stdout.readline().strip() == "held"
+        assert (out / LOCK).read_text() == ""
+        with pytest.raises(BertologyError, match="another run is writing this folder"), claim(out):
+            pytest.fail("took over the lock of a live run")
+        assert (out / LOCK).exists()  # not unlinked under the racing run
+    finally:
+        racer.kill()
+        racer.wait()
+
+
+def test_a_lock_file_naming_a_live_process_that_holds_no_lock_is_taken_over(tmp_path):
+    # the run that wrote it died and its pid was given to another process (here: pytest's parent)
+    out = tmp_path / "run"
+    with RunFolder(out) as folder:
+        folder.write_text("a.txt", "complete\n")
+    (out / LOCK).write_text(f"{os.getppid()}\n")
+    check_out(out)
+    with claim(out):
+        assert (out / LOCK).read_text().split() == [str(os.getpid())]
+    assert not (out / LOCK).exists()
+
+
+CHECK = """
+import sys
+from bertology.core.errors import BertologyError
+from bertology.core.runfolder import check_out
+try:
+    check_out(sys.argv[1])
+except BertologyError as error:
+    print(error)
+"""
+
+
+def test_the_new_run_stays_locked_from_its_swap_to_the_end_of_the_claim(tmp_path):
+    out = tmp_path / "run"
+    with RunFolder(out) as folder:
+        folder.write_text("a.txt", "old\n")
+    with claim(out):
+        folder = RunFolder(out)
+        folder.write_text("a.txt", "new\n")
+        folder.commit()
+        assert (out / "a.txt").read_text() == "new\n"
+        seen = subprocess.run([sys.executable, "-c", CHECK, str(out)], capture_output=True, text=True).stdout
+        assert f"another run (pid {os.getpid()}) is writing" in seen
+    assert not (out / LOCK).exists()
+
+
+def make_run(folder: Path, **files) -> Path:
+    with RunFolder(folder) as run:
+        for name, text in files.items():
+            run.write_text(name, text)
+    return folder
+
+
+def test_a_run_folder_that_holds_other_run_folders_is_refused(tmp_path):
+    runs = make_run(tmp_path / "runs", **{"report.html": "first run"})  # --out runs, once
+    make_run(runs / "analyze-model-sample-1", **{"manifest.json": "{}"})  # then a default out inside it
+    before = snapshot(runs)
+    with pytest.raises(BertologyError, match=r"holds another run folder \(analyze-model-sample-1\), which replacing it would delete") as error:
+        check_out(runs)
+    assert "\n" not in str(error.value) and str(runs) in str(error.value)
+    with pytest.raises(BertologyError, match="holds another run folder"):
+        RunFolder(runs).commit()
+    assert snapshot(runs) == before
+    # an earlier bertology's run folder (a manifest naming bertology, no marker), further down
+    shutil.rmtree(runs / "analyze-model-sample-1")
+    earlier = runs / "old" / "syntax-run"
+    earlier.mkdir(parents=True)
+    (earlier / "manifest.json").write_text(json.dumps({"status": "complete", "versions": {"bertology": "0.1.0"}}))
+    with pytest.raises(BertologyError, match=r"holds another run folder \(old/syntax-run\)"):
+        check_out(runs)
+    # the work a run keeps inside its own out to resume is no run folder
+    shutil.rmtree(runs / "old")
+    for name in ("checkpoint/state.pt", "training/state/state.pt", "training/checkpoints/step-000000/config.json", "parts/x-1a2b.npz"):
+        (runs / name).parent.mkdir(parents=True, exist_ok=True)
+        (runs / name).write_bytes(b"work")
+    (runs / "training" / "checkpoints" / "step-000000" / "manifest.json").write_text(json.dumps({"versions": {"torch": "2"}}))
+    check_out(runs)
+
+
+def test_an_out_that_is_or_holds_an_input_is_refused(tmp_path):
+    model = make_run(tmp_path / "runs" / "ft", **{"model.safetensors": "weights"})
+    corpus = tmp_path / "runs" / "ft" / "corpus.txt"
+    corpus.write_text("a cat sat.\n")
+    with pytest.raises(BertologyError, match="is the input") as error:
+        check_out(model, inputs=[str(model)])
+    assert str(error.value) == f"{model}: is the input {model}, which replacing the run folder would delete; give another folder"
+    with pytest.raises(BertologyError, match=r"holds the input .*corpus.txt"):
+        check_out(model, inputs=(None, "nobody/model", [tmp_path / "elsewhere.txt", corpus]))
+    check_out(model, inputs=["nobody/model", tmp_path / "missing", 3, None, ["the cat sat.", "a dog ran."]])  # no existing path
+    check_out(tmp_path / "new", inputs=[model, corpus])  # inputs elsewhere are fine
+
+    @claims_out
+    def work(model=None, corpus=None, *, out=None, analyses=None, command=None, **options):
+        return "ran"
+
+    for call in (lambda: work(str(model), out=model), lambda: work(None, [corpus], out=str(model)),
+                 lambda: work(out=model, probe_test=str(corpus)), lambda: work(tmp_path / "runs" / "ft" / ".." / "ft", out=model)):
+        with pytest.raises(BertologyError, match="the input"):
+            call()
+    assert (model / "model.safetensors").read_text() == "weights" and corpus.read_text() == "a cat sat.\n"
+    assert work("nobody/model", out=model, command=["bertology", "analyze", "--out", str(model)]) == "ran"  # the command line is no input
+
+
+def test_a_rerun_into_a_folder_named_like_an_option_is_no_input(tmp_path, monkeypatch):
+    @claims_out
+    def work(model=None, *, out=None, analyses=None, parser=None, device="auto", command=None):
+        return "ran"
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("roles", "spacy", "cpu"):
+        make_run(tmp_path / name, **{"report.html": "earlier"})
+    assert work(out="roles", analyses=["roles"]) == "ran"
+    assert work(out="spacy", parser="spacy") == "ran"
+    assert work(out="cpu", device="cpu") == "ran"
+
+
+def test_track_refuses_an_out_that_holds_its_checkpoints_before_reading_them(tmp_path):
+    from bertology.workflows.dynamics import track
+
+    pretrained = make_run(tmp_path / "pt", **{"pretraining.json": "{}"})
+    step = pretrained / "checkpoints" / "step-000000"
+    step.mkdir(parents=True)
+    (step / "config.json").write_text("not read")
+    before = snapshot(pretrained)
+    with pytest.raises(BertologyError, match=r"holds the input .*step-000000"):
+        track([str(step)], None, out=pretrained, progress=False)
+    assert snapshot(pretrained) == before
+
+
+@pytest.mark.parametrize("command", [["finetune", "{task}"], ["ablate", "{task}"], ["importance", "{task}"], ["prune", "{task}"]])
+def test_the_task_commands_refuse_an_out_that_is_the_model_or_holds_the_task(command, tmp_path):
+    from typer.testing import CliRunner
+
+    from bertology.cli import app
+
+    model = make_run(tmp_path / "runs" / "ft", **{"model.safetensors": "weights"})
+    elsewhere, inside = tmp_path / "glue" / "SST-2", model / "SST-2"
+    for task in (elsewhere, inside):
+        task.mkdir(parents=True)
+        for split in ("train", "dev"):
+            (task / f"{split}.tsv").write_text("sentence\tlabel\na cat.\t1\na dog.\t0\n")
+    before = snapshot(model)
+    for task, model_arg, message in ((elsewhere, model, f"{model}: is the input {model}"), (inside, "nobody/none", f"{model}: holds the input {inside}")):
+        args = [arg.format(task=task) for arg in command] + ["--model", str(model_arg), "--out", str(model)]
+        result = CliRunner().invoke(app, args)
+        assert isinstance(result.exception, BertologyError), result.output
+        assert str(result.exception).startswith(message)
+    assert snapshot(model) == before
+
+
+def test_an_out_that_is_or_holds_the_current_folder_is_refused(tmp_path, monkeypatch):
+    out = make_run(tmp_path / "run", **{"a.txt": "complete\n"})
+    (out / "notes").mkdir()
+    monkeypatch.chdir(out)
+    for given in (".", out, Path("..") / "run"):
+        with pytest.raises(BertologyError, match="is the current folder, and a run replaces its out folder whole") as error:
+            check_out(given)
+        assert "\n" not in str(error.value)
+    with pytest.raises(BertologyError, match="is the current folder"):
+        RunFolder(".")
+    monkeypatch.chdir(out / "notes")
+    for given in (out, ".."):
+        with pytest.raises(BertologyError, match="holds the current folder"):
+            check_out(given)
+    assert (out / "a.txt").read_text() == "complete\n" and Path.cwd() == out / "notes"
+    check_out(out / "notes" / "run")  # a new folder below the current one is fine
+
+
+def test_a_previous_run_that_cannot_be_deleted_is_left_with_a_warning(tmp_path, monkeypatch):
+    out = make_run(tmp_path / "run", **{"a.txt": "old\n"})
+    delete = shutil.rmtree
+
+    def stuck(path, *args, **kwargs):
+        if ".old-" in Path(path).name:
+            raise PermissionError(13, "Permission denied", str(path))
+        return delete(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", stuck)
+    with pytest.warns(UserWarning, match="the new run is in place, but the previous one could not be deleted") as record:
+        make_run(out, **{"a.txt": "new\n"})
+    [old] = tmp_path.glob("run.old-*")
+    assert record[0].category is runfolder.RunFolderWarning and str(old) in str(record[0].message)
+    assert (out / "a.txt").read_text() == "new\n" and (old / "a.txt").read_text() == "old\n"
+    assert not (out / LOCK).exists()
 
 
 def test_a_claimed_new_folder_that_stays_empty_is_removed(tmp_path):

@@ -7,7 +7,7 @@ resolves as in CI), and the test files that should catch each are run against th
 is *killed* when those tests fail. Prints one line per mutation and the kill rate; exits non-zero
 below ``--target``. Not part of CI: a full run takes about 15-25 minutes on two cores.
 
-    .venv/bin/python tools/mutants.py [--only SUBSTRING] [--target 0.9] [--timeout 600]
+    .venv/bin/python tools/mutants.py [--only SUBSTRING ...] [--target 0.9] [--timeout 600]
 """
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ MUTATIONS = [
     Mutation("profile: peak-layer interval 90% instead of 95%", PROFILE, "np.percentile(peaks[1:], [2.5, 97.5], axis=0)",
              "np.percentile(peaks[1:], [5, 95], axis=0)", PROFILE_TESTS + DYNAMICS_TESTS),
     Mutation("punctuation: Clark's set misses the comma", MODELS, '_CLARK_PUNCT = (".", ",")', '_CLARK_PUNCT = (".",)', PROFILE_TESTS),
+    Mutation("punctuation: upos set is ASCII punctuation only (string.punctuation)", MODELS,
+             'return bool(piece) and all(unicodedata.category(ch).startswith("P") for ch in piece)',
+             'return bool(piece) and all(ch in __import__("string").punctuation for ch in piece)', PROFILE_TESTS),
     # word-level attention (METHODS.md section 2)
     Mutation("alignment: rows of a split word summed instead of averaged (torch)", ALIGNMENT, "return means @ attention @ sums.T",
              "return sums @ attention @ sums.T", ALIGNMENT_TESTS + SYNTAX_TESTS),
@@ -81,6 +84,8 @@ MUTATIONS = [
              "near = (positions[:, None] - positions[None, :]).abs() < window", ROLE_TESTS),
     Mutation("roles: block without its entropy weight", ROLES, "block = sieve_mean(attention, own_segment, mask, n, weight=entropy)",
              "block = sieve_mean(attention, own_segment, mask, n)", ROLE_TESTS),
+    Mutation("roles: block queries leave out the special tokens", ROLES, "block = sieve_mean(attention, own_segment, mask, n, weight=entropy)",
+             "block = sieve_mean(attention, own_segment, mask & ~special, n, weight=entropy)", ROLE_TESTS),
     Mutation("roles: delimiter sieve without [CLS]", ROLES, '"delimiter": sieve_mean(attention, special[:, None, :], mask, n)',
              '"delimiter": sieve_mean(attention, sep_mask[:, None, :], mask, n)', ROLE_TESTS),
     Mutation("roles: syntactic attention from the head to the dependent", ROLES, "pair_attention[:, :, word_unit[word], word_unit[head - 1]]",
@@ -112,6 +117,8 @@ MUTATIONS = [
              "(torch.as_tensor(dependents)[:, None] - offsets[None, :])", SYNTAX_TESTS),
     Mutation("syntax: bootstrap interval 90% instead of 95%", SYNTAX, "np.percentile(replicates[0][valid], 2.5)",
              "np.percentile(replicates[0][valid], 5)", SYNTAX_TESTS),
+    Mutation("syntax: ties report only the first best head", SYNTAX, "tied = np.flatnonzero(accuracy[0, :width] == np.max(accuracy[0, :width]))",
+             "tied = np.atleast_1d(np.argmax(accuracy[0, :width]))", SYNTAX_TESTS),
     Mutation("syntax: p-value ignores ties", SYNTAX, "np.sum(difference <= 0)", "np.sum(difference < 0)", SYNTAX_TESTS),
     # Kovaleva et al.'s patterns (METHODS.md section 4)
     Mutation("patterns: block feature averaged over special queries too", PATTERNS, "queries = (segment_ids >= 0).to(attention.dtype)[:, None]",
@@ -161,12 +168,12 @@ def apply(copy: Path, mutation: Mutation) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", help="run only mutations whose name contains this")
+    parser.add_argument("--only", action="append", help="run only mutations whose name contains this (repeat it for several)")
     parser.add_argument("--target", type=float, default=0.9, help="minimum kill rate (default 0.9)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per test run")
     parser.add_argument("--list", action="store_true", help="check that every mutation applies, list them and stop")
     args = parser.parse_args()
-    chosen = [m for m in MUTATIONS if args.only is None or args.only in m.name]
+    chosen = [m for m in MUTATIONS if not args.only or any(part in m.name for part in args.only)]
     copy = Path(tempfile.mkdtemp(prefix=".bertology-mutants-", dir=REPO.parent))
     try:
         for part in ("src", "tests", "pyproject.toml"):

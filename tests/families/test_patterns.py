@@ -126,3 +126,22 @@ def test_pattern_examples_do_not_depend_on_the_file_name(tiny_bert):
 
     first = kept("corpus.txt")
     assert first == kept("elsewhere/copy-of-corpus.txt") and sum(map(len, first.values())) > 0
+
+
+def test_the_mixed_rule_needs_the_total_as_well_as_each_part():
+    # vertical 0.288 and diagonal 0.271 are each >= mixed_min 0.25, but their sum 0.559 is < mixed_total 0.6
+    a = np.zeros((N, N))
+    for i in range(N):
+        a[i, 0] += 0.22  # [CLS]
+        a[i, 1 if i == 0 else i - 1] += 0.26  # the previous token (the first: the next one)
+        far = [j for j in range(1, N - 1) if abs(i - j) >= 2]
+        a[i, far] += 0.52 / len(far)
+    column = a.sum(0) / N
+    vertical = column[[0, N - 1]].sum() + column[1 : N - 1].max()
+    diagonal = (np.trace(a, offset=-1) + np.trace(a, offset=1)) / N
+    features = pattern_features(torch.tensor(a)[None, None], *masks(N))
+    assert features["vertical"].item() == pytest.approx(vertical, rel=1e-12) and features["diagonal"].item() == pytest.approx(diagonal, rel=1e-12)
+    assert vertical >= 0.25 and diagonal >= 0.25 and vertical + diagonal < 0.6
+    assert classify(a) == "heterogeneous"  # not vertical+diagonal
+    assert classify(a, thresholds=PatternThresholds(mixed_total=0.55)) == "vertical+diagonal"
+    assert classify(a, thresholds=PatternThresholds(mixed_min=0.28, mixed_total=0.55)) == "heterogeneous"

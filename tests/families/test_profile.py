@@ -159,6 +159,11 @@ def test_layer_peaks_bootstrap_by_hand():
 @pytest.mark.parametrize("piece, upos, clark", [
     (".", True, True), (",", True, True), ("\u0120.", True, True), ("##,", True, True), (";", True, False), ("!", True, False),
     ("...", True, False), ("\u2581,", True, True), ("a.", False, False), ("", False, False),
+    # Unicode punctuation beyond ASCII (UPOS PUNCT): dashes, quotes, guillemets, inverted marks, CJK and Devanagari stops
+    ("\u2014", True, False), ("\u201c", True, False), ("\u00ab", True, False), ("\u00bf", True, False), ("\u3002", True, False),
+    ("\u0964", True, False), ("##\u2026", True, False),
+    # ASCII symbols are not punctuation (category S): $ + < = > ^ ` | ~
+    ("$", False, False), ("+", False, False), ("=", False, False), ("|", False, False), ("~", False, False),
 ])
 def test_punctuation_sets(piece, upos, clark):
     from bertology.core.models import is_punctuation

@@ -108,6 +108,20 @@ def test_local_window_counts_keys_at_distance_two():
     assert sieve_mean(torch.tensor(a)[None, None], window, interior, torch.tensor([[float(n)]])).item() == pytest.approx(n / 5)
 
 
+def test_delimiter_counts_cls_and_sep_exactly():
+    # a hand-made map with a heavy [CLS] column: the delimiter score (both kinds) is far from the [SEP]-only one
+    rng = np.random.default_rng(3)
+    for masks, specials in ((single(8), [0, 7]), (pair(3, 4), [0, 4, 9])):
+        n = masks[0].shape[1]
+        a = 0.5 * rng.dirichlet(np.ones(n), size=n)
+        a[:, 0] += 0.4  # [CLS]
+        a[:, specials[-1]] += 0.1  # the last [SEP]
+        scores = role_scores(torch.tensor(a)[None, None], *masks)
+        expected = {"delimiter": n * a[:, specials].mean(1).mean(), "cls": n * a[:, 0].mean(), "sep": n * a[:, specials[1:]].mean(1).mean()}
+        assert {role: scores[role].item() for role in expected} == pytest.approx(expected, rel=1e-12)
+        assert abs(expected["delimiter"] - expected["sep"]) > 0.5
+
+
 def test_block_score_matches_the_authors_definition_by_hand():
     rng = np.random.default_rng(1)
     layouts = []

@@ -2,9 +2,13 @@
 
 A run claims its ``out`` folder before any computing (:func:`claim`, :func:`claims_out`): ``out`` must
 be new, empty, or a bertology run folder (it holds ``.bertology-run``, or an earlier bertology's
-``manifest.json``) that no other live run holds (``.bertology-lock`` holds the pid of the run writing
-it; the lock of a process that died is taken over). A file, a place that cannot be written, or a
-folder of other files is refused at once, in one line.
+``manifest.json``) that no other live run holds. The run holds an exclusive ``flock`` on
+``.bertology-lock`` for as long as it claims ``out`` (the file also holds its pid, for the message); the
+kernel releases the lock when the process ends, however it ends, so a lock is never stale. Refused at
+once, in one line, because replacing ``out`` would lose something: a file, a place that cannot be
+written, a folder of other files, a run folder that holds other run folders (``--out runs`` once, then
+default outputs ``runs/<command>-...`` inside it), an ``out`` that is or holds one of the run's inputs
+(``--model runs/ft --out runs/ft``), and an ``out`` that is or holds the current folder.
 
 The outputs are written into a staging folder beside ``out`` (``<out>.tmp-<random>``), each file
 atomically, and :meth:`RunFolder.commit` swaps it in: it renames the previous run to
@@ -14,11 +18,15 @@ staging folder; a killed one leaves it beside ``out``); one killed between the t
 window) leaves both runs whole beside ``out``. Nothing of an earlier run stays next to a new one.
 
 Work a run resumes (fine-tuning's ``checkpoint/``, pre-training's ``training/``, track's ``parts/``) is
-written inside ``out`` as it is made; the commit drops it or, when asked, keeps it (hard links).
+written inside ``out`` as it is made; the commit drops it or, when asked, keeps it (hard links). These
+folders hold model weights, states and tables, never a run folder, so they do not stop ``out`` from
+being replaced. If the previous run cannot be deleted after the swap, a :class:`RunFolderWarning` says
+so and it is left as ``<out>.old-<random>``.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import inspect
 import json
@@ -26,6 +34,8 @@ import os
 import secrets
 import shutil
 import threading
+import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,6 +49,14 @@ MARKER = ".bertology-run"
 LOCK = ".bertology-lock"
 #: Text cells starting with these run as formulas in spreadsheets (OWASP, CSV injection).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+#: Arguments :func:`claims_out` never takes for input paths: the command line as recorded, and options whose
+#: values are words (``analyses=["roles"]`` with ``out="roles"`` is a rerun, not an input inside ``out``).
+NOT_INPUTS = frozenset({"command", "analyses", "include", "exclude", "format", "parser", "device", "punct", "overflow", "normalise",
+                        "intervention", "correction", "importance_split", "heatmap_relation"})
+
+
+class RunFolderWarning(UserWarning):
+    """Something about a run folder the user should know that loses no work (a previous run left to delete)."""
 
 
 def _random_name(parent: Path, stem: str) -> Path:
@@ -79,25 +97,75 @@ def spreadsheet_safe(table: pd.DataFrame) -> pd.DataFrame:
     return safe
 
 
-def _lock_holder(folder: Path) -> int | None:
-    """The pid in ``folder``'s lock if that process is alive (None: no lock, or a stale one)."""
+def _read_pid(handle: int) -> int:
     try:
-        pid = int((folder / LOCK).read_text().strip())
+        return int(os.pread(handle, 32, 0).decode().strip() or 0)
     except (OSError, ValueError):
+        return 0
+
+
+def _lock_holder(folder: Path) -> int | None:
+    """The pid of the live run that holds ``folder``'s lock (0 if it has not written it yet); None when no run holds it.
+
+    A run holds the lock with ``flock`` while it lives: a lock file no process holds (its run died) is free."""
+    try:
+        handle = os.open(folder / LOCK, os.O_RDONLY)
+    except OSError:
         return None
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_pid(handle)
+        fcntl.flock(handle, fcntl.LOCK_UN)
         return None
-    except PermissionError:  # alive, another user's
-        pass
-    return pid
+    finally:
+        os.close(handle)
 
 
 def _refuse_if_held(out: str | Path, folder: Path) -> None:
     holder = _lock_holder(folder)
     if holder is not None and holder != os.getpid():
-        raise BertologyError(f"{out}: another run (pid {holder}) is writing this folder; wait for it to end or give another folder")
+        who = f"another run (pid {holder})" if holder else "another run"
+        raise BertologyError(f"{out}: {who} is writing this folder; wait for it to end or give another folder")
+
+
+def _lock(folder: Path, out: str | Path) -> int:
+    """Take ``folder``'s lock (an exclusive ``flock`` on its lock file, which then holds this pid); returns the open handle.
+
+    A lock file unlinked by the run that held it, between this run's open and flock, is opened again."""
+    path = folder / LOCK
+    for _ in range(20):
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # held: by a live run, or for an instant by check_out peeking
+            os.close(handle)
+            _refuse_if_held(out, folder)
+            time.sleep(0.05)
+            continue
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        if current is None or not os.path.samestat(os.fstat(handle), current):
+            os.close(handle)
+            continue
+        os.ftruncate(handle, 0)
+        os.pwrite(handle, f"{os.getpid()}\n".encode(), 0)
+        return handle
+    raise BertologyError(f"{out}: another run is writing this folder; wait for it to end or give another folder")
+
+
+def _unlock(folder: Path, handle: int) -> None:
+    """Remove ``folder``'s lock file if it is still the one ``handle`` holds, then let the lock go."""
+    try:
+        if os.path.samestat(os.fstat(handle), os.stat(folder / LOCK)):
+            (folder / LOCK).unlink()
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
 
 
 def _is_run_folder(folder: Path) -> bool:
@@ -110,14 +178,62 @@ def _is_run_folder(folder: Path) -> bool:
         return False
 
 
-def check_out(out: str | Path) -> None:
-    """Refuse at once, in one line, an ``out`` no run may write; creates nothing."""
+def _nested_run_folder(folder: Path) -> Path | None:
+    """The first run folder found below ``folder`` (not ``folder`` itself), or None."""
+    for place, subfolders, _ in os.walk(folder):
+        subfolders.sort()
+        for name in subfolders:
+            if _is_run_folder(Path(place) / name):
+                return Path(place) / name
+    return None
+
+
+def _existing_paths(values) -> list[tuple[object, Path]]:
+    """``(as given, resolved)`` for each str or path in ``values`` (lists and tuples looked into) that names an existing path."""
+    found = []
+    for value in values:
+        if isinstance(value, (list, tuple)):
+            found += _existing_paths(value)
+            continue
+        text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+        if not isinstance(text, str) or "\n" in text or len(text) > 4096:  # sentences of a corpus given as a list are no paths
+            continue
+        try:
+            path = Path(text).expanduser()
+            if path.exists():
+                found.append((value, path.resolve()))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def check_out(out: str | Path, inputs=()) -> None:
+    """Refuse at once, in one line, an ``out`` no run may write; creates nothing.
+
+    ``inputs``: what the run reads (strs or paths, lists or tuples of them; those that name no existing path
+    are left out): an ``out`` that is or holds one of them is refused, as replacing ``out`` would delete it."""
     path = Path(out).absolute()
+    resolved = path.resolve()
+    try:
+        here = Path.cwd().resolve()
+    except OSError:
+        here = None
+    if here is not None and (resolved == here or resolved in here.parents):
+        where = "is the current folder" if resolved == here else "holds the current folder"
+        raise BertologyError(f"{out}: {where}, and a run replaces its out folder whole; give another folder or run from outside it")
+    for given, source in _existing_paths(inputs):
+        if source == resolved or resolved in source.parents:
+            where = "is" if source == resolved else "holds"
+            raise BertologyError(f"{out}: {where} the input {given}, which replacing the run folder would delete; give another folder")
     if path.exists() and not path.is_dir():
         raise BertologyError(f"{out}: is a file, not a folder; give a new folder or an earlier run folder")
     if path.is_dir():
         if any(path.iterdir()) and not _is_run_folder(path):
             raise BertologyError(f"{out}: not a bertology run folder (it holds other files, which the run would replace); give a new or empty folder")
+        nested = _nested_run_folder(path)
+        if nested is not None:
+            raise BertologyError(f"{out}: holds another run folder ({nested.relative_to(path)}), which replacing it would delete; "
+                                 f"give a folder of its own, for instance {Path(out) / 'NAME'}")
         _refuse_if_held(out, path)
         places = [path, path.parent]  # the lock inside, the staging folder beside
     else:
@@ -149,14 +265,15 @@ class _Claim:
     fresh: bool  # new or empty when claimed
     depth: int = 0
     staging: Path | None = None
+    lock: int | None = None  # the open lock file, flocked while the claim lasts
 
 
 _claims: dict[Path, _Claim] = {}
 _claims_lock = threading.RLock()
 
 
-def _take(out: str | Path) -> _Claim:
-    check_out(out)
+def _take(out: str | Path, inputs=()) -> _Claim:
+    check_out(out, inputs)
     path = Path(out).resolve()
     existed = path.is_dir()
     held = _Claim(path, threading.get_ident(), existed, fresh=not existed or not any(path.iterdir()))
@@ -164,15 +281,7 @@ def _take(out: str | Path) -> _Claim:
         path.mkdir(parents=True, exist_ok=True)
         if not (path / MARKER).is_file():
             _mark(path)
-        while True:
-            try:
-                handle = os.open(path / LOCK, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-                break
-            except FileExistsError:
-                _refuse_if_held(out, path)
-                (path / LOCK).unlink(missing_ok=True)  # stale: its run died
-        with os.fdopen(handle, "w") as lock:
-            lock.write(f"{os.getpid()}\n")
+        held.lock = _lock(path, out)
     except OSError as exc:
         raise BertologyError(f"{out}: cannot write there ({exc.strerror or exc})") from exc
     return held
@@ -186,17 +295,24 @@ def _release(held: _Claim) -> None:
     """Remove an uncommitted staging folder, the lock, and ``out`` itself if it was new and stayed empty."""
     if held.staging is not None:
         shutil.rmtree(held.staging, ignore_errors=True)
-    if _lock_holder(held.out) == os.getpid():
-        (held.out / LOCK).unlink(missing_ok=True)
-    if held.fresh and held.out.is_dir() and [p.name for p in held.out.iterdir()] == [MARKER]:
-        (held.out / MARKER).unlink()
-        if not held.existed:
-            held.out.rmdir()
+    try:
+        if held.fresh and held.out.is_dir() and {p.name for p in held.out.iterdir()} <= {MARKER, LOCK}:
+            (held.out / MARKER).unlink(missing_ok=True)
+            if held.lock is not None:
+                _unlock(held.out, held.lock)
+                held.lock = None
+            if not held.existed:
+                held.out.rmdir()
+    except OSError:
+        pass
+    if held.lock is not None:
+        _unlock(held.out, held.lock)
+        held.lock = None
 
 
 @contextmanager
-def claim(out: str | Path) -> Iterator[_Claim]:
-    """Hold ``out`` for one run: checked (:func:`check_out`), created and locked; released on the way out.
+def claim(out: str | Path, inputs=()) -> Iterator[_Claim]:
+    """Hold ``out`` for one run: checked (:func:`check_out`, with the run's ``inputs``), created and locked; released on the way out.
 
     The same thread may claim it again (a run that saves through an API that claims too)."""
     key = Path(out).resolve()
@@ -205,7 +321,7 @@ def claim(out: str | Path) -> Iterator[_Claim]:
         if held is not None and held.thread != threading.get_ident():
             raise BertologyError(f"{out}: another run of this process is writing this folder; give another folder")
         if held is None:
-            held = _claims[key] = _take(out)
+            held = _claims[key] = _take(out, inputs)
         held.depth += 1
     try:
         yield held
@@ -218,15 +334,22 @@ def claim(out: str | Path) -> Iterator[_Claim]:
 
 
 def claims_out(function: Callable) -> Callable:
-    """Decorate a function with an ``out`` argument: ``out`` (unless None) is claimed before it runs, for the whole call."""
+    """Decorate a function with an ``out`` argument: ``out`` (unless None) is claimed before it runs, for the whole call.
+
+    Every other argument (``**options`` included) that is a str or a path (or a list or tuple of them) naming an
+    existing path is an input of the run (:func:`check_out`), except those in :data:`NOT_INPUTS`."""
     signature = inspect.signature(function)
+    keywords = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
 
     @functools.wraps(function)
     def claimed(*args, **kwargs):
-        out = signature.bind(*args, **kwargs).arguments.get("out")
+        arguments = dict(signature.bind(*args, **kwargs).arguments)
+        arguments.update(arguments.pop(keywords, None) or {})
+        out = arguments.get("out")
         if out is None:
             return function(*args, **kwargs)
-        with claim(out):
+        inputs = [value for name, value in arguments.items() if name != "out" and name not in NOT_INPUTS]
+        with claim(out, inputs):
             return function(*args, **kwargs)
 
     return claimed
@@ -270,11 +393,27 @@ class RunFolder:
         for name in keep:
             if (out / name).is_dir() and not (self.path / name).exists():
                 link_tree(out / name, self.path / name)
+        handover = _lock(self.path, out)  # the new out is locked before it is out
         old = _random_name(out.parent, f"{out.name}.old-")
-        os.rename(out, old)
-        os.rename(self.path, out)  # the window: between these two renames, out is missing
+        try:
+            os.rename(out, old)
+            try:
+                os.rename(self.path, out)  # the window: between these two renames, out is missing
+            except BaseException:
+                os.rename(old, out)
+                raise
+        except BaseException:
+            os.close(handover)
+            raise
         self._claim.staging = None
-        shutil.rmtree(old)
+        previous, self._claim.lock = self._claim.lock, handover
+        if previous is not None:
+            os.close(previous)
+        try:
+            shutil.rmtree(old)
+        except OSError as exc:
+            warnings.warn(f"{self.out}: the new run is in place, but the previous one could not be deleted ({exc.strerror or exc}); "
+                          f"it is left in {old}", RunFolderWarning, stacklevel=2)
         if self._own is not None:
             self._own.__exit__(None, None, None)
         return self.out

@@ -196,14 +196,23 @@ def restore_random_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def load_training_state(path: Path) -> dict:
-    """A state written by :func:`save_training_state`, loaded on the CPU with ``weights_only=True``: anything else is refused, never run."""
+#: What a fine-tuning state holds (:func:`finetune`); a state without one of them is from an older bertology.
+FINETUNE_STATE_KEYS = ("model", "optimizer", "scheduler", "step", "losses", "settings", "random")
+
+
+def load_training_state(path: Path, keys: tuple[str, ...] = ()) -> dict:
+    """A state written by :func:`save_training_state`, loaded on the CPU with ``weights_only=True``: anything else is refused, never run.
+
+    ``keys``: what the state must hold; one missing (a state saved by an older bertology) is a one-line error."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
         raise BertologyError(f"{path}: refused: not a training state of tensors and plain values (loading it could run code); delete it to start over") from exc
     if not isinstance(state, dict):
         raise BertologyError(f"{path}: not a training state; delete it to start over")
+    missing = [key for key in keys if key not in state]
+    if missing:
+        raise BertologyError(f"{path}: a training state from an older bertology (missing {', '.join(missing)}); delete {path.parent} to start again")
     return state
 
 
@@ -286,7 +295,7 @@ def finetune(
     step, losses = 0, []
     if (checkpoint / "state.pt").is_file():
         # Loaded on the CPU: RNG states must stay CPU tensors; load_state_dict moves the rest to the model's device.
-        state = load_training_state(checkpoint / "state.pt")
+        state = load_training_state(checkpoint / "state.pt", FINETUNE_STATE_KEYS)
         if state.get("settings") != asdict(settings):
             raise BertologyError(f"{checkpoint}: a checkpoint of a run with other settings is there; use another --out or delete it")
         network.load_state_dict(state["model"])

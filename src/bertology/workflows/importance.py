@@ -59,9 +59,8 @@ class TaskModel:
         ids = {label: i for i, label in enumerate(self.labels)}
         for example in examples:
             if example.label not in ids:
-                path, _, line = example.source.rpartition(":")
-                raise CorpusError(path or source, int(line) if line.isdigit() else None,
-                                  f"label {example.label!r} is not one of the model's labels ({', '.join(self.labels)})")
+                name = example.source.rpartition(":")[0] if example.line is not None else example.source  # NAME:LINE
+                raise CorpusError(name or source, example.line, f"label {example.label!r} is not one of the model's labels ({', '.join(self.labels)})")
         rows = encode_examples(self.tokenizer, examples, ids, self.max_length)
         return rows, np.array([row["labels"] for row in rows], dtype=np.int64)
 

@@ -47,6 +47,8 @@ from bertology.core.runfolder import RunFolder, claims_out, link_tree
 from bertology.core.stats import keyed_rng
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+#: What a pre-training state holds (:func:`pretrain`); a state without one of them is from an older bertology.
+PRETRAIN_STATE_KEYS = ("model", "optimizer", "scheduler", "mask_rng", "random", "step", "epoch", "position", "losses", "evaluations", "settings")
 CHECKPOINT_PREFIX = "step-"
 
 
@@ -302,7 +304,7 @@ def pretrain(
 
     training = Path(out) / "training"  # the work of an unfinished run: its state and checkpoints so far
     state_folder = training / "state"
-    state = load_training_state(state_folder / "state.pt") if (state_folder / "state.pt").is_file() else None
+    state = load_training_state(state_folder / "state.pt", PRETRAIN_STATE_KEYS) if (state_folder / "state.pt").is_file() else None
     if state is None:
         shutil.rmtree(training, ignore_errors=True)  # a start that never saved a state: nothing to resume
     elif state.get("settings") != asdict(settings):
