@@ -383,3 +383,16 @@ def test_a_claimed_new_folder_that_stays_empty_is_removed(tmp_path):
         assert (tmp_path / "run").is_dir()
         raise BertologyError("bad corpus")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_track_resumes_from_the_parts_it_keeps_inside_its_own_out(tiny_bert_dir, tmp_path, monkeypatch):
+    from bertology.workflows import dynamics
+
+    series = [shutil.copytree(tiny_bert_dir, tmp_path / "series" / f"step-{step}") for step in (0, 10)]
+    settings = dict(out=tmp_path / "track", bootstrap=100, device="cpu", progress=False)
+    corpus = ["the cat sat on the mat.", "where is the dog?", "we saw it."]
+    first = dynamics.track([str(c) for c in series], corpus, **settings)
+    assert len(list((tmp_path / "track" / "parts").glob("*.npz"))) == 2
+    monkeypatch.setattr(dynamics, "_analyze_checkpoint", lambda *args, **kwargs: pytest.fail("a saved part was computed again"))
+    again = dynamics.track([str(c) for c in series], corpus, **settings)  # out holds parts/: no run folder, so not refused
+    pd.testing.assert_frame_equal(again.table, first.table)
