@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bertology import dynamics
+from bertology.workflows import dynamics
 from bertology.core.corpora import Example
 from bertology.workflows.dynamics import (
     TRACK_COLUMNS,
