@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import torch
-from sklearn.manifold import MDS
 
 from bertology.core.analyzer import Analyzer
 from bertology.core.engine import Batch
@@ -299,6 +298,8 @@ class HeadDistance(Analyzer):
         """2-D multidimensional scaling of the distance matrix: ``layer, head, x, y``."""
         matrix = self.matrix()
         num_layers, num_heads = self._shape
+        from sklearn.manifold import MDS  # scikit-learn loads in about 0.7 s: only when the map is drawn
+
         mds = MDS(n_components=2, metric="precomputed", random_state=self.seed, n_init=4, init="random")
         coordinates = mds.fit_transform(matrix)
         layer, head = np.divmod(np.arange(num_layers * num_heads), num_heads)
