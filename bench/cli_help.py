@@ -12,6 +12,9 @@ The programs are the ones next to this Python (``.venv/bin/python``, ``.venv/bin
 A measurement, not a test: the exit status is 0 whatever the ratios.
 
     .venv/bin/python bench/cli_help.py [--repeats 3] [--commands analyze,view] [--importtime]
+
+To measure another checkout's code with this venv, put its src first:
+``PYTHONPATH=/path/to/checkout/src .venv/bin/python bench/cli_help.py``.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ as analyze's manifest.json records it (and any ``timings`` it records), what is 
 loading, post-processing, figures, report, saving), and the phases (b) reports of itself.
 
     .venv/bin/python bench/whole_process.py [--sentences 1000] [--repeats 3] [--device auto]
+
+torch's threads slow down many times over when another job shares the cores: look at the load
+average printed first, and at the spread between rounds. To measure another checkout's code with this
+venv, put its src first: ``PYTHONPATH=/path/to/checkout/src .venv/bin/python bench/whole_process.py``.
 """
 
 from __future__ import annotations
