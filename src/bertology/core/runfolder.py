@@ -355,6 +355,10 @@ def claims_out(function: Callable) -> Callable:
     return claimed
 
 
+#: zlib level 1: a quarter less time to write a figure than the default 6, for files about a tenth larger.
+_PNG = {"compress_level": 1}
+
+
 class RunFolder:
     """One run's outputs: written into ``path``, a staging folder beside ``out``, and swapped in whole by :meth:`commit`.
 
@@ -435,6 +439,6 @@ class RunFolder:
         import matplotlib.pyplot as plt
 
         try:
-            return atomic_write(self.path / f"{name}.png", lambda p: figure.savefig(p, format="png", dpi=110, bbox_inches="tight"))
+            return atomic_write(self.path / f"{name}.png", lambda p: figure.savefig(p, format="png", dpi=110, bbox_inches="tight", pil_kwargs=_PNG))
         finally:
             plt.close(figure)
