@@ -288,3 +288,38 @@ def test_shares_and_colocation():
     assert by_layer[(0, "cls")] == 1.0 and by_layer[(1, "cls")] == 0.0
     colocation = role_colocation(table)
     assert colocation.loc["local", "local"] == 2 and colocation.loc["local", "cls"] == 1 and colocation.loc["cls", "cls"] == 2
+
+
+def test_block_score_on_real_rte_pairs_matches_a_plain_loop(minilm, shared_data):
+    """The default model on RTE dev pairs: the block role's mean per head equals METHODS.md section 5 computed
+    by a plain loop over tokens on transformers' own attention maps (and reaches well above tau = 3)."""
+    import csv
+
+    from transformers import AutoModel
+
+    from bertology.api import analyze
+    from bertology.core.models import default_model_path
+
+    with (shared_data / "glue" / "RTE" / "dev.tsv").open() as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))[:8]
+    reference = AutoModel.from_pretrained(default_model_path(), attn_implementation="eager").eval()
+    tokenizer, scores = minilm.tokenizer, []
+    for row in rows:
+        encoded = tokenizer(row["sentence1"], row["sentence2"], return_tensors="pt")
+        with torch.no_grad():
+            attention = torch.stack(reference(**encoded, output_attentions=True).attentions)[:, 0].double().numpy()
+        ids = encoded["input_ids"][0].tolist()
+        n, first_sep = len(ids), ids.index(tokenizer.sep_token_id)
+        special = [i in (tokenizer.cls_token_id, tokenizer.sep_token_id) for i in ids]
+        segment = [0 if i < first_sep else 1 for i in range(n)]
+        total = np.zeros(attention.shape[:2])
+        for i in range(n):
+            keys = [j for j in range(n) if segment[j] == segment[i] and not special[j]]
+            row_i = attention[:, :, i, :]
+            entropy = -np.sum(np.where(row_i > 0, row_i * np.log(np.where(row_i > 0, row_i, 1.0)), 0.0), axis=-1)
+            total += row_i[:, :, keys].mean(-1) * n * entropy
+        scores.append(total / n)
+    result = analyze(minilm, [Example(r["sentence1"], r["sentence2"]) for r in rows], analyses=["roles"], progress=False, view=False)
+    block = result.roles[result.roles.role == "block"].sort_values(["layer", "head"])["mean"].to_numpy().reshape(6, 12)
+    np.testing.assert_allclose(block, np.mean(scores, axis=0), rtol=1e-6)
+    assert block.max() > 3
