@@ -68,12 +68,9 @@ def _run(command: str, quiet: bool, skip_long: bool, switches: dict[str, bool | 
     from bertology.families import registered
 
     registry = registered()
-    given = {}
-    for family in registry.values():
-        for option in family.options:
-            value = options[option.name] if option.name in options else option.default
-            if value != option.default:
-                given[option.name] = option.parse(value) if option.parse is not None else value
+    declared = {option.name: option for family in registry.values() for option in family.options}
+    given = {name: declared[name].parse(value) if declared[name].parse is not None else value
+             for name, value in options.items() if value != declared[name].default}
     settings["out"] = settings["out"] or _default_out(command, settings["model"], settings["corpus"])
     result = run_analysis(
         settings.pop("model"), settings.pop("corpus"), overflow="skip" if skip_long else "truncate", progress=not quiet, command=sys.argv,
