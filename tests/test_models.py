@@ -84,11 +84,26 @@ PICKLE_REFUSED = ("only pickle weights (pytorch_model.bin), which bertology neve
                   "where you trust the file (from_pretrained, then save_pretrained)")
 
 
-def test_pickle_weights_are_refused_without_being_loaded(tiny_bert_dir, tmp_path, monkeypatch):
+def _finetune(folder, tmp_path):
+    from bertology.workflows.finetuning import TaskData, finetune
+
+    finetune(TaskData("sst2", ("accuracy",), ("0", "1"), [], []), tmp_path / "out", model=folder, device="cpu")
+
+
+def _task_model(folder, tmp_path):
+    from bertology.workflows.importance import load_task_model
+
+    load_task_model(folder, device="cpu")
+
+
+@pytest.mark.parametrize("loader", [lambda folder, tmp_path: load_model(folder, device="cpu"), _task_model, _finetune],
+                         ids=["load_model", "load_task_model", "finetune"])
+def test_pickle_weights_are_refused_without_being_loaded(loader, tiny_bert_dir, tmp_path, monkeypatch):
+    """The encoder, the head studies' classifier and fine-tuning all refuse a pickle-only folder before any unpickling."""
     folder = pickled_model(tiny_bert_dir, tmp_path / "pickled")
     monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("the pickle was loaded"))
     with pytest.raises(ModelError) as caught:
-        load_model(folder, device="cpu")
+        loader(folder, tmp_path)
     assert str(caught.value) == f"{folder}: {PICKLE_REFUSED}"
 
 
@@ -108,19 +123,3 @@ def test_device_and_weight_errors_from_the_command_line_are_one_line(tiny_bert_d
         result = bertology("info", *args)
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert result.stderr.strip().splitlines() == [expected]
-
-
-def test_task_models_refuse_pickle_weights_too(tiny_bert_dir, tmp_path, monkeypatch):
-    """Fine-tuning and the head studies load their models themselves: the same refusal, before any unpickling."""
-    from bertology.workflows.finetuning import TaskData, finetune
-    from bertology.workflows.importance import load_task_model
-
-    folder = pickled_model(tiny_bert_dir, tmp_path / "pickled")
-    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("the pickle was loaded"))
-    with pytest.raises(ModelError) as caught:
-        load_task_model(folder, device="cpu")
-    assert str(caught.value) == f"{folder}: {PICKLE_REFUSED}"
-    task = TaskData("sst2", ("accuracy",), ("0", "1"), [], [])
-    with pytest.raises(ModelError) as caught:
-        finetune(task, tmp_path / "out", model=folder, device="cpu")
-    assert str(caught.value) == f"{folder}: {PICKLE_REFUSED}"

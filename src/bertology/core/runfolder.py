@@ -235,14 +235,22 @@ def check_out(out: str | Path, inputs=()) -> None:
             raise BertologyError(f"{out}: holds another run folder ({nested.relative_to(path)}), which replacing it would delete; "
                                  f"give a folder of its own, for instance {Path(out) / 'NAME'}")
         _refuse_if_held(out, path)
-        places = [path, path.parent]  # the lock inside, the staging folder beside
+        for place in (path, path.parent):  # the lock inside, the staging folder beside
+            _check_writable(out, place)
     else:
-        places = [next(parent for parent in path.parents if parent.exists())]
-        if not places[0].is_dir():
-            raise BertologyError(f"{out}: cannot write there: {places[0]} is a file")
-    for place in places:
-        if not os.access(place, os.W_OK | os.X_OK):
-            raise BertologyError(f"{out}: cannot write there (no permission to write in {place})")
+        _check_writable(out, _nearest_existing(path))
+
+
+def _nearest_existing(path: Path) -> Path:
+    return next(parent for parent in path.parents if parent.exists())
+
+
+def _check_writable(out: str | Path, place: Path) -> None:
+    """Refuse ``out`` unless ``place`` (where it would be created) is a folder this process may write in."""
+    if not place.is_dir():
+        raise BertologyError(f"{out}: cannot write there: {place} is a file")
+    if not os.access(place, os.W_OK | os.X_OK):
+        raise BertologyError(f"{out}: cannot write there (no permission to write in {place})")
 
 
 def check_file_out(out: str | Path) -> None:
@@ -250,9 +258,7 @@ def check_file_out(out: str | Path) -> None:
     path = Path(out).absolute()
     if path.is_dir():
         raise BertologyError(f"{out}: is a folder; give the file to write, for instance {Path(out) / 'view.html'}")
-    parent = next(parent for parent in path.parents if parent.exists())
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise BertologyError(f"{out}: cannot write there ({parent} is not a folder you can write in)")
+    _check_writable(out, _nearest_existing(path))
 
 
 @dataclass
