@@ -131,3 +131,31 @@ def cat_task(tmp_path) -> Path:
     (folder / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
     (folder / "dev.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dirs(tiny_bert_dir, tmp_path_factory) -> dict[str, Path]:
+    """A tiny random model folder of every attention-block layout bertology knows (BERT, RoBERTa, DistilBERT, ALBERT with a
+    shared layer, ELECTRA), each with the tiny WordPiece tokenizer (RoBERTa's own BPE one); float64 for exact comparisons."""
+    from transformers import AlbertConfig, AlbertModel, DistilBertConfig, DistilBertModel, ElectraConfig, ElectraModel
+
+    tokenizer = BertTokenizerFast.from_pretrained(tiny_bert_dir)
+    size = dict(vocab_size=len(tokenizer), max_position_embeddings=64)
+    configs = {
+        "distilbert": (DistilBertModel, DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, **size)),
+        "albert": (AlbertModel, AlbertConfig(embedding_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, **size)),
+        "electra": (ElectraModel, ElectraConfig(embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, **size)),
+    }
+    folders = {"bert": tiny_bert_dir}
+    for name, (model_class, config) in configs.items():
+        folder = tmp_path_factory.mktemp(f"tiny-{name}")
+        tokenizer.save_pretrained(folder)
+        torch.manual_seed(2)
+        model = model_class(config)
+        with torch.no_grad():  # random biases and layer-norm weights, so that every term of the formulas counts
+            for parameter_name, parameter in model.named_parameters():
+                if parameter_name.endswith("bias") or "LayerNorm.weight" in parameter_name or "layer_norm.weight" in parameter_name:
+                    parameter.normal_(0, 0.3)
+        model.save_pretrained(folder)
+        folders[name] = folder
+    return folders

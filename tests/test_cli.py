@@ -119,7 +119,7 @@ def test_analyze_adds_syntax_for_trees_and_spacy(tiny_bert_dir, treebank, corpus
     result = bertology("analyze", "-m", tiny_bert_dir, "-c", corpus, "-o", tmp_path / "spacy", "--parser", "spacy", "--bootstrap", 100, "--no-probe", "-q")
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "spacy" / "manifest.json").read_text())
-    assert manifest["settings"]["parser"] == "spacy" and manifest["settings"]["analyses"] == ["profile", "roles", "patterns", "syntax"]
+    assert manifest["settings"]["parser"] == "spacy" and manifest["settings"]["analyses"] == ["profile", "roles", "patterns", "syntax", "rollout", "mixing"]
     roles = pd.read_csv(tmp_path / "spacy" / "roles.csv")
     assert {"syntactic", "local", "delimiter"} <= set(roles.role)  # spaCy trees give syntactic roles
 

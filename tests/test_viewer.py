@@ -27,14 +27,15 @@ def hand_made_view(n=4, top_k=None) -> AttentionView:
 def test_dense_payload_is_the_attention_quantised_to_a_byte():
     view = hand_made_view()
     data = view.payload()
-    assert data["format"] == "dense" and (data["layers"], data["heads"], data["n"]) == (2, 3, 4)
-    weights = np.frombuffer(base64.b64decode(data["weights"]), dtype=np.uint8).reshape(2, 3, 4, 4)
+    weights_view = data["views"]["attention"]
+    assert weights_view["format"] == "dense" and (data["layers"], data["heads"], data["n"], weights_view["heads"]) == (2, 3, 4, 3)
+    weights = np.frombuffer(base64.b64decode(weights_view["weights"]), dtype=np.uint8).reshape(2, 3, 4, 4)
     np.testing.assert_array_equal(weights[0, 0, 0], [153, 34, 34, 34])  # round(255 * 0.6), round(255 * 0.4 / 3)
     np.testing.assert_array_equal(weights[1, 2], np.eye(4) * 255)
 
 
 def test_top_k_payload_keeps_each_rows_largest_weights_with_their_positions():
-    data = hand_made_view(top_k=2).payload()
+    data = hand_made_view(top_k=2).payload()["views"]["attention"]
     assert data["format"] == "topk" and data["k"] == 2
     indices = np.frombuffer(base64.b64decode(data["indices"]), dtype="<u2").reshape(2, 3, 4, 2)
     weights = np.frombuffer(base64.b64decode(data["weights"]), dtype=np.uint8).reshape(2, 3, 4, 2)
@@ -44,8 +45,23 @@ def test_top_k_payload_keeps_each_rows_largest_weights_with_their_positions():
 
 
 def test_long_inputs_default_to_top_k():
-    assert hand_made_view(n=200).payload()["format"] == "topk"
-    assert hand_made_view(n=200, top_k=0).payload()["format"] == "dense"
+    assert hand_made_view(n=200).payload()["views"]["attention"]["format"] == "topk"
+    assert hand_made_view(n=200, top_k=0).payload()["views"]["attention"]["format"] == "dense"
+
+
+def test_the_page_carries_norm_shares_and_rollout_beside_the_weights(tiny_bert):
+    from bertology.families.rollout.analyzer import rollout
+
+    view = attention_view("the cat sat on the mat.", model=tiny_bert)
+    data = view.payload()
+    assert list(data["views"]) == ["attention", "norm", "rollout"]
+    assert data["views"]["rollout"]["heads"] == 1 and data["views"]["norm"]["heads"] == 4
+    n = data["n"]
+    norm = np.frombuffer(base64.b64decode(data["views"]["norm"]["weights"]), dtype=np.uint8).reshape(2, 4, n, n)
+    np.testing.assert_array_equal(norm, np.clip(np.rint(view.views["norm"] * 255), 0, 255))
+    np.testing.assert_allclose(view.views["norm"].sum(-1), 1, atol=1e-5)
+    expected = rollout(__import__("torch").from_numpy(view.attention.astype(np.float64))[:, None]).numpy()[:, 0]
+    np.testing.assert_allclose(view.views["rollout"][:, 0], expected, atol=1e-5)
 
 
 def test_markup_in_text_and_tokens_never_reaches_the_page_raw():
@@ -119,6 +135,23 @@ def test_page_loads_without_console_errors_and_draws(browser, pair_page):
     assert problems == []
     assert page.evaluate("window.bertologyViewer.linesDrawn") > 0
     assert page.locator(".thumb").count() == 2 * 4
+    page.close()
+
+
+def test_switching_to_norm_shares_and_rollout_redraws(browser, pair_page):
+    page, problems, _ = open_page(browser, pair_page)
+    assert page.eval_on_selector_all("#view option", "options => options.map(o => o.value)") == ["attention", "norm", "rollout"]
+    thumb = page.locator(".thumb[data-layer='1'][data-head='0'] canvas")
+    weights_lines, weights_pixels = page.evaluate("window.bertologyViewer.linesDrawn"), thumb.screenshot()
+    page.select_option("#view", "norm")
+    assert page.evaluate("window.bertologyViewer.state.view") == "norm" and thumb.screenshot() != weights_pixels
+    page.select_option("#view", "rollout")
+    rollout_lines = page.evaluate("window.bertologyViewer.linesDrawn")
+    assert 0 < rollout_lines < weights_lines  # one rolled-out map per layer, not one per head
+    assert page.locator(".thumb.shared").count() == 2 * 3  # heads 1-3 of each layer have no map of their own
+    page.select_option("#view", "attention")
+    assert page.evaluate("window.bertologyViewer.linesDrawn") == weights_lines and page.locator(".thumb.shared").count() == 0
+    assert problems == []
     page.close()
 
 

@@ -22,11 +22,13 @@ from bertology.core.corpora import Corpus, Example, open_corpus
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.models import LoadedModel, load_model
+from bertology.core.norms import WEIGHTING_TITLES, parse_weighting
 from bertology.core.parsing import spacy_trees
 from bertology.core.runfolder import RunFolder, claims_out
 from bertology.families import Family, FamilyContext, FamilyResult, get_family, registered
 from bertology.reports.html import Report
 from bertology.reports.viewer import viewer_section
+from bertology.reports.views import combine_views, views_section
 from bertology.viewer import AttentionView, attention_view, head_labels
 
 PARSERS = ("gold", "spacy")
@@ -58,7 +60,9 @@ class Analysis:
     ``patterns_by_layer``, ``pattern_examples`` (patterns); ``syntax``, ``syntax_best``,
     ``syntax_baselines``, ``probe`` (syntax); and those of users' families. A table of a family that
     did not run, or failed, is None; ``failures`` maps each failed family to its error (the run folder
-    is then ``partial``).
+    is then ``partial``). Where the run reads norm shares (``weighting="norm"`` or ``"attention,norm"``), every
+    table of a family that reads the maps has a first column ``weighting`` and holds each view's rows;
+    ``by_view`` keeps each view's results apart.
     """
 
     model: dict
@@ -71,6 +75,8 @@ class Analysis:
     warnings: list[str] = field(default_factory=list)
     view: AttentionView | None = None
     failures: dict[str, str] = field(default_factory=dict)
+    #: Each view of attention's own results (``weighting`` -> family -> result), for the report's sections.
+    by_view: dict[str, dict[str, FamilyResult]] = field(default_factory=dict)
 
     def __getattr__(self, name: str):
         if name.startswith("_"):
@@ -112,9 +118,20 @@ class Analysis:
                 folder.write_table(table_name, table)
             for document_name, document in result.documents.items():
                 folder.write_json(f"{document_name}.json", document)
-            section = get_family(name).section(folder, result, self.settings)
-            if section is not None:
-                sections.append(section)
+        views = self.settings["weighting"]
+        for name in self.results:
+            for weighting, results in self.by_view.items():
+                if name not in results:
+                    continue
+                second = get_family(name).weighted and weighting != views[0]
+                with folder.prefixed(f"{weighting}_" if second else ""):
+                    section = get_family(name).section(folder, results[name], self.settings)
+                if section is not None:
+                    if len(views) > 1 and get_family(name).weighted:
+                        section.title += f" — {WEIGHTING_TITLES[weighting]}"
+                    sections.append(section)
+        if len(views) > 1:
+            sections.append(views_section(folder, self.by_view))
         if self.view is not None:
             self.view.labels = head_labels(folder.path)
             self.view.save(folder.path / "viewer.html")
@@ -205,6 +222,7 @@ def analyze(
     seed: int = 0,
     punct: str = "upos",
     correction: str = "fdr_bh",
+    weighting: str | Iterable[str] = "attention",
     trust_remote_code: bool = False,
     view: bool = True,
     progress: bool = True,
@@ -224,6 +242,8 @@ def analyze(
     refused. ``correction`` is the multiple-testing method (statsmodels' ``multipletests``) of every
     family that tests; ``punct`` the punctuation set: ``upos`` (every punctuation-only piece) or
     ``clark`` (the pieces "." and "," only, as in Clark et al.'s code; METHODS.md section 1).
+    ``weighting``: the view of attention every family reads, ``"attention"`` (the weights), ``"norm"``
+    (Kobayashi et al. 2020's norm shares, METHODS.md section 7) or both (``"attention,norm"``), in one pass.
     With ``out`` (checked before anything runs), the run folder is written there. ``view`` adds the
     attention viewer (``viewer.html``) for the corpus's first example, linked from the report. A family
     that fails, during the pass or after it, loses nothing else: it is left out and recorded in
@@ -231,6 +251,7 @@ def analyze(
     """
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     examples, corpus_info = open_corpus(corpus, format, limit)
+    views = parse_weighting(weighting)
     if parser not in (None, *PARSERS):
         raise BertologyError(f"unknown parser {parser!r}: use gold (CoNLL-U trees) or spacy")
     with_trees = parser == "spacy" or _has_trees(examples)
@@ -248,6 +269,7 @@ def analyze(
         "punct": punct,
         "parser": parser or ("gold" if with_trees else None),
         "correction": correction,
+        "weighting": views,
         **_family_settings(chosen, options),
     }
     for family in chosen:
@@ -260,10 +282,11 @@ def analyze(
     torch.manual_seed(seed)
     engine = Engine(loaded, batch_size=batch_size, max_length=max_length, overflow=overflow, progress=progress, punct=punct)
     settings["max_length"] = engine.max_length
-    analyzers = {family.name: family.analyzers(settings) for family in chosen}
-    fed = [(name, analyzer) for name, own in analyzers.items() for analyzer in own.values()]
+    family_views = {family.name: views if family.weighted else ["attention"] for family in chosen}
+    analyzers = {(family.name, weighting): family.analyzers(settings) for family in chosen for weighting in family_views[family.name]}
+    fed = [(name, weighting, analyzer) for (name, weighting), own in analyzers.items() for analyzer in own.values()]
     stream = spacy_trees(examples, spacy_pipeline) if parser == "spacy" else examples
-    stats = engine.run(stream, [analyzer for _, analyzer in fed], total=total, isolate=True)
+    stats = engine.run(stream, [analyzer for *_, analyzer in fed], total=total, isolate=True, weightings=[weighting for _, weighting, _ in fed])
     if stats.sequences == 0:
         raise BertologyError(f"every sequence was longer than {engine.max_length} pieces and skipped: raise --max-length or truncate")
 
@@ -275,11 +298,16 @@ def analyze(
             continue
         warnings: list[str] = []
         try:
-            analysis.results[family.name] = family.finish(analyzers[family.name], FamilyContext(settings, engine, corpus_info, warnings))
+            finished = {weighting: family.finish(analyzers[family.name, weighting], FamilyContext(settings, engine, corpus_info, warnings, weighting))
+                        for weighting in family_views[family.name]}
         except Exception as exc:
             analysis.failures[family.name] = one_line_error(exc)
         else:
-            analysis.warnings.extend(warnings)
+            for weighting, result in finished.items():
+                analysis.by_view.setdefault(weighting, {})[family.name] = result
+            # Tables say their view in a weighting column whenever the run reads more than the plain weights.
+            analysis.results[family.name] = combine_views(finished) if family.weighted and views != ["attention"] else finished[family_views[family.name][0]]
+            analysis.warnings.extend(dict.fromkeys(warnings))
     if len(analysis.failures) == len(chosen):  # nothing left worth a run folder
         raise BertologyError("; ".join(analysis.failures.values()))
     if view:

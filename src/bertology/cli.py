@@ -52,6 +52,8 @@ TASK_MAX_LENGTH = typer.Option(128, "--max-length", min=8)
 IMPORTANCE_SPLIT = typer.Option("train", "--importance-split", help="Split the gradient importance is measured on: train or dev.")
 IMPORTANCE_EXAMPLES = typer.Option(1000, "--importance-examples", min=1, help="Examples (seeded subset of --importance-split; all if it has fewer) for the gradient importance.")
 NORMALISE = typer.Option("layer", "--normalise", help="Importance normalisation: layer (l2 per layer, Michel et al.), global (min-max over all heads), layer+global, none.")
+WEIGHTING = typer.Option("attention", "--weighting", help="View of attention every analysis reads: attention (the weights), norm (Kobayashi et al. 2020's "
+                         "norm shares ||a f(x)||) or attention,norm (both, in one pass; tables get a weighting column).")
 PUNCT = typer.Option("upos", "--punct", help="Punctuation set of the profile: upos (every punctuation-only token) or clark (the tokens '.' and ',' only, as in Clark et al.'s code).")
 
 
@@ -109,6 +111,7 @@ def _analysis_parameters() -> list[inspect.Parameter]:
         _parameter("spacy_pipeline", Optional[str], SPACY_PIPELINE),
         _parameter("punct", str, PUNCT),
         _parameter("correction", str, CORRECTION),
+        _parameter("weighting", str, WEIGHTING),
         _parameter("seed", int, SEED),
         _parameter("device", str, DEVICE),
         _parameter("trust_remote_code", bool, TRUST),

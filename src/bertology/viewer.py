@@ -3,7 +3,8 @@
 The page has a *head view* (one layer; lines from each token to the tokens it attends, one colour per
 head; hover a token to isolate it; a sentence A/B filter for pairs) and a *model view* (a layer x head
 grid of thumbnails; click one to open it in the head view; filter by the roles and patterns of a run
-folder). Everything is drawn on canvas, so a 512-token input stays fast. Weights are quantised to one
+folder), each under three views of attention: the weights, Kobayashi et al.'s (2020) norm shares (where the
+model's layout is known) and Abnar & Zuidema's (2020) rollout. Everything is drawn on canvas, so a 512-token input stays fast. Weights are quantised to one
 byte (``round(255 a)``); above 128 tokens only each row's ``top_k`` largest weights are kept (pieces are
 indexed with two bytes), which keeps a 512-token page at a few MB.
 
@@ -28,9 +29,13 @@ from markupsafe import Markup
 from bertology.core.corpora import Example
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError
-from bertology.core.models import LoadedModel, load_model
+from bertology.core.models import BLOCK_LAYOUTS, LoadedModel, load_model
 from bertology.core.runfolder import atomic_write, check_file_out
+from bertology.families.rollout.analyzer import rollout
 
+#: How the page names each view.
+VIEW_TITLES = {"attention": "attention weights", "norm": "norm shares ||a f(x)|| (Kobayashi et al. 2020)",
+               "rollout": "rollout (Abnar & Zuidema 2020; one map per layer)"}
 #: Inputs longer than this keep only each row's top-k weights unless ``top_k=0`` is asked for.
 DENSE_UP_TO = 128
 DEFAULT_TOP_K = 20
@@ -48,21 +53,29 @@ class AttentionView:
     text_pair: str | None = None
     labels: dict[str, list[str]] = field(default_factory=dict)  # "layer-head" -> labels
     top_k: int | None = None
+    #: Other views of the same input, by name: ``norm`` (Kobayashi et al.'s norm shares, ``[layers, heads, n, n]``)
+    #: and ``rollout`` (Abnar & Zuidema's rolled-out attention, one map per layer: ``[layers, 1, n, n]``).
+    views: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def _encoded(self, maps: np.ndarray, top_k: int) -> dict:
+        """One view's maps, quantised to a byte (base64); above ``top_k`` keys, each row's ``top_k`` largest only."""
+        n = maps.shape[-1]
+        quantised = np.clip(np.rint(maps * 255), 0, 255).astype(np.uint8)
+        if top_k == 0 or top_k >= n:
+            return {"format": "dense", "heads": maps.shape[1], "weights": base64.b64encode(quantised.tobytes()).decode("ascii")}
+        order = np.argsort(-maps, axis=-1, kind="stable")[..., :top_k]  # [L, H, n, k]
+        return {"format": "topk", "heads": maps.shape[1], "k": top_k,
+                "weights": base64.b64encode(np.take_along_axis(quantised, order, -1).tobytes()).decode("ascii"),
+                "indices": base64.b64encode(order.astype("<u2").tobytes()).decode("ascii")}
 
     def payload(self) -> dict:
-        """The page's data: tokens, segments, labels and the quantised weights (base64)."""
+        """The page's data: tokens, segments, labels and each view's quantised maps (base64), the weights first."""
         layers, heads, n, _ = self.attention.shape
         top_k = self.top_k if self.top_k is not None else (0 if n <= DENSE_UP_TO else DEFAULT_TOP_K)
-        quantised = np.clip(np.rint(self.attention * 255), 0, 255).astype(np.uint8)
         data = {"model": self.model, "text": self.text, "text_pair": self.text_pair, "tokens": self.tokens, "segments": self.segments,
                 "layers": layers, "heads": heads, "n": n, "labels": self.labels}
-        if top_k == 0 or top_k >= n:
-            data.update(format="dense", weights=base64.b64encode(quantised.tobytes()).decode("ascii"))
-        else:
-            order = np.argsort(-self.attention, axis=-1, kind="stable")[..., :top_k]  # [L, H, n, k]
-            data.update(format="topk", k=top_k,
-                        weights=base64.b64encode(np.take_along_axis(quantised, order, -1).tobytes()).decode("ascii"),
-                        indices=base64.b64encode(order.astype("<u2").tobytes()).decode("ascii"))
+        data["views"] = {name: {"title": VIEW_TITLES[name], **self._encoded(maps, top_k)}
+                         for name, maps in {"attention": self.attention, **self.views}.items()}
         return data
 
     def html(self) -> str:
@@ -114,9 +127,13 @@ def attention_view(text: str, text_pair: str | None = None, *, model: str | Path
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
     engine = Engine(loaded, batch_size=1, max_length=min(max_length or loaded.max_length, loaded.max_length), progress=False)
     items = list(engine.encode(enumerate([Example(text, text_pair, source="view")]), RunStats()))
-    batch = engine.run_batch(items)
+    norms = loaded.model.config.model_type in BLOCK_LAYOUTS
+    batch = engine.run_batch(items, norms=norms)
     n = len(items[0])
-    attention = batch.attentions[:, 0, :, :n, :n].float().cpu().numpy()
+    views = {"norm": batch.weighted("norm").attentions} if norms else {}
+    views["rollout"] = rollout(batch.attentions)[:, :, None]
+    as_numpy = lambda maps: maps[:, 0, :, :n, :n].float().cpu().numpy()  # noqa: E731
     tokens = loaded.tokenizer.convert_ids_to_tokens(items[0].input_ids)
     segments = [-1 if s is None else int(s) for s in items[0].sequence_ids]
-    return AttentionView(tokens, segments, attention, loaded.name, text, text_pair, head_labels(run) if run is not None else {}, top_k)
+    return AttentionView(tokens, segments, as_numpy(batch.attentions), loaded.name, text, text_pair, head_labels(run) if run is not None else {},
+                         top_k, {name: as_numpy(maps) for name, maps in views.items()})

@@ -22,6 +22,9 @@ class Analyzer(ABC):
 
     #: Short name, used for file names in the run folder.
     name: ClassVar[str]
+    #: What the analyzer needs from the engine's pass beyond the attention maps: ``"mixing"``, the
+    #: context-mixing ratios of every token (``Batch.mixing``).
+    needs: ClassVar[frozenset[str]] = frozenset()
 
     @abstractmethod
     def update(self, batch: Batch) -> None:

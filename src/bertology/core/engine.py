@@ -8,11 +8,12 @@ batch is also capped so that its attention tensor holds at most ``max_attention_
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 
 import torch
 from tqdm.auto import tqdm
@@ -21,7 +22,8 @@ from bertology.core.alignment import WordAlignment, align, default_word_spans, t
 from bertology.core.corpora import Example
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.hooks import Hooks
-from bertology.core.models import PUNCT_SETS, LoadedModel, punctuation_table
+from bertology.core.models import PUNCT_SETS, LoadedModel, attention_blocks, punctuation_table
+from bertology.core.norms import WEIGHTINGS, mixing_ratios, norm_shares, transformed_norms
 
 OVERFLOW_POLICIES = ("truncate", "skip")
 MAX_SKIPPED_SOURCES = 100  # the manifest lists the first skipped sequences; the count is exact
@@ -60,6 +62,11 @@ class Batch:
     ``attentions[l, b, h, i, j]`` is head ``h`` of layer ``l``'s attention from query ``i`` to key
     ``j`` of sequence ``b``; rows and columns of padding are zero. Masks are ``[batch, n]`` booleans.
     ``segment_ids`` is 0 or 1 for the pieces of sentence A or B and -1 for special tokens and padding.
+
+    ``weighting`` says which view of attention ``attentions`` holds (:data:`~bertology.core.norms.WEIGHTINGS`):
+    the weights, or Kobayashi et al.'s norm shares (:meth:`weighted`); analyzers never need to know.
+    ``key_norms[l, b, h, j]`` is ``||f_h(x_j)||`` where the run asked for norms; ``mixing[l, b, i, r]`` the
+    context-mixing ratios (:func:`~bertology.core.norms.mixing_ratios`) where an analyzer ``needs`` them.
     """
 
     items: list[Encoded]
@@ -71,7 +78,24 @@ class Batch:
     segment_ids: torch.Tensor
     attentions: torch.Tensor
     embedding: torch.nn.Module | None = field(default=None, repr=False)
+    weighting: str = "attention"
+    key_norms: torch.Tensor | None = field(default=None, repr=False)
+    mixing: torch.Tensor | None = field(default=None, repr=False)
     _word_maps: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+    _views: dict[str, "Batch"] = field(default_factory=dict, init=False, repr=False)
+
+    def weighted(self, weighting: str) -> "Batch":
+        """This batch under another view of attention (computed once per batch): ``attention``, the weights;
+        ``norm``, each row's norm shares ``a[i, j] ||f(x_j)|| / sum_k a[i, k] ||f(x_k)||`` (METHODS.md section 7)."""
+        if weighting == self.weighting:
+            return self
+        if weighting not in self._views:
+            if weighting != "norm" or self.key_norms is None:
+                raise ValueError(f"this batch has no {weighting!r} view (the engine computes the views its run asks for)")
+            view = dataclasses.replace(self, attentions=norm_shares(self.attentions, self.key_norms), weighting=weighting)
+            view.__dict__["alignments"] = self.alignments  # shared: the pieces and words are the same
+            self._views[weighting] = view
+        return self._views[weighting]
 
     @cached_property
     def input_embeddings(self) -> torch.Tensor:
@@ -279,15 +303,37 @@ class Engine:
         with torch.inference_mode(), hooks.attach(self.model.model):
             return self.model.model(**inputs)
 
-    def run_batch(self, items: list[Encoded]) -> Batch:
-        """Run the model on one batch and capture every layer's attention."""
+    def run_batch(self, items: list[Encoded], *, norms: bool = False, mixing: bool = False) -> Batch:
+        """Run the model on one batch and capture every layer's attention; with ``norms``, also every head's
+        ``||f_h(x_j)||`` (for the ``norm`` view); with ``mixing``, every token's context-mixing ratios."""
         tensors = self.collate(items)
         patterns: list[torch.Tensor] = []
-        self.forward(tensors, Hooks().add("pattern", lambda layer, pattern: patterns.append(pattern)))
+        values: list[torch.Tensor] = []
+        layer_inputs: list[torch.Tensor] = []
+        hooks = Hooks().add("pattern", lambda layer, pattern: patterns.append(pattern))
+        if norms or mixing:
+            hooks.add("value", lambda layer, value: values.append(value))
+        def keep_layer_input(module, args, kwargs):  # x, the attention's input and the residual
+            layer_inputs.append(args[0] if args else kwargs["hidden_states"])
+
+        shared = {id(block.attention): block.attention for block in self.blocks} if mixing else {}  # ALBERT shares one
+        handles = [module.register_forward_pre_hook(keep_layer_input, with_kwargs=True) for module in shared.values()]
+        try:
+            self.forward(tensors, hooks)
+        finally:
+            for handle in handles:
+                handle.remove()
         mask = tensors["mask"]
         float_mask = mask.to(patterns[0].dtype)
         # Zero the rows of padding queries: they are no query of the sequence (METHODS.md section 1).
         attentions = torch.stack(patterns) * float_mask[None, :, None, :, None]
+        key_norms = ratios = None
+        with torch.inference_mode():
+            if norms:
+                key_norms = torch.stack([transformed_norms(value, self.blocks[layer].output) for layer, value in enumerate(values)])
+            if mixing:
+                ratios = torch.stack([mixing_ratios(attentions[layer], value, layer_inputs[layer], self.blocks[layer])
+                                      for layer, value in enumerate(values)]) * float_mask[None, :, :, None]
         input_ids = tensors["input_ids"]
         return Batch(
             items=items,
@@ -299,18 +345,39 @@ class Engine:
             segment_ids=tensors["segment_ids"],
             attentions=attentions,
             embedding=self.model.model.get_input_embeddings(),
+            key_norms=key_norms,
+            mixing=ratios,
         )
 
+    @cached_property
+    def blocks(self):
+        """The model's attention blocks (:func:`~bertology.core.models.attention_blocks`), found when norms or mixing are first asked for."""
+        return attention_blocks(self.model.model)
+
     def run(self, examples: Iterable[Example], analyzers: Sequence, *, total: int | None = None,
-            step: Callable[[list[Encoded]], object] | None = None, desc: str = "analyzing", isolate: bool = False) -> RunStats:
+            step: Callable[[list[Encoded]], object] | None = None, desc: str = "analyzing", isolate: bool = False,
+            weightings: Sequence[str] | None = None) -> RunStats:
         """Stream ``examples`` through the model once and update every analyzer with every batch.
 
         ``step`` turns a batch's items into what the analyzers receive (default :meth:`run_batch`;
-        a :class:`~bertology.workflows.comparison.CompareEngine` runs two models there). With ``isolate``, an
+        a :class:`~bertology.workflows.comparison.CompareEngine` runs two models there). ``weightings[k]`` is the
+        view of attention analyzer k receives (default: the weights for every analyzer); the norms are computed
+        once per batch where any analyzer asks for them, and so are the mixing ratios where an analyzer's
+        ``needs`` names ``"mixing"``. With ``isolate``, an
         analyzer whose ``update`` raises is left out of the rest of the pass and its error recorded in
         ``RunStats.failed``, so the others lose nothing; the error is raised only when every analyzer failed.
         """
-        step = step or self.run_batch
+        weightings = list(weightings) if weightings is not None else ["attention"] * len(analyzers)
+        if len(weightings) != len(analyzers):
+            raise ValueError("give one weighting per analyzer")
+        for weighting in weightings:
+            if weighting not in WEIGHTINGS:
+                raise BertologyError(f"unknown weighting {weighting!r}: use {' or '.join(WEIGHTINGS)}")
+        mixing = any("mixing" in getattr(analyzer, "needs", ()) for analyzer in analyzers)
+        if step is None:
+            step = partial(self.run_batch, norms="norm" in weightings, mixing=mixing)
+        elif mixing or "norm" in weightings:
+            raise BertologyError("norm weighting and mixing ratios need the engine's own forward pass")
         stats = RunStats()
         started = time.perf_counter()
         encoded = self.encode(enumerate(examples), stats)
@@ -321,7 +388,7 @@ class Engine:
                     if position in stats.failed:
                         continue
                     try:
-                        analyzer.update(batch)
+                        analyzer.update(batch.weighted(weightings[position]) if weightings[position] != "attention" else batch)
                     except Exception as exc:
                         if not isolate or len(stats.failed) == len(analyzers) - 1:
                             raise

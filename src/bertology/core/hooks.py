@@ -4,6 +4,9 @@ bertology registers its own attention function with transformers' ``AttentionInt
 name ``"bertology"``. It computes eager attention and, where a :class:`Hooks` object is active,
 passes two tensors through the handlers registered for each point:
 
+``value``
+    the value vectors ``x W_V + b_V`` of every head, shape ``[batch, head, key, head_dim]``, before they
+    are mixed. Handlers read them (Kobayashi et al.'s norms) or return a replacement.
 ``pattern``
     the attention probabilities ``softmax(q k^T / sqrt(d) + mask)``, shape ``[batch, head, query, key]``,
     after the softmax and before dropout. Handlers read it (statistics) or return a replacement
@@ -29,7 +32,7 @@ import torch
 from torch import nn
 
 ATTN_IMPLEMENTATION = "bertology"
-HOOK_POINTS = ("pattern", "head_output")
+HOOK_POINTS = ("value", "pattern", "head_output")
 
 Handler = Callable[[int, torch.Tensor], "torch.Tensor | None"]
 _ACTIVE: ContextVar["Hooks | None"] = ContextVar("bertology_hooks", default=None)
@@ -104,12 +107,14 @@ def bertology_attention(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager attention (Vaswani et al. 2017) with the ``pattern`` and ``head_output`` hook points."""
+    """Eager attention (Vaswani et al. 2017) with the ``value``, ``pattern`` and ``head_output`` hook points."""
     hooks = _ACTIVE.get()
     layer = -1
     if hooks is not None:
         layer = hooks._next_layer()
         hooks.key_mask = _real_keys(attention_mask)
+    if hooks is not None:
+        value = hooks._fire("value", layer, value)
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling

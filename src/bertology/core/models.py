@@ -105,6 +105,51 @@ def punctuation_table(tokenizer: PreTrainedTokenizerBase, kind: str = "upos") ->
     return table
 
 
+@dataclass(frozen=True)
+class AttentionBlock:
+    """Where one layer's attention parts live, whatever the architecture names them.
+
+    ``attention``: the module that calls the attention function (its first argument is the layer input
+    ``x``, which is also the residual); ``output``: the output projection ``W_O`` (``nn.Linear``, input
+    ``heads * head_dim``); ``layer_norm``: the layer norm applied to ``attention output + x``.
+    """
+
+    attention: torch.nn.Module
+    output: torch.nn.Linear
+    layer_norm: torch.nn.LayerNorm
+
+
+#: Architectures whose attention blocks :func:`attention_blocks` knows, by ``config.model_type``.
+BERT_LAYOUT = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
+BLOCK_LAYOUTS = BERT_LAYOUT | {"distilbert", "albert"}
+
+
+def attention_blocks(model: PreTrainedModel) -> list[AttentionBlock]:
+    """One :class:`AttentionBlock` per attention layer, in the order the forward pass runs them.
+
+    BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA (and MiniLM, a BERT): ``encoder.layer[l].attention.self``,
+    ``.output.dense`` and ``.output.LayerNorm``; DistilBERT: ``transformer.layer[l].attention``,
+    ``.attention.out_lin`` and ``.sa_layer_norm``; ALBERT: layer ``l`` runs the shared layers of group
+    ``floor(l / (L / G))``, each with ``attention``, ``attention.dense`` and ``attention.LayerNorm``.
+    """
+    config = model.config
+    model_type = config.model_type
+    if model_type in BERT_LAYOUT:
+        return [AttentionBlock(layer.attention.self, layer.attention.output.dense, layer.attention.output.LayerNorm)
+                for layer in model.encoder.layer]
+    if model_type == "distilbert":
+        return [AttentionBlock(layer.attention, layer.attention.out_lin, layer.sa_layer_norm) for layer in model.transformer.layer]
+    if model_type == "albert":
+        groups = model.encoder.albert_layer_groups
+        blocks = []
+        for layer in range(config.num_hidden_layers):
+            group = groups[int(layer / (config.num_hidden_layers / config.num_hidden_groups))]
+            blocks += [AttentionBlock(inner.attention, inner.attention.dense, inner.attention.LayerNorm) for inner in group.albert_layers]
+        return blocks
+    raise ModelError(f"norm weighting and mixing know the attention blocks of {', '.join(sorted(BLOCK_LAYOUTS))}, "
+                     f"not of {model_type!r} models")
+
+
 @dataclass
 class LoadedModel:
     """An encoder, its tokenizer and the facts about it that analyzers use."""

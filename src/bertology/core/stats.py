@@ -61,6 +61,13 @@ class RunningMoments:
         return np.where(self.count > 0, self.mean, np.nan)
 
 
+def merge_moments(mine: RunningMoments | None, theirs: RunningMoments | None) -> RunningMoments | None:
+    """An analyzer's moments merged with another's, either of which may not have seen data yet (None)."""
+    if theirs is None:
+        return mine
+    return theirs if mine is None else mine.merge(theirs)
+
+
 def t_test_greater(moments: RunningMoments, tau: float, rtol: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
     """One-sided one-sample t-test per cell, ``H0: mean <= tau``: ``t = (mean - tau) / (sd / sqrt(n))``,
     ``p = P(T_{n-1} >= t)`` (scipy's ``ttest_1samp(..., alternative="greater")``).

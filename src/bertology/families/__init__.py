@@ -29,11 +29,11 @@ if TYPE_CHECKING:
     from bertology.core.runfolder import RunFolder
 
 #: The families bertology ships, in report order.
-BUILTIN_FAMILIES = ("profile", "roles", "patterns", "syntax")
+BUILTIN_FAMILIES = ("profile", "roles", "patterns", "syntax", "rollout", "mixing")
 #: Keywords of ``analyze()`` itself: no family option may take these names.
 COMMON_SETTINGS = frozenset({
     "model", "corpus", "analyses", "format", "parser", "spacy_pipeline", "out", "batch_size", "max_length", "limit", "overflow",
-    "device", "seed", "punct", "correction", "trust_remote_code", "view", "progress", "command",
+    "device", "seed", "punct", "correction", "trust_remote_code", "view", "progress", "command", "weighting",
 })
 
 
@@ -88,12 +88,13 @@ class FamilyResult:
 @dataclass
 class FamilyContext:
     """What a family may use when it finishes: the run's ``settings``, its ``engine`` (for a second pass,
-    such as a probe's test corpus), the ``corpus`` facts, and ``warnings`` to report."""
+    such as a probe's test corpus, under the same ``weighting``), the ``corpus`` facts, and ``warnings`` to report."""
 
     settings: dict
     engine: Engine
     corpus: dict
     warnings: list[str]
+    weighting: str = "attention"
 
 
 class Family:
@@ -102,7 +103,9 @@ class Family:
 
     ``default``: ``analyze`` runs it unless told otherwise; ``needs_trees``: it needs dependency trees
     (CoNLL-U, or ``parser="spacy"``) and runs by default only where there are trees; ``command``: the
-    CLI gets a ``bertology NAME`` command for it.
+    CLI gets a ``bertology NAME`` command for it; ``weighted``: its analyzers read the attention maps, so
+    it runs once per view of attention the run asks for (``weighting="attention,norm"``); a family that
+    does not read them (the mixing ratios) runs once.
     """
 
     name: ClassVar[str]
@@ -112,6 +115,7 @@ class Family:
     default: ClassVar[bool] = True
     needs_trees: ClassVar[bool] = False
     command: ClassVar[bool] = True
+    weighted: ClassVar[bool] = True
 
     def prepare(self, settings: dict) -> None:
         """Check the family's inputs before the model loads; raise :class:`~bertology.core.errors.BertologyError` for bad ones."""
@@ -134,6 +138,11 @@ class Family:
 
     def overview(self, result: FamilyResult) -> pd.DataFrame | None:
         """A small table for a notebook's display of the result."""
+        return None
+
+    def by_layer(self, result: FamilyResult) -> pd.DataFrame | None:
+        """The family's headline quantities per layer, ``quantity, layer, value``: the report sets them side by
+        side when a run has several views of attention (weights and norm shares)."""
         return None
 
 

@@ -58,5 +58,10 @@ class Patterns(Family):
         thresholds = asdict(settings["pattern_thresholds"] or PatternThresholds())
         return patterns_section(folder, result.tables["patterns"], result.tables["patterns_by_layer"], result.extras["pattern_examples"], thresholds)
 
+    def by_layer(self, result):
+        shares = result.tables["patterns_by_layer"]
+        shares = shares[shares.layer >= 0]
+        return shares.assign(quantity="share of maps: " + shares.pattern, value=shares.share)[["quantity", "layer", "value"]]
+
 
 register_family(Patterns())

@@ -44,5 +44,10 @@ class Profile(Family):
     def overview(self, result):
         return result.tables["layers"].pivot(index="layer", columns="metric", values="value")
 
+    def by_layer(self, result):
+        layers = result.tables["layers"]
+        rows = layers[layers.metric.isin(("cls", "sep", "punct"))]
+        return rows.assign(quantity="attention to " + rows.metric.map({"cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation"}))[["quantity", "layer", "value"]]
+
 
 register_family(Profile())

@@ -42,5 +42,10 @@ class Roles(Family):
 
         return roles_section(folder, result.tables["roles"], result.tables["role_shares"], settings["tau"], settings["correction"])
 
+    def by_layer(self, result):
+        roles = result.tables["roles"]
+        shares = roles.groupby(["role", "layer"], sort=False).has_role.mean().reset_index(name="value")
+        return shares.assign(quantity="share of heads: " + shares.role)[["quantity", "layer", "value"]]
+
 
 register_family(Roles())

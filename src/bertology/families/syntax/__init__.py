@@ -65,7 +65,7 @@ class Syntax(Family):
         test_corpus = self._test_corpus(settings)
         if test_corpus is not None:
             test_data = ProbeData()
-            context.engine.run(test_corpus, [test_data])
+            context.engine.run(test_corpus, [test_data], weightings=[context.weighting])
             result.documents["probe"] = {"evaluation": f"trained on {context.corpus['name']}, tested on {test_corpus.name}",
                                          **evaluate(sentences, test_data.ordered(), epochs=epochs, seed=seed)}
         elif len(sentences) >= 2 * folds:

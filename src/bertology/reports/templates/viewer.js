@@ -9,22 +9,33 @@
     for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
     return bytes;
   }
-  const weights = decode(data.weights);
-  const indices = data.format === "topk" ? new Uint16Array(decode(data.indices).buffer) : null;
-  const k = data.k || n;
-  // Calls fn(key, weight) for every stored weight of row (layer, head, query).
+  // Each view of attention (weights, norm shares, rollout), decoded once when first shown.
+  const decoded = {};
+  function viewData(name) {
+    if (!decoded[name]) {
+      const view = data.views[name];
+      decoded[name] = { heads: view.heads, k: view.k || n, weights: decode(view.weights),
+                        indices: view.format === "topk" ? new Uint16Array(decode(view.indices).buffer) : null };
+    }
+    return decoded[name];
+  }
+  let current = viewData("attention");
+  // Calls fn(key, weight) for every stored weight of row (layer, head, query); a view with one map per layer (rollout) has it under head 0.
   function eachWeight(layer, head, query, fn) {
+    const Hv = current.heads, weights = current.weights, indices = current.indices, k = current.k;
+    if (Hv === 1) head = 0;
     if (indices === null) {
-      const offset = ((layer * H + head) * n + query) * n;
+      const offset = ((layer * Hv + head) * n + query) * n;
       for (let j = 0; j < n; j++) { const w = weights[offset + j]; if (w) fn(j, w / 255); }
     } else {
-      const offset = ((layer * H + head) * n + query) * k;
+      const offset = ((layer * Hv + head) * n + query) * k;
       for (let t = 0; t < k; t++) { const w = weights[offset + t]; if (w) fn(indices[offset + t], w / 255); }
     }
   }
+  function drawnHeads() { return current.heads === 1 ? [0] : state.heads; }
   function colour(head, alpha) { return "hsla(" + Math.round(360 * head / H) + ",70%,45%," + alpha + ")"; }
 
-  const state = { layer: 0, heads: new Set(Array.from({ length: H }, (_, h) => h)), hover: null, queryFilter: "all", keyFilter: "all" };
+  const state = { layer: 0, heads: new Set(Array.from({ length: H }, (_, h) => h)), hover: null, queryFilter: "all", keyFilter: "all", view: "attention" };
   const viewer = { state: state, linesDrawn: 0, renderMs: 0, open: open };
   window.bertologyViewer = viewer;
 
@@ -46,7 +57,7 @@
     context.clearRect(0, 0, width, height);
     let lines = 0;
     const hover = state.hover;
-    for (const head of state.heads) {
+    for (const head of drawnHeads()) {
       // One path per head and alpha level: thousands of lines stay fast.
       const levels = new Map();
       for (let i = 0; i < n; i++) {
@@ -143,23 +154,26 @@
   grid.style.gridTemplateColumns = "repeat(" + H + ", max-content)";
   const size = Math.min(n, 72), block = n / size;
   const allLabels = new Set();
+  function paint(small, l, h) {
+    const image = small.getContext("2d").createImageData(size, size);
+    const cell = new Float32Array(size * size);
+    for (let i = 0; i < n; i++) {
+      const row = Math.floor(i / block) * size;
+      eachWeight(l, h, i, function (j, w) { const c = row + Math.floor(j / block); if (w > cell[c]) cell[c] = w; });
+    }
+    for (let c = 0; c < cell.length; c++) {
+      const v = 255 - Math.round(255 * Math.sqrt(cell[c]));
+      image.data[4 * c] = v; image.data[4 * c + 1] = v; image.data[4 * c + 2] = 255; image.data[4 * c + 3] = 255;
+    }
+    small.getContext("2d").putImageData(image, 0, 0);
+  }
   for (let l = 0; l < L; l++) {
     for (let h = 0; h < H; h++) {
       const thumb = document.createElement("div");
       thumb.className = "thumb"; thumb.dataset.layer = String(l); thumb.dataset.head = String(h);
       const small = document.createElement("canvas");
       small.width = size; small.height = size;
-      const image = small.getContext("2d").createImageData(size, size);
-      const cell = new Float32Array(size * size);
-      for (let i = 0; i < n; i++) {
-        const row = Math.floor(i / block) * size;
-        eachWeight(l, h, i, function (j, w) { const c = row + Math.floor(j / block); if (w > cell[c]) cell[c] = w; });
-      }
-      for (let c = 0; c < cell.length; c++) {
-        const v = 255 - Math.round(255 * Math.sqrt(cell[c]));
-        image.data[4 * c] = v; image.data[4 * c + 1] = v; image.data[4 * c + 2] = 255; image.data[4 * c + 3] = 255;
-      }
-      small.getContext("2d").putImageData(image, 0, 0);
+      paint(small, l, h);
       const name = document.createElement("span");
       name.textContent = l + "-" + h;
       const labels = document.createElement("span");
@@ -184,6 +198,23 @@
       thumb.classList.toggle("hidden", labelFilter.value !== "" && !JSON.parse(thumb.dataset.labels).includes(labelFilter.value));
     });
   });
+
+  // ---- views ----
+  const viewSelect = document.getElementById("view");
+  Object.keys(data.views).forEach(function (name) {
+    const option = document.createElement("option"); option.value = name; option.textContent = data.views[name].title; viewSelect.appendChild(option);
+  });
+  function useView(name) {
+    state.view = name; current = viewData(name); viewSelect.value = name;
+    document.querySelectorAll(".thumb").forEach(function (thumb) {
+      const h = Number(thumb.dataset.head);
+      thumb.classList.toggle("shared", current.heads === 1 && h > 0);  // rollout: one map per layer, shown once
+      if (current.heads !== 1 || h === 0) paint(thumb.querySelector("canvas"), Number(thumb.dataset.layer), h);
+    });
+    drawHead();
+  }
+  viewSelect.addEventListener("change", function () { useView(viewSelect.value); });
+  viewer.useView = useView;
 
   const match = /layer=(\d+)&head=(\d+)/.exec(window.location.hash);
   if (match && Number(match[1]) < L && Number(match[2]) < H) open(Number(match[1]), Number(match[2]));

@@ -1,0 +1,47 @@
+"""How much each token mixes in from the others: Kobayashi et al.'s (2021) residual-aware mixing ratios (METHODS.md section 7).
+
+:class:`ContextMixing`: per layer, the mean over a sequence's tokens of each context-mixing ratio
+``||M_i|| / (||M_i|| + ||P_i||)`` (:func:`bertology.core.norms.mixing_ratios`: the attention alone, with the
+residual, and with the residual and the layer norm), then the mean over sequences with a 95% interval. It
+reads the engine's ``Batch.mixing``, not the maps, so it is the same under every view of attention.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from bertology.core.analyzer import Analyzer
+from bertology.core.engine import Batch
+from bertology.core.norms import MIXING_RATIOS
+from bertology.core.stats import RunningMoments, interval_frame, merge_moments
+
+
+class ContextMixing(Analyzer):
+    """Kobayashi et al.'s (2021) context-mixing ratios per layer (see the module docstring)."""
+
+    name = "mixing"
+    needs = frozenset({"mixing"})
+
+    def __init__(self) -> None:
+        self._moments: RunningMoments | None = None
+
+    def update(self, batch: Batch) -> None:
+        real = batch.mask.to(batch.mixing.dtype)  # [batch, n]
+        per_sequence = torch.einsum("lbir,bi->blr", batch.mixing, real) / real.sum(dim=1)[:, None, None]
+        values = per_sequence.double().cpu().numpy()  # [batch, layer, ratio]
+        if self._moments is None:
+            self._moments = RunningMoments(values.shape[1:])
+        self._moments.push(values)
+
+    def merge(self, other: "ContextMixing") -> "ContextMixing":
+        self._check_mergeable(other)
+        self._moments = merge_moments(self._moments, other._moments)
+        return self
+
+    def result(self) -> pd.DataFrame:
+        """``layer, ratio, value, ci_low, ci_high, n``: the mean context-mixing ratio of each kind per layer."""
+        if self._moments is None:
+            return pd.DataFrame(columns=["layer", "ratio", "value", "ci_low", "ci_high", "n"])
+        index = pd.MultiIndex.from_product([range(self._moments.count.shape[0]), MIXING_RATIOS], names=["layer", "ratio"])
+        return interval_frame(self._moments, index)

@@ -1,0 +1,44 @@
+"""The context-mixing figure and report section (Kobayashi et al. 2021). Layers are numbered from 0."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bertology.core.runfolder import RunFolder
+from bertology.reports.figures import plt
+from bertology.reports.html import Figure, Section
+
+RATIO_TITLES = {"attn": "attention alone (Attn-N)", "attn_res": "with the residual (AttnRes-N)",
+                "attn_res_ln": "with the residual and the layer norm (AttnResLn-N)"}
+
+
+def mixing_by_layer(table: pd.DataFrame):
+    """Each context-mixing ratio by layer, with its 95% interval over sequences."""
+    figure, axis = plt.subplots(figsize=(6.0, 3.6))
+    for ratio, rows in table.groupby("ratio", sort=False):
+        axis.errorbar(rows.layer, rows.value, yerr=[rows.value - rows.ci_low, rows.ci_high - rows.value], marker="o", capsize=3, label=RATIO_TITLES[ratio])
+    axis.set_xticks(sorted(table.layer.unique()))
+    axis.set_xlabel("layer (0-based)")
+    axis.set_ylabel("context-mixing ratio")
+    axis.set_ylim(0, 1)
+    axis.set_title("share of each token's update that comes from other tokens")
+    axis.legend(fontsize=8)
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def mixing_section(folder: RunFolder, table: pd.DataFrame) -> Section:
+    """Write the mixing figure into ``folder`` and return its report section."""
+    section = Section(
+        title="Context mixing with the residual and the layer norm",
+        intro=("Kobayashi et al. (2021): the ratio ||M|| / (||M|| + ||P||) of what a token's new vector mixes in from the other tokens (M) "
+               "against what it keeps of itself (P), counting the attention alone, then the residual, then the layer norm, "
+               "averaged over tokens and sequences with 95% intervals (mixing.csv). The paper finds BERT mixes far less "
+               "than the weights suggest once the residual and the layer norm are counted."),
+    )
+    section.figures.append(Figure(folder.write_figure("mixing_by_layer", mixing_by_layer(table)),
+                                  "Context-mixing ratios by layer (0-based), mean over sequences with 95% intervals."))
+    wide = table.pivot(index="layer", columns="ratio", values="value")[list(RATIO_TITLES)].reset_index()
+    section.tables.append(("Mean context-mixing ratio per layer", wide))
+    return section

@@ -1,0 +1,43 @@
+"""The attention-rollout figure and report section (Abnar & Zuidema 2020). Layers are numbered from 0."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bertology.core.runfolder import RunFolder
+from bertology.reports.figures import plt
+from bertology.reports.html import Figure, Section
+
+TARGET_TITLES = {"cls": "input [CLS]", "sep": "input [SEP]", "punct": "input punctuation", "self": "its own input token"}
+ROW_TITLES = {"cls_row": "the [CLS] position", "all": "every position (mean)"}
+
+
+def rollout_by_layer(table: pd.DataFrame):
+    """Rolled-out attention to each target after each layer: the [CLS] row and every row, with 95% intervals."""
+    figure, axes = plt.subplots(1, 2, figsize=(10.0, 3.6), sharey=True)
+    for axis, row in zip(axes, ROW_TITLES):
+        for target, rows in table[table.row == row].groupby("target", sort=False):
+            axis.errorbar(rows.layer, rows.value, yerr=[rows.value - rows.ci_low, rows.ci_high - rows.value], marker="o", capsize=3, label=TARGET_TITLES[target])
+        axis.set_title(f"rolled out from {ROW_TITLES[row]}")
+        axis.set_xlabel("layer (0-based)")
+        axis.set_xticks(sorted(table.layer.unique()))
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("rolled-out attention")
+    axes[0].legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def rollout_section(folder: RunFolder, table: pd.DataFrame) -> Section:
+    """Write the rollout figure into ``folder`` and return its report section."""
+    section = Section(
+        title="Attention rollout",
+        intro=("Abnar & Zuidema (2020): R_l = (0.5 A_l + 0.5 I) R_(l-1), rows renormalised, A_l the head mean of layer l, so R_l[i, j] "
+               "is how much input token j reaches position i after layer l (the residual counted as half). The profile of "
+               "[CLS]'s rolled-out attention says which inputs the [CLS] vector is built from, layer by layer (rollout.csv)."),
+    )
+    section.figures.append(Figure(folder.write_figure("rollout_by_layer", rollout_by_layer(table)),
+                                  "Rolled-out attention to [CLS], [SEP], punctuation and the token itself by layer (0-based), with 95% intervals."))
+    cls_row = table[table.row == "cls_row"].pivot(index="layer", columns="target", values="value")[list(TARGET_TITLES)].reset_index()
+    section.tables.append(("The [CLS] position's rolled-out attention per layer", cls_row))
+    return section
