@@ -281,6 +281,7 @@ def test_an_out_that_is_or_holds_an_input_is_refused(tmp_path):
     with pytest.raises(BertologyError, match=r"holds the input .*corpus.txt"):
         check_out(model, inputs=(None, "nobody/model", [tmp_path / "elsewhere.txt", corpus]))
     check_out(model, inputs=["nobody/model", tmp_path / "missing", 3, None, ["the cat sat.", "a dog ran."]])  # no existing path
+    check_out(model, inputs=[["~CGoehring wrote this.", "~nobody-here/x"]])  # a sentence like a home folder of no known user (EWT has one)
     check_out(tmp_path / "new", inputs=[model, corpus])  # inputs elsewhere are fine
 
     @claims_out

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
+from bertology.core.backends import BACKENDS, PassPlan, Resume, fingerprint, run_local, run_ray
 from bertology.core.corpora import Corpus, Example, open_corpus
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.models import LoadedModel, load_model
 from bertology.core.norms import WEIGHTING_TITLES, parse_weighting
-from bertology.core.parsing import spacy_trees
 from bertology.core.runfolder import RunFolder, claims_out
 from bertology.families import Family, FamilyContext, FamilyResult, get_family, registered
 from bertology.reports.html import Report
@@ -118,18 +118,16 @@ class Analysis:
                 folder.write_table(table_name, table)
             for document_name, document in result.documents.items():
                 folder.write_json(f"{document_name}.json", document)
+        # The families' own sections show the first view; with a second one, a section sets them side by side.
         views = self.settings["weighting"]
         for name in self.results:
-            for weighting, results in self.by_view.items():
-                if name not in results:
-                    continue
-                second = get_family(name).weighted and weighting != views[0]
-                with folder.prefixed(f"{weighting}_" if second else ""):
-                    section = get_family(name).section(folder, results[name], self.settings)
-                if section is not None:
-                    if len(views) > 1 and get_family(name).weighted:
-                        section.title += f" — {WEIGHTING_TITLES[weighting]}"
-                    sections.append(section)
+            family = get_family(name)
+            weighting = views[0] if family.weighted else "attention"
+            section = family.section(folder, self.by_view[weighting][name], self.settings)
+            if section is not None:
+                if family.weighted and views != ["attention"]:
+                    section.title += f" — {WEIGHTING_TITLES[weighting]}"
+                sections.append(section)
         if len(views) > 1:
             sections.append(views_section(folder, self.by_view))
         if self.view is not None:
@@ -223,6 +221,10 @@ def analyze(
     punct: str = "upos",
     correction: str = "fdr_bh",
     weighting: str | Iterable[str] = "attention",
+    backend: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    checkpoint_every: int | None = None,
     trust_remote_code: bool = False,
     view: bool = True,
     progress: bool = True,
@@ -244,6 +246,11 @@ def analyze(
     ``clark`` (the pieces "." and "," only, as in Clark et al.'s code; METHODS.md section 1).
     ``weighting``: the view of attention every family reads, ``"attention"`` (the weights), ``"norm"``
     (Kobayashi et al. 2020's norm shares, METHODS.md section 7) or both (``"attention,norm"``), in one pass.
+    ``backend``: ``"local"`` (this process) or ``"ray"`` (shards of the corpus across a Ray cluster: ``workers``
+    actors on a local cluster started here, or the cluster at ``address``, ``"auto"`` or ``"ray://host:port"``;
+    the tables equal the local ones to float rounding). With ``out``, the pass saves its analyzers' states in
+    ``out/resume/`` at least every 30 seconds (or every ``checkpoint_every`` batches); the same call after an
+    interruption resumes from them.
     With ``out`` (checked before anything runs), the run folder is written there. ``view`` adds the
     attention viewer (``viewer.html``) for the corpus's first example, linked from the report. A family
     that fails, during the pass or after it, loses nothing else: it is left out and recorded in
@@ -252,6 +259,12 @@ def analyze(
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     examples, corpus_info = open_corpus(corpus, format, limit)
     views = parse_weighting(weighting)
+    if backend not in BACKENDS:
+        raise BertologyError(f"unknown backend {backend!r}: use local or ray")
+    if backend == "ray":
+        from bertology.core.backends import _ray
+
+        _ray()  # a one-line error now, before anything loads, where Ray is not installed
     if parser not in (None, *PARSERS):
         raise BertologyError(f"unknown parser {parser!r}: use gold (CoNLL-U trees) or spacy")
     with_trees = parser == "spacy" or _has_trees(examples)
@@ -283,10 +296,27 @@ def analyze(
     engine = Engine(loaded, batch_size=batch_size, max_length=max_length, overflow=overflow, progress=progress, punct=punct)
     settings["max_length"] = engine.max_length
     family_views = {family.name: views if family.weighted else ["attention"] for family in chosen}
-    analyzers = {(family.name, weighting): family.analyzers(settings) for family in chosen for weighting in family_views[family.name]}
+
+    def build_analyzers() -> dict:
+        return {(family.name, weighting): family.analyzers(settings) for family in chosen for weighting in family_views[family.name]}
+
+    analyzers = build_analyzers()
     fed = [(name, weighting, analyzer) for (name, weighting), own in analyzers.items() for analyzer in own.values()]
-    stream = spacy_trees(examples, spacy_pipeline) if parser == "spacy" else examples
-    stats = engine.run(stream, [analyzer for *_, analyzer in fed], total=total, isolate=True, weightings=[weighting for _, weighting, _ in fed])
+    plan = PassPlan(lambda: [analyzer for own in build_analyzers().values() for analyzer in own.values()],
+                    [weighting for _, weighting, _ in fed], spacy_pipeline, parse=parser == "spacy")
+    resume = None
+    if out is not None:
+        facts = {"model": {key: value for key, value in loaded.info().items() if key != "device"}, "config": loaded.model.config.to_json_string(),
+                 "corpus": {key: corpus_info.get(key) for key in ("sha256", "format", "examples")},
+                 "settings": {key: str(value) for key, value in settings.items() if key != "device"}, "bertology": package_versions()["bertology"]}
+        resume = Resume(out, fingerprint(**facts), every_batches=checkpoint_every)
+    in_order = [analyzer for *_, analyzer in fed]
+    if backend == "ray":
+        stats = run_ray(engine, examples, plan, in_order, model=loaded if isinstance(model, LoadedModel) else model,
+                        device=device, trust_remote_code=trust_remote_code, workers=workers, address=address, total=total, resume=resume,
+                        progress=progress)
+    else:
+        stats = run_local(engine, examples, plan, in_order, total=total, resume=resume)
     if stats.sequences == 0:
         raise BertologyError(f"every sequence was longer than {engine.max_length} pieces and skipped: raise --max-length or truncate")
 

@@ -54,6 +54,10 @@ IMPORTANCE_EXAMPLES = typer.Option(1000, "--importance-examples", min=1, help="E
 NORMALISE = typer.Option("layer", "--normalise", help="Importance normalisation: layer (l2 per layer, Michel et al.), global (min-max over all heads), layer+global, none.")
 WEIGHTING = typer.Option("attention", "--weighting", help="View of attention every analysis reads: attention (the weights), norm (Kobayashi et al. 2020's "
                          "norm shares ||a f(x)||) or attention,norm (both, in one pass; tables get a weighting column).")
+BACKEND = typer.Option("local", "--backend", help="Where the pass runs: local (this process) or ray (shards across a Ray cluster; pip install 'bertology[ray]').")
+WORKERS = typer.Option(None, "--workers", min=1, help="With --backend ray: actors to run (a local cluster of this many CPUs starts here unless --address is given).")
+ADDRESS = typer.Option(None, "--address", help="With --backend ray: join this cluster (auto, or ray://host:port) instead of starting one.")
+CHECKPOINT_EVERY = typer.Option(None, "--checkpoint-every", min=1, help="Save the pass's states every N batches [default: every 30 s]; rerun the same command to resume.")
 PUNCT = typer.Option("upos", "--punct", help="Punctuation set of the profile: upos (every punctuation-only token) or clark (the tokens '.' and ',' only, as in Clark et al.'s code).")
 
 
@@ -112,6 +116,10 @@ def _analysis_parameters() -> list[inspect.Parameter]:
         _parameter("punct", str, PUNCT),
         _parameter("correction", str, CORRECTION),
         _parameter("weighting", str, WEIGHTING),
+        _parameter("backend", str, BACKEND),
+        _parameter("workers", Optional[int], WORKERS),
+        _parameter("address", Optional[str], ADDRESS),
+        _parameter("checkpoint_every", Optional[int], CHECKPOINT_EVERY),
         _parameter("seed", int, SEED),
         _parameter("device", str, DEVICE),
         _parameter("trust_remote_code", bool, TRUST),
@@ -259,6 +267,9 @@ def track(
     device: str = DEVICE,
     trust_remote_code: bool = TRUST,
     quiet: bool = QUIET,
+    backend: str = BACKEND,
+    workers: Optional[int] = WORKERS,
+    address: Optional[str] = ADDRESS,
 ) -> None:
     """Profile, roles and syntactic heads over training checkpoints, and the verdict on the learning-curve hypothesis."""
     from bertology.workflows.dynamics import find_checkpoints, parse_steps
@@ -275,7 +286,7 @@ def track(
     result = run_track(series, corpus, format=format, parser=parser, out=out, batch_size=batch_size, max_length=max_length, limit=limit,
                        bootstrap=bootstrap, tau=tau, min_dependents=min_dependents, punct=punct, seed=seed, device=device,
                        trust_remote_code=trust_remote_code, progress=not quiet, command=sys.argv,
-                       steps=parse_steps(steps) if steps is not None else None)
+                       steps=parse_steps(steps) if steps is not None else None, backend=backend, workers=workers, address=address)
     for claim in ("depth", "training"):
         typer.echo(f"{claim}: {result.verdict[claim]['verdict']}: {result.verdict[claim]['statement']}")
     typer.echo(f"report: {(Path(out) / 'report.html').resolve()}")

@@ -155,6 +155,18 @@ class RunStats:
     #: Analyzers whose ``update`` raised (``isolate=True``): position in the run's analyzers -> the error, one line.
     failed: dict[int, str] = field(default_factory=dict)
 
+    def add(self, other: "RunStats", positions: Sequence[int] | None = None) -> "RunStats":
+        """Fold in the counts of another part of the corpus (a shard); ``seconds`` is left to the caller (wall time)."""
+        self.sequences += other.sequences
+        self.tokens += other.tokens
+        self.truncated += other.truncated
+        self.skipped += other.skipped
+        self.batches += other.batches
+        self.skipped_sources = (self.skipped_sources + other.skipped_sources)[:MAX_SKIPPED_SOURCES]
+        for position, message in other.failed.items():
+            self.failed.setdefault(position, message)
+        return self
+
     def as_dict(self) -> dict:
         return {
             "sequences": self.sequences,
@@ -253,13 +265,14 @@ class Engine:
                 truncated=truncated,
             )
 
-    def batches(self, encoded: Iterable[Encoded]) -> Iterator[list[Encoded]]:
-        """Length-sorted batches, sorted within windows so that memory stays bounded."""
+    def windows(self, encoded: Iterable[Encoded]) -> Iterator[list[list[Encoded]]]:
+        """Consecutive windows of ``batch_size * sort_window`` encoded examples, each as its length-sorted batches:
+        sorting within a window cuts padding while memory stays bounded."""
         per_sequence = self.model.num_layers * self.model.num_heads
         iterator = iter(encoded)
         while window := list(itertools.islice(iterator, self.batch_size * self.sort_window)):
             window.sort(key=lambda item: (len(item), item.index))
-            start = 0
+            batches, start = [], 0
             while start < len(window):
                 stop = start + 1
                 while stop < len(window) and stop - start < self.batch_size:
@@ -267,8 +280,14 @@ class Engine:
                     if (stop - start + 1) * per_sequence * longest * longest > self.max_attention_elements:
                         break
                     stop += 1
-                yield window[start:stop]
+                batches.append(window[start:stop])
                 start = stop
+            yield batches
+
+    def batches(self, encoded: Iterable[Encoded]) -> Iterator[list[Encoded]]:
+        """Length-sorted batches, sorted within windows so that memory stays bounded."""
+        for window in self.windows(encoded):
+            yield from window
 
     def collate(self, items: list[Encoded]) -> dict[str, torch.Tensor]:
         """Pad a batch into tensors on the model's device."""
@@ -356,7 +375,8 @@ class Engine:
 
     def run(self, examples: Iterable[Example], analyzers: Sequence, *, total: int | None = None,
             step: Callable[[list[Encoded]], object] | None = None, desc: str = "analyzing", isolate: bool = False,
-            weightings: Sequence[str] | None = None) -> RunStats:
+            weightings: Sequence[str] | None = None, start: int = 0, stats: RunStats | None = None, skip_batches: int = 0,
+            on_batch: Callable[[RunStats, dict], object] | None = None) -> RunStats:
         """Stream ``examples`` through the model once and update every analyzer with every batch.
 
         ``step`` turns a batch's items into what the analyzers receive (default :meth:`run_batch`;
@@ -366,6 +386,13 @@ class Engine:
         ``needs`` names ``"mixing"``. With ``isolate``, an
         analyzer whose ``update`` raises is left out of the rest of the pass and its error recorded in
         ``RunStats.failed``, so the others lose nothing; the error is raised only when every analyzer failed.
+
+        ``start``: the corpus position of the first example (a shard's, or a resumed run's, offset). ``stats``: the
+        counts so far to go on from (a resumed run); ``skip_batches``: batches of the first window already counted.
+        ``on_batch(stats, position)`` is called after every batch with where the run stands: ``window_start`` (the
+        examples before the current window of ``batch_size * sort_window``), ``batches_done`` in it, and the
+        truncated and skipped counts before it. A run given ``start=window_start``, ``skip_batches=batches_done``
+        and those counts forms the same windows and batches as the uninterrupted one, so it ends with the same numbers.
         """
         weightings = list(weightings) if weightings is not None else ["attention"] * len(analyzers)
         if len(weightings) != len(analyzers):
@@ -378,24 +405,32 @@ class Engine:
             step = partial(self.run_batch, norms="norm" in weightings, mixing=mixing)
         elif mixing or "norm" in weightings:
             raise BertologyError("norm weighting and mixing ratios need the engine's own forward pass")
-        stats = RunStats()
-        started = time.perf_counter()
-        encoded = self.encode(enumerate(examples), stats)
-        with tqdm(total=total, unit="seq", desc=desc, disable=not self.progress, smoothing=0.1) as bar:
-            for items in self.batches(encoded):
-                batch = step(items)
-                for position, analyzer in enumerate(analyzers):
-                    if position in stats.failed:
-                        continue
-                    try:
-                        analyzer.update(batch.weighted(weightings[position]) if weightings[position] != "attention" else batch)
-                    except Exception as exc:
-                        if not isolate or len(stats.failed) == len(analyzers) - 1:
-                            raise
-                        stats.failed[position] = one_line_error(exc)
-                stats.sequences += len(items)
-                stats.tokens += sum(len(item) for item in items)
-                stats.batches += 1
-                bar.update(stats.sequences + stats.skipped - bar.n)
+        stats = stats or RunStats()
+        started = time.perf_counter() - stats.seconds
+        encoded = self.encode(enumerate(examples, start), stats)
+        window_start, before = start, (stats.truncated, stats.skipped, len(stats.skipped_sources))
+        with tqdm(total=total, initial=stats.sequences + stats.skipped, unit="seq", desc=desc, disable=not self.progress, smoothing=0.1) as bar:
+            for window in self.windows(encoded):
+                for done, items in enumerate(window[skip_batches:], start=skip_batches + 1):
+                    batch = step(items)
+                    for position, analyzer in enumerate(analyzers):
+                        if position in stats.failed:
+                            continue
+                        try:
+                            analyzer.update(batch.weighted(weightings[position]) if weightings[position] != "attention" else batch)
+                        except Exception as exc:
+                            if not isolate or len(stats.failed) == len(analyzers) - 1:
+                                raise
+                            stats.failed[position] = one_line_error(exc)
+                    stats.sequences += len(items)
+                    stats.tokens += sum(len(item) for item in items)
+                    stats.batches += 1
+                    bar.update(stats.sequences + stats.skipped - bar.n)
+                    if on_batch is not None:
+                        stats.seconds = time.perf_counter() - started
+                        on_batch(stats, {"window_start": window_start, "batches_done": done, "truncated_before": before[0],
+                                         "skipped_before": before[1], "sources_before": before[2]})
+                skip_batches = 0
+                window_start, before = stats.sequences + stats.skipped, (stats.truncated, stats.skipped, len(stats.skipped_sources))
         stats.seconds = time.perf_counter() - started
         return stats

@@ -40,16 +40,18 @@ def parse_weighting(weighting: str | Iterable[str]) -> list[str]:
 MIXING_RATIOS = ("attn", "attn_res", "attn_res_ln")
 
 
-def head_output_weights(output: torch.nn.Linear, num_heads: int) -> torch.Tensor:
-    """``W_O`` split by head: ``[head, head_dim, hidden]``, so that ``f_h(x) = v_h @ W[h]``."""
-    return output.weight.T.reshape(num_heads, -1, output.weight.shape[0])
-
-
 def transformed_norms(value: torch.Tensor, output: torch.nn.Linear) -> torch.Tensor:
     """``||f_h(x_j)|| = ||v_j^h W_O^h||`` of every head and key: ``value`` is ``[batch, head, key, head_dim]``
-    (``x W_V + b_V``, as the attention function receives it); returns ``[batch, head, key]``."""
-    weights = head_output_weights(output, value.shape[1]).to(value.dtype)
-    return torch.linalg.vector_norm(torch.einsum("bhkd,hdo->bhko", value, weights), dim=-1)
+    (``x W_V + b_V``, as the attention function receives it); returns ``[batch, head, key]``.
+
+    Computed as ``sqrt(v^T G_h v)`` with ``G_h = W_O^h W_O^h^T`` (``head_dim x head_dim``), which costs
+    ``head_dim / hidden`` of projecting every value vector.
+    """
+    num_heads, head_dim = value.shape[1], value.shape[-1]
+    by_head = output.weight.T.reshape(num_heads, head_dim, -1).to(value.dtype)  # [head, head_dim, hidden]: f_h(x) = v_h @ W[h]
+    gram = torch.matmul(by_head, by_head.transpose(1, 2))  # [head, head_dim, head_dim]
+    squared = (torch.einsum("bhkd,hde->bhke", value, gram) * value).sum(dim=-1)
+    return torch.sqrt(squared.clamp_min(0))
 
 
 def norm_shares(attentions: torch.Tensor, key_norms: torch.Tensor) -> torch.Tensor:
@@ -80,9 +82,13 @@ def mixing_ratios(pattern: torch.Tensor, value: torch.Tensor, layer_input: torch
     ``pattern`` is ``[batch, head, query, key]``, ``value`` ``[batch, head, key, head_dim]``, ``layer_input``
     ``[batch, query, hidden]``.
     """
-    weights = head_output_weights(block.output, value.shape[1]).to(value.dtype)
-    total = torch.einsum("bhid,hdo->bio", torch.matmul(pattern, value), weights)
-    own = torch.einsum("bhi,bhid,hdo->bio", pattern.diagonal(dim1=-2, dim2=-1), value, weights)
+    weight = block.output.weight.to(value.dtype)  # [hidden, head * head_dim]
+
+    def project(per_head: torch.Tensor) -> torch.Tensor:  # [batch, head, i, head_dim] -> sum_h per_head_h W_O^h: [batch, i, hidden]
+        return torch.matmul(per_head.transpose(1, 2).flatten(2), weight.T)
+
+    total = project(torch.matmul(pattern, value))
+    own = project(pattern.diagonal(dim1=-2, dim2=-1)[..., None] * value)
     mixed = total - own
     kept = own + layer_input
     pre_norm = total + block.output.bias.to(value.dtype) + layer_input if block.output.bias is not None else total + layer_input

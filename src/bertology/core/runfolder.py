@@ -202,7 +202,7 @@ def _existing_paths(values) -> list[tuple[object, Path]]:
             path = Path(text).expanduser()
             if path.exists():
                 found.append((value, path.resolve()))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RuntimeError):  # RuntimeError: "~name" of a user this machine does not know
             continue
     return found
 
@@ -387,16 +387,6 @@ class RunFolder:
                 _mark(held.staging)
         self._claim = held
         self.path = held.staging
-        self._prefix = ""
-
-    @contextmanager
-    def prefixed(self, prefix: str) -> Iterator[RunFolder]:
-        """Inside the block, every file written gets a name that starts with ``prefix`` (a second view's figures and tables)."""
-        outer, self._prefix = self._prefix, self._prefix + prefix
-        try:
-            yield self
-        finally:
-            self._prefix = outer
 
     def __enter__(self) -> RunFolder:
         return self
@@ -440,21 +430,21 @@ class RunFolder:
 
     def write_table(self, name: str, table: pd.DataFrame) -> tuple[Path, Path]:
         """``name.csv`` (text cells safe to open in a spreadsheet) and ``name.parquet`` (the exact values)."""
-        csv = atomic_write(self.path / f"{self._prefix}{name}.csv", lambda p: spreadsheet_safe(table).to_csv(p, index=False))
-        parquet = atomic_write(self.path / f"{self._prefix}{name}.parquet", lambda p: table.to_parquet(p, index=False))
+        csv = atomic_write(self.path / f"{name}.csv", lambda p: spreadsheet_safe(table).to_csv(p, index=False))
+        parquet = atomic_write(self.path / f"{name}.parquet", lambda p: table.to_parquet(p, index=False))
         return csv, parquet
 
     def write_json(self, name: str, data: dict) -> Path:
-        return atomic_write(self.path / f"{self._prefix}{name}", lambda p: p.write_text(json.dumps(data, indent=2, default=str) + "\n"))
+        return atomic_write(self.path / name, lambda p: p.write_text(json.dumps(data, indent=2, default=str) + "\n"))
 
     def write_text(self, name: str, text: str) -> Path:
-        return atomic_write(self.path / f"{self._prefix}{name}", lambda p: p.write_text(text, encoding="utf-8"))
+        return atomic_write(self.path / name, lambda p: p.write_text(text, encoding="utf-8"))
 
     def write_figure(self, name: str, figure) -> Path:
         """Save a matplotlib figure as ``name.png`` and close it."""
         import matplotlib.pyplot as plt
 
         try:
-            return atomic_write(self.path / f"{self._prefix}{name}.png", lambda p: figure.savefig(p, format="png", dpi=110, bbox_inches="tight", pil_kwargs=_PNG))
+            return atomic_write(self.path / f"{name}.png", lambda p: figure.savefig(p, format="png", dpi=110, bbox_inches="tight", pil_kwargs=_PNG))
         finally:
             plt.close(figure)

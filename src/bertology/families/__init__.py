@@ -34,6 +34,7 @@ BUILTIN_FAMILIES = ("profile", "roles", "patterns", "syntax", "rollout", "mixing
 COMMON_SETTINGS = frozenset({
     "model", "corpus", "analyses", "format", "parser", "spacy_pipeline", "out", "batch_size", "max_length", "limit", "overflow",
     "device", "seed", "punct", "correction", "trust_remote_code", "view", "progress", "command", "weighting",
+    "backend", "workers", "address", "checkpoint_every",
 })
 
 

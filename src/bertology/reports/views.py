@@ -62,25 +62,23 @@ def disagreements(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def views_figure(table: pd.DataFrame):
-    """One small panel per family quantity: its value by layer, one line per view."""
-    import numpy as np
-
+    """One panel per family: each headline quantity by layer, a colour per quantity, solid for the first view and dashed for the second."""
     from bertology.reports.figures import plt
 
-    panels = list(dict.fromkeys(zip(table.family, table.quantity)))
-    columns = min(4, len(panels))
-    rows = int(np.ceil(len(panels) / columns))
-    figure, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.6 * rows), squeeze=False)
-    for axis, (family, quantity) in zip(axes.ravel(), panels):
-        for style, (weighting, lines) in zip(("-o", "--s"), table[(table.family == family) & (table.quantity == quantity)].groupby("weighting", sort=False)):
-            axis.plot(lines.layer, lines.value, style, markersize=3, label=WEIGHTING_TITLES[weighting].split(" (")[0])
-        axis.set_title(f"{family}: {quantity}", fontsize=8)
-        axis.set_xlabel("layer (0-based)", fontsize=7)
+    families = list(dict.fromkeys(table.family))
+    figure, axes = plt.subplots(1, len(families), figsize=(4.4 * len(families), 3.6), squeeze=False)
+    styles = dict(zip(dict.fromkeys(table.weighting), ("-o", "--s")))
+    for axis, family in zip(axes[0], families):
+        rows = table[table.family == family]
+        for colour, (quantity, lines) in enumerate(rows.groupby("quantity", sort=False)):
+            for weighting, line in lines.groupby("weighting", sort=False):
+                axis.plot(line.layer, line.value, styles[weighting], color=f"C{colour % 10}", markersize=3,
+                          label=quantity if weighting == table.weighting.iloc[0] else None)
+        axis.set_title(f"{family} (solid: weights, dashed: norm shares)", fontsize=8)
+        axis.set_xlabel("layer (0-based)", fontsize=8)
         axis.tick_params(labelsize=7)
         axis.grid(alpha=0.3)
-    for axis in axes.ravel()[len(panels):]:
-        axis.set_visible(False)
-    axes.ravel()[0].legend(fontsize=7)
+        axis.legend(fontsize=6)
     figure.tight_layout()
     return figure
 
@@ -102,7 +100,7 @@ def views_section(folder: RunFolder, by_view: dict[str, dict[str, FamilyResult]]
         return section
     folder.write_table("views_by_layer", table)
     section.figures.append(Figure(folder.write_figure("views_by_layer", views_figure(table)),
-                                  "Each family's headline quantities by layer: solid, the weights; dashed, the norm shares."))
+                                  "Each family's headline quantities by layer (0-based): solid, the weights; dashed, the norm shares."))
     ranked = disagreements(table)
     top = ranked.iloc[0]
     first, second = views[0], views[1]

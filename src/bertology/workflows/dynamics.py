@@ -43,6 +43,7 @@ from bertology.families.profile.analyzer import peak_layers
 from bertology.families.roles.analyzer import HeadRoles
 from bertology.families.syntax.analyzer import RelationHeads
 from bertology.core.corpora import open_corpus
+from bertology.core.backends import BACKENDS, map_on_ray
 from bertology.core.engine import Engine
 from bertology.core.errors import BertologyError
 from bertology.core.models import DEFAULT_MODEL, load_model
@@ -419,6 +420,9 @@ def track(
     progress: bool = True,
     command: list[str] | None = None,
     steps: list[int] | None = None,
+    backend: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
 ) -> Track:
     """Profile, roles and (with trees) syntactic heads of every checkpoint on one corpus, and the verdict.
 
@@ -428,7 +432,11 @@ def track(
     :func:`bertology.analyze` (trees from CoNLL-U or ``parser="spacy"`` add syntax). With ``out``,
     each checkpoint's results are saved under ``out/parts`` as soon as they exist (a rerun skips
     them) and the run folder is written at the end. ``punct``: the punctuation set, as in :func:`bertology.analyze`.
+    ``backend="ray"``: one checkpoint per Ray task across the cluster (``workers``, ``address`` as in
+    :func:`bertology.analyze`); each part is saved as its task finishes.
     """
+    if backend not in BACKENDS:
+        raise BertologyError(f"unknown backend {backend!r}: use local or ray")
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     series = ordered_checkpoints([str(c) for c in checkpoints], steps)
     source, corpus_info = open_corpus(corpus, format, limit)
@@ -441,15 +449,21 @@ def track(
                 "parser": parser or ("gold" if with_trees else None)}
     key = json.dumps({"corpus": corpus_info.get("sha256"), "examples": len(examples), **{k: v for k, v in settings.items() if k != "device"}}, sort_keys=True)
     parts = Path(out) / "parts" if out is not None else None
-    results = []
-    for step, checkpoint in series:
-        name = _part_name(checkpoint)
-        result = _load_part(parts, name, key) if parts is not None else None
-        if result is None or result.step != step:
-            result = _analyze_checkpoint(step, checkpoint, examples, with_trees, settings, progress)
-            if parts is not None:
-                _save_part(parts, name, key, result)
-        results.append(result)
+    results = [_load_part(parts, _part_name(checkpoint), key) if parts is not None else None for _, checkpoint in series]
+    todo = [k for k, (step, _) in enumerate(series) if results[k] is None or results[k].step != step]
+
+    def keep(k: int, result: CheckpointResult) -> None:
+        results[k] = result
+        if parts is not None:
+            _save_part(parts, _part_name(series[k][1]), key, result)
+
+    if backend == "ray" and todo:
+        jobs = [(*series[k], examples, with_trees, settings, False) for k in todo]
+        for index, result in map_on_ray(_analyze_checkpoint, jobs, workers=workers, address=address):
+            keep(todo[index], result)
+    else:
+        for k in todo:
+            keep(k, _analyze_checkpoint(*series[k], examples, with_trees, settings, progress))
     shapes = {r.means.shape for r in results}
     if len(shapes) > 1:
         raise BertologyError("the checkpoints differ in depth: a series must share one architecture")

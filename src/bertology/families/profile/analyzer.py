@@ -257,9 +257,10 @@ class HeadDistance(Analyzer):
         sampled = [b for b, e in enumerate(batch.examples) if keyed_rng(self.seed, *sequence_key(e)).random() < self.sample]
         if not sampled:
             return
-        # All sampled sequences' rows side by side; padding rows are zero and add nothing.
+        # All sampled sequences' real rows side by side (padding rows are zero and would add nothing but work).
         width = batch.attentions.shape[-1]
         rows = batch.attentions[:, sampled].permute(0, 2, 1, 3, 4).reshape(num_layers * num_heads, len(sampled) * width, width)
+        rows = rows[:, batch.mask[sampled].reshape(-1)]
         self._total += pairwise_js(rows).double().cpu().numpy()
         self._rows += int(batch.lengths[sampled].sum())
 

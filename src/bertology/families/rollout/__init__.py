@@ -30,8 +30,9 @@ class Rollout(Family):
 
     def by_layer(self, result):
         table = result.tables["rollout"]
-        rows = table[table.row == "cls_row"]
-        return rows.assign(quantity="[CLS] row rolled out to " + rows.target)[["quantity", "layer", "value"]]
+        rows = table[(table.row == "cls_row") & (table.target != "self")]  # the [CLS] row's own token is [CLS]
+        names = {"cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation"}
+        return rows.assign(quantity="[CLS] row rolled out to " + rows.target.map(names))[["quantity", "layer", "value"]]
 
 
 register_family(Rollout())

@@ -1,0 +1,246 @@
+"""Where the engine's one pass runs: here (``local``) or across a Ray cluster (``ray``), and how a long pass resumes.
+
+``local``: :meth:`Engine.run` over the corpus in this process. ``ray``: the corpus is cut into shards of
+``batch_size * sort_window`` examples (the engine's own windows, so every shard forms the same batches as a
+local run); an :class:`ray.util.ActorPool` of :class:`PassWorker` actors (one model each, loaded once, on its own
+GPU where the cluster has GPUs) runs each shard through the engine with fresh analyzers and sends them back;
+the driver folds them in with the analyzers' own ``merge``. Either way the run folder is written the same way,
+and the tables agree to float rounding: analyzers pass the contract of :mod:`bertology.core.testing`, and every
+random draw is keyed by the sequence, never by the shard.
+
+Resuming (:class:`Resume`): the merged analyzer states are saved into ``OUT/resume/`` (:mod:`bertology.core.states`,
+no pickle) at least every ``every_seconds`` or every ``every_batches`` batches: locally after a batch (the resumed
+run forms the same windows and batches again, so its numbers are the uninterrupted run's to the bit), on Ray
+whenever a shard has been merged. Started again with the same command, the run checks a fingerprint of the
+model, corpus and settings, says it resumes, and skips what was counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from bertology.core import states
+from bertology.core.engine import Engine, RunStats
+from bertology.core.errors import BertologyError
+
+BACKENDS = ("local", "ray")
+#: How often a resumable pass saves its states at the least (issue 16: every 30 seconds).
+CHECKPOINT_SECONDS = 30.0
+
+
+def fingerprint(**facts) -> str:
+    """sha256 of the facts (JSON, keys sorted) that must match for a run to resume another's states."""
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+
+class Resume:
+    """An analysis's progress in ``out/resume/``: what it has counted (``progress``), its stats and its analyzers' states."""
+
+    def __init__(self, out: str | Path, fingerprint: str, *, every_seconds: float = CHECKPOINT_SECONDS, every_batches: int | None = None):
+        self.folder = Path(out) / "resume"
+        self.fingerprint = fingerprint
+        self.every_seconds = every_seconds
+        self.every_batches = every_batches
+        self._saved_at = time.monotonic()
+        self._saved_batches = 0
+
+    def load(self, analyzers: Sequence) -> tuple[dict, RunStats] | None:
+        """Put the saved states into ``analyzers`` (in place, exactly) and return ``(progress, stats)``; None where nothing is saved."""
+        if not self.folder.exists() and not self.folder.with_name("resume.old").exists():
+            return None
+        document, saved = states.load(self.folder)
+        if document.get("fingerprint") != self.fingerprint:
+            raise BertologyError(f"{self.folder}: an unfinished analysis with another model, corpus or settings is saved there; "
+                                 "run that command again to finish it, or give another --out (or delete that folder)")
+        stats, saved_analyzers = saved["stats"], saved["analyzers"]
+        if len(saved_analyzers) != len(analyzers) or any(type(a) is not type(b) for a, b in zip(saved_analyzers, analyzers)):
+            raise BertologyError(f"{self.folder}: the saved analyzers do not match this run's; delete that folder to start over")
+        for analyzer, state in zip(analyzers, saved_analyzers):
+            analyzer.__dict__.update(state.__dict__)
+        self._saved_batches = stats.batches
+        return document["progress"], stats
+
+    def due(self, stats: RunStats) -> bool:
+        if self.every_batches is not None:
+            return stats.batches - self._saved_batches >= self.every_batches
+        return time.monotonic() - self._saved_at >= self.every_seconds
+
+    def save(self, progress: dict, stats: RunStats, analyzers: Sequence) -> None:
+        states.save(self.folder, {"fingerprint": self.fingerprint, "progress": progress}, {"stats": stats, "analyzers": list(analyzers)})
+        self._saved_at, self._saved_batches = time.monotonic(), stats.batches
+
+
+@dataclass
+class PassPlan:
+    """One pass: ``make_analyzers()`` builds a fresh list of the run's analyzers (each shard gets its own), ``weightings``
+    the view each reads; ``spacy_pipeline`` parses plain text where the run wants spaCy trees (None: the examples have them)."""
+
+    make_analyzers: Callable[[], list]
+    weightings: list[str]
+    spacy_pipeline: str | None = None
+    parse: bool = False
+
+
+def _stream(examples: Iterable, plan: PassPlan):
+    if not plan.parse:
+        return examples
+    from bertology.core.parsing import spacy_trees
+
+    return spacy_trees(examples, plan.spacy_pipeline)
+
+
+def run_local(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list, *, total: int | None = None,
+              resume: Resume | None = None) -> RunStats:
+    """The pass in this process; with ``resume``, it goes on from saved states and saves its own at window ends."""
+    start, skip, stats = 0, 0, None
+    if resume is not None and (loaded := resume.load(analyzers)) is not None:
+        progress, stats = loaded
+        if progress.get("backend") != "local":
+            raise BertologyError(f"{resume.folder}: saved by a run on Ray: resume it with --backend ray, or delete that folder")
+        print(f"resuming: {stats.sequences + stats.skipped} of {total if total is not None else '?'} examples were counted before "
+              f"({resume.folder})", file=sys.stderr)
+        # The current window is formed again from its first example: its truncations and skips are counted again.
+        start, skip = progress["window_start"], progress["batches_done"]
+        stats.truncated, stats.skipped = progress["truncated_before"], progress["skipped_before"]
+        stats.skipped_sources = stats.skipped_sources[: progress["sources_before"]]
+
+    def checkpoint(stats: RunStats, position: dict) -> None:
+        if resume.due(stats):
+            resume.save({"backend": "local", **position}, stats, analyzers)
+
+    stream = _stream(itertools.islice(examples, start, None), plan)
+    return engine.run(stream, analyzers, total=total, isolate=True, weightings=plan.weightings, start=start, stats=stats, skip_batches=skip,
+                      on_batch=checkpoint if resume is not None else None)
+
+
+class PassWorker:
+    """A Ray actor: one model, loaded once, and an engine that runs shards of the corpus through fresh analyzers."""
+
+    def __init__(self, model, engine_options: dict, device: str, trust_remote_code: bool, threads: int):
+        from bertology.core.hooks import register_attention
+        from bertology.core.models import LoadedModel, load_model
+
+        torch.set_num_threads(max(1, threads))
+        register_attention()
+        if isinstance(model, LoadedModel):
+            model.model.to(model.device)
+            loaded = model
+        else:
+            loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)
+        self.engine = Engine(loaded, progress=False, **engine_options)
+
+    def run(self, shard: int, start: int, examples: list, plan: PassPlan) -> tuple[int, list, RunStats]:
+        analyzers = plan.make_analyzers()
+        stats = self.engine.run(_stream(examples, plan), analyzers, isolate=True, weightings=plan.weightings, start=start)
+        return shard, analyzers, stats
+
+
+class _RayCluster:
+    """Joins the cluster at ``address``, or starts a local one of ``workers`` CPUs on loopback that stops on the way out."""
+
+    def __init__(self, workers: int | None, address: str | None):
+        self.ray = _ray()
+        self.workers, self.address = workers, address
+
+    def __enter__(self):
+        self.started_here = not self.ray.is_initialized()
+        if self.started_here:
+            options = {"address": self.address} if self.address else {"num_cpus": self.workers or 2, "include_dashboard": False,
+                                                                      "_node_ip_address": "127.0.0.1"}
+            self.ray.init(log_to_driver=False, configure_logging=False, **options)
+        resources = self.ray.cluster_resources()
+        self.gpus = resources.get("GPU", 0)
+        self.actors = self.workers or max(1, int(self.gpus) or int(resources.get("CPU", 1)))
+        self.cpus = max(1, int(resources.get("CPU", 1)) // self.actors)
+        self.per_actor = {"num_cpus": self.cpus, "num_gpus": min(1.0, self.gpus / self.actors) if self.gpus else 0}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.started_here:
+            self.ray.shutdown()
+
+
+def map_on_ray(function: Callable, jobs: Sequence[tuple], *, workers: int | None = None, address: str | None = None) -> Iterable[tuple[int, object]]:
+    """Run ``function(*job)`` for every job as Ray tasks (each with a CPU, or a GPU where the cluster has them); yields
+    ``(index of the job, its result)`` as each finishes (``track``: one checkpoint per task)."""
+    with _RayCluster(workers, address) as cluster:
+        remote = cluster.ray.remote(function).options(**cluster.per_actor)
+        running = {remote.remote(*job): index for index, job in enumerate(jobs)}
+        while running:
+            (ready,), _ = cluster.ray.wait(list(running), num_returns=1)
+            yield running.pop(ready), cluster.ray.get(ready)
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise BertologyError("--backend ray needs Ray: pip install 'bertology[ray]'") from None
+    return ray
+
+
+def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list, *, model, device: str = "auto",
+            trust_remote_code: bool = False, workers: int | None = None, address: str | None = None, total: int | None = None,
+            resume: Resume | None = None, progress: bool = True) -> RunStats:
+    """The pass across a Ray cluster: ``address`` joins one (``auto``, ``ray://host:port``); otherwise a local one with
+    ``workers`` CPUs starts here (on loopback) and stops at the end. ``model``: the name or folder each actor loads (or a
+    loaded model, shipped once through the object store). The driver merges each shard's analyzers into ``analyzers``."""
+    with _RayCluster(workers, address) as cluster:
+        from ray.util import ActorPool
+
+        ray = cluster.ray
+        shipped = ray.put(model) if not isinstance(model, (str, Path, type(None))) else (str(model) if model is not None else None)
+        options = {"batch_size": engine.batch_size, "max_length": engine.max_length, "overflow": engine.overflow,
+                   "sort_window": engine.sort_window, "max_attention_elements": engine.max_attention_elements, "punct": engine.punct}
+        worker_class = ray.remote(PassWorker)
+        pool = ActorPool([worker_class.options(**cluster.per_actor).remote(shipped, options, "auto" if cluster.gpus else device, trust_remote_code, cluster.cpus)
+                          for _ in range(cluster.actors)])
+
+        stats, done = RunStats(), set()
+        if resume is not None and (loaded := resume.load(analyzers)) is not None:
+            progress_state, stats = loaded
+            if progress_state.get("backend") != "ray":
+                raise BertologyError(f"{resume.folder}: saved by a local run: resume it with --backend local, or delete that folder")
+            done = set(progress_state["done"])
+            print(f"resuming: {len(done)} shards ({stats.sequences + stats.skipped} examples) were counted before ({resume.folder})", file=sys.stderr)
+        began = time.perf_counter() - stats.seconds
+        shard_size = engine.batch_size * engine.sort_window
+
+        def fold(result) -> None:
+            shard, shard_analyzers, shard_stats = result
+            for position, (mine, theirs) in enumerate(zip(analyzers, shard_analyzers)):
+                if position not in stats.failed and position not in shard_stats.failed:
+                    mine.merge(theirs)
+            stats.add(shard_stats)
+            done.add(shard)
+            stats.seconds = time.perf_counter() - began
+            bar.update(stats.sequences + stats.skipped - bar.n)
+            if resume is not None and resume.due(stats):
+                resume.save({"backend": "ray", "done": sorted(done)}, stats, analyzers)
+
+        iterator = iter(examples)
+        with tqdm(total=total, initial=stats.sequences + stats.skipped, unit="seq", desc="analyzing (ray)", disable=not progress, smoothing=0.1) as bar:
+            for shard in itertools.count():
+                chunk = list(itertools.islice(iterator, shard_size))
+                if not chunk:
+                    break
+                if shard in done:
+                    continue
+                while not pool.has_free():
+                    fold(pool.get_next_unordered())
+                pool.submit(lambda actor, job: actor.run.remote(*job), (shard, shard * shard_size, chunk, plan))
+            while pool.has_next():
+                fold(pool.get_next_unordered())
+        if stats.failed and len(stats.failed) == len(analyzers):
+            raise BertologyError("; ".join(stats.failed.values()))
+        return stats
