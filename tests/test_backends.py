@@ -1,0 +1,215 @@
+"""Where the pass runs and how it survives an interruption (bertology.core.backends): Ray against local, merges over
+many shards, kill-and-resume, and the safe state files it resumes from (bertology.core.states)."""
+
+import random
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import bertology
+from bertology.core import states
+from bertology.core.backends import PassPlan, run_local
+from bertology.core.engine import Engine
+from bertology.core.errors import BertologyError
+from bertology.core.models import load_model
+from bertology.core.parsing import spacy_trees
+from bertology.families import registered
+from bertology.families.profile.analyzer import GeneralProfile
+from conftest import TEXTS, tiny_examples
+from test_contract import CONTRACT_SETTINGS
+
+TABLES = ("heads", "layers", "head_labels", "head_distance", "roles", "role_shares", "patterns", "patterns_by_layer", "rollout", "mixing",
+          "syntax", "syntax_best", "syntax_baselines")
+
+
+def _ewt(shared_data, count):
+    """The first ``count`` sentences of the EWT test set as a CoNLL-U file of their own (trees and all)."""
+    text = (shared_data / "ud_english_ewt" / "en_ewt-ud-test.conllu").read_text(encoding="utf-8")
+    return "\n\n".join(text.split("\n\n")[:count]) + "\n\n"
+
+
+def _same_tables(expected, actual, names=TABLES, exact=False):
+    for name in names:
+        a, b = getattr(expected, name), getattr(actual, name)
+        if a is None and b is None:
+            continue
+        if exact:
+            pd.testing.assert_frame_equal(a, b, check_exact=True, obj=name)
+        else:
+            # Within 1e-6, relative for large numbers: a Ray actor runs torch on its own CPU, and float32 products summed in
+            # another order differ in the last bits, which a t statistic of -28277 turns into a difference of 0.006.
+            pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-6, atol=1e-6, obj=name)
+
+
+def _analyzers():
+    """Every registered family's analyzers, as a run builds them."""
+    built = []
+    for family in registered().values():
+        settings = {**{option.name: option.default for option in family.options}, **CONTRACT_SETTINGS}
+        built += list(family.analyzers(settings).values())
+    return built
+
+
+def test_seven_shards_merged_in_any_order_equal_one_pass(tiny_bert_dir):
+    """What the Ray driver does, without Ray: shards run with their corpus offsets, merged in a shuffled order (in float64,
+    as the contract test: float32's padding noise would be amplified by t statistics near zero)."""
+    model = load_model(tiny_bert_dir, device="cpu")
+    model.model.double()
+    examples = list(spacy_trees(tiny_examples() * 3))
+    engine = Engine(model, batch_size=2, progress=False)
+    whole = _analyzers()
+    engine.run(examples, whole)
+    merged = _analyzers()
+    bounds = [0, 3, 4, 9, 13, 20, 26, len(examples)]
+    shards = list(zip(bounds, bounds[1:]))
+    random.Random(0).shuffle(shards)
+    for begin, end in shards:
+        part = _analyzers()
+        engine.run(examples[begin:end], part, start=begin)
+        for mine, theirs in zip(merged, part):
+            mine.merge(theirs)
+    for expected, actual in zip(whole, merged):
+        pd.testing.assert_frame_equal(expected.result(), actual.result(), check_exact=False, rtol=1e-5, atol=1e-6)
+
+
+def test_ray_tables_equal_local_ones_across_shards_and_workers(tiny_bert_dir, shared_data, tmp_path):
+    pytest.importorskip("ray")
+    corpus = tmp_path / "ewt.conllu"
+    corpus.write_text(_ewt(shared_data, 90), encoding="utf-8")
+    options = dict(batch_size=1, progress=False, view=False, bootstrap=200, weighting="attention,norm", probe=False)  # shards of 32 sentences: 3
+    local = bertology.analyze(tiny_bert_dir, corpus, out=tmp_path / "local", **options)
+    on_ray = bertology.analyze(tiny_bert_dir, corpus, out=tmp_path / "ray", backend="ray", workers=2, **options)
+    assert on_ray.stats.sequences == local.stats.sequences == 90 and on_ray.stats.batches == local.stats.batches
+    _same_tables(local, on_ray)
+    assert (tmp_path / "ray" / "report.html").is_file() and not (tmp_path / "ray" / "resume").exists()
+
+
+def test_track_runs_one_checkpoint_per_ray_task(tiny_bert_dir, tmp_path):
+    pytest.importorskip("ray")
+    from bertology.workflows.dynamics import track
+
+    for name in ("step-0", "step-10"):
+        shutil.copytree(tiny_bert_dir, tmp_path / name)
+    checkpoints = [str(tmp_path / "step-0"), str(tmp_path / "step-10")]
+    local = track(checkpoints, TEXTS, bootstrap=100, progress=False, device="cpu")
+    on_ray = track(checkpoints, TEXTS, bootstrap=100, progress=False, device="cpu", backend="ray", workers=2, out=tmp_path / "run")
+    assert on_ray.steps == local.steps == [0, 10]
+    pd.testing.assert_frame_equal(local.table, on_ray.table, check_exact=False, rtol=1e-6, atol=1e-6)
+    assert len(list((tmp_path / "run" / "parts").glob("*.npz"))) == 2 and (tmp_path / "run" / "report.html").is_file()
+
+
+def test_backend_ray_without_ray_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now fails
+    with pytest.raises(BertologyError, match=r"pip install 'bertology\[ray\]'"):
+        bertology.analyze("no/such/model", ["a sentence."], backend="ray", progress=False)
+    with pytest.raises(BertologyError, match="unknown backend"):
+        bertology.analyze("no/such/model", ["a sentence."], backend="spark", progress=False)
+
+
+# ---- resuming ----
+
+def _interrupt_after(monkeypatch, batches):
+    calls = {"n": 0}
+    update = GeneralProfile.update
+
+    def interrupted(self, batch):
+        calls["n"] += 1
+        if calls["n"] > batches:
+            raise KeyboardInterrupt  # what Ctrl-C does in the middle of a pass
+        return update(self, batch)
+
+    monkeypatch.setattr(GeneralProfile, "update", interrupted)
+
+
+def test_an_interrupted_analysis_resumes_and_ends_with_the_same_tables(tiny_bert_dir, tmp_path, monkeypatch, capsys):
+    texts = [f"{text} number {k}." for k in range(9) for text in TEXTS]  # 72 sentences: windows of 2 x 32, the third cut short
+    options = dict(batch_size=2, progress=False, view=False, head_distance_sample=0.5, checkpoint_every=3)
+    uninterrupted = bertology.analyze(tiny_bert_dir, texts, out=tmp_path / "whole", **options)
+    with monkeypatch.context() as patch:
+        _interrupt_after(patch, 21)  # in the middle of the first window
+        with pytest.raises(KeyboardInterrupt):
+            bertology.analyze(tiny_bert_dir, texts, out=tmp_path / "run", **options)
+    saved, _ = states.load(tmp_path / "run" / "resume")
+    assert saved["progress"] == {"backend": "local", "window_start": 0, "batches_done": 21, "truncated_before": 0, "skipped_before": 0,
+                                 "sources_before": 0}
+    with pytest.raises(BertologyError, match="another model, corpus or settings"):
+        bertology.analyze(tiny_bert_dir, texts, out=tmp_path / "run", **{**options, "tau": 2.0})
+    with monkeypatch.context() as patch:
+        _interrupt_after(patch, 10)  # the resumed run is interrupted again, in the second window
+        with pytest.raises(KeyboardInterrupt):
+            bertology.analyze(tiny_bert_dir, texts, out=tmp_path / "run", **options)
+    assert "resuming: 42 of 72 examples" in capsys.readouterr().err
+    resumed = bertology.analyze(tiny_bert_dir, texts, out=tmp_path / "run", **options)
+    assert "resuming: 60 of 72 examples" in capsys.readouterr().err
+    _same_tables(uninterrupted, resumed, exact=True)
+    assert resumed.stats.batches == uninterrupted.stats.batches and not (tmp_path / "run" / "resume").exists()
+
+
+def test_a_real_kill_loses_only_the_batches_since_the_last_save(minilm, shared_data, tmp_path):
+    """A whole `bertology analyze` process killed with SIGKILL, then the same command again."""
+    corpus = tmp_path / "ewt.conllu"
+    corpus.write_text(_ewt(shared_data, 160), encoding="utf-8")
+    command = [sys.executable, "-m", "bertology.cli", "analyze", "--corpus", str(corpus), "--out", str(tmp_path / "run"), "--checkpoint-every", "1",
+               "--batch-size", "4", "--no-syntax", "--quiet", "--device", "cpu"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    resume = tmp_path / "run" / "resume" / "state.json"
+    import time
+
+    deadline = time.monotonic() + 240
+    while not resume.is_file() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.2)
+    process.kill()
+    process.wait()
+    assert resume.is_file(), "the run saved no state before it was killed"
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "resuming:" in done.stderr
+    whole = bertology.analyze(minilm, corpus, out=tmp_path / "whole", batch_size=4, progress=False, view=False, exclude=["syntax"])
+    for name in ("heads", "roles", "patterns", "rollout", "mixing"):
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "run" / f"{name}.parquet"), getattr(whole, name), check_exact=False, atol=1e-9)
+
+
+# ---- the state files ----
+
+def test_every_analyzers_state_round_trips_exactly_without_pickle(tiny_bert, tmp_path):
+    examples = list(spacy_trees(tiny_examples()))
+    analyzers = _analyzers()
+    Engine(tiny_bert, batch_size=3, progress=False).run(examples, analyzers)
+    states.save(tmp_path / "state", {"note": "test"}, {"analyzers": analyzers})
+    document, loaded = states.load(tmp_path / "state")
+    assert document == {"note": "test"}
+    for before, after in zip(analyzers, loaded["analyzers"]):
+        assert type(before) is type(after)
+        pd.testing.assert_frame_equal(before.result(), after.result(), check_exact=True)
+    assert not (tmp_path / "state.partial").exists() and not (tmp_path / "state.old").exists()
+
+
+def test_a_planted_class_or_pickle_in_a_state_is_refused(tmp_path):
+    import json
+
+    states.save(tmp_path / "state", {}, {"x": np.arange(3)})
+    for planted in ("os:system", "subprocess:Popen", "bertology.core.errors:one_line_error"):
+        (tmp_path / "state" / "state.json").write_text(json.dumps({"values": {"__object__": planted, "state": {"__dict__": []}}}))
+        with pytest.raises(BertologyError, match="refused"):
+            states.load(tmp_path / "state")
+    states.save(tmp_path / "other", {}, {"x": np.arange(3)})
+    with open(tmp_path / "other" / "arrays.npz", "wb") as handle:  # an object array, which only a pickle could hold
+        np.savez(handle, a0=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(BertologyError, match="not a state"):
+        states.load(tmp_path / "other")
+    with pytest.raises(TypeError, match="without pickle"):
+        states.save(tmp_path / "bad", {}, {"x": np.array([object()], dtype=object)})
+
+
+def test_run_local_without_resume_is_the_engine_run(tiny_bert):
+    examples = tiny_examples()
+    plan = PassPlan(lambda: [GeneralProfile()], ["attention"])
+    direct, through = GeneralProfile(), GeneralProfile()
+    Engine(tiny_bert, progress=False).run(examples, [direct])
+    stats = run_local(Engine(tiny_bert, progress=False), examples, plan, [through], total=len(examples))
+    assert stats.sequences == len(examples)
+    pd.testing.assert_frame_equal(direct.result(), through.result(), check_exact=True)
