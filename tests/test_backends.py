@@ -213,3 +213,52 @@ def test_run_local_without_resume_is_the_engine_run(tiny_bert):
     stats = run_local(Engine(tiny_bert, progress=False), examples, plan, [through], total=len(examples))
     assert stats.sequences == len(examples)
     pd.testing.assert_frame_equal(direct.result(), through.result(), check_exact=True)
+
+
+def test_compare_on_ray_equals_compare_here(tiny_bert_dir, tmp_path):
+    pytest.importorskip("ray")
+    from bertology.workflows.comparison import compare
+
+    changed = tmp_path / "changed"
+    shutil.copytree(tiny_bert_dir, changed)
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(changed / "model.safetensors")
+    weights = {name: tensor * 1.5 if "layer.1.attention.self.query" in name else tensor for name, tensor in weights.items()}
+    save_file(weights, changed / "model.safetensors", metadata={"format": "pt"})
+    texts = [f"{text} number {k}." for k in range(5) for text in TEXTS]
+    local = compare(tiny_bert_dir, changed, texts, batch_size=1, progress=False, device="cpu")
+    on_ray = compare(tiny_bert_dir, changed, texts, batch_size=1, progress=False, device="cpu", backend="ray", workers=2)
+    assert on_ray.stats.sequences == local.stats.sequences == 40
+    assert local.similarity_layers.cosine.iloc[1] < 0.999  # the changed layer changed
+    for name in ("similarity", "similarity_layers", "profile_delta", "roles_delta"):
+        pd.testing.assert_frame_equal(getattr(local, name), getattr(on_ray, name), check_exact=False, rtol=1e-6, atol=1e-6, obj=name)
+
+
+def test_an_interrupted_ray_analysis_resumes_from_the_shards_it_merged(tiny_bert_dir, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("ray")
+    from bertology.core.engine import RunStats
+
+    texts = [f"{text} number {k}." for k in range(12) for text in TEXTS]  # 96 sentences: 3 shards of 32 at batch size 1
+    options = dict(batch_size=1, progress=False, view=False, backend="ray", workers=2, checkpoint_every=1)
+    add = RunStats.add
+    folded = {"n": 0}
+
+    def interrupted(self, other):
+        folded["n"] += 1
+        if folded["n"] > 1:
+            raise KeyboardInterrupt  # the driver stops after merging one shard
+        return add(self, other)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(RunStats, "add", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            bertology.analyze(tiny_bert_dir, texts, out=tmp_path / "run", **options)
+    saved, _ = states.load(tmp_path / "run" / "resume")
+    assert saved["progress"]["backend"] == "ray" and len(saved["progress"]["done"]) == 1
+    with pytest.raises(BertologyError, match="resume it with --backend ray"):
+        bertology.analyze(tiny_bert_dir, texts, out=tmp_path / "run", **{**options, "backend": "local"})
+    resumed = bertology.analyze(tiny_bert_dir, texts, out=tmp_path / "run", **options)
+    assert "resuming: 1 shards (32 examples)" in capsys.readouterr().err
+    local = bertology.analyze(tiny_bert_dir, texts, batch_size=1, progress=False, view=False)
+    _same_tables(local, resumed, names=("heads", "roles", "patterns", "rollout", "mixing", "head_distance"))

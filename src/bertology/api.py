@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from bertology.core.backends import BACKENDS, PassPlan, Resume, fingerprint, run_local, run_ray
+from bertology.core.backends import BACKENDS, PassPlan, Resume, fingerprint, require_ray, run_local, run_ray
 from bertology.core.corpora import Corpus, Example, open_corpus
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, one_line_error
@@ -262,9 +262,7 @@ def analyze(
     if backend not in BACKENDS:
         raise BertologyError(f"unknown backend {backend!r}: use local or ray")
     if backend == "ray":
-        from bertology.core.backends import _ray
-
-        _ray()  # a one-line error now, before anything loads, where Ray is not installed
+        require_ray()  # a one-line error now, before anything loads, where Ray is not installed
     if parser not in (None, *PARSERS):
         raise BertologyError(f"unknown parser {parser!r}: use gold (CoNLL-U trees) or spacy")
     with_trees = parser == "spacy" or _has_trees(examples)

@@ -309,6 +309,9 @@ def compare(
     device: str = DEVICE,
     trust_remote_code: bool = TRUST,
     quiet: bool = QUIET,
+    backend: str = BACKEND,
+    workers: Optional[int] = WORKERS,
+    address: Optional[str] = ADDRESS,
 ) -> None:
     """Per-head similarity of two models' attention on the same inputs, and what changed in profile and roles (Kovaleva et al.)."""
     from bertology.workflows.comparison import compare as run_compare
@@ -318,7 +321,8 @@ def compare(
     out = out or _default_out("compare", "-".join(names), corpus)
     result = run_compare(*models, corpus, format=format, out=out, batch_size=batch_size, max_length=max_length, limit=limit,
                          overflow="skip" if skip_long else "truncate", tau=tau, punct=punct, device=device, seed=seed,
-                         trust_remote_code=trust_remote_code, progress=not quiet, command=sys.argv)
+                         trust_remote_code=trust_remote_code, progress=not quiet, command=sys.argv,
+                         backend=backend, workers=workers, address=address)
     layers = ", ".join(f"{int(r.layer)}: {r.cosine:.3f}" for r in result.similarity_layers.itertuples())
     typer.echo(f"{result.stats.sequences} sequences; mean cosine similarity per layer: {layers}")
     typer.echo(f"report: {(Path(out) / 'report.html').resolve()}")

@@ -126,18 +126,22 @@ def run_local(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: lis
 class PassWorker:
     """A Ray actor: one model, loaded once, and an engine that runs shards of the corpus through fresh analyzers."""
 
-    def __init__(self, model, engine_options: dict, device: str, trust_remote_code: bool, threads: int):
+    def __init__(self, model, engine_options: dict, device: str, trust_remote_code: bool, threads: int, compare_with=None):
         from bertology.core.hooks import register_attention
         from bertology.core.models import LoadedModel, load_model
 
         torch.set_num_threads(max(1, threads))
         register_attention()
-        if isinstance(model, LoadedModel):
-            model.model.to(model.device)
-            loaded = model
-        else:
-            loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)
-        self.engine = Engine(loaded, progress=False, **engine_options)
+
+        def engine(source) -> Engine:
+            loaded = source if isinstance(source, LoadedModel) else load_model(source, device=device, trust_remote_code=trust_remote_code)
+            return Engine(loaded, progress=False, **engine_options)
+
+        self.engine = engine(model)
+        if compare_with is not None:  # `compare`: the same batches through a second model
+            from bertology.workflows.comparison import CompareEngine
+
+            self.engine = CompareEngine(self.engine, engine(compare_with))
 
     def run(self, shard: int, start: int, examples: list, plan: PassPlan) -> tuple[int, list, RunStats]:
         analyzers = plan.make_analyzers()
@@ -149,7 +153,7 @@ class _RayCluster:
     """Joins the cluster at ``address``, or starts a local one of ``workers`` CPUs on loopback that stops on the way out."""
 
     def __init__(self, workers: int | None, address: str | None):
-        self.ray = _ray()
+        self.ray = require_ray()
         self.workers, self.address = workers, address
 
     def __enter__(self):
@@ -181,7 +185,8 @@ def map_on_ray(function: Callable, jobs: Sequence[tuple], *, workers: int | None
             yield running.pop(ready), cluster.ray.get(ready)
 
 
-def _ray():
+def require_ray():
+    """The ``ray`` module, or a one-line error that says how to install it."""
     try:
         import ray
     except ImportError:
@@ -189,21 +194,26 @@ def _ray():
     return ray
 
 
-def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list, *, model, device: str = "auto",
+def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list, *, model, compare_with=None, device: str = "auto",
             trust_remote_code: bool = False, workers: int | None = None, address: str | None = None, total: int | None = None,
             resume: Resume | None = None, progress: bool = True) -> RunStats:
     """The pass across a Ray cluster: ``address`` joins one (``auto``, ``ray://host:port``); otherwise a local one with
     ``workers`` CPUs starts here (on loopback) and stops at the end. ``model``: the name or folder each actor loads (or a
-    loaded model, shipped once through the object store). The driver merges each shard's analyzers into ``analyzers``."""
+    loaded model, shipped once through the object store); ``compare_with``: a second model each actor runs the same
+    batches through (``compare``). The driver merges each shard's analyzers into ``analyzers``."""
     with _RayCluster(workers, address) as cluster:
         from ray.util import ActorPool
 
         ray = cluster.ray
-        shipped = ray.put(model) if not isinstance(model, (str, Path, type(None))) else (str(model) if model is not None else None)
+        def ship(source):
+            return ray.put(source) if not isinstance(source, (str, Path, type(None))) else (str(source) if source is not None else None)
+
+        shipped, shipped_other = ship(model), ship(compare_with)
         options = {"batch_size": engine.batch_size, "max_length": engine.max_length, "overflow": engine.overflow,
                    "sort_window": engine.sort_window, "max_attention_elements": engine.max_attention_elements, "punct": engine.punct}
         worker_class = ray.remote(PassWorker)
-        pool = ActorPool([worker_class.options(**cluster.per_actor).remote(shipped, options, "auto" if cluster.gpus else device, trust_remote_code, cluster.cpus)
+        pool = ActorPool([worker_class.options(**cluster.per_actor).remote(shipped, options, "auto" if cluster.gpus else device, trust_remote_code,
+                                                                           cluster.cpus, shipped_other)
                           for _ in range(cluster.actors)])
 
         stats, done = RunStats(), set()

@@ -155,7 +155,7 @@ class RunStats:
     #: Analyzers whose ``update`` raised (``isolate=True``): position in the run's analyzers -> the error, one line.
     failed: dict[int, str] = field(default_factory=dict)
 
-    def add(self, other: "RunStats", positions: Sequence[int] | None = None) -> "RunStats":
+    def add(self, other: "RunStats") -> "RunStats":
         """Fold in the counts of another part of the corpus (a shard); ``seconds`` is left to the caller (wall time)."""
         self.sequences += other.sequences
         self.tokens += other.tokens

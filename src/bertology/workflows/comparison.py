@@ -28,6 +28,7 @@ from bertology.core.errors import BertologyError
 from bertology.core.models import LoadedModel, load_model
 from bertology.reports.compare import comparison_section
 from bertology.reports.html import Report
+from bertology.core.backends import BACKENDS, PassPlan, run_ray
 from bertology.core.runfolder import RunFolder, claims_out
 from bertology.core.stats import RunningMoments, interval_frame
 
@@ -51,11 +52,11 @@ class CompareEngine:
             raise BertologyError(f"{a.name} has {a.num_layers}x{a.num_heads} heads and {b.name} {b.num_layers}x{b.num_heads}: compare models of one shape")
         self.engine_a, self.engine_b = engine_a, engine_b
 
-    def run(self, examples: Iterable[Example], analyzers: Sequence, *, total: int | None = None) -> RunStats:
-        """Feed every analyzer a :class:`BatchPair` per batch."""
+    def run(self, examples: Iterable[Example], analyzers: Sequence, *, total: int | None = None, **options) -> RunStats:
+        """Feed every analyzer a :class:`BatchPair` per batch; ``options`` go to :meth:`Engine.run` (``start``, ``isolate``, ...)."""
         return self.engine_a.run(
             examples, analyzers, total=total, desc="comparing",
-            step=lambda items: BatchPair(self.engine_a.run_batch(items), self.engine_b.run_batch(items)),
+            step=lambda items: BatchPair(self.engine_a.run_batch(items), self.engine_b.run_batch(items)), **options,
         )
 
 
@@ -183,10 +184,14 @@ class Comparison:
 @claims_out
 def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, batch_size: int = 32, max_length: int | None = None,
             limit: int | None = None, overflow: str = "truncate", tau: float = 3.0, punct: str = "upos", device: str = "auto", seed: int = 0,
-            trust_remote_code: bool = False, progress: bool = True, command: list[str] | None = None) -> Comparison:
+            trust_remote_code: bool = False, progress: bool = True, command: list[str] | None = None, backend: str = "local",
+            workers: int | None = None, address: str | None = None) -> Comparison:
     """Run two models over the same inputs and report per-head similarity and the change in profile and roles.
 
-    ``punct``: the profile's punctuation set, as in :func:`bertology.analyze`."""
+    ``punct``: the profile's punctuation set, as in :func:`bertology.analyze`; ``backend``, ``workers``, ``address``: as there
+    (on Ray, each actor loads both models)."""
+    if backend not in BACKENDS:
+        raise BertologyError(f"unknown backend {backend!r}: use local or ray")
     examples, corpus_info = open_corpus(corpus, format, limit)
     total = examples.validate() if isinstance(examples, Corpus) else len(examples)
     corpus_info["examples"] = total
@@ -194,9 +199,19 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
     torch.manual_seed(seed)
     length = min(max_length or 10**9, loaded[0].max_length, loaded[1].max_length)
     engines = [Engine(m, batch_size=batch_size, max_length=length, overflow=overflow, progress=progress, punct=punct) for m in loaded]
-    similarity = HeadSimilarity()
-    sides = {(kind, side): Side(make(), side) for kind, make in (("profile", GeneralProfile), ("roles", lambda: HeadRoles(tau=tau))) for side in "ab"}
-    stats = CompareEngine(*engines).run(examples, [similarity, *sides.values()], total=total)
+
+    def build() -> list:
+        return [HeadSimilarity(), *(Side(make(), side) for make in (GeneralProfile, lambda: HeadRoles(tau=tau)) for side in "ab")]
+
+    analyzers = build()
+    similarity, sides = analyzers[0], dict(zip([(kind, side) for kind in ("profile", "roles") for side in "ab"], analyzers[1:]))
+    if backend == "ray":
+        plan = PassPlan(build, ["attention"] * len(analyzers))
+        sources = [m if isinstance(m, LoadedModel) else (str(m) if m is not None else None) for m in (model_a, model_b)]
+        stats = run_ray(engines[0], examples, plan, analyzers, model=sources[0], compare_with=sources[1], device=device,
+                        trust_remote_code=trust_remote_code, workers=workers, address=address, total=total, progress=progress)
+    else:
+        stats = CompareEngine(*engines).run(examples, analyzers, total=total)
     if stats.sequences == 0:
         raise BertologyError("no sequence was compared (all skipped as too long)")
     comparison = Comparison(
