@@ -52,7 +52,8 @@ class PatternClassifier(Protocol):
     """What a pattern classifier provides: one class index (into :data:`PATTERNS`) per map."""
 
     def classify(self, attention: torch.Tensor, mask: torch.Tensor, special: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
-        """``attention [batch, head, n, n]`` of one layer -> ``[batch, head]`` class indices."""
+        """``attention [batch, head, n, n]`` -> ``[batch, head]`` class indices, each head's map on its own (the
+        analyzer passes every layer's heads side by side)."""
         ...
 
 
@@ -120,12 +121,14 @@ class HeadPatterns(Analyzer):
         self._examples: dict[str, list[_Example]] = {p: [] for p in PATTERNS}
 
     def update(self, batch: Batch) -> None:
-        num_layers, _, num_heads = batch.attentions.shape[:3]
+        num_layers, size, num_heads, width, _ = batch.attentions.shape
         if self._counts is None:
             self._counts = np.zeros((num_layers, num_heads, len(PATTERNS)), dtype=np.int64)
         special = batch.cls_mask | batch.sep_mask
-        classes = torch.stack([self.classifier.classify(batch.attentions[layer], batch.mask, special, batch.segment_ids) for layer in range(num_layers)])
-        classes = classes.cpu().numpy()  # [layer, batch, head]
+        # Every layer's heads side by side as the "heads" of one call: [batch, layer * head, n, n].
+        every_head = batch.attentions.permute(1, 0, 2, 3, 4).reshape(size, num_layers * num_heads, width, width)
+        classes = self.classifier.classify(every_head, batch.mask, special, batch.segment_ids)
+        classes = classes.reshape(size, num_layers, num_heads).permute(1, 0, 2).cpu().numpy()  # [layer, batch, head]
         for k in range(len(PATTERNS)):
             self._counts[..., k] += (classes == k).sum(axis=1)
         self._keep_examples(batch, classes)

@@ -94,15 +94,14 @@ class GeneralProfile(Analyzer):
         self._layers: RunningMoments | None = None
 
     def update(self, batch: Batch) -> None:
-        num_layers, _, num_heads = batch.attentions.shape[:3]
+        num_layers, size, num_heads, width, _ = batch.attentions.shape
         if self._heads is None:
             self._heads = RunningMoments((num_layers, num_heads, len(PROFILE_METRICS)))
             self._layers = RunningMoments((num_layers, len(PROFILE_METRICS)))
-        per_layer = [
-            profile_metrics(batch.attentions[layer], batch.mask, batch.cls_mask, batch.sep_mask, batch.punct_mask)
-            for layer in range(num_layers)
-        ]
-        values = torch.stack(per_layer, dim=1).double().cpu().numpy()  # [batch, layer, head, metric]
+        # Every layer's heads side by side as the "heads" of one call: [batch, layer * head, n, n].
+        every_head = batch.attentions.permute(1, 0, 2, 3, 4).reshape(size, num_layers * num_heads, width, width)
+        metrics = profile_metrics(every_head, batch.mask, batch.cls_mask, batch.sep_mask, batch.punct_mask)
+        values = metrics.reshape(size, num_layers, num_heads, -1).double().cpu().numpy()  # [batch, layer, head, metric]
         self._heads.push(values)
         self._layers.push(values.mean(axis=2))
 

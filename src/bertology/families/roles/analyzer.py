@@ -121,14 +121,13 @@ class HeadRoles(Analyzer):
         self._moments[role].push(values)
 
     def update(self, batch: Batch) -> None:
-        num_layers, _, num_heads = batch.attentions.shape[:3]
+        num_layers, size, num_heads, width, _ = batch.attentions.shape
         self._shape = (num_layers, num_heads)
-        per_layer = [
-            role_scores(batch.attentions[layer], batch.mask, batch.cls_mask, batch.sep_mask, batch.segment_ids, self.window)
-            for layer in range(num_layers)
-        ]
+        # Every layer's heads side by side as the "heads" of one call: [batch, layer * head, n, n].
+        every_head = batch.attentions.permute(1, 0, 2, 3, 4).reshape(size, num_layers * num_heads, width, width)
+        scores = role_scores(every_head, batch.mask, batch.cls_mask, batch.sep_mask, batch.segment_ids, self.window)
         for role in BASE_ROLES:
-            self._push(role, torch.stack([scores[role] for scores in per_layer], dim=1).cpu().numpy())
+            self._push(role, scores[role].reshape(size, num_layers, num_heads).cpu().numpy())
         for b, example in enumerate(batch.examples):
             if not example.has_tree:
                 continue
