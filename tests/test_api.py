@@ -37,7 +37,15 @@ def test_results_are_deterministic(tiny_bert):
     first = bertology.analyze(tiny_bert, SENTENCES, progress=False, head_distance_sample=1.0)
     second = bertology.analyze(tiny_bert, SENTENCES, progress=False, head_distance_sample=1.0, batch_size=1)
     np.testing.assert_allclose(first.heads.value, second.heads.value, rtol=1e-5)
-    np.testing.assert_allclose(first.head_map[["x", "y"]], second.head_map[["x", "y"]], rtol=1e-4, atol=1e-6)
+    # An MDS map is defined up to rotation and reflection: compare the distances between the heads on it, to the map's scale.
+    def spread(head_map):
+        points = head_map[["x", "y"]].to_numpy()
+        return np.linalg.norm(points[:, None] - points[None], axis=-1)
+
+    np.testing.assert_allclose(first.head_distance.distance, second.head_distance.distance, rtol=1e-4, atol=1e-9)
+    # The tiny model's heads are all but alike (distances of 1e-5 nats), so SMACOF's fit moves with float rounding: the maps
+    # agree in shape, not to the digit.
+    assert np.corrcoef(spread(first.head_map).ravel(), spread(second.head_map).ravel())[0, 1] > 0.99
 
 
 def test_no_sampled_sequence_is_a_warning_not_a_failure(tiny_bert):

@@ -76,13 +76,22 @@ def test_seven_shards_merged_in_any_order_equal_one_pass(tiny_bert_dir):
         pd.testing.assert_frame_equal(expected.result(), actual.result(), check_exact=False, rtol=1e-5, atol=1e-6)
 
 
+def _float64(folder):
+    """A loaded model in float64, shipped to the actors as it is: a random tiny model's heads are so near uniform that float32
+    rounding, which differs with the actors' thread counts, would move a t statistic of -25000 in its sixth digit."""
+    model = load_model(folder, device="cpu")
+    model.model.double()
+    return model
+
+
 def test_ray_tables_equal_local_ones_across_shards_and_workers(tiny_bert_dir, shared_data, tmp_path):
     pytest.importorskip("ray")
     corpus = tmp_path / "ewt.conllu"
     corpus.write_text(_ewt(shared_data, 90), encoding="utf-8")
     options = dict(batch_size=1, progress=False, view=False, bootstrap=200, weighting="attention,norm", probe=False)  # shards of 32 sentences: 3
-    local = bertology.analyze(tiny_bert_dir, corpus, out=tmp_path / "local", **options)
-    on_ray = bertology.analyze(tiny_bert_dir, corpus, out=tmp_path / "ray", backend="ray", workers=2, **options)
+    model = _float64(tiny_bert_dir)
+    local = bertology.analyze(model, corpus, out=tmp_path / "local", **options)
+    on_ray = bertology.analyze(model, corpus, out=tmp_path / "ray", backend="ray", workers=2, **options)
     assert on_ray.stats.sequences == local.stats.sequences == 90 and on_ray.stats.batches == local.stats.batches
     _same_tables(local, on_ray)
     assert (tmp_path / "ray" / "report.html").is_file() and not (tmp_path / "ray" / "resume").exists()
@@ -224,11 +233,12 @@ def test_compare_on_ray_equals_compare_here(tiny_bert_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 
     weights = load_file(changed / "model.safetensors")
-    weights = {name: tensor * 1.5 if "layer.1.attention.self.query" in name else tensor for name, tensor in weights.items()}
+    weights = {name: tensor * 100 if "layer.1.attention.self.query" in name else tensor for name, tensor in weights.items()}
     save_file(weights, changed / "model.safetensors", metadata={"format": "pt"})
     texts = [f"{text} number {k}." for k in range(5) for text in TEXTS]
-    local = compare(tiny_bert_dir, changed, texts, batch_size=1, progress=False, device="cpu")
-    on_ray = compare(tiny_bert_dir, changed, texts, batch_size=1, progress=False, device="cpu", backend="ray", workers=2)
+    models = _float64(tiny_bert_dir), _float64(changed)
+    local = compare(*models, texts, batch_size=1, progress=False, device="cpu")
+    on_ray = compare(*models, texts, batch_size=1, progress=False, device="cpu", backend="ray", workers=2)
     assert on_ray.stats.sequences == local.stats.sequences == 40
     assert local.similarity_layers.cosine.iloc[1] < 0.999  # the changed layer changed
     for name in ("similarity", "similarity_layers", "profile_delta", "roles_delta"):
@@ -241,6 +251,7 @@ def test_an_interrupted_ray_analysis_resumes_from_the_shards_it_merged(tiny_bert
 
     texts = [f"{text} number {k}." for k in range(12) for text in TEXTS]  # 96 sentences: 3 shards of 32 at batch size 1
     options = dict(batch_size=1, progress=False, view=False, backend="ray", workers=2, checkpoint_every=1)
+    model = _float64(tiny_bert_dir)
     add = RunStats.add
     folded = {"n": 0}
 
@@ -253,12 +264,12 @@ def test_an_interrupted_ray_analysis_resumes_from_the_shards_it_merged(tiny_bert
     with monkeypatch.context() as patch:
         patch.setattr(RunStats, "add", interrupted)
         with pytest.raises(KeyboardInterrupt):
-            bertology.analyze(tiny_bert_dir, texts, out=tmp_path / "run", **options)
+            bertology.analyze(model, texts, out=tmp_path / "run", **options)
     saved, _ = states.load(tmp_path / "run" / "resume")
     assert saved["progress"]["backend"] == "ray" and len(saved["progress"]["done"]) == 1
     with pytest.raises(BertologyError, match="resume it with --backend ray"):
-        bertology.analyze(tiny_bert_dir, texts, out=tmp_path / "run", **{**options, "backend": "local"})
-    resumed = bertology.analyze(tiny_bert_dir, texts, out=tmp_path / "run", **options)
+        bertology.analyze(model, texts, out=tmp_path / "run", **{**options, "backend": "local"})
+    resumed = bertology.analyze(model, texts, out=tmp_path / "run", **options)
     assert "resuming: 1 shards (32 examples)" in capsys.readouterr().err
-    local = bertology.analyze(tiny_bert_dir, texts, batch_size=1, progress=False, view=False)
+    local = bertology.analyze(model, texts, batch_size=1, progress=False, view=False)
     _same_tables(local, resumed, names=("heads", "roles", "patterns", "rollout", "mixing", "head_distance"))

@@ -259,8 +259,8 @@ class HeadDistance(Analyzer):
         # All sampled sequences' real rows side by side (padding rows are zero and would add nothing but work).
         width = batch.attentions.shape[-1]
         rows = batch.attentions[:, sampled].permute(0, 2, 1, 3, 4).reshape(num_layers * num_heads, len(sampled) * width, width)
-        rows = rows[:, batch.mask[sampled].reshape(-1)]
-        self._total += pairwise_js(rows).double().cpu().numpy()
+        rows = rows[:, batch.mask[sampled].reshape(-1)].double()  # float64: JS = H(m) - (H(p) + H(q)) / 2 cancels
+        self._total += pairwise_js(rows).cpu().numpy()
         self._rows += int(batch.lengths[sampled].sum())
 
     def merge(self, other: "HeadDistance") -> "HeadDistance":
