@@ -201,7 +201,9 @@ def test_a_planted_class_or_pickle_in_a_state_is_refused(tmp_path):
     import json
 
     states.save(tmp_path / "state", {}, {"x": np.arange(3)})
-    for planted in ("os:system", "subprocess:Popen", "bertology.core.errors:one_line_error"):
+    for planted in ("os:system", "subprocess:Popen", "bertology.core.errors:one_line_error",
+                    "bertology.core.states:torch.hub.tempfile._TemporaryFileCloser",  # a class reached through modules bertology imports
+                    "bertology.core.states:np.ndarray", "bertology.core.backends:RunStats.__class__"):
         (tmp_path / "state" / "state.json").write_text(json.dumps({"values": {"__object__": planted, "state": {"__dict__": []}}}))
         with pytest.raises(BertologyError, match="refused"):
             states.load(tmp_path / "state")
@@ -273,3 +275,29 @@ def test_an_interrupted_ray_analysis_resumes_from_the_shards_it_merged(tiny_bert
     assert "resuming: 1 shards (32 examples)" in capsys.readouterr().err
     local = bertology.analyze(model, texts, batch_size=1, progress=False, view=False)
     _same_tables(local, resumed, names=("heads", "roles", "patterns", "rollout", "mixing", "head_distance"))
+
+
+def test_options_that_cannot_apply_are_refused_in_one_line(tmp_path):
+    with pytest.raises(BertologyError, match="--workers and --address go with --backend ray"):
+        bertology.analyze("no/such/model", ["a sentence."], workers=2, progress=False)
+    with pytest.raises(BertologyError, match="give out too"):
+        bertology.analyze("no/such/model", ["a sentence."], checkpoint_every=5, progress=False)
+
+
+def test_a_shard_reports_its_positions_in_the_whole_corpus(tiny_bert):
+    """on_batch's window_start counts from the corpus's start, also for a shard that starts further in."""
+    positions = []
+    engine = Engine(tiny_bert, batch_size=1, sort_window=2, progress=False)
+    engine.run(tiny_examples(), [GeneralProfile()], start=100, on_batch=lambda stats, position: positions.append(position["window_start"]))
+    assert positions == [100, 100, 102, 102, 104, 104, 106, 106, 108, 108]
+
+
+def test_in_memory_corpora_of_one_length_do_not_resume_each_other(tiny_bert_dir, tmp_path, monkeypatch):
+    texts = [f"{text} number {k}." for k in range(9) for text in TEXTS]
+    options = dict(batch_size=2, progress=False, view=False, checkpoint_every=3, analyses=["profile"])
+    with monkeypatch.context() as patch:
+        _interrupt_after(patch, 5)
+        with pytest.raises(KeyboardInterrupt):
+            bertology.analyze(tiny_bert_dir, texts, out=tmp_path / "run", **options)
+    with pytest.raises(BertologyError, match="another model, corpus or settings"):
+        bertology.analyze(tiny_bert_dir, [text.upper() for text in texts], out=tmp_path / "run", **options)

@@ -8,6 +8,7 @@ pass of the model. This module names no family: it iterates over the registry.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import platform
 import sys
 from collections.abc import Iterable
@@ -22,7 +23,7 @@ from bertology.core.backends import BACKENDS, PassPlan, Resume, fingerprint, req
 from bertology.core.corpora import Corpus, Example, open_corpus
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, one_line_error
-from bertology.core.models import LoadedModel, load_model
+from bertology.core.models import BLOCK_LAYOUTS, LoadedModel, attention_blocks, load_model
 from bertology.core.norms import WEIGHTING_TITLES, parse_weighting
 from bertology.core.runfolder import RunFolder, claims_out
 from bertology.families import Family, FamilyContext, FamilyResult, get_family, registered
@@ -129,7 +130,7 @@ class Analysis:
                     section.title += f" — {WEIGHTING_TITLES[weighting]}"
                 sections.append(section)
         if len(views) > 1:
-            sections.append(views_section(folder, self.by_view))
+            sections.append(views_section(folder, self.by_view, views))
         if self.view is not None:
             self.view.labels = head_labels(folder.path)
             self.view.save(folder.path / "viewer.html")
@@ -263,6 +264,10 @@ def analyze(
         raise BertologyError(f"unknown backend {backend!r}: use local or ray")
     if backend == "ray":
         require_ray()  # a one-line error now, before anything loads, where Ray is not installed
+    elif workers is not None or address is not None:
+        raise BertologyError("--workers and --address go with --backend ray")
+    if checkpoint_every is not None and out is None:
+        raise BertologyError("checkpoint_every saves into the run folder: give out too")
     if parser not in (None, *PARSERS):
         raise BertologyError(f"unknown parser {parser!r}: use gold (CoNLL-U trees) or spacy")
     with_trees = parser == "spacy" or _has_trees(examples)
@@ -290,6 +295,18 @@ def analyze(
         raise BertologyError("the corpus has no examples")
     corpus_info["examples"] = total
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, trust_remote_code=trust_remote_code)
+    if loaded.model.config.model_type not in BLOCK_LAYOUTS:  # norms and mixing need to know where W_O and the layer norm are
+        if "norm" in views:
+            attention_blocks(loaded.model)  # its one-line error names the layouts it knows
+        unknown = [family.name for family in chosen if family.needs_blocks]
+        if set(unknown) & {*(analyses or ()), *include}:  # asked for by name: refused in one line
+            attention_blocks(loaded.model)
+        chosen = [family for family in chosen if not family.needs_blocks]
+        settings["analyses"] = [family.name for family in chosen]
+        late_warnings = [f"{', '.join(unknown)} left out: bertology does not know where {loaded.model.config.model_type} models keep "
+                         "their output projection and layer norm"] if unknown else []
+    else:
+        late_warnings = []
     torch.manual_seed(seed)
     engine = Engine(loaded, batch_size=batch_size, max_length=max_length, overflow=overflow, progress=progress, punct=punct)
     settings["max_length"] = engine.max_length
@@ -304,8 +321,9 @@ def analyze(
                     [weighting for _, weighting, _ in fed], spacy_pipeline, parse=parser == "spacy")
     resume = None
     if out is not None:
+        content = corpus_info.get("sha256") or hashlib.sha256(repr(list(examples)).encode("utf-8")).hexdigest()  # in memory: the examples
         facts = {"model": {key: value for key, value in loaded.info().items() if key != "device"}, "config": loaded.model.config.to_json_string(),
-                 "corpus": {key: corpus_info.get(key) for key in ("sha256", "format", "examples")},
+                 "corpus": {"content": content, **{key: corpus_info.get(key) for key in ("format", "examples")}},
                  "settings": {key: str(value) for key, value in settings.items() if key != "device"}, "bertology": package_versions()["bertology"]}
         resume = Resume(out, fingerprint(**facts), every_batches=checkpoint_every)
     in_order = [analyzer for *_, analyzer in fed]
@@ -318,7 +336,7 @@ def analyze(
     if stats.sequences == 0:
         raise BertologyError(f"every sequence was longer than {engine.max_length} pieces and skipped: raise --max-length or truncate")
 
-    analysis = Analysis(model=loaded.info(), corpus=corpus_info, stats=stats, settings=settings, started=started)
+    analysis = Analysis(model=loaded.info(), corpus=corpus_info, stats=stats, settings=settings, started=started, warnings=late_warnings)
     for position, message in stats.failed.items():  # an analyzer that failed during the pass takes its family out
         analysis.failures.setdefault(fed[position][0], message)
     for family in chosen:

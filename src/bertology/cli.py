@@ -57,7 +57,7 @@ WEIGHTING = typer.Option("attention", "--weighting", help="View of attention eve
 BACKEND = typer.Option("local", "--backend", help="Where the pass runs: local (this process) or ray (shards across a Ray cluster; pip install 'bertology[ray]').")
 WORKERS = typer.Option(None, "--workers", min=1, help="With --backend ray: actors to run (a local cluster of this many CPUs starts here unless --address is given).")
 ADDRESS = typer.Option(None, "--address", help="With --backend ray: join this cluster (auto, or ray://host:port) instead of starting one.")
-CHECKPOINT_EVERY = typer.Option(None, "--checkpoint-every", min=1, help="Save the pass's states every N batches [default: every 30 s]; rerun the same command to resume.")
+CHECKPOINT_EVERY = typer.Option(None, "--checkpoint-every", min=1, help="Save the pass's states every N batches [default: every 30 s]; rerun the same command with the same --out to resume.")
 PUNCT = typer.Option("upos", "--punct", help="Punctuation set of the profile: upos (every punctuation-only token) or clark (the tokens '.' and ',' only, as in Clark et al.'s code).")
 
 

@@ -95,3 +95,17 @@ def test_disagreements_rank_by_the_absolute_difference():
     ranked = disagreements(table)
     assert list(zip(ranked.quantity, ranked.layer)) == [("a", 0), ("a", 1), ("b", 0)]
     assert ranked.difference.tolist() == pytest.approx([-0.4, 0.05, 0.05])
+
+
+def test_a_layout_without_known_blocks_leaves_mixing_out_and_refuses_norms(tiny_bert, monkeypatch):
+    import bertology.api
+
+    monkeypatch.setattr(bertology.api, "BLOCK_LAYOUTS", frozenset({"roberta"}))  # as if bertology did not know BERT's blocks
+    monkeypatch.setattr("bertology.core.models.BERT_LAYOUT", frozenset({"roberta"}))
+    result = bertology.analyze(tiny_bert, TEXTS, progress=False, view=False, analyses=None)
+    assert "mixing" not in result.results and "rollout" in result.results
+    assert any("mixing left out" in warning for warning in result.warnings)
+    with pytest.raises(bertology.BertologyError, match="know the attention blocks"):
+        bertology.analyze(tiny_bert, TEXTS, progress=False, view=False, weighting="norm")
+    with pytest.raises(bertology.BertologyError, match="know the attention blocks"):
+        bertology.analyze(tiny_bert, TEXTS, progress=False, view=False, analyses=["mixing"])

@@ -1,8 +1,8 @@
 """Where the engine's one pass runs: here (``local``) or across a Ray cluster (``ray``), and how a long pass resumes.
 
 ``local``: :meth:`Engine.run` over the corpus in this process. ``ray``: the corpus is cut into shards of
-``batch_size * sort_window`` examples (the engine's own windows, so every shard forms the same batches as a
-local run); an :class:`ray.util.ActorPool` of :class:`PassWorker` actors (one model each, loaded once, on its own
+``batch_size * sort_window`` examples (the engine's own windows, so that a shard forms the same batches as a local
+run, unless ``overflow="skip"`` leaves examples out of a window); an :class:`ray.util.ActorPool` of :class:`PassWorker` actors (one model each, loaded once, on its own
 GPU where the cluster has GPUs) runs each shard through the engine with fresh analyzers and sends them back;
 the driver folds them in with the analyzers' own ``merge``. Either way the run folder is written the same way,
 and the tables agree to float rounding: analyzers pass the contract of :mod:`bertology.core.testing`, and every
@@ -34,6 +34,8 @@ from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError
 
 BACKENDS = ("local", "ray")
+#: Actors on a cluster without GPUs when --workers is not given (each loads its own model).
+DEFAULT_CPU_ACTORS = 4
 #: How often a resumable pass saves its states at the least (issue 16: every 30 seconds).
 CHECKPOINT_SECONDS = 30.0
 
@@ -53,6 +55,7 @@ class Resume:
         self.every_batches = every_batches
         self._saved_at = time.monotonic()
         self._saved_batches = 0
+        self._save_seconds = 0.0
 
     def load(self, analyzers: Sequence) -> tuple[dict, RunStats] | None:
         """Put the saved states into ``analyzers`` (in place, exactly) and return ``(progress, stats)``; None where nothing is saved."""
@@ -73,11 +76,14 @@ class Resume:
     def due(self, stats: RunStats) -> bool:
         if self.every_batches is not None:
             return stats.batches - self._saved_batches >= self.every_batches
-        return time.monotonic() - self._saved_at >= self.every_seconds
+        # At least every_seconds, and never more than a tenth of the time on saving (large states, such as a probe's).
+        return time.monotonic() - self._saved_at >= max(self.every_seconds, 10 * self._save_seconds)
 
     def save(self, progress: dict, stats: RunStats, analyzers: Sequence) -> None:
+        began = time.monotonic()
         states.save(self.folder, {"fingerprint": self.fingerprint, "progress": progress}, {"stats": stats, "analyzers": list(analyzers)})
         self._saved_at, self._saved_batches = time.monotonic(), stats.batches
+        self._save_seconds = self._saved_at - began
 
 
 @dataclass
@@ -101,7 +107,7 @@ def _stream(examples: Iterable, plan: PassPlan):
 
 def run_local(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list, *, total: int | None = None,
               resume: Resume | None = None) -> RunStats:
-    """The pass in this process; with ``resume``, it goes on from saved states and saves its own at window ends."""
+    """The pass in this process; with ``resume``, it goes on from saved states and saves its own after a batch whenever a save is due."""
     start, skip, stats = 0, 0, None
     if resume is not None and (loaded := resume.load(analyzers)) is not None:
         progress, stats = loaded
@@ -128,13 +134,18 @@ class PassWorker:
 
     def __init__(self, model, engine_options: dict, device: str, trust_remote_code: bool, threads: int, compare_with=None):
         from bertology.core.hooks import register_attention
-        from bertology.core.models import LoadedModel, load_model
+        from bertology.core.models import LoadedModel, load_model, resolve_device
 
         torch.set_num_threads(max(1, threads))
         register_attention()
 
         def engine(source) -> Engine:
-            loaded = source if isinstance(source, LoadedModel) else load_model(source, device=device, trust_remote_code=trust_remote_code)
+            if isinstance(source, LoadedModel):  # shipped from the driver: onto this actor's device
+                source.device = resolve_device(device)
+                source.model.to(source.device)
+                loaded = source
+            else:
+                loaded = load_model(source, device=device, trust_remote_code=trust_remote_code)
             return Engine(loaded, progress=False, **engine_options)
 
         self.engine = engine(model)
@@ -164,22 +175,29 @@ class _RayCluster:
             self.ray.init(log_to_driver=False, configure_logging=False, **options)
         resources = self.ray.cluster_resources()
         self.gpus = resources.get("GPU", 0)
-        self.actors = self.workers or max(1, int(self.gpus) or int(resources.get("CPU", 1)))
-        self.cpus = max(1, int(resources.get("CPU", 1)) // self.actors)
-        self.per_actor = {"num_cpus": self.cpus, "num_gpus": min(1.0, self.gpus / self.actors) if self.gpus else 0}
+        self.actors = self.workers or max(1, int(self.gpus) or min(int(resources.get("CPU", 1)), DEFAULT_CPU_ACTORS))
+        # One CPU each, so that an actor fits on any node; its torch threads take its share of the cluster's CPUs.
+        self.threads = max(1, int(resources.get("CPU", 1)) // self.actors)
+        self.per_actor = {"num_cpus": 1, "num_gpus": min(1.0, self.gpus / self.actors) if self.gpus else 0}
         return self
+
+    def device(self, device: str) -> str:
+        """The device an actor uses: ``cpu`` where asked for; otherwise ``auto``, its own GPU (Ray renumbers them as cuda:0)."""
+        return "cpu" if device == "cpu" else "auto"
 
     def __exit__(self, *exc) -> None:
         if self.started_here:
             self.ray.shutdown()
 
 
-def map_on_ray(function: Callable, jobs: Sequence[tuple], *, workers: int | None = None, address: str | None = None) -> Iterable[tuple[int, object]]:
-    """Run ``function(*job)`` for every job as Ray tasks (each with a CPU, or a GPU where the cluster has them); yields
-    ``(index of the job, its result)`` as each finishes (``track``: one checkpoint per task)."""
+def map_on_ray(function: Callable, jobs: Sequence[tuple], *, device: str = "auto", workers: int | None = None,
+               address: str | None = None) -> Iterable[tuple[int, object]]:
+    """Run ``function(*job, device)`` for every job as Ray tasks (one CPU each, or a GPU where the cluster has them; ``device``
+    as an actor sees it, see :meth:`_RayCluster.device`); yields ``(index of the job, its result)`` as each finishes
+    (``track``: one checkpoint per task)."""
     with _RayCluster(workers, address) as cluster:
         remote = cluster.ray.remote(function).options(**cluster.per_actor)
-        running = {remote.remote(*job): index for index, job in enumerate(jobs)}
+        running = {remote.remote(*job, cluster.device(device)): index for index, job in enumerate(jobs)}
         while running:
             (ready,), _ = cluster.ray.wait(list(running), num_returns=1)
             yield running.pop(ready), cluster.ray.get(ready)
@@ -205,15 +223,17 @@ def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list,
         from ray.util import ActorPool
 
         ray = cluster.ray
-        def ship(source):
-            return ray.put(source) if not isinstance(source, (str, Path, type(None))) else (str(source) if source is not None else None)
+        def ship(source):  # a loaded model through the object store; a folder by its absolute path (which every node must see)
+            if source is None or isinstance(source, (str, Path)):
+                return str(Path(source).resolve()) if source is not None and Path(source).exists() else source
+            return ray.put(source)
 
         shipped, shipped_other = ship(model), ship(compare_with)
         options = {"batch_size": engine.batch_size, "max_length": engine.max_length, "overflow": engine.overflow,
                    "sort_window": engine.sort_window, "max_attention_elements": engine.max_attention_elements, "punct": engine.punct}
         worker_class = ray.remote(PassWorker)
-        pool = ActorPool([worker_class.options(**cluster.per_actor).remote(shipped, options, "auto" if cluster.gpus else device, trust_remote_code,
-                                                                           cluster.cpus, shipped_other)
+        pool = ActorPool([worker_class.options(**cluster.per_actor).remote(shipped, options, cluster.device(device), trust_remote_code,
+                                                                           cluster.threads, shipped_other)
                           for _ in range(cluster.actors)])
 
         stats, done = RunStats(), set()

@@ -431,6 +431,7 @@ class Engine:
                         on_batch(stats, {"window_start": window_start, "batches_done": done, "truncated_before": before[0],
                                          "skipped_before": before[1], "sources_before": before[2]})
                 skip_batches = 0
-                window_start, before = stats.sequences + stats.skipped, (stats.truncated, stats.skipped, len(stats.skipped_sources))
+                window_start += sum(len(items) for items in window) + stats.skipped - before[1]  # its sequences and its skips
+                before = (stats.truncated, stats.skipped, len(stats.skipped_sources))
         stats.seconds = time.perf_counter() - started
         return stats

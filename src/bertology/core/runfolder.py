@@ -52,7 +52,8 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 #: Arguments :func:`claims_out` never takes for input paths: the command line as recorded, and options whose
 #: values are words (``analyses=["roles"]`` with ``out="roles"`` is a rerun, not an input inside ``out``).
 NOT_INPUTS = frozenset({"command", "analyses", "include", "exclude", "format", "parser", "device", "punct", "overflow", "normalise",
-                        "intervention", "correction", "importance_split", "heatmap_relation"})
+                        "intervention", "correction", "importance_split", "heatmap_relation", "weighting", "backend", "address",
+                        "workers", "checkpoint_every"})
 
 
 class RunFolderWarning(UserWarning):

@@ -64,10 +64,12 @@ def _class(name: str):
         raise BertologyError(f"refused: a state names the class {name}, which is neither bertology's nor a registered family's")
     module = sys.modules.get(module_name) or importlib.import_module(module_name)
     target = module
-    for part in qualname.split("."):
+    for part in qualname.split("."):  # nested classes only: every step must be a class of that module
         target = getattr(target, part, None)
-    if not isinstance(target, type):
-        raise BertologyError(f"refused: {name} in a state is no class")
+        if not isinstance(target, type) or target.__module__ != module_name:
+            raise BertologyError(f"refused: {name} in a state is no class of {module_name}")
+    if target.__qualname__ != qualname:
+        raise BertologyError(f"refused: {name} in a state is no class of {module_name}")
     return target
 
 

@@ -106,7 +106,9 @@ class Family:
     (CoNLL-U, or ``parser="spacy"``) and runs by default only where there are trees; ``command``: the
     CLI gets a ``bertology NAME`` command for it; ``weighted``: its analyzers read the attention maps, so
     it runs once per view of attention the run asks for (``weighting="attention,norm"``); a family that
-    does not read them (the mixing ratios) runs once.
+    does not read them (the mixing ratios) runs once; ``needs_blocks``: it needs to know where the model keeps
+    its output projection and layer norm (:func:`~bertology.core.models.attention_blocks`): by default it is left out,
+    with a warning, for other layouts.
     """
 
     name: ClassVar[str]
@@ -117,6 +119,7 @@ class Family:
     needs_trees: ClassVar[bool] = False
     command: ClassVar[bool] = True
     weighted: ClassVar[bool] = True
+    needs_blocks: ClassVar[bool] = False
 
     def prepare(self, settings: dict) -> None:
         """Check the family's inputs before the model loads; raise :class:`~bertology.core.errors.BertologyError` for bad ones."""

@@ -52,29 +52,31 @@ def by_layer_across_views(by_view: dict[str, dict[str, FamilyResult]]) -> pd.Dat
     return pd.concat(frames, ignore_index=True)[["weighting", "family", "quantity", "layer", "value"]]
 
 
-def disagreements(table: pd.DataFrame) -> pd.DataFrame:
-    """Per ``family, quantity, layer``: each view's value and ``difference`` (second view minus first), largest ``|difference|`` first."""
-    views = list(dict.fromkeys(table.weighting))
+def disagreements(table: pd.DataFrame, views: list[str] | None = None) -> pd.DataFrame:
+    """Per ``family, quantity, layer``: each view's value and ``difference`` (second view minus first; ``views`` in the run's
+    order, by default as the table lists them), largest ``|difference|`` first."""
+    views = views or list(dict.fromkeys(table.weighting))
     wide = table.pivot_table(index=["family", "quantity", "layer"], columns="weighting", values="value", sort=False)[views].reset_index()
     wide.columns.name = None
     wide["difference"] = wide[views[1]] - wide[views[0]]
     return wide.reindex(wide["difference"].abs().sort_values(ascending=False, kind="stable").index).reset_index(drop=True)
 
 
-def views_figure(table: pd.DataFrame):
+def views_figure(table: pd.DataFrame, views: list[str]):
     """One panel per family: each headline quantity by layer, a colour per quantity, solid for the first view and dashed for the second."""
     from bertology.reports.figures import plt
 
     families = list(dict.fromkeys(table.family))
-    figure, axes = plt.subplots(1, len(families), figsize=(4.4 * len(families), 3.6), squeeze=False)
-    styles = dict(zip(dict.fromkeys(table.weighting), ("-o", "--s")))
+    figure, axes = plt.subplots(1, len(families), figsize=(4.4 * len(families), 4.2), squeeze=False)
+    styles = dict(zip(views, ("-o", "--s")))
+    short = [WEIGHTING_TITLES[view].split(" (")[0] for view in views]
     for axis, family in zip(axes[0], families):
         rows = table[table.family == family]
         for colour, (quantity, lines) in enumerate(rows.groupby("quantity", sort=False)):
             for weighting, line in lines.groupby("weighting", sort=False):
                 axis.plot(line.layer, line.value, styles[weighting], color=f"C{colour % 10}", markersize=3,
-                          label=quantity if weighting == table.weighting.iloc[0] else None)
-        axis.set_title(f"{family} (solid: weights, dashed: norm shares)", fontsize=8)
+                          label=quantity if weighting == views[0] else None)
+        axis.set_title(f"{family} (solid: {short[0]}, dashed: {short[1]})", fontsize=8)
         axis.set_xlabel("layer (0-based)", fontsize=8)
         axis.tick_params(labelsize=7)
         axis.grid(alpha=0.3)
@@ -83,9 +85,8 @@ def views_figure(table: pd.DataFrame):
     return figure
 
 
-def views_section(folder: RunFolder, by_view: dict[str, dict[str, FamilyResult]]) -> Section:
-    """Write ``views_by_layer`` and its figure; return the report section that compares the views."""
-    views = list(by_view)
+def views_section(folder: RunFolder, by_view: dict[str, dict[str, FamilyResult]], views: list[str]) -> Section:
+    """Write ``views_by_layer`` and its figure; return the report section that compares the ``views`` (in the run's order)."""
     section = Section(
         title="Attention weights beside norm shares",
         intro=("Kobayashi et al. (2020): a head adds a[i, j] f(x_j) to token i, and heads that put their weight on [CLS] or [SEP] "
@@ -99,9 +100,10 @@ def views_section(folder: RunFolder, by_view: dict[str, dict[str, FamilyResult]]
         section.notes.append("No family reported per-layer quantities under both views.")
         return section
     folder.write_table("views_by_layer", table)
-    section.figures.append(Figure(folder.write_figure("views_by_layer", views_figure(table)),
-                                  "Each family's headline quantities by layer (0-based): solid, the weights; dashed, the norm shares."))
-    ranked = disagreements(table)
+    section.figures.append(Figure(folder.write_figure("views_by_layer", views_figure(table, views)),
+                                  f"Each family's headline quantities by layer (0-based): solid, {WEIGHTING_TITLES[views[0]]}; "
+                                  f"dashed, {WEIGHTING_TITLES[views[1]]}."))
+    ranked = disagreements(table, views)
     top = ranked.iloc[0]
     first, second = views[0], views[1]
     section.notes.append(

@@ -374,8 +374,13 @@ def _save_part(parts: Path, name: str, key: str, result: CheckpointResult) -> No
     atomic_write(parts / f"{name}.npz", write)
 
 
-def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_trees: bool, settings: dict, progress: bool) -> CheckpointResult:
-    loaded = load_model(None if checkpoint in ("default", DEFAULT_MODEL) else checkpoint, device=settings["device"], trust_remote_code=settings["trust_remote_code"])
+def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_trees: bool, settings: dict, progress: bool,
+                        source: str | None = None, device: str | None = None) -> CheckpointResult:
+    """One checkpoint's profile, roles and syntax. On a Ray task, ``source`` is where to load it from (the folder's absolute
+    path) and ``device`` the task's own."""
+    source = source or checkpoint
+    loaded = load_model(None if source in ("default", DEFAULT_MODEL) else source, device=device or settings["device"],
+                        trust_remote_code=settings["trust_remote_code"])
     torch.manual_seed(settings["seed"])
     engine = Engine(loaded, batch_size=settings["batch_size"], max_length=settings["max_length"], progress=progress, punct=settings["punct"])
     profile, peaks = GeneralProfile(), LayerPeaks(bootstrap=settings["bootstrap"], seed=settings["seed"])
@@ -458,8 +463,9 @@ def track(
             _save_part(parts, _part_name(series[k][1]), key, result)
 
     if backend == "ray" and todo:
-        jobs = [(*series[k], examples, with_trees, settings, False) for k in todo]
-        for index, result in map_on_ray(_analyze_checkpoint, jobs, workers=workers, address=address):
+        jobs = [(step, checkpoint, examples, with_trees, settings, False, str(Path(checkpoint).resolve()) if Path(checkpoint).exists() else checkpoint)
+                for step, checkpoint in (series[k] for k in todo)]
+        for index, result in map_on_ray(_analyze_checkpoint, jobs, device=device, workers=workers, address=address):
             keep(todo[index], result)
     else:
         for k in todo:

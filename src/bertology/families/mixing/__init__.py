@@ -15,6 +15,7 @@ class Mixing(Family):
     title = "How much each token mixes in from the others, with the residual and the layer norm (Kobayashi et al. 2021)."
     outputs = ("mixing",)
     weighted = False
+    needs_blocks = True
 
     def analyzers(self, settings):
         from bertology.families.mixing.analyzer import ContextMixing
