@@ -270,7 +270,7 @@ def test_an_interrupted_ray_analysis_resumes_from_the_shards_it_merged(tiny_bert
     saved, _ = states.load(tmp_path / "run" / "resume")
     assert saved["progress"]["backend"] == "ray" and len(saved["progress"]["done"]) == 1
     with pytest.raises(BertologyError, match="resume it with --backend ray"):
-        bertology.analyze(model, texts, out=tmp_path / "run", **{**options, "backend": "local"})
+        bertology.analyze(model, texts, out=tmp_path / "run", **{**options, "backend": "local", "workers": None})
     resumed = bertology.analyze(model, texts, out=tmp_path / "run", **options)
     assert "resuming: 1 shards (32 examples)" in capsys.readouterr().err
     local = bertology.analyze(model, texts, batch_size=1, progress=False, view=False)
