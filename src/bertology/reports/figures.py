@@ -23,6 +23,16 @@ METRIC_TITLES = {
 }
 
 
+def layer_lines(axis, table: pd.DataFrame, by: str, labels: dict[str, str]) -> None:
+    """On ``axis``: one line per value of column ``by``, its ``value`` by ``layer`` with the 95% interval
+    (``ci_low``, ``ci_high``) as error bars; layers numbered from 0."""
+    for key, rows in table.groupby(by, sort=False):
+        axis.errorbar(rows.layer, rows.value, yerr=[rows.value - rows.ci_low, rows.ci_high - rows.value], marker="o", capsize=3, label=labels[key])
+    axis.set_xticks(sorted(table.layer.unique()))
+    axis.set_xlabel("layer (0-based)")
+    axis.grid(alpha=0.3)
+
+
 def similarity_heatmap(similarity: pd.DataFrame, name_a: str, name_b: str):
     """Layer x head cosine similarity between two models' maps (Kovaleva et al. figure 5)."""
     grid = similarity.pivot(index="layer", columns="head", values="cosine")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from bertology.core.runfolder import RunFolder
-from bertology.reports.figures import plt
+from bertology.reports.figures import layer_lines, plt
 from bertology.reports.html import Figure, Section
 
 RATIO_TITLES = {"attn": "attention alone (Attn-N)", "attn_res": "with the residual (AttnRes-N)",
@@ -15,15 +15,11 @@ RATIO_TITLES = {"attn": "attention alone (Attn-N)", "attn_res": "with the residu
 def mixing_by_layer(table: pd.DataFrame):
     """Each context-mixing ratio by layer, with its 95% interval over sequences."""
     figure, axis = plt.subplots(figsize=(6.0, 3.6))
-    for ratio, rows in table.groupby("ratio", sort=False):
-        axis.errorbar(rows.layer, rows.value, yerr=[rows.value - rows.ci_low, rows.ci_high - rows.value], marker="o", capsize=3, label=RATIO_TITLES[ratio])
-    axis.set_xticks(sorted(table.layer.unique()))
-    axis.set_xlabel("layer (0-based)")
+    layer_lines(axis, table, "ratio", RATIO_TITLES)
     axis.set_ylabel("context-mixing ratio")
     axis.set_ylim(0, 1)
     axis.set_title("share of each token's update that comes from other tokens")
     axis.legend(fontsize=8)
-    axis.grid(alpha=0.3)
     figure.tight_layout()
     return figure
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from bertology.core.runfolder import RunFolder
-from bertology.reports.figures import plt
+from bertology.reports.figures import layer_lines, plt
 from bertology.reports.html import Figure, Section
 
 TARGET_TITLES = {"cls": "input [CLS]", "sep": "input [SEP]", "punct": "input punctuation", "self": "its own input token"}
@@ -16,12 +16,8 @@ def rollout_by_layer(table: pd.DataFrame):
     """Rolled-out attention to each target after each layer: the [CLS] row and every row, with 95% intervals."""
     figure, axes = plt.subplots(1, 2, figsize=(10.0, 3.6), sharey=True)
     for axis, row in zip(axes, ROW_TITLES):
-        for target, rows in table[table.row == row].groupby("target", sort=False):
-            axis.errorbar(rows.layer, rows.value, yerr=[rows.value - rows.ci_low, rows.ci_high - rows.value], marker="o", capsize=3, label=TARGET_TITLES[target])
+        layer_lines(axis, table[table.row == row], "target", TARGET_TITLES)
         axis.set_title(f"rolled out from {ROW_TITLES[row]}")
-        axis.set_xlabel("layer (0-based)")
-        axis.set_xticks(sorted(table.layer.unique()))
-        axis.grid(alpha=0.3)
     axes[0].set_ylabel("rolled-out attention")
     axes[0].legend(fontsize=8)
     figure.tight_layout()
