@@ -328,10 +328,13 @@ class Engine:
         tensors = self.collate(items)
         patterns: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
+        head_outputs: list[torch.Tensor] = []
         layer_inputs: list[torch.Tensor] = []
         hooks = Hooks().add("pattern", lambda layer, pattern: patterns.append(pattern))
         if norms or mixing:
             hooks.add("value", lambda layer, value: values.append(value))
+        if mixing:
+            hooks.add("head_output", lambda layer, output: head_outputs.append(output))
         def keep_layer_input(module, args, kwargs):  # x, the attention's input and the residual
             layer_inputs.append(args[0] if args else kwargs["hidden_states"])
 
@@ -351,7 +354,7 @@ class Engine:
             if norms:
                 key_norms = torch.stack([transformed_norms(value, self.blocks[layer].output) for layer, value in enumerate(values)])
             if mixing:
-                ratios = torch.stack([mixing_ratios(attentions[layer], value, layer_inputs[layer], self.blocks[layer])
+                ratios = torch.stack([mixing_ratios(attentions[layer], value, head_outputs[layer], layer_inputs[layer], self.blocks[layer])
                                       for layer, value in enumerate(values)]) * float_mask[None, :, :, None]
         input_ids = tensors["input_ids"]
         return Batch(

@@ -66,7 +66,8 @@ def norm_shares(attentions: torch.Tensor, key_norms: torch.Tensor) -> torch.Tens
     return torch.where(total > 0, weighted / torch.where(total > 0, total, 1), 0)
 
 
-def mixing_ratios(pattern: torch.Tensor, value: torch.Tensor, layer_input: torch.Tensor, block: AttentionBlock) -> torch.Tensor:
+def mixing_ratios(pattern: torch.Tensor, value: torch.Tensor, head_output: torch.Tensor, layer_input: torch.Tensor,
+                  block: AttentionBlock) -> torch.Tensor:
     """The context-mixing ratios of every token, ``[batch, query, 3]`` in the order of :data:`MIXING_RATIOS`.
 
     With ``z[i <- j] = sum_h a_h[i, j] f_h(x_j)`` (the attention's part, output bias left out), the part a
@@ -79,15 +80,15 @@ def mixing_ratios(pattern: torch.Tensor, value: torch.Tensor, layer_input: torch
       ``g(z) = gamma * (z - mean(z)) / sqrt(var(s_i) + eps)``, with ``s_i = sum_j z[i <- j] + b_O + x_i``
       the vector the layer norm actually normalises.
 
-    ``pattern`` is ``[batch, head, query, key]``, ``value`` ``[batch, head, key, head_dim]``, ``layer_input``
-    ``[batch, query, hidden]``.
+    ``pattern`` is ``[batch, head, query, key]``, ``value`` ``[batch, head, key, head_dim]``, ``head_output`` each head's
+    ``pattern @ value`` as the model computed it (``[batch, head, query, head_dim]``), ``layer_input`` ``[batch, query, hidden]``.
     """
     weight = block.output.weight.to(value.dtype)  # [hidden, head * head_dim]
 
     def project(per_head: torch.Tensor) -> torch.Tensor:  # [batch, head, i, head_dim] -> sum_h per_head_h W_O^h: [batch, i, hidden]
         return torch.matmul(per_head.transpose(1, 2).flatten(2), weight.T)
 
-    total = project(torch.matmul(pattern, value))
+    total = project(head_output)
     own = project(pattern.diagonal(dim1=-2, dim2=-1)[..., None] * value)
     mixed = total - own
     kept = own + layer_input
