@@ -162,3 +162,22 @@ def test_a_layout_bertology_does_not_know_is_refused_in_one_line(tiny_bert):
 
     with pytest.raises(BertologyError, match="mystery"):
         attention_blocks(Unknown())
+
+
+def test_on_the_bundled_model_and_real_sentences_norms_and_mixing_match_numpy(shared_data):
+    """The same independent computation on all-MiniLM-L6-v2 (float64) and real EWT sentences, not only on tiny random models."""
+    from bertology.core.models import default_model_path
+
+    lines = (shared_data / "ud_english_ewt" / "en_ewt-ud-test.conllu").read_text(encoding="utf-8").splitlines()
+    texts = [line.split("=", 1)[1].strip() for line in lines if line.startswith("# text =")][:4]
+    loaded = load_model(None, device="cpu")
+    loaded.model.double()
+    reference = AutoModel.from_pretrained(default_model_path(), attn_implementation="eager").double().eval()
+    state = {name: tensor.numpy() for name, tensor in reference.state_dict().items()}
+    items, batch = _batch(loaded, texts, norms=True, mixing=True)
+    norm_view = batch.weighted("norm")
+    for b, layers in enumerate(_reference("bert", reference, state, items)):
+        n = len(items[b])
+        for l, numbers in enumerate(layers):
+            np.testing.assert_allclose(norm_view.attentions[l, b, :, :n, :n].numpy(), numbers["shares"], atol=1e-10)
+            np.testing.assert_allclose(batch.mixing[l, b, :n].numpy(), numbers["mixing"], atol=1e-10)
