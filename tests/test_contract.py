@@ -1,10 +1,15 @@
 """Every analyzer passes the same contract (bertology.testing.check_analyzer): every registered family's
 analyzers automatically, and the workflows' own."""
 
+import dataclasses
+from importlib import resources
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
 from bertology.core.analyzer import Analyzer
+from bertology.core.corpora import Corpus
 from bertology.core.models import load_model
 from bertology.core.parsing import spacy_trees
 from bertology.core.testing import check_analyzer
@@ -14,17 +19,19 @@ from bertology.families.profile.analyzer import GeneralProfile, HeadDistance, La
 from conftest import tiny_examples
 
 #: Settings that keep contract runs small and exercise the statistics (an option of any family by these names).
-CONTRACT_SETTINGS = {"bootstrap": 200, "head_distance_sample": 0.7, "tau": 1.0, "seed": 3, "correction": "fdr_bh", "punct": "upos"}
+CONTRACT_SETTINGS = {"bootstrap": 200, "head_distance_sample": 0.7, "tau": 1.0, "seed": 3, "correction": "fdr_bh", "punct": "upos", "parser": "gold"}
 
 
 def family_analyzers():
-    """``family:analyzer`` -> a factory of that analyzer, as the family builds it for a run."""
+    """``family:analyzer`` -> a factory of that analyzer, as the family builds it for a run (after its ``prepare``)."""
     for family in registered().values():
         settings = {**{option.name: option.default for option in family.options}, **CONTRACT_SETTINGS}
+        family.prepare(settings)
         for key in family.analyzers(settings):
             yield f"{family.name}:{key}", lambda family=family, key=key, settings=settings: family.analyzers(settings)[key]
 
 
+FRAMES_EXAMPLE = Path(str(resources.files("bertology") / "data" / "frames_example.jsonl"))
 ANALYZERS = {**dict(family_analyzers()), "layer_peaks": lambda: LayerPeaks(bootstrap=200, seed=4)}
 WITHOUT_TREES = {"layer_peaks"}
 COVERED_ELSEWHERE = {
@@ -50,6 +57,9 @@ def roberta64(tiny_roberta_dir):
 
 
 def examples_for(name):
+    if name.startswith("frames:"):  # frame-annotated sentences, half of them pairs of frames in one text
+        examples = list(Corpus(FRAMES_EXAMPLE))[:8]
+        return examples[:4] + [dataclasses.replace(a, frames=a.frames + b.frames) for a, b in zip(examples[4:], examples[4:])]
     examples = tiny_examples()
     return examples if name in WITHOUT_TREES else list(spacy_trees(examples))
 

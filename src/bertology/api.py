@@ -47,8 +47,13 @@ def package_versions() -> dict[str, str]:
 
 
 def _json_setting(value):
-    """Settings as JSON: a dataclass (pattern thresholds) by its fields, anything else as text."""
-    return asdict(value) if is_dataclass(value) else str(value)
+    """Settings as JSON: a sequence item by item, a dataclass with the generated repr (pattern thresholds) by its fields,
+    anything else as text (a token class as its own repr)."""
+    if isinstance(value, (list, tuple)):
+        return [_json_setting(item) for item in value]
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    return asdict(value) if is_dataclass(value) and value.__dataclass_params__.repr else str(value)
 
 
 @dataclass
@@ -145,8 +150,7 @@ class Analysis:
                 "command": command if command is not None else sys.argv,
                 "model": self.model,
                 "corpus": self.corpus,
-                "settings": {name: value if isinstance(value, (str, int, float, bool, list, type(None))) else _json_setting(value)
-                             for name, value in self.settings.items()},
+                "settings": {name: _json_setting(value) for name, value in self.settings.items()},
                 "seed": self.settings["seed"],
                 "stats": self.stats.as_dict(),
                 "skipped_sources": self.stats.skipped_sources,
@@ -175,18 +179,29 @@ def _has_trees(examples: Corpus | list[Example]) -> bool:
     return any(example.has_tree for example in examples)
 
 
+def _has_frames(examples: Corpus | list[Example]) -> bool:
+    if isinstance(examples, Corpus):
+        return examples.format == "frames"
+    return any(example.frames for example in examples)
+
+
 def _choose_families(analyses: Iterable[str] | None, include: Iterable[str], exclude: Iterable[str], with_trees: bool,
-                     corpus_name: str) -> list[Family]:
-    """The families to run: those asked for; or every default family (those that need trees only where there
-    are trees), with ``include`` added and ``exclude`` left out."""
+                     with_frames: bool, corpus_name: str) -> list[Family]:
+    """The families to run: those asked for; or every default family (those that need trees or frames only where
+    the corpus has them), with ``include`` added and ``exclude`` left out."""
+    def applies(family: Family) -> bool:
+        return (with_trees or not family.needs_trees) and (with_frames or not family.needs_frames)
+
     if analyses is None:
         include, exclude = {get_family(name).name for name in include}, {get_family(name).name for name in exclude}
         analyses = [name for name, family in registered().items()
-                    if name not in exclude and (name in include or family.default and (with_trees or not family.needs_trees))]
+                    if name not in exclude and (name in include or family.default and applies(family))]
     chosen = [get_family(name) for name in dict.fromkeys(analyses)]
     for family in chosen:
         if family.needs_trees and not with_trees:
             raise BertologyError(f"{family.name} needs dependency trees: give a CoNLL-U corpus or --parser spacy ({corpus_name} has none)")
+        if family.needs_frames and not with_frames:
+            raise BertologyError(f"{family.name} needs frame annotations: give a frame-annotated .jsonl corpus (--frames) ({corpus_name} has none)")
     return chosen
 
 
@@ -271,7 +286,10 @@ def analyze(
     if parser not in (None, *PARSERS):
         raise BertologyError(f"unknown parser {parser!r}: use gold (CoNLL-U trees) or spacy")
     with_trees = parser == "spacy" or _has_trees(examples)
-    chosen = _choose_families(analyses, include, exclude, with_trees, corpus_info["name"])
+    if analyses is None:  # giving a family's own setting asks for the family
+        owners = {option.name: name for name, family in registered().items() for option in family.options}
+        include = [*include, *(owners[name] for name in options if name in owners)]
+    chosen = _choose_families(analyses, include, exclude, with_trees, _has_frames(examples), corpus_info["name"])
     if not chosen:
         raise BertologyError("nothing to do: every analysis is switched off")
     settings = {

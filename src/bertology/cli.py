@@ -25,7 +25,7 @@ app = typer.Typer(
 MODEL = typer.Option(None, "--model", "-m", help="Hub name or local folder [default: the bundled all-MiniLM-L6-v2].")
 DEVICE = typer.Option("auto", "--device", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps.")
 TRUST = typer.Option(False, "--trust-remote-code", help="Allow models that need their own code from the hub.")
-FORMAT = typer.Option("auto", "--format", "-f", help="auto, text, pairs, glue or conllu.")
+FORMAT = typer.Option("auto", "--format", "-f", help="auto, text, pairs, glue, conllu or frames (frame-annotated JSON lines, .jsonl).")
 OUT = typer.Option(None, "--out", "-o", help="Run folder [default: runs/COMMAND-MODEL-CORPUS-TIME].")
 BATCH_SIZE = typer.Option(32, "--batch-size", min=1)
 MAX_LENGTH = typer.Option(None, "--max-length", min=3, help="Most pieces per sequence [default: the model's].")
@@ -76,7 +76,7 @@ def _run(command: str, quiet: bool, skip_long: bool, switches: dict[str, bool | 
     registry = registered()
     declared = {option.name: option for family in registry.values() for option in family.options}
     given = {name: declared[name].parse(value) if declared[name].parse is not None else value
-             for name, value in options.items() if value != declared[name].default}
+             for name, value in options.items() if value != declared[name].default and not (declared[name].multiple and not value)}
     settings["out"] = settings["out"] or _default_out(command, settings["model"], settings["corpus"])
     result = run_analysis(
         settings.pop("model"), settings.pop("corpus"), overflow="skip" if skip_long else "truncate", progress=not quiet, command=sys.argv,
@@ -100,11 +100,12 @@ def _parameter(name: str, annotation, option) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
 
 
-def _analysis_parameters() -> list[inspect.Parameter]:
-    """The options every analysis command shares (the model, the corpus, the run)."""
+def _analysis_parameters(corpus_flag: str | None = None) -> list[inspect.Parameter]:
+    """The options every analysis command shares (the model, the corpus, the run); ``corpus_flag`` names ``--corpus`` once more."""
+    corpus_flags = ("--corpus", "-c", corpus_flag) if corpus_flag else ("--corpus", "-c")
     return [
         _parameter("model", Optional[str], MODEL),
-        _parameter("corpus", Optional[Path], typer.Option(None, "--corpus", "-c", help="Corpus file [default: the bundled sample corpus].")),
+        _parameter("corpus", Optional[Path], typer.Option(None, *corpus_flags, help="Corpus file [default: the bundled sample corpus].")),
         _parameter("format", str, FORMAT),
         _parameter("out", Optional[Path], OUT),
         _parameter("batch_size", int, BATCH_SIZE),
@@ -130,6 +131,8 @@ def _analysis_parameters() -> list[inspect.Parameter]:
 def _option_parameter(option) -> inspect.Parameter:
     """A family's :class:`~bertology.families.Option` as a command-line option."""
     flags = option.cli_flag.split(" ") if " " in option.cli_flag else [option.cli_flag]
+    if option.multiple:
+        return _parameter(option.name, Optional[list[str]], typer.Option(None, *flags, help=option.help + " Repeat the flag for several."))
     annotation = Optional[option.cli_type] if option.default is None else option.cli_type
     return _parameter(option.name, annotation, typer.Option(option.default, *flags, help=option.help, min=option.minimum, max=option.maximum))
 
@@ -137,16 +140,16 @@ def _option_parameter(option) -> inspect.Parameter:
 def _analysis_command(name: str, help: str, with_families, switches) -> None:
     """Register ``bertology NAME``: the shared options, ``--F/--no-F`` for each family in ``switches``, and the
     options of every family in ``with_families``; the command runs the switched families (or ``with_families``)."""
-    parameters = _analysis_parameters()
+    parameters = _analysis_parameters(with_families[0].corpus_flag if len(with_families) == 1 else None)
     for family in switches:
         default = "on" if family.default and not family.needs_trees else "on when the corpus has trees" if family.default else "off"
-        parameters.append(_parameter(family.name, Optional[bool], typer.Option(None, f"--{family.name}/--no-{family.name}",
+        parameters.append(_parameter(f"run_{family.name}", Optional[bool], typer.Option(None, f"--{family.name}/--no-{family.name}",
                                                                                help=f"{family.title} [default: {default}]")))
     names = [option.name for family in with_families for option in family.options]
     parameters += [_option_parameter(option) for family in with_families for option in family.options]
 
     def command(**values) -> None:
-        chosen = {family.name: values.pop(family.name) for family in switches}
+        chosen = {family.name: values.pop(f"run_{family.name}") for family in switches}
         options = {option: values.pop(option) for option in names}
         quiet, skip_long = values.pop("quiet"), values.pop("skip_long")
         if not switches:
@@ -437,6 +440,42 @@ def prune(
     if study.pruned is not None:
         p = study.pruned
         typer.echo(f"pruned to {p['heads_kept']} heads: {metric} {p['metric_pruned'][metric]:.4f}, {p['speedup']:.2f}x as fast; model: {p['model']}")
+    typer.echo(f"report: {(Path(out) / 'report.html').resolve()}")
+
+
+@app.command()
+def gradients(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="A model with a masked-LM head (hub name or folder), or with --task a fine-tuned classifier."),
+    corpus: Optional[Path] = typer.Option(None, "--corpus", "-c", help="Corpus file for the masked-LM loss [default: the bundled sample corpus]."),
+    task: Optional[Path] = typer.Option(None, "--task", help="GLUE task folder: use the classifier's loss on its dev split instead of the masked-LM loss."),
+    format: str = FORMAT,
+    mask_share: float = typer.Option(0.15, "--mask-share", min=0.01, max=1.0, help="Share of each sequence's pieces masked for the masked-LM loss."),
+    out: Optional[Path] = OUT,
+    batch_size: int = TASK_BATCH_SIZE,
+    max_length: Optional[int] = MAX_LENGTH,
+    limit: Optional[int] = LIMIT,
+    punct: str = PUNCT,
+    seed: int = SEED,
+    device: str = DEVICE,
+    trust_remote_code: bool = TRUST,
+    quiet: bool = QUIET,
+) -> None:
+    """[SEP] as a no-op (Clark et al. 2019): attention to [SEP], [CLS] and punctuation per layer beside the gradient of the loss w.r.t. it."""
+    from bertology.core.runfolder import check_out
+    from bertology.workflows.finetuning import load_task
+    from bertology.workflows.gradients import attention_gradients
+
+    if out is not None:
+        check_out(out, inputs=(task, corpus, model))
+    data = load_task(task) if task is not None else None
+    out = out or _default_out("gradients", model, corpus or (Path(data.name) if data else None))
+    study = attention_gradients(model, corpus, task=data, format=format, out=out, batch_size=batch_size, max_length=max_length, limit=limit,
+                                mask_share=mask_share, punct=punct, seed=seed, device=device, trust_remote_code=trust_remote_code,
+                                progress=not quiet, command=sys.argv)
+    table = study.gradients.set_index(["target", "layer"])
+    for layer in sorted(study.gradients.layer.unique()):
+        sep, every = table.loc[("sep", layer)], table.loc[("all", layer)]
+        typer.echo(f"layer {layer}: attention to [SEP] {sep.attention:.3f}, |dL/da| to [SEP] {sep.gradient:.2e} (every token {every.gradient:.2e})")
     typer.echo(f"report: {(Path(out) / 'report.html').resolve()}")
 
 

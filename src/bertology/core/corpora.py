@@ -1,4 +1,4 @@
-"""Corpus readers: plain text, sentence pairs, GLUE TSVs, CoNLL-U, and the bundled sample corpus.
+"""Corpus readers: plain text, sentence pairs, GLUE TSVs, CoNLL-U, frame-annotated JSON lines, and the bundled sample corpus.
 
 Every reader is a generator of :class:`Example` and reports bad input as a
 :class:`~bertology.core.errors.CorpusError` that names the file and line. Files are read line by line,
@@ -8,6 +8,7 @@ so a corpus of any size streams in constant memory.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -18,7 +19,17 @@ from conllu.parser import DEFAULT_FIELDS, parse_line
 
 from bertology.core.errors import CorpusError
 
-FORMATS = ("auto", "text", "pairs", "glue", "conllu")
+FORMATS = ("auto", "text", "pairs", "glue", "conllu", "frames")
+
+
+@dataclass(frozen=True)
+class FrameAnnotation:
+    """One annotated frame of a sentence (FrameNet style): the ``frame``'s name, the character span
+    ``target`` = (start, end) of the word(s) that evoke it, and its core ``elements`` as (name, (start, end))."""
+
+    frame: str
+    target: tuple[int, int]
+    elements: tuple[tuple[str, tuple[int, int]], ...]
 
 
 @dataclass(frozen=True)
@@ -26,7 +37,8 @@ class Example:
     """One input sequence (or sentence pair), with its dependency tree where the corpus has one.
 
     ``words``/``word_spans`` give the syntactic words and their character spans in ``text``;
-    ``heads`` are 1-based CoNLL-U heads (0 = root) and ``relations`` the dependency relations.
+    ``heads`` are 1-based CoNLL-U heads (0 = root), ``relations`` the dependency relations and
+    ``upos`` the universal part-of-speech tags. ``frames``: the sentence's annotated frames (the ``frames`` format).
     """
 
     text: str
@@ -37,6 +49,8 @@ class Example:
     word_spans: tuple[tuple[int, int], ...] | None = None
     heads: tuple[int, ...] | None = None
     relations: tuple[str, ...] | None = None
+    upos: tuple[str, ...] | None = None
+    frames: tuple[FrameAnnotation, ...] | None = None
 
     @property
     def has_tree(self) -> bool:
@@ -209,6 +223,7 @@ def _conllu_sentence(path: Path, block: list[tuple[int, str]]) -> Example:
     spans: list[tuple[int, int]] = []
     heads: list[int] = []
     relations: list[str] = []
+    upos: list[str] = []
     word_lines: list[int] = []
     # An open multiword token: (first id, last id, surface form, space after, line), and its words so far.
     multiword: tuple[int, int, str, bool, int] | None = None
@@ -253,6 +268,7 @@ def _conllu_sentence(path: Path, block: list[tuple[int, str]]) -> Example:
         words.append(token["form"])
         heads.append(token["head"])
         relations.append(token["deprel"] or "_")
+        upos.append(token["upos"] or "_")
         word_lines.append(number)
         if multiword is None:
             begin = append_surface(token["form"], space_after)
@@ -274,6 +290,7 @@ def _conllu_sentence(path: Path, block: list[tuple[int, str]]) -> Example:
         word_spans=tuple(spans),
         heads=tuple(heads),
         relations=tuple(relations),
+        upos=tuple(upos),
     )
 
 
@@ -326,6 +343,51 @@ def _split_surface(form: str, words: list[str], begin: int) -> list[tuple[int, i
     return [(begin + a, begin + b) for a, b in zip(cuts, cuts[1:])]
 
 
+FRAME_KEYS = ("text", "frame", "target", "elements")
+
+
+def _frame_span(path: Path, number: int, text: str, what: str, value) -> tuple[int, int]:
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        raise CorpusError(path, number, f"{what} must be [start, end], two character offsets, not {json.dumps(value)}")
+    start, end = value
+    if not 0 <= start < end <= len(text):
+        raise CorpusError(path, number, f"{what} [{start}, {end}] lies outside the text's {len(text)} characters (or is empty)")
+    return start, end
+
+
+def read_frames(path: Path) -> Iterator[Example]:
+    """Frame-annotated sentences, one JSON object a line (Kovaleva et al. 2019, section 4.3):
+    ``{"text": ..., "frame": ..., "target": [start, end], "elements": {"Agent": [start, end], ...}}``, with
+    character offsets into ``text`` (end exclusive). An element may not overlap the target. Blank lines are skipped."""
+    for number, line in numbered_lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CorpusError(path, number, f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
+        if not isinstance(record, dict):
+            raise CorpusError(path, number, "expected a JSON object")
+        missing = [key for key in FRAME_KEYS if key not in record]
+        if missing:
+            raise CorpusError(path, number, f"missing key(s) {', '.join(missing)}: each line needs {', '.join(FRAME_KEYS)}")
+        text, frame, elements = record["text"], record["frame"], record["elements"]
+        if not isinstance(text, str) or not text.strip():
+            raise CorpusError(path, number, "text must be a non-empty string")
+        if not isinstance(frame, str) or not frame:
+            raise CorpusError(path, number, "frame must be a non-empty string")
+        target = _frame_span(path, number, text, "target", record["target"])
+        if not isinstance(elements, dict) or not elements:
+            raise CorpusError(path, number, "elements must be an object of at least one core element: {\"Name\": [start, end]}")
+        spans = []
+        for name, value in elements.items():
+            start, end = _frame_span(path, number, text, f"element {name!r}", value)
+            if start < target[1] and target[0] < end:
+                raise CorpusError(path, number, f"element {name!r} [{start}, {end}] overlaps the target [{target[0]}, {target[1]}]")
+            spans.append((name, (start, end)))
+        yield Example(text=text, source=f"{path.name}:{number}", frames=(FrameAnnotation(frame, target, tuple(spans)),))
+
+
 def sample_files() -> tuple[Path, Path]:
     """The bundled sample corpus: single sentences and sentence pairs, written for bertology."""
     data = resources.files("bertology") / "data"
@@ -336,6 +398,8 @@ def detect_format(path: Path) -> str:
     """Guess a corpus format from the file's extension and first line."""
     if path.suffix.lower() in {".conllu", ".conll"}:
         return "conllu"
+    if path.suffix.lower() == ".jsonl":
+        return "frames"
     cells = first_cells(path)
     if _glue_layout(cells) is not None:
         return "glue"
@@ -382,6 +446,8 @@ class Corpus:
             yield from read_pairs(self.path)
         elif self.format == "glue":
             yield from read_table(self.path, glue_layout(self.path))
+        elif self.format == "frames":
+            yield from read_frames(self.path)
         else:
             yield from read_conllu(self.path)
 

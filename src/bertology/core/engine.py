@@ -231,6 +231,10 @@ class Engine:
         table = model.punct_by_id if punct == "upos" else punctuation_table(model.tokenizer, punct)
         self._punct_by_id = torch.as_tensor(table, device=model.device)
 
+    def punctuation(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """True for the pieces of the run's punctuation set (``punct``)."""
+        return self._punct_by_id[input_ids]
+
     # -- tokenization and batching ---------------------------------------------------------
     def _encode(self, example: Example, truncate: bool) -> dict:
         return self.model.tokenizer(
@@ -363,7 +367,7 @@ class Engine:
             mask=mask,
             cls_mask=(input_ids == self.model.cls_token_id) & mask,
             sep_mask=(input_ids == self.model.sep_token_id) & mask,
-            punct_mask=self._punct_by_id[input_ids] & mask,
+            punct_mask=self.punctuation(input_ids) & mask,
             segment_ids=tensors["segment_ids"],
             attentions=attentions,
             embedding=self.model.model.get_input_embeddings(),

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers.utils import logging as hf_logging
-from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel,
+                          PreTrainedTokenizerBase)
 
 from bertology.core.errors import ModelError
 from bertology.core.hooks import ATTN_IMPLEMENTATION, register_attention
@@ -210,16 +211,25 @@ def require_safetensors(folder: str | Path) -> None:
                          "convert them to model.safetensors where you trust the file (from_pretrained, then save_pretrained)")
 
 
+#: What :func:`load_model` can put on top of the encoder: nothing, the masked-LM head, or a sequence classifier's head.
+MODEL_HEADS = {None: AutoModel, "masked-lm": AutoModelForMaskedLM, "classifier": AutoModelForSequenceClassification}
+
+
 def load_model(
     name_or_path: str | Path | None = None,
     *,
     device: str | torch.device = "auto",
     trust_remote_code: bool = False,
+    head: str | None = None,
 ) -> LoadedModel:
     """Load an encoder by hub name or local folder, with bertology's eager attention hook point.
 
-    ``None`` loads the default model, all-MiniLM-L6-v2, from the installed package.
+    ``None`` loads the default model, all-MiniLM-L6-v2, from the installed package. ``head``: ``None`` (the
+    encoder alone), ``"masked-lm"`` (with its masked-LM head; a checkpoint without one is refused in one line) or
+    ``"classifier"`` (a sequence classifier, e.g. from ``bertology finetune``).
     """
+    if head not in MODEL_HEADS:
+        raise ValueError(f"head must be one of {', '.join(map(str, MODEL_HEADS))}")
     register_attention()
     hf_logging.disable_progress_bar()
     if name_or_path is None:
@@ -236,8 +246,9 @@ def load_model(
         try:
             config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-            model = AutoModel.from_pretrained(
-                source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code, use_safetensors=True
+            model, loading = MODEL_HEADS[head].from_pretrained(
+                source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code, use_safetensors=True,
+                output_loading_info=True,
             )
         except OSError as exc:
             if Path(source).exists():
@@ -251,6 +262,12 @@ def load_model(
             if "trust_remote_code" in str(exc):
                 message = "this model needs custom code: pass --trust-remote-code if you trust its source"
             raise ModelError(f"{source}: {message}") from exc
+    if head is not None:
+        prefix = model.base_model_prefix + "."
+        new_weights = [key for key in loading["missing_keys"] if not key.startswith(prefix)]
+        if new_weights:
+            what = "masked-LM head" if head == "masked-lm" else "classification head"
+            raise ModelError(f"{source}: the checkpoint has no {what} ({new_weights[0]} and {len(new_weights) - 1} more weights are missing)")
     if not tokenizer.is_fast:
         raise ModelError(f"{source}: bertology needs a fast tokenizer (offset mappings align pieces to words)")
     cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id

@@ -2,7 +2,7 @@
 
 Gold trees come from CoNLL-U (:func:`bertology.core.corpora.read_conllu`); for plain text,
 :func:`spacy_trees` parses each example's first sentence with spaCy and attaches words, their
-character spans, 1-based heads (0 = root) and relations, as CoNLL-U would.
+character spans, 1-based heads (0 = root), relations and UPOS tags, as CoNLL-U would.
 """
 
 from __future__ import annotations
@@ -63,4 +63,5 @@ def spacy_trees(examples: Iterable[Example], pipeline: str | None = None, batch_
             word_spans=tuple((token.idx, token.idx + len(token.text)) for token in doc),
             heads=tuple(0 if token.head.i == token.i else token.head.i + 1 for token in doc),
             relations=tuple("root" if token.dep_ == "ROOT" else token.dep_ for token in doc),
+            upos=tuple(token.pos_ for token in doc),
         )

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from bertology.core.runfolder import RunFolder
 
 #: The families bertology ships, in report order.
-BUILTIN_FAMILIES = ("profile", "roles", "patterns", "syntax", "rollout", "mixing")
+BUILTIN_FAMILIES = ("profile", "roles", "patterns", "syntax", "classes", "frames", "rollout", "mixing")
 #: Keywords of ``analyze()`` itself: no family option may take these names.
 COMMON_SETTINGS = frozenset({
     "model", "corpus", "analyses", "format", "parser", "spacy_pipeline", "out", "batch_size", "max_length", "limit", "overflow",
@@ -44,7 +44,8 @@ class Option:
 
     ``type``: the CLI's type (default: the default's type); ``parse`` turns the CLI's text into the
     API's value (a structured option); ``minimum``/``maximum`` bound a number; ``flag`` overrides the
-    CLI's flag (``"--probe/--no-probe"``).
+    CLI's flag (``"--probe/--no-probe"``); ``multiple``: the flag may be given several times, and ``parse``
+    receives the list of its texts.
     """
 
     name: str
@@ -55,6 +56,7 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
     flag: str | None = None
+    multiple: bool = False
 
     @property
     def cli_flag(self) -> str:
@@ -108,7 +110,9 @@ class Family:
     it runs once per view of attention the run asks for (``weighting="attention,norm"``); a family that
     does not read them (the mixing ratios) runs once; ``needs_blocks``: it needs to know where the model keeps
     its output projection and layer norm (:func:`~bertology.core.models.attention_blocks`): by default it is left out,
-    with a warning, for other layouts.
+    with a warning, for other layouts; ``needs_frames``: it needs frame annotations (the ``frames`` corpus
+    format) and runs by default only on such a corpus; ``corpus_flag``: another name its command gives ``--corpus``
+    (``--frames``).
     """
 
     name: ClassVar[str]
@@ -120,6 +124,8 @@ class Family:
     command: ClassVar[bool] = True
     weighted: ClassVar[bool] = True
     needs_blocks: ClassVar[bool] = False
+    needs_frames: ClassVar[bool] = False
+    corpus_flag: ClassVar[str | None] = None
 
     def prepare(self, settings: dict) -> None:
         """Check the family's inputs before the model loads; raise :class:`~bertology.core.errors.BertologyError` for bad ones."""

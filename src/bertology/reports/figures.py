@@ -91,17 +91,27 @@ def ablation_heatmap(ablation: pd.DataFrame, metric: str):
     return figure
 
 
-def importance_heatmap(importance: pd.DataFrame):
-    """Michel et al.'s head importance, normalised per layer."""
-    grid = importance.pivot(index="layer", columns="head", values="importance_normalised")
-    figure, axis = plt.subplots(figsize=(0.5 * grid.shape[1] + 2.8, 0.45 * grid.shape[0] + 1.6))
-    image = axis.imshow(grid.values, aspect="auto", cmap="viridis", vmin=0)
+def head_grid(axis, grid: pd.DataFrame, title: str, **imshow) -> None:
+    """On ``axis``: a layer x head heat map of ``grid`` (index: layer, columns: head, both 0-based) with a colour bar."""
+    image = axis.imshow(grid.values, aspect="auto", **{"cmap": "viridis", **imshow})
     axis.set_xticks(range(grid.shape[1]), grid.columns)
     axis.set_yticks(range(grid.shape[0]), grid.index)
     axis.set_xlabel("head (0-based)")
     axis.set_ylabel("layer (0-based)")
-    axis.set_title("head importance E|dL/d xi| (normalised per layer)", fontsize=9)
+    axis.set_title(title, fontsize=9)
     plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+
+
+def head_grid_size(grid: pd.DataFrame) -> tuple[float, float]:
+    """A figure size that gives each head's cell room."""
+    return 0.5 * grid.shape[1] + 2.8, 0.45 * grid.shape[0] + 1.6
+
+
+def importance_heatmap(importance: pd.DataFrame):
+    """Michel et al.'s head importance, normalised per layer."""
+    grid = importance.pivot(index="layer", columns="head", values="importance_normalised")
+    figure, axis = plt.subplots(figsize=head_grid_size(grid))
+    head_grid(axis, grid, "head importance E|dL/d xi| (normalised per layer)", vmin=0)
     figure.tight_layout()
     return figure
 

@@ -1,0 +1,135 @@
+"""Attention to token classes (Kovaleva et al. 2019; METHODS.md section 9).
+
+``--class NAME=SPEC`` (API: ``classes=["NAME=SPEC", ...]``), SPEC one of ``upos:TAG``, ``deprel:RELATION`` (gold trees
+or ``--parser spacy``), ``words:FILE`` (one word a line; ``words:negation`` is bundled) and ``regex:PATTERN``. Without
+classes, the family measures nouns and verbs (where there are trees), negation words and punctuation.
+Table: ``classes`` (``layer, head, class, row, value, ci_low, ci_high, n, baseline, ratio``). Figure: one layer x head
+heat map per class.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+
+from bertology.core.errors import BertologyError, CorpusError
+from bertology.families import Family, FamilyResult, Option, register_family
+
+#: Word lists bundled with bertology, for ``words:NAME`` when no file of that name exists.
+BUNDLED_WORD_LISTS = ("negation",)
+
+
+def read_word_list(where: str) -> frozenset[str]:
+    """The casefolded words of a word-list file (one a line; blank lines and lines starting with # are skipped)."""
+    path = Path(where)
+    if not path.exists() and where in BUNDLED_WORD_LISTS:
+        path = Path(str(resources.files("bertology") / "data" / f"{where}.txt"))
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise CorpusError(path, None, f"no such word list (a file, or one of the bundled lists: {', '.join(BUNDLED_WORD_LISTS)})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CorpusError(path, None, f"cannot read the word list ({exc})") from None
+    words = frozenset(line.strip().casefold() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+    if not words:
+        raise CorpusError(path, None, "the word list has no words")
+    return words
+
+
+def parse_class(text: str):
+    """``NAME=KIND:VALUE`` -> :class:`~bertology.families.classes.analyzer.TokenClass`; one line for a malformed one."""
+    from bertology.families.classes.analyzer import CLASS_KINDS, TokenClass
+
+    if not isinstance(text, str):
+        if isinstance(text, TokenClass):
+            return text
+        raise BertologyError(f"a class is a text NAME=KIND:VALUE, not {text!r}")
+    name, equals, spec = text.partition("=")
+    kind, colon, value = spec.partition(":")
+    name, kind = name.strip(), kind.strip()
+    if not equals or not colon or not name or not value:
+        raise BertologyError(f"--class {text!r}: write NAME=KIND:VALUE, KIND one of {', '.join(CLASS_KINDS)} (e.g. noun=upos:NOUN)")
+    if kind not in CLASS_KINDS:
+        raise BertologyError(f"--class {text!r}: unknown kind {kind!r}; choose one of {', '.join(CLASS_KINDS)}")
+    if kind == "regex":
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise BertologyError(f"--class {text!r}: not a regular expression ({exc})") from None
+    return TokenClass(name, kind, value, read_word_list(value) if kind == "words" else frozenset())
+
+
+def parse_classes(texts) -> tuple:
+    """Several ``--class`` values (or one text) -> a tuple of classes with distinct names."""
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    classes = tuple(parse_class(text) for text in texts)
+    names = [token_class.name for token_class in classes]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise BertologyError(f"--class: the name {repeated[0]!r} is given twice")
+    return classes
+
+
+def default_classes(with_trees: bool) -> tuple:
+    """Nouns and verbs (UPOS, where there are trees), negation words (the bundled list) and punctuation."""
+    specs = (["noun=upos:NOUN", "verb=upos:VERB"] if with_trees else []) + ["negation=words:negation", r"punctuation=regex:[^\w\s]+"]
+    return parse_classes(specs)
+
+
+class Classes(Family):
+    name = "classes"
+    title = "Attention to token classes (UPOS tags, relations, word lists, patterns) against each class's share of words (Kovaleva et al. 2019)."
+    default = False
+    options = (
+        Option("classes", None, "A class of words, NAME=SPEC: upos:TAG or deprel:RELATION (trees: CoNLL-U or --parser spacy), "
+               "words:FILE (one word a line; 'negation' is bundled) or regex:PATTERN (matches the whole word) "
+               "[default: nouns and verbs where there are trees, negation words, punctuation].",
+               parse=parse_classes, multiple=True, flag="--class"),
+    )
+    outputs = ("classes",)
+
+    def prepare(self, settings):
+        with_trees = settings["parser"] is not None
+        classes = default_classes(with_trees) if settings["classes"] in (None, (), []) else parse_classes(settings["classes"])
+        for token_class in classes:
+            if token_class.needs_trees and not with_trees:
+                raise BertologyError(f"--class {token_class.spec} needs dependency trees: give a CoNLL-U corpus or --parser spacy")
+        settings["classes"] = classes
+
+    def analyzers(self, settings):
+        from bertology.families.classes.analyzer import ClassAttention
+
+        return {"classes": ClassAttention(settings["classes"])}
+
+    def finish(self, analyzers, context):
+        analyzer = analyzers["classes"]
+        for name, count in analyzer.occurrences().items():
+            if count == 0:
+                context.warnings.append(f"class {name!r} never occurs in {context.corpus['name']}: its rows are empty")
+        return FamilyResult(tables={"classes": analyzer.result()})
+
+    def section(self, folder, result, settings):
+        from bertology.families.classes.report import classes_section
+
+        return classes_section(folder, result.tables["classes"], settings["classes"])
+
+    def summary(self, result):
+        from bertology.families.classes.report import top_heads
+
+        return [f"most attention to {name}: " + ", ".join(f"{int(r.layer)}-{int(r.head)} ({r.value:.2f}, {r.ratio:.1f}x its share {r.baseline:.2f})"
+                                                          for r in rows.itertuples())
+                for name, rows in top_heads(result.tables["classes"], 3).groupby("class", sort=False)]
+
+    def overview(self, result):
+        from bertology.families.classes.report import top_heads
+
+        return top_heads(result.tables["classes"], 3)
+
+    def by_layer(self, result):
+        table = result.tables["classes"]
+        rows = table[table.row == "all"].groupby(["class", "layer"], sort=False).value.mean().reset_index()
+        return rows.assign(quantity="attention to " + rows["class"])[["quantity", "layer", "value"]]
+
+
+register_family(Classes())

@@ -1,0 +1,168 @@
+"""Attention to token classes (Kovaleva et al. 2019, "attention to linguistic features"; METHODS.md section 9).
+
+A class is a set of words (:class:`TokenClass`): a UPOS tag or a dependency relation (gold trees or spaCy), a word
+list (matched without regard to case), or a regular expression that must match the whole word. On each sequence's
+word-level map ``W`` (METHODS.md section 2: attention to a word sums its pieces, from a word averages them), with
+``C`` the units of the class's words and ``u`` the number of units ([CLS]/[SEP] included, as queries are in
+section 1):
+
+- every query: ``value = (1/u) sum_i sum_{j in C} W[i, j]``, the mean over queries of the attention to the class;
+- the [CLS] row: ``value = sum_{j in C} W[cls, j]``;
+- the uniform baseline: ``|C| / w``, the class's share of the sequence's ``w`` words (what a head that spread its
+  attention evenly over the words would give); ``ratio = value / baseline`` (means over the same sequences).
+
+Only sequences with at least one word of the class count for it (``n``); values get a 95% t interval over them.
+Words whose pieces were cut by truncation belong to no class and are not counted in ``w``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+import torch
+
+from bertology.core.alignment import WordAlignment, default_word_spans
+from bertology.core.analyzer import Analyzer
+from bertology.core.corpora import Example
+from bertology.core.engine import Batch
+from bertology.core.stats import RunningMoments, interval_frame, merge_moments
+
+#: What a class's words are chosen by: a UPOS tag, a dependency relation, a word list or a regular expression.
+CLASS_KINDS = ("upos", "deprel", "words", "regex")
+#: The rows of the table: every query's attention (``all``), or the [CLS] row's alone (``cls_row``).
+CLASS_ROWS = ("all", "cls_row")
+
+
+@lru_cache(maxsize=None)
+def _compiled(pattern: str) -> re.Pattern:
+    return re.compile(pattern)
+
+
+@dataclass(frozen=True, repr=False)
+class TokenClass:
+    """One class of words: ``name``, ``kind`` (one of :data:`CLASS_KINDS`), ``value`` (the tag, relation or
+    pattern) and, for ``words``, the casefolded ``words`` themselves.
+
+    ``deprel:nsubj`` also takes the relation's subtypes (``nsubj:pass``): a relation matches when it, or the part
+    before its colon, equals ``value``.
+    """
+
+    name: str
+    kind: str
+    value: str
+    words: frozenset[str] = frozenset()
+
+    @property
+    def needs_trees(self) -> bool:
+        return self.kind in ("upos", "deprel")
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}={self.kind}:{self.value}"
+
+    def __repr__(self) -> str:  # the same in every process (a frozenset's order is not): run fingerprints and manifests use it
+        listed = f", {len(self.words)} words {hashlib.sha256(repr(sorted(self.words)).encode()).hexdigest()[:12]}" if self.words else ""
+        return f"TokenClass({self.spec!r}{listed})"
+
+    def members(self, texts: list[str], upos: tuple[str, ...] | None, relations: tuple[str, ...] | None) -> np.ndarray:
+        """Which of the words (``texts``; ``upos``/``relations`` cover the first words, sentence A's) are in the class."""
+        if self.kind == "words":
+            return np.array([text.casefold() in self.words for text in texts], dtype=bool)
+        if self.kind == "regex":
+            pattern = _compiled(self.value)
+            return np.array([pattern.fullmatch(text) is not None for text in texts], dtype=bool)
+        tags = upos if self.kind == "upos" else relations
+        found = np.zeros(len(texts), dtype=bool)
+        if tags is not None:
+            found[:len(tags)] = [tag == self.value or (self.kind == "deprel" and tag.partition(":")[0] == self.value) for tag in tags]
+        return found
+
+
+def word_texts(example: Example) -> list[str]:
+    """The text of every word the alignment numbers: sentence A's (gold words where given), then sentence B's."""
+    texts = list(example.words) if example.words is not None else [example.text[a:b] for a, b in default_word_spans(example.text)]
+    if example.text_pair is not None:
+        texts += [example.text_pair[a:b] for a, b in default_word_spans(example.text_pair)]
+    return texts
+
+
+def class_units(example: Example, alignment: WordAlignment, classes: tuple[TokenClass, ...]) -> tuple[np.ndarray, int]:
+    """``(members[unit, class], words)``: which units hold a word of each class, and how many words are aligned."""
+    texts = word_texts(example)
+    units = alignment.word_unit[:len(texts)]
+    aligned = units >= 0
+    members = np.zeros((alignment.num_units, len(classes)))
+    for k, token_class in enumerate(classes):
+        chosen = token_class.members(texts, example.upos, example.relations) & aligned
+        members[units[chosen], k] = 1.0
+    return members, int(aligned.sum())
+
+
+class ClassAttention(Analyzer):
+    """Per head and class: attention to the class's words from every query and from [CLS], against the class's
+    share of words (see the module docstring)."""
+
+    name = "classes"
+
+    def __init__(self, classes: tuple[TokenClass, ...]):
+        self.classes = tuple(classes)
+        self._attention: RunningMoments | None = None  # [layer, head, class, row]
+        self._baseline = RunningMoments((len(self.classes),))
+
+    def update(self, batch: Batch) -> None:
+        values, baselines = [], []
+        for b, example in enumerate(batch.examples):
+            alignment = batch.alignments[b]
+            members, words = class_units(example, alignment, self.classes)
+            present = members.sum(axis=0)
+            if words == 0 or not present.any():
+                continue
+            maps = batch.word_attention(b)  # [layer, head, u, u]
+            indicator = torch.as_tensor(members, dtype=maps.dtype, device=maps.device)
+            to_class = maps @ indicator  # [layer, head, u, class]: each query's attention to the class
+            every = to_class.mean(dim=-2)
+            cls_pieces = torch.nonzero(batch.cls_mask[b]).flatten()
+            if len(cls_pieces):
+                cls_row = to_class[:, :, int(alignment.unit_of_piece[int(cls_pieces[0])])]
+            else:
+                cls_row = torch.full_like(every, torch.nan)
+            value = torch.stack([every, cls_row], dim=-1).double().cpu().numpy()
+            value[:, :, present == 0] = np.nan  # a sequence without the class says nothing of it
+            values.append(value)
+            baselines.append(np.where(present > 0, present / words, np.nan))
+        if not values:
+            return
+        if self._attention is None:
+            self._attention = RunningMoments(values[0].shape)
+        self._attention.push(np.stack(values))
+        self._baseline.push(np.stack(baselines))
+
+    def merge(self, other: "ClassAttention") -> "ClassAttention":
+        self._check_mergeable(other)
+        self._attention = merge_moments(self._attention, other._attention)
+        self._baseline.merge(other._baseline)
+        return self
+
+    def result(self) -> pd.DataFrame:
+        """``layer, head, class, row, value, ci_low, ci_high, n, baseline, ratio`` (``row``: ``all`` or ``cls_row``)."""
+        columns = ["layer", "head", "class", "row", "value", "ci_low", "ci_high", "n", "baseline", "ratio"]
+        if self._attention is None:
+            return pd.DataFrame(columns=columns)
+        layers, heads = self._attention.count.shape[:2]
+        names = [token_class.name for token_class in self.classes]
+        index = pd.MultiIndex.from_product([range(layers), range(heads), names, CLASS_ROWS], names=["layer", "head", "class", "row"])
+        table = interval_frame(self._attention, index)
+        baseline = dict(zip(names, self._baseline.means()))
+        table["baseline"] = table["class"].map(baseline).astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            table["ratio"] = table["value"] / table["baseline"]
+        return table[columns]
+
+    def occurrences(self) -> dict[str, int]:
+        """Sequences in which each class occurred."""
+        return {token_class.name: int(count) for token_class, count in zip(self.classes, self._baseline.count)}

@@ -1,0 +1,52 @@
+"""The token-class heat maps and report section (Kovaleva et al. 2019). Layers and heads are numbered from 0."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from bertology.core.runfolder import RunFolder
+from bertology.reports.figures import head_grid, plt
+from bertology.reports.html import Figure, Section
+
+
+def top_heads(table: pd.DataFrame, k: int) -> pd.DataFrame:
+    """Each class's ``k`` heads with the most attention to it from every query."""
+    rows = table[(table.row == "all") & table.value.notna()].sort_values("value", ascending=False, kind="stable")
+    columns = ["class", "layer", "head", "value", "ci_low", "ci_high", "baseline", "ratio", "n"]
+    return rows.groupby("class", sort=False).head(k)[columns].reset_index(drop=True)
+
+
+def class_heatmaps(table: pd.DataFrame, names: list[str]):
+    """One layer x head map per class: the attention to it from every query, as a multiple of its share of words."""
+    rows = table[table.row == "all"]
+    columns = min(len(names), 3)
+    layers, heads = rows.layer.nunique(), rows["head"].nunique()
+    width, height = 0.32 * heads + 2.6, 0.32 * layers + 1.5
+    figure, axes = plt.subplots(math.ceil(len(names) / columns), columns, figsize=(width * columns, height * math.ceil(len(names) / columns)),
+                                squeeze=False)
+    for axis, name in zip(axes.flat, names):
+        grid = rows[rows["class"] == name].pivot(index="layer", columns="head", values="ratio")
+        head_grid(axis, grid, f"{name}: attention / share of words", cmap="magma", vmin=0)
+    for axis in list(axes.flat)[len(names):]:
+        axis.axis("off")
+    figure.tight_layout()
+    return figure
+
+
+def classes_section(folder: RunFolder, table: pd.DataFrame, classes) -> Section:
+    """Write the class heat maps into ``folder`` and return the report section."""
+    section = Section(
+        title="Attention to token classes",
+        intro=("Kovaleva et al. (2019): per head, the mean over queries of the word-level attention to the words of each class, "
+               "with a 95% interval over the sequences that contain the class, beside its uniform baseline, the class's share "
+               "of the words; the ratio says how many times more than its share a head gives the class. The [CLS] row's own "
+               "attention is in classes.csv (row = cls_row). Classes: " + "; ".join(c.spec for c in classes) + "."),
+    )
+    names = [c.name for c in classes if table[(table["class"] == c.name) & table.value.notna()].shape[0]]
+    if names:
+        section.figures.append(Figure(folder.write_figure("classes_heatmaps", class_heatmaps(table, names)),
+                                      "Attention to each class from every query divided by the class's share of words, per head (layers and heads 0-based)."))
+    section.tables.append(("The three heads with the most attention to each class", top_heads(table, 3)))
+    return section

@@ -1,0 +1,73 @@
+"""Frame-semantic heads (Kovaleva et al. 2019, section 4.3; METHODS.md section 9).
+
+Reads a frame-annotated corpus (the ``frames`` format: JSON lines ``{"text", "frame", "target": [start, end],
+"elements": {"Name": [start, end], ...}}``; ``bertology frames --frames FILE.jsonl``). Table: ``frames`` (``layer,
+head, score, ci_low, ci_high, baseline, difference, t, p, p_adj, significant, n, pairs``). Figure: score and score
+minus baseline per head, and the top heads.
+"""
+
+from __future__ import annotations
+
+from bertology.families import Family, FamilyResult, Option, register_family
+
+
+def corrected(table, correction: str, alpha: float = 0.05):
+    """``p_adj`` and ``significant`` for the heads that could be tested, corrected over them (statsmodels' ``multipletests``)."""
+    from statsmodels.stats.multitest import multipletests
+
+    table = table.assign(p_adj=float("nan"), significant=False)
+    testable = table.p.notna()
+    if testable.any():
+        reject, adjusted, _, _ = multipletests(table.p[testable], alpha=alpha, method=correction)
+        table.loc[testable, "p_adj"] = adjusted
+        table.loc[testable, "significant"] = reject
+    columns = ["layer", "head", "score", "ci_low", "ci_high", "baseline", "difference", "t", "p", "p_adj", "significant", "n", "pairs"]
+    return table[columns]
+
+
+class Frames(Family):
+    name = "frames"
+    title = "Frame-semantic heads: the strongest attention between a frame's target and its core elements, against random pairs (Kovaleva et al. 2019)."
+    needs_frames = True
+    corpus_flag = "--frames"
+    options = (Option("frame_top", 10, "Heads listed in the report, by score.", minimum=1),)
+    outputs = ("frames",)
+
+    def analyzers(self, settings):
+        from bertology.families.frames.analyzer import FrameHeads
+
+        return {"frames": FrameHeads(seed=settings["seed"])}
+
+    def finish(self, analyzers, context):
+        analyzer = analyzers["frames"]
+        if analyzer.pairs == 0:
+            context.warnings.append(f"no (target, element) pair of {context.corpus['name']} kept its pieces: the frames table is empty")
+        elif analyzer.matched < analyzer.pairs:
+            context.warnings.append(f"{analyzer.pairs - analyzer.matched} of {analyzer.pairs} frame pairs have no random baseline "
+                                    "(no shift keeps them inside their sentence)")
+        return FamilyResult(tables={"frames": corrected(analyzer.result(), context.settings["correction"])})
+
+    def section(self, folder, result, settings):
+        from bertology.families.frames.report import frames_section
+
+        return frames_section(folder, result.tables["frames"], settings["frame_top"])
+
+    def summary(self, result):
+        table = result.tables["frames"]
+        if table.empty:
+            return []
+        top = table.sort_values("score", ascending=False, kind="stable").head(3)
+        return [f"frame heads (score, random pairs' score): " + ", ".join(f"{int(r.layer)}-{int(r.head)} ({r.score:.2f} vs {r.baseline:.2f})"
+                                                                        for r in top.itertuples())
+                + f"; {int(table.significant.sum())} of {len(table)} heads above random pairs after correction"]
+
+    def overview(self, result):
+        return result.tables["frames"].sort_values("score", ascending=False, kind="stable").head(10)
+
+    def by_layer(self, result):
+        table = result.tables["frames"]
+        rows = table.groupby("layer", sort=True).score.max().reset_index()
+        return rows.assign(quantity="best frame score of the layer")[["quantity", "layer", "score"]].rename(columns={"score": "value"})
+
+
+register_family(Frames())

@@ -1,0 +1,142 @@
+"""Frame-semantic heads (Kovaleva et al. 2019, section 4.3; METHODS.md section 9).
+
+For each annotated pair of a frame's target T and one of its core elements E (character spans, turned into the
+pieces that overlap them), a head's score is Kovaleva et al.'s ``max(max_{i in E, j in T} a[i, j], max_{i in T, j in E} a[i, j])``:
+the largest attention weight between any token of the element and any token of the target, in either direction.
+
+Baseline: the same score for a position-matched random pair, the target's and the element's words both moved by one
+random shift ``s != 0`` (in words, the same for both, so the pair keeps its distance, order and sizes) that keeps
+them inside the sentence; ``s`` is drawn from a generator keyed by the sentence, the frame and the element
+(:func:`~bertology.core.stats.keyed_rng`), so it does not depend on batches or shards. A pair with no such shift
+(a sentence too short) has no baseline.
+
+Per sentence, the scores are averaged over its pairs (sentences are the independent units); the per-sentence
+difference ``score - baseline`` (over the pairs that have a baseline) is tested one-sided, ``H0: mean <= 0``
+(:func:`~bertology.core.stats.t_test_greater`), and corrected over the heads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from bertology.core.alignment import default_word_spans
+from bertology.core.analyzer import Analyzer
+from bertology.core.engine import Batch, Encoded
+from bertology.core.stats import RunningMoments, keyed_rng, merge_moments, sequence_key, t_test_greater
+
+#: What is averaged per sentence: the pairs' score, their baseline's score, and the difference of the two.
+FRAME_QUANTITIES = ("score", "baseline", "difference")
+
+
+def span_pieces(item: Encoded, span: tuple[int, int]) -> list[int]:
+    """Pieces of sentence A whose characters overlap ``span`` = [start, end)."""
+    start, end = span
+    return [p for p, ((begin, stop), segment) in enumerate(zip(item.offsets, item.sequence_ids))
+            if segment == 0 and stop > begin and begin < end and start < stop]
+
+
+def pair_score(maps: torch.Tensor, target: list[int], element: list[int]) -> torch.Tensor:
+    """Kovaleva et al.'s score of every head, ``[layer, head]``: the largest weight between the pieces of
+    ``element`` and of ``target``, in either direction (``maps``: ``[layer, head, n, n]``)."""
+    target_index, element_index = torch.tensor(target, device=maps.device), torch.tensor(element, device=maps.device)
+    element_to_target = maps[:, :, element_index][:, :, :, target_index].amax(dim=(-2, -1))
+    target_to_element = maps[:, :, target_index][:, :, :, element_index].amax(dim=(-2, -1))
+    return torch.maximum(element_to_target, target_to_element)
+
+
+def shifted_pair(text: str, target: tuple[int, int], element: tuple[int, int], rng: np.random.Generator):
+    """The target's and element's spans moved together by a random number of words ``s != 0`` within the text,
+    or None where no shift keeps both inside it."""
+    words = default_word_spans(text)
+
+    def covered(span):
+        return [k for k, (begin, end) in enumerate(words) if begin < span[1] and span[0] < end]
+
+    target_words, element_words = covered(target), covered(element)
+    if not target_words or not element_words:
+        return None
+    low, high = min(target_words + element_words), max(target_words + element_words)
+    shifts = [s for s in range(-low, len(words) - high) if s != 0]
+    if not shifts:
+        return None
+    s = int(rng.choice(shifts))
+
+    def moved(indices):
+        return words[indices[0] + s][0], words[indices[-1] + s][1]
+
+    return moved(target_words), moved(element_words)
+
+
+class FrameHeads(Analyzer):
+    """Per head: Kovaleva et al.'s frame score, its position-matched random baseline and their difference (see the
+    module docstring). ``result()``: ``layer, head, score, ci_low, ci_high, baseline, difference, t, p, n, pairs``."""
+
+    name = "frames"
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self._moments: RunningMoments | None = None  # [layer, head, quantity]
+        self.pairs = 0
+        self.matched = 0
+
+    def update(self, batch: Batch) -> None:
+        rows = []
+        for b, (item, example) in enumerate(zip(batch.items, batch.examples)):
+            if not example.frames:
+                continue
+            n = int(batch.mask[b].sum())
+            maps = batch.attentions[:, b, :, :n, :n]
+            scores, baselines = [], []
+            for f, annotation in enumerate(example.frames):
+                target = span_pieces(item, annotation.target)
+                for name, span in annotation.elements:
+                    element = span_pieces(item, span)
+                    if not target or not element:
+                        continue  # cut by truncation
+                    score = pair_score(maps, target, element)
+                    scores.append(score)
+                    shifted = shifted_pair(example.text, annotation.target, span, keyed_rng(self.seed, *sequence_key(example), f, name))
+                    pieces = None if shifted is None else (span_pieces(item, shifted[0]), span_pieces(item, shifted[1]))
+                    if pieces is not None and pieces[0] and pieces[1]:
+                        baselines.append((score, pair_score(maps, *pieces)))
+            if not scores:
+                continue
+            self.pairs += len(scores)
+            self.matched += len(baselines)
+            score = torch.stack(scores).double().mean(dim=0)
+            if baselines:
+                baseline = torch.stack([pair[1] for pair in baselines]).double().mean(dim=0)
+                difference = torch.stack([pair[0] - pair[1] for pair in baselines]).double().mean(dim=0)
+            else:
+                baseline = difference = torch.full_like(score, torch.nan)
+            rows.append(torch.stack([score, baseline, difference], dim=-1).cpu().numpy())
+        if not rows:
+            return
+        if self._moments is None:
+            self._moments = RunningMoments(rows[0].shape)
+        self._moments.push(np.stack(rows))
+
+    def merge(self, other: "FrameHeads") -> "FrameHeads":
+        self._check_mergeable(other)
+        self._moments = merge_moments(self._moments, other._moments)
+        self.pairs += other.pairs
+        self.matched += other.matched
+        return self
+
+    def result(self) -> pd.DataFrame:
+        columns = ["layer", "head", "score", "ci_low", "ci_high", "baseline", "difference", "t", "p", "n", "pairs"]
+        if self._moments is None:
+            return pd.DataFrame(columns=columns)
+        means = self._moments.means()
+        low, high = self._moments.interval()
+        differences = RunningMoments(means.shape[:2])
+        differences.count, differences.mean, differences.m2 = (part[..., 2] for part in (self._moments.count, self._moments.mean, self._moments.m2))
+        t, p = t_test_greater(differences, 0.0)
+        layer, head = np.indices(means.shape[:2])
+        return pd.DataFrame({
+            "layer": layer.ravel(), "head": head.ravel(), "score": means[..., 0].ravel(), "ci_low": low[..., 0].ravel(),
+            "ci_high": high[..., 0].ravel(), "baseline": means[..., 1].ravel(), "difference": means[..., 2].ravel(),
+            "t": t.ravel(), "p": p.ravel(), "n": self._moments.count[..., 0].ravel().astype(np.int64), "pairs": self.pairs,
+        })[columns]

@@ -1,0 +1,182 @@
+"""[SEP] as a no-op (Clark et al. 2019, section 3.2; METHODS.md section 9): dL/da against finite differences and against
+transformers' own eager attention, the per-layer table against numpy, the loss options and the command."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM, BertTokenizerFast
+
+from bertology.core.corpora import Example
+from bertology.core.engine import Engine, RunStats
+from bertology.core.errors import ModelError
+from bertology.core.hooks import Hooks
+from bertology.core.models import load_model
+from bertology.workflows.finetuning import load_task
+from bertology.workflows.gradients import GRADIENT_TARGETS, AttentionGradients, attention_gradients, masked_positions
+from conftest import TEXTS
+
+
+@pytest.fixture(scope="module")
+def tiny_mlm_dir(tiny_bert_dir, tmp_path_factory):
+    """A 2-layer, 4-head random BERT with its masked-LM head, and the tiny tokenizer."""
+    folder = tmp_path_factory.mktemp("tiny-mlm")
+    tokenizer = BertTokenizerFast.from_pretrained(tiny_bert_dir)
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(3)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                        max_position_embeddings=64)
+    BertForMaskedLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def mlm64(tiny_mlm_dir):
+    model = load_model(tiny_mlm_dir, device="cpu", head="masked-lm")
+    model.model.double()
+    return model
+
+
+def one_batch(model, texts, seed=0, share=0.15):
+    engine = Engine(model, batch_size=len(texts), progress=False)
+    items = sorted(engine.encode(enumerate(Example(t, source=f"t:{k + 1}") for k, t in enumerate(texts)), RunStats()), key=len)
+    return engine, items
+
+
+def reference_gradients(folder, items, seed, share):
+    """dL/da and a by transformers' own eager attention (``output_attentions`` with ``retain_grad``), one sequence at a time,
+    the masked-LM loss the mean cross-entropy over the masked pieces."""
+    model = AutoModelForMaskedLM.from_pretrained(folder, attn_implementation="eager").double().eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    out = []
+    for item in items:
+        ids = torch.tensor([item.input_ids])
+        chosen = masked_positions(item, share, seed)
+        labels = torch.full_like(ids, -100)
+        labels[0, chosen] = ids[0, chosen]
+        ids[0, chosen] = tokenizer.mask_token_id
+        outputs = model(ids, output_attentions=True)
+        for attention in outputs.attentions:
+            attention.retain_grad()
+        loss = torch.nn.functional.cross_entropy(outputs.logits[0], labels[0], ignore_index=-100)
+        loss.backward()
+        out.append((ids[0].numpy(), np.stack([a.detach()[0].numpy() for a in outputs.attentions]),
+                    np.stack([a.grad[0].numpy() for a in outputs.attentions])))
+    return out
+
+
+def test_masking_is_fixed_by_the_sequence_and_seed_and_spares_special_tokens(mlm64):
+    _, items = one_batch(mlm64, TEXTS)
+    for item in items:
+        chosen = masked_positions(item, 0.15, seed=1)
+        assert len(chosen) == max(1, round(0.15 * (len(item) - 2)))
+        assert 0 not in chosen and len(item) - 1 not in chosen
+        assert (chosen == masked_positions(item, 0.15, seed=1)).all()
+    assert any((masked_positions(i, 0.5, 1) != masked_positions(i, 0.5, 2)).any() for i in items)
+
+
+def test_gradient_table_equals_numpy_from_transformers_eager_attention(mlm64, tiny_mlm_dir):
+    engine, items = one_batch(mlm64, TEXTS)
+    study = AttentionGradients(engine, mask_share=0.2, seed=4)
+    study.update(items)
+    table = study.result().set_index(["layer", "target"])
+    sep, cls = mlm64.sep_token_id, mlm64.cls_token_id
+    punct = mlm64.punct_by_id
+    per_sequence = []
+    for ids, maps, grads in reference_gradients(tiny_mlm_dir, items, 4, 0.2):
+        sets = {"sep": ids == sep, "cls": ids == cls, "punct": punct[ids], "all": np.ones(len(ids), bool)}
+        heads, n = maps.shape[1], len(ids)
+        rows = []
+        for layer in range(maps.shape[0]):
+            rows.append([(maps[layer][:, :, sets[t]].sum() / (heads * n), np.abs(grads[layer][:, :, sets[t]]).sum() / (heads * n * sets[t].sum())
+                          if sets[t].any() else np.nan) for t in GRADIENT_TARGETS])
+        per_sequence.append(rows)
+    expected = np.array(per_sequence)  # [sequence, layer, target, (attention, gradient)]
+    for layer in range(2):
+        for k, target in enumerate(GRADIENT_TARGETS):
+            values = expected[:, layer, k]
+            values = values[~np.isnan(values[:, 1])]
+            row = table.loc[(layer, target)]
+            assert row.attention == pytest.approx(values[:, 0].mean(), rel=1e-10)
+            assert row.gradient == pytest.approx(values[:, 1].mean(), rel=1e-8)
+            assert row.n == len(values)
+    assert table.loc[(0, "all"), "attention"] == pytest.approx(1.0)
+
+
+def test_the_gradient_is_the_finite_difference_of_the_loss(mlm64):
+    """dL/da[l, h, i, j] by autograd through the pattern hook point, against (L(a + eps e_ij) - L(a - eps e_ij)) / 2 eps."""
+    engine, items = one_batch(mlm64, ["the cat sat on the mat."])
+    item = items[0]
+    chosen = masked_positions(item, 0.3, 0)
+    ids = torch.tensor([item.input_ids])
+    labels = torch.full_like(ids, -100)
+    labels[0, chosen] = ids[0, chosen]
+    ids[0, chosen] = mlm64.tokenizer.mask_token_id
+
+    def loss(nudge=None):
+        hooks = Hooks()
+        if nudge is not None:
+            layer, head, i, j, eps = nudge
+
+            def add(at, pattern):
+                if at == layer:
+                    pattern = pattern.clone()
+                    pattern[0, head, i, j] += eps
+                    return pattern
+            hooks.add("pattern", add)
+        with torch.no_grad(), hooks.attach(mlm64.model):
+            logits = mlm64.model(ids).logits
+        return torch.nn.functional.cross_entropy(logits[0], labels[0], ignore_index=-100).item()
+
+    captured = {}
+
+    class Keep(AttentionGradients):
+        def update(self, items):
+            original = torch.autograd.grad
+
+            def grad(loss, leaves):
+                captured["grads"] = original(loss, leaves)
+                return captured["grads"]
+            torch.autograd.grad = grad
+            try:
+                super().update(items)
+            finally:
+                torch.autograd.grad = original
+
+    Keep(engine, mask_share=0.3, seed=0).update(items)
+    for layer, head, i, j in [(0, 1, 2, 0), (1, 3, 4, len(item) - 1), (1, 0, 1, 5)]:
+        eps = 1e-6
+        numeric = (loss((layer, head, i, j, eps)) - loss((layer, head, i, j, -eps))) / (2 * eps)
+        assert captured["grads"][layer][0, head, i, j].item() == pytest.approx(numeric, rel=1e-5, abs=1e-9)
+
+
+def test_a_model_without_a_masked_lm_head_is_refused_in_one_line(tiny_bert_dir):
+    with pytest.raises(ModelError, match="the checkpoint has no masked-LM head"):
+        attention_gradients(tiny_bert_dir, ["the cat sat."], progress=False)
+
+
+def test_a_classifier_with_its_task_uses_the_task_loss(tiny_classifier_dir, cat_task):
+    study = attention_gradients(tiny_classifier_dir, task=load_task(cat_task), progress=False, batch_size=5)
+    table = study.gradients
+    assert study.settings["loss"] == "sst2 cross-entropy"
+    assert len(table) == 3 * len(GRADIENT_TARGETS) and table.gradient.notna().all() and (table.gradient > 0).all()
+    assert (table.n == 12).all()
+
+
+def test_gradients_command_writes_table_figure_and_report(tiny_mlm_dir, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "bertology.cli", "gradients", "-m", str(tiny_mlm_dir), "-c", str(corpus), "--out", str(out), "-q"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("layer 0: attention to [SEP]")
+    table = pd.read_csv(out / "gradients.csv")
+    assert set(table.target) == set(GRADIENT_TARGETS) and len(table) == 2 * len(GRADIENT_TARGETS)
+    assert (out / "gradients_by_layer.png").exists() and "Attention to [SEP] and its gradient" in (out / "report.html").read_text()
+    failed = subprocess.run([sys.executable, "-m", "bertology.cli", "gradients", "-c", str(corpus), "--out", str(tmp_path / "x"), "-q"],
+                            capture_output=True, text=True)
+    assert failed.returncode == 2 and "no masked-LM head" in failed.stderr and failed.stderr.count("\n") == 1
