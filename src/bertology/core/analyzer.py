@@ -23,7 +23,8 @@ class Analyzer(ABC):
     #: Short name, used for file names in the run folder.
     name: ClassVar[str]
     #: What the analyzer needs from the engine's pass beyond the attention maps: ``"mixing"``, the
-    #: context-mixing ratios of every token (``Batch.mixing``).
+    #: context-mixing ratios of every token (``Batch.mixing``); ``"hidden_states"``, every layer's output
+    #: (``Batch.hidden_states``).
     needs: ClassVar[frozenset[str]] = frozenset()
 
     @abstractmethod

@@ -66,7 +66,8 @@ class Batch:
     ``weighting`` says which view of attention ``attentions`` holds (:data:`~bertology.core.norms.WEIGHTINGS`):
     the weights, or Kobayashi et al.'s norm shares (:meth:`weighted`); analyzers never need to know.
     ``key_norms[l, b, h, j]`` is ``||f_h(x_j)||`` where the run asked for norms; ``mixing[l, b, i, r]`` the
-    context-mixing ratios (:func:`~bertology.core.norms.mixing_ratios`) where an analyzer ``needs`` them.
+    context-mixing ratios (:func:`~bertology.core.norms.mixing_ratios`) where an analyzer ``needs`` them;
+    ``hidden_states[l, b, i, :]`` every layer's output (``l = 0``: the embeddings) where an analyzer ``needs`` them.
     """
 
     items: list[Encoded]
@@ -81,6 +82,7 @@ class Batch:
     weighting: str = "attention"
     key_norms: torch.Tensor | None = field(default=None, repr=False)
     mixing: torch.Tensor | None = field(default=None, repr=False)
+    hidden_states: torch.Tensor | None = field(default=None, repr=False)
     _word_maps: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
     _views: dict[str, "Batch"] = field(default_factory=dict, init=False, repr=False)
 
@@ -317,18 +319,21 @@ class Engine:
         }
 
     # -- running -----------------------------------------------------------------------------
-    def forward(self, tensors: dict[str, torch.Tensor], hooks: Hooks | None = None):
-        """One forward pass of the model on collated tensors, with optional hooks."""
+    def forward(self, tensors: dict[str, torch.Tensor], hooks: Hooks | None = None, hidden_states: bool = False):
+        """One forward pass of the model on collated tensors, with optional hooks (and every layer's output)."""
         inputs = {"input_ids": tensors["input_ids"], "attention_mask": tensors["mask"].long()}
         if "token_type_ids" in self.model.tokenizer.model_input_names:
             inputs["token_type_ids"] = tensors["token_type_ids"]
+        if hidden_states:
+            inputs["output_hidden_states"] = True
         hooks = hooks or Hooks()
         with torch.inference_mode(), hooks.attach(self.model.model):
             return self.model.model(**inputs)
 
-    def run_batch(self, items: list[Encoded], *, norms: bool = False, mixing: bool = False) -> Batch:
+    def run_batch(self, items: list[Encoded], *, norms: bool = False, mixing: bool = False, hidden_states: bool = False) -> Batch:
         """Run the model on one batch and capture every layer's attention; with ``norms``, also every head's
-        ``||f_h(x_j)||`` (for the ``norm`` view); with ``mixing``, every token's context-mixing ratios."""
+        ``||f_h(x_j)||`` (for the ``norm`` view); with ``mixing``, every token's context-mixing ratios; with
+        ``hidden_states``, every layer's output."""
         tensors = self.collate(items)
         patterns: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
@@ -345,7 +350,7 @@ class Engine:
         shared = {id(block.attention): block.attention for block in self.blocks} if mixing else {}  # ALBERT shares one
         handles = [module.register_forward_pre_hook(keep_layer_input, with_kwargs=True) for module in shared.values()]
         try:
-            self.forward(tensors, hooks)
+            outputs = self.forward(tensors, hooks, hidden_states=hidden_states)
         finally:
             for handle in handles:
                 handle.remove()
@@ -373,6 +378,7 @@ class Engine:
             embedding=self.model.model.get_input_embeddings(),
             key_norms=key_norms,
             mixing=ratios,
+            hidden_states=torch.stack(outputs.hidden_states) if hidden_states else None,
         )
 
     @cached_property
@@ -390,7 +396,7 @@ class Engine:
         a :class:`~bertology.workflows.comparison.CompareEngine` runs two models there). ``weightings[k]`` is the
         view of attention analyzer k receives (default: the weights for every analyzer); the norms are computed
         once per batch where any analyzer asks for them, and so are the mixing ratios where an analyzer's
-        ``needs`` names ``"mixing"``. With ``isolate``, an
+        ``needs`` names ``"mixing"``, and the layers' outputs where it names ``"hidden_states"``. With ``isolate``, an
         analyzer whose ``update`` raises is left out of the rest of the pass and its error recorded in
         ``RunStats.failed``, so the others lose nothing; the error is raised only when every analyzer failed.
 
@@ -408,10 +414,11 @@ class Engine:
             if weighting not in WEIGHTINGS:
                 raise BertologyError(f"unknown weighting {weighting!r}: use {' or '.join(WEIGHTINGS)}")
         mixing = any("mixing" in getattr(analyzer, "needs", ()) for analyzer in analyzers)
+        hidden_states = any("hidden_states" in getattr(analyzer, "needs", ()) for analyzer in analyzers)
         if step is None:
-            step = partial(self.run_batch, norms="norm" in weightings, mixing=mixing)
-        elif mixing or "norm" in weightings:
-            raise BertologyError("norm weighting and mixing ratios need the engine's own forward pass")
+            step = partial(self.run_batch, norms="norm" in weightings, mixing=mixing, hidden_states=hidden_states)
+        elif mixing or hidden_states or "norm" in weightings:
+            raise BertologyError("norm weighting, mixing ratios and hidden states need the engine's own forward pass")
         stats = stats or RunStats()
         started = time.perf_counter() - stats.seconds
         encoded = self.encode(enumerate(examples, start), stats)

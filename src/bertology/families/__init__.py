@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from bertology.core.runfolder import RunFolder
 
 #: The families bertology ships, in report order.
-BUILTIN_FAMILIES = ("profile", "roles", "patterns", "syntax", "classes", "frames", "rollout", "mixing")
+BUILTIN_FAMILIES = ("profile", "roles", "patterns", "syntax", "classes", "frames", "layers", "rollout", "mixing")
 #: Keywords of ``analyze()`` itself: no family option may take these names.
 COMMON_SETTINGS = frozenset({
     "model", "corpus", "analyses", "format", "parser", "spacy_pipeline", "out", "batch_size", "max_length", "limit", "overflow",

@@ -1,0 +1,53 @@
+"""The layer-probe figure and report section. Layer 0 is the embeddings; layer l the output of the l-th block."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bertology.core.runfolder import RunFolder
+from bertology.reports.figures import plt
+from bertology.reports.html import Figure, Section
+
+TASK_TITLES = {"upos": "UPOS tag", "deprel": "dependency relation"}
+
+
+def probes_by_layer(table: pd.DataFrame, by: str | None = None):
+    """Per task: probe accuracy with its 95% interval, control accuracy, majority baseline and selectivity by layer;
+    with ``by`` (a column such as ``model``), one line of each per value of it."""
+    tasks = list(dict.fromkeys(table.task))
+    figure, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 3.8), squeeze=False)
+    for axis, task in zip(axes[0], tasks):
+        rows = table[table.task == task]
+        for key, group in rows.groupby(by, sort=False) if by else [(None, rows)]:
+            label = f"{key}: " if key is not None else ""
+            line = axis.errorbar(group.layer, group.accuracy, yerr=[group.accuracy - group.ci_low, group.ci_high - group.accuracy], marker="o",
+                                 capsize=3, label=f"{label}accuracy")
+            colour = line[0].get_color()
+            axis.plot(group.layer, group.control_accuracy, linestyle="--", color=colour, label=f"{label}control task")
+            axis.plot(group.layer, group.selectivity, linestyle=":", marker="s", color=colour, label=f"{label}selectivity")
+        axis.axhline(rows.majority.iloc[0], color="grey", linewidth=1, label="majority label")
+        axis.set_xticks(sorted(rows.layer.unique()))
+        axis.set_xlabel("layer (0 = embeddings)")
+        axis.set_ylim(0, 1)
+        axis.set_title(f"probing the {TASK_TITLES[task]}")
+        axis.grid(alpha=0.3)
+    axes[0][0].set_ylabel("test accuracy")
+    axes[0][-1].legend(fontsize=7)
+    figure.tight_layout()
+    return figure
+
+
+def layers_section(folder: RunFolder, table: pd.DataFrame, summary: pd.DataFrame) -> Section:
+    """Write the probe figure into ``folder`` and return the report section."""
+    section = Section(
+        title="Where in the layers: linear probes of the word vectors",
+        intro=("A logistic regression per layer (0 = embeddings) reads each word's tag or relation from its vector, trained on 80% of "
+               "the sentences and tested on the rest, with a 95% bootstrap interval over test sentences. The control task "
+               "(Hewitt & Liang 2019) gives every word type a fixed random label; selectivity = accuracy - control accuracy. "
+               "The center of gravity is the layer expected by each layer's gain over the one below (Tenney et al. 2019). "
+               "The Primer reports syntax most prominent in the middle layers (layer_probes.csv)."),
+    )
+    section.figures.append(Figure(folder.write_figure("layer_probes", probes_by_layer(table)),
+                                  "Probe accuracy (95% intervals), control-task accuracy and selectivity by layer."))
+    section.tables.append(("Best layer and center of gravity per task", summary))
+    return section
