@@ -31,7 +31,7 @@ def planted_sentences(count=240, layers=4, dim=16, informative=2, seed=0):
         tags = rng.integers(len(TAGS), size=6)
         vectors = rng.normal(size=(layers, 6, dim))
         vectors[informative] += directions[tags]
-        sentences.append(LayerSentence(index, tuple(rng.choice(vocabulary, 6)), tuple(TAGS[t] for t in tags), tuple(TAGS[t].lower() for t in tags),
+        sentences.append(LayerSentence((index, "", ""), tuple(rng.choice(vocabulary, 6)), tuple(TAGS[t] for t in tags), tuple(TAGS[t].lower() for t in tags),
                                        (0, 1, 1, 1, 1, 1), vectors.astype(np.float16)))
     return sentences
 
@@ -110,12 +110,13 @@ def test_the_cap_keeps_the_first_sentences_whatever_the_batches(tiny_bert):
     examples = gold_examples() * 3
     examples = [Example(**{**e.__dict__, "source": f"g:{k}"}) for k, e in enumerate(examples, start=1)]
     small = WordVectors(max_sentences=4)
-    Engine(tiny_bert, batch_size=1, progress=False).run(examples[::-1], [small])  # reversed: indices still count from the first given
+    Engine(tiny_bert, batch_size=1, progress=False).run(examples[::-1], [small])  # reversed: the first lines are still kept
+    assert [s.key[0] for s in small.ordered()] == [1, 2, 3, 4]
     shards = [WordVectors(max_sentences=4), WordVectors(max_sentences=4)]
-    Engine(tiny_bert, batch_size=5, progress=False).run(examples[:5], [shards[0]])
-    Engine(tiny_bert, batch_size=5, progress=False).run(examples[5:], [shards[1]], start=5)
+    Engine(tiny_bert, batch_size=5, progress=False).run(examples[5:], [shards[0]])
+    Engine(tiny_bert, batch_size=5, progress=False).run(examples[:5], [shards[1]])
     merged = shards[0].merge(shards[1])
-    assert [s.index for s in merged.ordered()] == [0, 1, 2, 3] and merged.capped and merged.seen == 9
+    assert [s.key[0] for s in merged.ordered()] == [1, 2, 3, 4] and merged.capped and merged.seen == 9
 
 
 def test_layers_command_on_real_trees(shared_data, tmp_path):

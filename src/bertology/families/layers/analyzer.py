@@ -3,7 +3,8 @@
 :class:`WordVectors` keeps, for each sentence with a tree whose words all kept their pieces, every layer's vector of
 every word (``layer 0``: the embeddings), the word's form, UPOS tag and dependency relation. A word's vector is its
 first piece's (``pooling="first"``) or the mean of its pieces (``"mean"``). At most ``max_sentences`` are kept: those
-that come first in the corpus, whatever the batches or shards (the rest are counted in ``seen``). Vectors are kept in
+that come first in their file (by line; sentences given in memory, by text), whatever the batches, shards or order in
+which they arrive (the rest are counted in ``seen``). Vectors are kept in
 float16 (a probe standardises its features, so the rounding is far below what it can read).
 """
 
@@ -21,11 +22,16 @@ from bertology.core.engine import Batch
 POOLINGS = ("first", "mean")
 
 
+def sentence_key(example) -> tuple[int, str, str]:
+    """Where a sentence stands in its corpus: its line (-1 in memory), then its text(s); orders the sentences kept."""
+    return (example.line if example.line is not None else -1, example.text, example.text_pair or "")
+
+
 @dataclass
 class LayerSentence:
     """One sentence's words: ``forms``, ``upos``, ``relations``, ``heads`` (1-based, 0 = root), and ``vectors[layer, word, dim]``."""
 
-    index: int
+    key: tuple[int, str, str]
     forms: tuple[str, ...]
     upos: tuple[str, ...]
     relations: tuple[str, ...]
@@ -43,11 +49,11 @@ class WordVectors(Analyzer):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}")
         self.pooling, self.max_sentences = pooling, max_sentences
-        self.sentences: dict[int, LayerSentence] = {}
+        self.sentences: dict[tuple[int, str, str], LayerSentence] = {}
         self.seen = 0
 
     def update(self, batch: Batch) -> None:
-        for b, (index, example) in enumerate(zip(batch.indices, batch.examples)):
+        for b, example in enumerate(batch.examples):
             if not example.has_tree:
                 continue
             alignment = batch.alignments[b]
@@ -55,7 +61,8 @@ class WordVectors(Analyzer):
             if (units < 0).any():
                 continue
             self.seen += 1
-            if len(self.sentences) >= self.max_sentences and index > max(self.sentences):
+            key = sentence_key(example)
+            if len(self.sentences) >= self.max_sentences and key > max(self.sentences):
                 continue
             n = int(batch.lengths[b])
             shares = torch.as_tensor(alignment.assignment[units], dtype=batch.hidden_states.dtype, device=batch.hidden_states.device)
@@ -67,7 +74,7 @@ class WordVectors(Analyzer):
                 weights = shares / shares.sum(dim=1, keepdim=True)
             vectors = torch.einsum("wp,lpd->lwd", weights, batch.hidden_states[:, b, :n])
             upos = example.upos if example.upos is not None else ("_",) * len(units)
-            self.sentences[index] = LayerSentence(index, tuple(example.words), tuple(upos), tuple(example.relations), tuple(example.heads),
+            self.sentences[key] = LayerSentence(key, tuple(example.words), tuple(upos), tuple(example.relations), tuple(example.heads),
                                                   vectors.half().cpu().numpy())
             self._keep_first()
 
@@ -83,13 +90,13 @@ class WordVectors(Analyzer):
         return self
 
     def ordered(self) -> list[LayerSentence]:
-        return [self.sentences[index] for index in sorted(self.sentences)]
+        return [self.sentences[key] for key in sorted(self.sentences)]
 
     @property
     def capped(self) -> bool:
         return self.seen > len(self.sentences)
 
     def result(self) -> pd.DataFrame:
-        """The sentences kept: ``index, words``."""
+        """The sentences kept: ``line, text, words``."""
         ordered = self.ordered()
-        return pd.DataFrame({"index": [s.index for s in ordered], "words": [len(s.forms) for s in ordered]})
+        return pd.DataFrame({"line": [s.key[0] for s in ordered], "text": [s.key[1] for s in ordered], "words": [len(s.forms) for s in ordered]})
