@@ -1,4 +1,5 @@
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
@@ -70,3 +71,21 @@ def test_similarity_contract(tiny_bert_dir, deep_bert_dirs):
 def test_models_with_different_vocabularies_are_refused(tiny_bert, tiny_roberta):
     with pytest.raises(BertologyError, match="different vocabularies"):
         compare(tiny_bert, tiny_roberta, tiny_examples(), progress=False)
+
+
+def test_the_layer_view_sets_both_models_probes_side_by_side(tiny_bert_dir, shared_data, tmp_path):
+    """A model compared with itself on real trees: the same probe accuracy on both sides, no change, attention identical;
+    each side's probes equal the layers family's own run of that model."""
+    import bertology
+    from bertology.workflows.comparison import compare
+
+    corpus = shared_data / "ud_english_ewt" / "en_ewt-ud-test.conllu"
+    result = compare(tiny_bert_dir, tiny_bert_dir, corpus, limit=60, progress=False, out=tmp_path / "cmp", probe_sentences=60)
+    layers = result.layer_comparison
+    assert list(layers.columns) == ["layer", "task", "accuracy_a", "accuracy_b", "change", "selectivity_a", "selectivity_b", "cosine"]
+    assert (layers.change == 0).all() and (layers.accuracy_a == layers.accuracy_b).all()
+    assert layers.cosine[layers.layer == 0].isna().all() and np.allclose(layers.cosine[layers.layer > 0], 1.0)
+    alone = bertology.analyze(tiny_bert_dir, corpus, limit=60, analyses=["layers"], progress=False, view=False, probe_bootstrap=1000).layer_probes
+    side = result.layer_probes[result.layer_probes.model == "A"].drop(columns="model").reset_index(drop=True)
+    pd.testing.assert_frame_equal(side, alone)
+    assert (tmp_path / "cmp" / "layer_comparison.csv").exists() and "What changed, layer by layer" in (tmp_path / "cmp" / "report.html").read_text()

@@ -173,7 +173,8 @@ class Analysis:
         return html
 
 
-def _has_trees(examples: Corpus | list[Example]) -> bool:
+def has_trees(examples: Corpus | list[Example]) -> bool:
+    """Whether a corpus comes with dependency trees (CoNLL-U, or examples that carry them)."""
     if isinstance(examples, Corpus):
         return examples.format == "conllu"
     return any(example.has_tree for example in examples)
@@ -285,7 +286,7 @@ def analyze(
         raise BertologyError("checkpoint_every saves into the run folder: give out too")
     if parser not in (None, *PARSERS):
         raise BertologyError(f"unknown parser {parser!r}: use gold (CoNLL-U trees) or spacy")
-    with_trees = parser == "spacy" or _has_trees(examples)
+    with_trees = parser == "spacy" or has_trees(examples)
     if analyses is None:  # giving a family's own setting asks for the family
         owners = {option.name: name for name, family in registered().items() for option in family.options}
         include = [*include, *(owners[name] for name in options if name in owners)]

@@ -315,8 +315,10 @@ def compare(
     backend: str = BACKEND,
     workers: Optional[int] = WORKERS,
     address: Optional[str] = ADDRESS,
+    layer_probes: Optional[bool] = typer.Option(None, "--layer-probes/--no-layer-probes", help="Probe every layer of both models for UPOS and relations [default: when the corpus is CoNLL-U]."),
+    probe_sentences: int = typer.Option(1000, "--probe-sentences", min=10, help="Sentences the layer probes use (the first in the corpus)."),
 ) -> None:
-    """Per-head similarity of two models' attention on the same inputs, and what changed in profile and roles (Kovaleva et al.)."""
+    """Per-head similarity of two models' attention on the same inputs, what changed in profile and roles (Kovaleva et al.), and with trees layer by layer."""
     from bertology.workflows.comparison import compare as run_compare
 
     models = [None if m == "default" else m for m in (model_a, model_b)]
@@ -325,9 +327,13 @@ def compare(
     result = run_compare(*models, corpus, format=format, out=out, batch_size=batch_size, max_length=max_length, limit=limit,
                          overflow="skip" if skip_long else "truncate", tau=tau, punct=punct, device=device, seed=seed,
                          trust_remote_code=trust_remote_code, progress=not quiet, command=sys.argv,
-                         backend=backend, workers=workers, address=address)
+                         backend=backend, workers=workers, address=address, layer_probes=layer_probes, probe_sentences=probe_sentences)
     layers = ", ".join(f"{int(r.layer)}: {r.cosine:.3f}" for r in result.similarity_layers.itertuples())
     typer.echo(f"{result.stats.sequences} sequences; mean cosine similarity per layer: {layers}")
+    if result.layer_comparison is not None:
+        for task, rows in result.layer_comparison.groupby("task", sort=False):
+            typer.echo(f"{task} probe accuracy A -> B by layer: " + ", ".join(f"{int(r.layer)}: {r.accuracy_a:.3f} -> {r.accuracy_b:.3f}"
+                                                                            for r in rows.itertuples()))
     typer.echo(f"report: {(Path(out) / 'report.html').resolve()}")
 
 
@@ -441,6 +447,47 @@ def prune(
         p = study.pruned
         typer.echo(f"pruned to {p['heads_kept']} heads: {metric} {p['metric_pruned'][metric]:.4f}, {p['speedup']:.2f}x as fast; model: {p['model']}")
     typer.echo(f"report: {(Path(out) / 'report.html').resolve()}")
+
+
+@app.command()
+def restore(
+    task: Optional[Path] = TASK,
+    model: str = CLASSIFIER,
+    base: Optional[str] = typer.Option(None, "--base", help="The pre-trained model [default: the one `bertology finetune` recorded in the model folder]."),
+    max_dev_examples: Optional[int] = typer.Option(None, "--max-dev-examples", min=1, help="Evaluate on a seeded random subset of the dev split of this size."),
+    bootstrap: int = typer.Option(10000, "--bootstrap", min=100, help="Paired bootstrap replicates over dev examples."),
+    correction: str = typer.Option("fdr_bh", "--correction", help="Multiple-testing correction within each kind of restoration (statsmodels)."),
+    out: Optional[Path] = OUT,
+    train: Optional[Path] = TRAIN,
+    dev: Optional[Path] = DEV,
+    text_column: Optional[str] = TEXT_COLUMN,
+    text_pair_column: Optional[str] = TEXT_PAIR_COLUMN,
+    label_column: Optional[str] = LABEL_COLUMN,
+    batch_size: int = TASK_BATCH_SIZE,
+    max_length: int = TASK_MAX_LENGTH,
+    seed: int = SEED,
+    device: str = DEVICE,
+    trust_remote_code: bool = TRUST,
+    quiet: bool = QUIET,
+) -> None:
+    """Put each layer of a fine-tuned model, and the first k layers, back to pre-trained weights and evaluate the task (the Primer, section 6.3)."""
+    from bertology.core.runfolder import check_out
+    from bertology.workflows.finetuning import load_task
+    from bertology.workflows.restore import restore_layers
+
+    if out is not None:
+        check_out(out, inputs=(task, train, dev, model, base))
+    data = load_task(task, train=train, dev=dev, text_column=text_column, text_pair_column=text_pair_column, label_column=label_column)
+    out = out or _default_out("restore", model, Path(data.name))
+    study = restore_layers(model, data, base=base, max_dev_examples=max_dev_examples, bootstrap=bootstrap, correction=correction,
+                           batch_size=batch_size, max_length=max_length, seed=seed, device=device, trust_remote_code=trust_remote_code,
+                           out=out, progress=not quiet, command=sys.argv)
+    metric, fine_tuned = next(iter(study.fine_tuned.items()))
+    typer.echo(f"{data.name}: {study.examples} dev examples; fine-tuned {metric} {fine_tuned:.4f}")
+    for kind, title in (("layer", "restored alone"), ("first_k", "restored with all below")):
+        rows = study.restore[(study.restore.kind == kind) & (study.restore.metric == metric)]
+        typer.echo(f"{title}: " + ", ".join(f"{int(r.layer)}: {r.delta:+.3f}{'*' if r.p_adj < 0.05 else ''}" for r in rows.itertuples()))
+    typer.echo(f"(* p_adj < 0.05; layer 0 = embeddings) report: {(Path(out) / 'report.html').resolve()}")
 
 
 @app.command()

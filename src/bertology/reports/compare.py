@@ -28,3 +28,19 @@ def comparison_section(folder: RunFolder, similarity: pd.DataFrame, layers: pd.D
         counts = roles.groupby(["role", "change"]).size().unstack("change", fill_value=0).reset_index() if len(roles) else roles
         section.tables.append(("Roles gained and lost (heads)", counts))
     return section
+
+
+def layer_view_section(folder: RunFolder, probes: pd.DataFrame, layers: pd.DataFrame, name_a: str, name_b: str) -> Section:
+    """Both models' layer probes side by side, with each layer's attention similarity."""
+    from bertology.families.layers.report import probes_by_layer
+
+    section = Section(
+        title="What changed, layer by layer",
+        intro=(f"Linear probes of every layer's word vectors (UPOS tags and dependency relations, with control tasks) for {name_a} (A) "
+               f"and {name_b} (B) on the same sentences, beside the mean cosine similarity of the two models' attention in the block "
+               "that makes each layer (layer_probes.csv, layer_comparison.csv). The Primer: fine-tuning changes the last layers most."),
+    )
+    section.figures.append(Figure(folder.write_figure("layer_probes_compared", probes_by_layer(probes, by="model")),
+                                  "Probe accuracy, control accuracy and selectivity by layer (0 = embeddings), A and B."))
+    section.tables.append(("Probe accuracy of A and B and attention similarity per layer", layers))
+    return section

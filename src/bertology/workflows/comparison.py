@@ -21,7 +21,7 @@ import torch
 from bertology.families.profile.analyzer import GeneralProfile
 from bertology.core.analyzer import Analyzer
 from bertology.families.roles.analyzer import HeadRoles
-from bertology.api import package_versions
+from bertology.api import has_trees, package_versions
 from bertology.core.corpora import Corpus, Example, open_corpus
 from bertology.core.engine import Batch, Engine, RunStats
 from bertology.core.errors import BertologyError
@@ -158,6 +158,10 @@ class Comparison:
     corpus: dict
     stats: RunStats
     settings: dict
+    #: Where trees are given: both models' layer probes (``model`` column: ``A``, ``B``) and, per layer and task, the
+    #: probe accuracy of A and B beside the layer's mean attention similarity.
+    layer_probes: pd.DataFrame | None = None
+    layer_comparison: pd.DataFrame | None = None
 
     @claims_out
     def save(self, out, command: list[str] | None = None):
@@ -169,10 +173,17 @@ class Comparison:
         folder.write_table("roles_delta", self.roles_delta)
         name_a, name_b = self.model_a["name"], self.model_b["name"]
         section = comparison_section(folder, self.similarity, self.similarity_layers, self.profile_delta, self.roles_delta, name_a, name_b)
+        sections = [section]
+        if self.layer_probes is not None:
+            from bertology.reports.compare import layer_view_section
+
+            folder.write_table("layer_probes", self.layer_probes)
+            folder.write_table("layer_comparison", self.layer_comparison)
+            sections.append(layer_view_section(folder, self.layer_probes, self.layer_comparison, name_a, name_b))
         stats = self.stats.as_dict()
         summary = {"model A": name_a, "model B": name_b, "corpus": f"{self.corpus['name']} ({self.corpus['format']})",
                    "sequences": stats["sequences"], "truncated": stats["truncated"], "time": f"{stats['seconds']} s"}
-        folder.write_text("report.html", Report(f"bertology: {name_a} vs {name_b}", summary, [section]).render())
+        folder.write_text("report.html", Report(f"bertology: {name_a} vs {name_b}", summary, sections).render())
         folder.write_json("manifest.json", {
             "status": "complete", "command": command if command is not None else sys.argv, "model_a": self.model_a, "model_b": self.model_b,
             "corpus": self.corpus, "settings": self.settings, "stats": stats, "versions": package_versions(),
@@ -181,15 +192,39 @@ class Comparison:
         return folder.commit() / "report.html"
 
 
+def comparison_of_layers(engines: Sequence[Engine], examples, similarity_layers: pd.DataFrame, probe_sentences: int,
+                         seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Both models' layer probes (``model`` = A, B) and, per layer and task, ``accuracy_a``, ``accuracy_b``, their
+    ``change``, both selectivities and the layer's mean attention ``cosine`` (layer l's attention feeds output l + 1)."""
+    from bertology.families.layers.analyzer import WordVectors
+    from bertology.families.layers.probes import probe_layers
+
+    tables = []
+    for side, engine in zip("AB", engines):
+        vectors = WordVectors(max_sentences=probe_sentences)
+        engine.run(examples, [vectors], desc=f"layer vectors of {side}")
+        tables.append(probe_layers(vectors.ordered(), seed=seed).assign(model=side))
+    probes = pd.concat(tables, ignore_index=True)
+    wide = probes.pivot(index=["layer", "task"], columns="model", values=["accuracy", "selectivity"])
+    wide.columns = [f"{quantity}_{side.lower()}" for quantity, side in wide.columns]
+    wide = wide.reset_index()
+    wide["change"] = wide.accuracy_b - wide.accuracy_a
+    cosine = similarity_layers.set_index("layer").cosine.rename(lambda layer: layer + 1)  # attention of block l makes output l + 1
+    wide["cosine"] = wide.layer.map(cosine)
+    return probes, wide[["layer", "task", "accuracy_a", "accuracy_b", "change", "selectivity_a", "selectivity_b", "cosine"]]
+
+
 @claims_out
 def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, batch_size: int = 32, max_length: int | None = None,
             limit: int | None = None, overflow: str = "truncate", tau: float = 3.0, punct: str = "upos", device: str = "auto", seed: int = 0,
             trust_remote_code: bool = False, progress: bool = True, command: list[str] | None = None, backend: str = "local",
-            workers: int | None = None, address: str | None = None) -> Comparison:
+            workers: int | None = None, address: str | None = None, layer_probes: bool | None = None, probe_sentences: int = 1000) -> Comparison:
     """Run two models over the same inputs and report per-head similarity and the change in profile and roles.
 
     ``punct``: the profile's punctuation set, as in :func:`bertology.analyze`; ``backend``, ``workers``, ``address``: as there
-    (on Ray, each actor loads both models)."""
+    (on Ray, each actor loads both models). ``layer_probes`` (default: where the corpus has trees): probe every layer of
+    both models for UPOS and dependency labels (:mod:`bertology.families.layers`, on the first ``probe_sentences``
+    sentences, one more pass per model) and set the accuracies side by side per layer."""
     if backend not in BACKENDS:
         raise BertologyError(f"unknown backend {backend!r}: use local or ray")
     examples, corpus_info = open_corpus(corpus, format, limit)
@@ -214,6 +249,10 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
         stats = CompareEngine(*engines).run(examples, analyzers, total=total)
     if stats.sequences == 0:
         raise BertologyError("no sequence was compared (all skipped as too long)")
+    with_trees = has_trees(examples)
+    if layer_probes and not with_trees:
+        raise BertologyError("layer probes need dependency trees: give a CoNLL-U corpus")
+    probes = comparison_of_layers(engines, examples, similarity.layers(), probe_sentences, seed) if with_trees and layer_probes is not False else None
     comparison = Comparison(
         similarity=similarity.result(),
         similarity_layers=similarity.layers(),
@@ -221,7 +260,9 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
         roles_delta=roles_delta(sides["roles", "a"].result(), sides["roles", "b"].result()),
         model_a=loaded[0].info(), model_b=loaded[1].info(), corpus=corpus_info, stats=stats,
         settings={"batch_size": batch_size, "max_length": length, "overflow": overflow, "tau": tau, "punct": punct, "seed": seed, "limit": limit,
-                  "device": device},
+                  "device": device, "layer_probes": probes is not None, "probe_sentences": probe_sentences},
+        layer_probes=probes[0] if probes is not None else None,
+        layer_comparison=probes[1] if probes is not None else None,
     )
     if out is not None:
         comparison.save(out, command=command)

@@ -267,7 +267,7 @@ def importance_table(importance: np.ndarray, normalise: str = "layer") -> pd.Dat
                          "importance": importance.ravel(), "importance_normalised": normalise_importance(importance, normalise).ravel()})
 
 
-def _score(task: TaskData, gold: np.ndarray, logits: np.ndarray) -> dict[str, float]:
+def task_score(task: TaskData, gold: np.ndarray, logits: np.ndarray) -> dict[str, float]:
     return task_metrics(task, [task.labels[i] for i in gold], [task.labels[i] for i in logits.argmax(-1)])
 
 
@@ -293,7 +293,7 @@ def pruning_curve(task_model: TaskModel, task: TaskData, importance_rows: list[d
     rows, masks = [], {}
 
     def record(pruned: int) -> None:
-        values = _score(task, eval_gold, task_model.logits(eval_rows, batch_size * 2, _masking(mask)))
+        values = task_score(task, eval_gold, task_model.logits(eval_rows, batch_size * 2, _masking(mask)))
         rows.extend({"heads_pruned": pruned, "share_pruned": pruned / total, "metric": metric, "value": value} for metric, value in values.items())
         masks[pruned] = mask.copy()
 
@@ -343,7 +343,7 @@ def prune_and_time(task_model: TaskModel, task: TaskData, mask: np.ndarray, rows
     parameters = [sum(p.numel() for p in m.parameters()) for m in (task_model.model, small.model)]
     return {
         "heads_kept": int(mask.sum()), "heads_pruned": int(mask.size - mask.sum()), "model": str(out),
-        "metric_full": _score(task, gold, full_logits), "metric_pruned": _score(task, gold, small_logits),
+        "metric_full": task_score(task, gold, full_logits), "metric_pruned": task_score(task, gold, small_logits),
         "max_logit_difference_vs_masked": float(np.abs(small_logits - task_model.logits(rows, batch_size, _masking(mask))).max()),
         "parameters_full": parameters[0], "parameters_pruned": parameters[1],
         "seconds_full": min(times["full"]), "seconds_pruned": min(times["pruned"]),
@@ -468,7 +468,7 @@ def study_heads(model: str | Path | TaskModel, task: TaskData, *, ablate: bool =
     torch.manual_seed(seed)
     dev = seeded_subset(task.dev, max_examples, seed)
     rows, gold = task_model.encode(dev, "dev")
-    baseline = _score(task, gold, task_model.logits(rows, batch_size * 2))
+    baseline = task_score(task, gold, task_model.logits(rows, batch_size * 2))
     settings.update(max_examples=max_examples, batch_size=batch_size, max_length=task_model.max_length, seed=seed, device=str(task_model.device))
     study = HeadStudy(task_model.info(), task.name, len(rows), baseline, settings)
     folder = RunFolder(out) if out is not None else None
