@@ -209,8 +209,60 @@ def test_a_512_token_page_renders(browser, minilm, tmp_path):
     n = page.evaluate("window.bertologyViewer.state && JSON.parse(document.getElementById('bertology-data').textContent).n")
     assert n == 512 and problems == []
     page.click(".thumb[data-layer='3'][data-head='7']")
+    page.wait_for_function("!window.bertologyViewer.drawing")
     draw_ms = page.evaluate("window.bertologyViewer.renderMs")
-    print(f"\n512-token page: {path.stat().st_size / 1e6:.2f} MB, loaded and drawn in {seconds:.2f} s, head redraw {draw_ms:.0f} ms")
+    page.evaluate("document.querySelectorAll('#head-boxes input').forEach(i => { if (!i.checked) i.click(); })")
+    switches = []
+    for layer in ("4", "5", "1", "2"):  # every head of the layer drawn
+        page.evaluate("window.bertologyViewer.switchMs = undefined")
+        page.select_option("#layer", layer)
+        page.wait_for_function("window.bertologyViewer.switchMs !== undefined && !window.bertologyViewer.drawing")
+        switches.append((page.evaluate("window.bertologyViewer.switchMs"), page.evaluate("window.bertologyViewer.renderMs"),
+                         page.evaluate("window.bertologyViewer.linesDrawn")))
+        assert switches[-1][2] > 1000  # a full layer of 12 heads, not a thinned one
+    print(f"\n512-token page: {path.stat().st_size / 1e6:.2f} MB, loaded and drawn in {seconds:.2f} s, head redraw {draw_ms:.0f} ms; "
+          f"layer switch with 12 heads: next frame after {np.median([s[0] for s in switches]):.0f} ms (median of 4; worst "
+          f"{max(s[0] for s in switches):.0f} ms), every line drawn after {np.median([s[1] for s in switches]):.0f} ms")
+    page.evaluate("document.getElementById('head-scroll').scrollTop = 4000")  # the list scrolls; what is drawn follows
+    page.wait_for_function("!window.bertologyViewer.drawing")
+    assert page.evaluate("window.bertologyViewer.linesDrawn") > 0 and problems == []
+    page.close()
+
+
+def test_long_labels_are_cut_with_the_whole_text_on_hover_and_the_axes_are_named(browser, tmp_path):
+    view = hand_made_view(n=6)
+    view.tokens[2] = "averyveryveryverylongtokenthatwouldoverflowitscolumn"
+    view.labels = {"0-1": ["delimiter", "syntactic:nsubj", "syntactic:obj", "vertical+diagonal"]}
+    page, problems, _ = open_page(browser, view.save(tmp_path / "long-labels.html"))
+    assert page.inner_text("#query-axis").startswith("query") and page.inner_text("#key-axis").endswith("key: the token attended to")
+    canvas = page.locator("#head-canvas")
+    box = canvas.bounding_box()
+    page.mouse.move(box["x"] + 100, box["y"] + 8 + 2 * 16 + 8)  # the long token, on the left
+    assert page.evaluate("document.getElementById('head-canvas').title") == view.tokens[2]
+    cell = page.locator(".thumb[data-layer='0'][data-head='1'] .labels")
+    assert cell.get_attribute("title") == "delimiter, syntactic:nsubj, syntactic:obj, vertical+diagonal"
+    assert cell.evaluate("e => getComputedStyle(e).textOverflow") == "ellipsis"
+    assert cell.evaluate("e => e.scrollWidth > e.clientWidth") and cell.bounding_box()["width"] <= 80.5  # cut, inside its cell
+    assert problems == []
+    page.close()
+
+
+def relative_luminance(rgb):
+    channels = [c / 255 for c in rgb]
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def test_head_chips_have_text_contrast_of_at_least_4_5(browser, minilm, tmp_path):
+    """WCAG AA: (L_light + 0.05) / (L_dark + 0.05) >= 4.5 between each chip's text and its background, as the browser computes them."""
+    page, problems, _ = open_page(browser, attention_view("the cat sat.", model=minilm).save(tmp_path / "chips.html"))
+    colours = page.eval_on_selector_all("#head-boxes label.head", "labels => labels.map(l => [getComputedStyle(l).color, getComputedStyle(l).backgroundColor])")
+    assert len(colours) == 12
+    for text, background in colours:
+        rgb = [[int(v) for v in re.findall(r"\d+", colour)[:3]] for colour in (text, background)]
+        light, dark = sorted((relative_luminance(c) for c in rgb), reverse=True)
+        assert (light + 0.05) / (dark + 0.05) >= 4.5, (text, background)
+    assert problems == []
     page.close()
 
 

@@ -155,7 +155,7 @@ def test_frames_command_reads_the_file_given_with_frames(tiny_bert_dir, tmp_path
     done = subprocess.run([sys.executable, "-m", "bertology.cli", "frames", "-m", str(tiny_bert_dir), "--frames", str(FRAMES_EXAMPLE),
                            "--out", str(out), "-q"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "frame heads (score, random pairs' score):" in done.stdout
+    assert "frame heads by score (vs random pairs):" in done.stdout and "by excess over random pairs:" in done.stdout
     table = pd.read_csv(out / "frames.csv")
     assert len(table) == 2 * 4 and {"score", "baseline", "p_adj", "significant"} <= set(table.columns)
     assert (out / "frames_heatmaps.png").exists() and "Frame-semantic heads" in (out / "report.html").read_text()

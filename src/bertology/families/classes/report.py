@@ -15,7 +15,9 @@ def top_heads(table: pd.DataFrame, k: int) -> pd.DataFrame:
     """Each class's ``k`` heads with the most attention to it from every query."""
     rows = table[(table.row == "all") & table.value.notna()].sort_values("value", ascending=False, kind="stable")
     columns = ["class", "layer", "head", "value", "ci_low", "ci_high", "baseline", "ratio", "n"]
-    return rows.groupby("class", sort=False).head(k)[columns].reset_index(drop=True)
+    order = {name: position for position, name in enumerate(dict.fromkeys(table["class"]))}  # the classes in the order given
+    top = rows.groupby("class", sort=False).head(k)
+    return top.sort_values("class", key=lambda names: names.map(order), kind="stable")[columns].reset_index(drop=True)
 
 
 def class_heatmaps(table: pd.DataFrame, names: list[str]):

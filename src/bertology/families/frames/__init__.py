@@ -56,10 +56,13 @@ class Frames(Family):
         table = result.tables["frames"]
         if table.empty:
             return []
-        top = table.sort_values("score", ascending=False, kind="stable").head(3)
-        return [f"frame heads (score, random pairs' score): " + ", ".join(f"{int(r.layer)}-{int(r.head)} ({r.score:.2f} vs {r.baseline:.2f})"
-                                                                        for r in top.itertuples())
-                + f"; {int(table.significant.sum())} of {len(table)} heads above random pairs after correction"]
+        def heads(rows):
+            return ", ".join(f"{int(r.layer)}-{int(r.head)} ({r.score:.2f} vs {r.baseline:.2f})" for r in rows.itertuples())
+
+        by_score = table.sort_values("score", ascending=False, kind="stable").head(3)
+        by_excess = table.sort_values("difference", ascending=False, kind="stable").head(3)
+        return [f"frame heads by score (vs random pairs): {heads(by_score)}; by excess over random pairs: {heads(by_excess)}; "
+                f"{int(table.significant.sum())} of {len(table)} heads above random pairs after correction"]
 
     def overview(self, result):
         return result.tables["frames"].sort_values("score", ascending=False, kind="stable").head(10)

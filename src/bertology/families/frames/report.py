@@ -39,4 +39,5 @@ def frames_section(folder: RunFolder, table: pd.DataFrame, top: int) -> Section:
                                   "Frame score per head, and its excess over random pairs (layers and heads 0-based)."))
     columns = ["layer", "head", "score", "ci_low", "ci_high", "baseline", "difference", "p_adj", "significant", "n"]
     section.tables.append((f"The {top} heads with the highest frame score", table.sort_values("score", ascending=False, kind="stable").head(top)[columns]))
+    section.tables.append((f"The {top} heads furthest above random pairs", table.sort_values("difference", ascending=False, kind="stable").head(top)[columns]))
     return section

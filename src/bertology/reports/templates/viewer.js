@@ -34,91 +34,152 @@
   }
   function drawnHeads() { return current.heads === 1 ? [0] : state.heads; }
   function colour(head, alpha) { return "hsla(" + Math.round(360 * head / H) + ",70%,45%," + alpha + ")"; }
+  // WCAG 2 contrast of white text on hsl(hue, 70%, lightness): (1.05) / (L_bg + 0.05), L the relative luminance.
+  function whiteContrast(hue, lightness) {
+    const s = 0.7, l = lightness / 100, a = s * Math.min(l, 1 - l);
+    const channel = function (k) { const c = l - a * Math.max(-1, Math.min((k + hue / 30) % 12 - 3, 9 - (k + hue / 30) % 12, 1)); return c <= 0.04045 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4); };
+    return 1.05 / (0.2126 * channel(0) + 0.7152 * channel(8) + 0.0722 * channel(4) + 0.05);
+  }
+  // A head's chip: its hue, darkened until white text on it reaches 4.5:1 (WCAG AA).
+  function chipColour(head) {
+    const hue = Math.round(360 * head / H);
+    let lightness = 45;
+    while (whiteContrast(hue, lightness) < 4.6 && lightness > 5) lightness -= 1;
+    return "hsl(" + hue + ",70%," + lightness + "%)";
+  }
 
   const state = { layer: 0, heads: new Set(Array.from({ length: H }, (_, h) => h)), hover: null, queryFilter: "all", keyFilter: "all", view: "attention" };
   const viewer = { state: state, linesDrawn: 0, renderMs: 0, open: open };
   window.bertologyViewer = viewer;
 
   // ---- head view ----
+  // The canvas is only as tall as the visible part of the token list (a scroll box holds the full height), and only
+  // lines that cross the visible band are drawn: a 512-token input redraws as fast as a short one.
   const canvas = document.getElementById("head-canvas");
+  const scroller = document.getElementById("head-scroll");
+  const spacer = document.getElementById("head-spacer");
   const context = canvas.getContext("2d");
-  const rowHeight = 16, top = 8, textWidth = 190, gap = 240;
+  const rowHeight = 16, top = 8, textWidth = 190, gap = 240, tokenChars = 24;
   const ratio = window.devicePixelRatio || 1;
-  const width = 2 * textWidth + gap, height = top * 2 + n * rowHeight;
+  const width = 2 * textWidth + gap, fullHeight = top * 2 + n * rowHeight;
+  const height = Math.min(fullHeight, Math.max(320, Math.round(window.innerHeight * 0.75)));
   canvas.width = width * ratio; canvas.height = height * ratio;
   canvas.style.width = width + "px"; canvas.style.height = height + "px";
+  scroller.style.height = height + "px"; scroller.style.width = (width + 18) + "px";
+  spacer.style.height = (fullHeight - height) + "px";
   context.scale(ratio, ratio);
   const leftX = textWidth - 6, rightX = textWidth + gap + 6;
-  function y(i) { return top + i * rowHeight + rowHeight / 2; }
+  function y(i) { return top + i * rowHeight + rowHeight / 2 - scroller.scrollTop; }
   function shown(i, filter) { return filter === "all" || String(data.segments[i]) === filter; }
+  // Long tokens are cut to tokenChars characters; hovering one shows it whole.
+  function label(token) { return token.length > tokenChars ? token.slice(0, tokenChars - 1) + "\u2026" : token; }
 
+  // Lines are drawn strongest first, viewer.linesPerFrame a frame: a layer switch shows its strongest lines in the next frame
+  // and the faint ones follow; a new drawing cancels the one under way.
+  viewer.linesPerFrame = 600;
+  let drawing = 0;
   function drawHead() {
     const started = performance.now();
+    const generation = ++drawing;
     context.clearRect(0, 0, width, height);
-    let lines = 0;
     const hover = state.hover;
+    const batches = [];
     for (const head of drawnHeads()) {
       // One path per head and alpha level: thousands of lines stay fast.
       const levels = new Map();
       for (let i = 0; i < n; i++) {
         if (!shown(i, state.queryFilter) || (hover && hover.side === "query" && hover.index !== i)) continue;
+        const yi = y(i);
         eachWeight(state.layer, head, i, function (j, w) {
           if (w < 0.01 || !shown(j, state.keyFilter) || (hover && hover.side === "key" && hover.index !== j)) return;
+          const yj = y(j);
+          if ((yi < 0 && yj < 0) || (yi > height && yj > height)) return;  // the line misses the visible band
           const level = Math.min(20, Math.ceil(w * 20));
           if (!levels.has(level)) levels.set(level, []);
-          levels.get(level).push(i, j);
+          levels.get(level).push(yi, yj);
         });
       }
-      for (const [level, pairs] of levels) {
-        context.strokeStyle = colour(head, Math.min(1, level / 20 * 0.9 + 0.05));
+      for (const [level, ends] of levels) batches.push({ head: head, level: level, ends: ends });
+    }
+    batches.sort(function (a, b) { return b.level - a.level; });
+    drawTokens(hover);
+    const total = batches.reduce(function (sum, batch) { return sum + batch.ends.length / 2; }, 0);
+    viewer.linesDrawn = total;
+    canvas.dataset.lines = String(total);
+    viewer.drawing = true;
+    let next = 0, offset = 0;
+    function step() {
+      if (generation !== drawing) return;
+      let budget = viewer.linesPerFrame;
+      while (next < batches.length && budget > 0) {
+        const batch = batches[next], stop = Math.min(batch.ends.length, offset + 2 * budget);
+        context.strokeStyle = colour(batch.head, Math.min(1, batch.level / 20 * 0.9 + 0.05));
         context.lineWidth = hover ? 2 : 1.2;
         context.beginPath();
-        for (let p = 0; p < pairs.length; p += 2) {
-          context.moveTo(leftX + 4, y(pairs[p]));
-          context.lineTo(rightX - 4, y(pairs[p + 1]));
+        for (let p = offset; p < stop; p += 2) {
+          context.moveTo(leftX + 4, batch.ends[p]);
+          context.lineTo(rightX - 4, batch.ends[p + 1]);
         }
         context.stroke();
-        lines += pairs.length / 2;
+        budget -= (stop - offset) / 2;
+        if (stop >= batch.ends.length) { next++; offset = 0; } else offset = stop;
       }
+      if (next < batches.length) { requestAnimationFrame(step); return; }
+      viewer.drawing = false;
+      viewer.renderMs = performance.now() - started;
     }
+    step();
+  }
+
+  function drawTokens(hover) {
     context.font = "12px ui-monospace, monospace";
     context.textBaseline = "middle";
-    for (let i = 0; i < n; i++) {
+    const first = Math.max(0, Math.floor((scroller.scrollTop - top) / rowHeight)), last = Math.min(n, first + Math.ceil(height / rowHeight) + 2);
+    for (let i = first; i < last; i++) {
       const dim = data.segments[i] === 1 ? "#7a4d00" : "#1d2330";
       for (const side of ["query", "key"]) {
         const active = hover && hover.side === side && hover.index === i;
         if (active) { context.fillStyle = "#ffe08a"; context.fillRect(side === "query" ? 0 : rightX - 2, y(i) - rowHeight / 2, textWidth - 2, rowHeight); }
         context.fillStyle = dim;
         context.textAlign = side === "query" ? "right" : "left";
-        context.fillText(data.tokens[i], side === "query" ? leftX : rightX, y(i), textWidth - 10);
+        context.fillText(label(data.tokens[i]), side === "query" ? leftX : rightX, y(i), textWidth - 10);
       }
     }
-    viewer.linesDrawn = lines;
-    viewer.renderMs = performance.now() - started;
-    canvas.dataset.lines = String(lines);
   }
 
   canvas.addEventListener("mousemove", function (event) {
     const box = canvas.getBoundingClientRect();
-    const x = event.clientX - box.left, index = Math.floor((event.clientY - box.top - top) / rowHeight);
+    const x = event.clientX - box.left, index = Math.floor((event.clientY - box.top + scroller.scrollTop - top) / rowHeight);
     let hover = null;
     if (index >= 0 && index < n) {
       if (x < textWidth) hover = { side: "query", index: index };
       else if (x > textWidth + gap) hover = { side: "key", index: index };
     }
+    canvas.title = hover ? data.tokens[hover.index] : "";  // the whole token, however long
     if (JSON.stringify(hover) !== JSON.stringify(state.hover)) { state.hover = hover; drawHead(); }
   });
   canvas.addEventListener("mouseleave", function () { if (state.hover) { state.hover = null; drawHead(); } });
+  let scrolling = false;
+  scroller.addEventListener("scroll", function () {
+    if (scrolling) return;
+    scrolling = true;
+    requestAnimationFrame(function () { scrolling = false; drawHead(); });
+  });
 
   const layerSelect = document.getElementById("layer");
   for (let l = 0; l < L; l++) { const option = document.createElement("option"); option.value = String(l); option.textContent = String(l); layerSelect.appendChild(option); }
-  layerSelect.addEventListener("change", function () { state.layer = Number(layerSelect.value); updateTitle(); drawHead(); });
+  // How long a layer switch takes until the next frame is painted (the browser test prints it).
+  layerSelect.addEventListener("change", function () {
+    const started = performance.now();
+    state.layer = Number(layerSelect.value); updateTitle(); drawHead();
+    requestAnimationFrame(function () { setTimeout(function () { viewer.switchMs = performance.now() - started; }, 0); });
+  });
   const boxes = document.getElementById("head-boxes");
   const headInputs = [];
   for (let h = 0; h < H; h++) {
     const label = document.createElement("label");
     label.className = "head";
-    label.style.background = colour(h, 1);
+    label.style.background = chipColour(h);
     const input = document.createElement("input");
     input.type = "checkbox"; input.checked = true; input.dataset.head = String(h);
     input.addEventListener("change", function () { if (input.checked) state.heads.add(h); else state.heads.delete(h); updateTitle(); drawHead(); });
@@ -181,6 +242,7 @@
       const own = data.labels[l + "-" + h] || [];
       own.forEach(function (label) { allLabels.add(label); });
       labels.textContent = own.join(", ");
+      labels.title = own.join(", ");  // cut to the cell's width; the whole list on hover
       thumb.dataset.labels = JSON.stringify(own);
       thumb.title = "layer " + l + ", head " + h + (own.length ? ": " + own.join(", ") : "");
       thumb.append(small, name, labels);
