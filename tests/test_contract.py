@@ -14,7 +14,7 @@ from bertology.core.models import load_model
 from bertology.core.parsing import spacy_trees
 from bertology.core.testing import check_analyzer
 from bertology.families import registered
-from bertology.families.patterns.analyzer import HeadPatterns
+from bertology.families.patterns.analyzer import PATTERNS, HeadPatterns
 from bertology.families.profile.analyzer import GeneralProfile, HeadDistance, LayerPeaks
 from conftest import tiny_examples
 
@@ -61,6 +61,8 @@ def examples_for(name):
         examples = list(Corpus(FRAMES_EXAMPLE))[:8]
         return examples[:4] + [dataclasses.replace(a, frames=a.frames + b.frames) for a, b in zip(examples[4:], examples[4:])]
     examples = tiny_examples()
+    if name == "patterns:labelled":  # hand labels of one map per input (the labels corpus)
+        return [dataclasses.replace(e, pattern_label=(k % 2, k % 4, PATTERNS[k % 5])) for k, e in enumerate(examples)]
     return examples if name in WITHOUT_TREES else list(spacy_trees(examples))
 
 

@@ -19,7 +19,7 @@ from conllu.parser import DEFAULT_FIELDS, parse_line
 
 from bertology.core.errors import CorpusError
 
-FORMATS = ("auto", "text", "pairs", "glue", "conllu", "frames")
+FORMATS = ("auto", "text", "pairs", "glue", "conllu", "frames", "labels")
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ class Example:
 
     ``words``/``word_spans`` give the syntactic words and their character spans in ``text``;
     ``heads`` are 1-based CoNLL-U heads (0 = root), ``relations`` the dependency relations and
-    ``upos`` the universal part-of-speech tags. ``frames``: the sentence's annotated frames (the ``frames`` format).
+    ``upos`` the universal part-of-speech tags. ``frames``: the sentence's annotated frames (the ``frames`` format);
+    ``pattern_label``: ``(layer, head, pattern)``, a hand label of one head's map of this input (the ``labels`` format).
     """
 
     text: str
@@ -51,6 +52,7 @@ class Example:
     relations: tuple[str, ...] | None = None
     upos: tuple[str, ...] | None = None
     frames: tuple[FrameAnnotation, ...] | None = None
+    pattern_label: tuple[int, int, str] | None = None
 
     @property
     def has_tree(self) -> bool:
@@ -388,6 +390,52 @@ def read_frames(path: Path) -> Iterator[Example]:
         yield Example(text=text, source=f"{path.name}:{number}", frames=(FrameAnnotation(frame, target, tuple(spans)),))
 
 
+#: The classes a map can be labelled with (Kovaleva et al. 2019), as :mod:`bertology.families.patterns` names them.
+PATTERN_LABELS = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
+
+
+def read_labels(path: Path) -> Iterator[Example]:
+    """Hand labels of attention maps, one JSON object a line: ``{"text": ..., "text_pair": optional, "layer": L, "head": H,
+    "label": one of PATTERN_LABELS}`` (layers and heads from 0). Blank lines are skipped."""
+    for number, line in numbered_lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CorpusError(path, number, f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
+        if not isinstance(record, dict):
+            raise CorpusError(path, number, "expected a JSON object")
+        missing = [key for key in ("text", "layer", "head", "label") if key not in record]
+        if missing:
+            raise CorpusError(path, number, f"missing key(s) {', '.join(missing)}: each line needs text, layer, head and label")
+        text, pair = record["text"], record.get("text_pair")
+        if not isinstance(text, str) or not text.strip() or not (pair is None or isinstance(pair, str) and pair.strip()):
+            raise CorpusError(path, number, "text (and text_pair, where given) must be non-empty strings")
+        for key in ("layer", "head"):
+            if not isinstance(record[key], int) or isinstance(record[key], bool) or record[key] < 0:
+                raise CorpusError(path, number, f"{key} must be a whole number from 0, not {json.dumps(record[key])}")
+        if record["label"] not in PATTERN_LABELS:
+            raise CorpusError(path, number, f"label {json.dumps(record['label'])} is not one of {', '.join(PATTERN_LABELS)}")
+        yield Example(text=text, text_pair=pair, source=f"{path.name}:{number}", pattern_label=(record["layer"], record["head"], record["label"]))
+
+
+def _jsonl_format(path: Path) -> str:
+    """``frames`` or ``labels``, by the keys of the first JSON line (frames name a frame; labels a layer and a label)."""
+    for number, line in numbered_lines(path):
+        if line.strip():
+            try:
+                keys = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CorpusError(path, number, f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
+            if isinstance(keys, dict) and "frame" in keys:
+                return "frames"
+            if isinstance(keys, dict) and "label" in keys and "layer" in keys:
+                return "labels"
+            raise CorpusError(path, number, "a .jsonl corpus holds frames (text, frame, target, elements) or map labels (text, layer, head, label)")
+    return "frames"
+
+
 def sample_files() -> tuple[Path, Path]:
     """The bundled sample corpus: single sentences and sentence pairs, written for bertology."""
     data = resources.files("bertology") / "data"
@@ -399,7 +447,7 @@ def detect_format(path: Path) -> str:
     if path.suffix.lower() in {".conllu", ".conll"}:
         return "conllu"
     if path.suffix.lower() == ".jsonl":
-        return "frames"
+        return _jsonl_format(path)
     cells = first_cells(path)
     if _glue_layout(cells) is not None:
         return "glue"
@@ -448,6 +496,8 @@ class Corpus:
             yield from read_table(self.path, glue_layout(self.path))
         elif self.format == "frames":
             yield from read_frames(self.path)
+        elif self.format == "labels":
+            yield from read_labels(self.path)
         else:
             yield from read_conllu(self.path)
 

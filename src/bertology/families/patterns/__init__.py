@@ -1,10 +1,15 @@
 """Attention patterns (Kovaleva et al. 2019, "Revealing the Dark Secrets of BERT"; METHODS.md section 4).
 
 Tables: ``patterns`` (``layer, head, pattern, share, n, majority``) and ``patterns_by_layer``; in
-memory, ``pattern_examples`` (example maps per class) for the thumbnails.
+memory, ``pattern_examples`` (example maps per class) for the thumbnails. The rules classify by default;
+``classifier=PATH`` (``--classifier``) uses a classifier trained on hand labels instead. On a ``labels`` corpus
+(``bertology patterns --train LABELS.jsonl``) the family also trains one (:mod:`bertology.families.patterns.trained`):
+tables ``pattern_training`` (F1 per class, trained and rules) and ``pattern_confusion``, and ``classifier.json``.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from bertology.core.errors import BertologyError
 from bertology.families import Family, FamilyResult, Option, register_family
@@ -33,30 +38,63 @@ def parse_thresholds(text: str):
 class Patterns(Family):
     name = "patterns"
     title = "Classify every head's maps as vertical, diagonal, vertical+diagonal, block or heterogeneous (Kovaleva et al. 2019)."
+    corpus_flag = "--train"
     options = (
         Option("pattern_thresholds", None, "Pattern rule thresholds, e.g. 'vertical=0.5,diagonal=0.5,mixed_min=0.25,mixed_total=0.6,block=0.8'.",
                parse=parse_thresholds),
+        Option("classifier", None, "A pattern classifier trained on hand labels (classifier.json from `bertology patterns --train`) instead of the rules.",
+               type=Path),
     )
-    outputs = ("patterns", "patterns_by_layer", "pattern_examples")
+    outputs = ("patterns", "patterns_by_layer", "pattern_examples", "pattern_training", "pattern_confusion", "classifier")
+
+    def prepare(self, settings):
+        from bertology.families.patterns.trained import TrainedClassifier
+
+        if settings["classifier"] is not None:
+            TrainedClassifier.load(settings["classifier"])  # a bad file is refused before the model loads
 
     def analyzers(self, settings):
         from bertology.families.patterns.analyzer import HeadPatterns, PatternThresholds, RuleClassifier
+        from bertology.families.patterns.trained import LabelledMaps, TrainedClassifier
 
-        return {"patterns": HeadPatterns(RuleClassifier(settings["pattern_thresholds"] or PatternThresholds()), seed=settings["seed"])}
+        rules = RuleClassifier(settings["pattern_thresholds"] or PatternThresholds())
+        classifier = TrainedClassifier.load(settings["classifier"]) if settings["classifier"] is not None else rules
+        return {"patterns": HeadPatterns(classifier, seed=settings["seed"]), "labelled": LabelledMaps(rules)}
 
     def finish(self, analyzers, context):
-        patterns = analyzers["patterns"]
-        return FamilyResult(tables={"patterns": patterns.result(), "patterns_by_layer": patterns.by_layer()},
-                            extras={"pattern_examples": patterns.examples()})
+        from bertology.families.patterns.trained import train_classifier
+
+        patterns, labelled = analyzers["patterns"], analyzers["labelled"]
+        result = FamilyResult(tables={"patterns": patterns.result(), "patterns_by_layer": patterns.by_layer()},
+                              extras={"pattern_examples": patterns.examples()})
+        if labelled.items:  # a labels corpus: learn the classes from the hand labels
+            labelled.check()
+            training, confusion, document = train_classifier([item for item in labelled.ordered()], seed=context.settings["seed"])
+            result.tables.update(pattern_training=training, pattern_confusion=confusion)
+            result.documents["classifier"] = {**document, "trained_on": context.corpus["name"]}
+        return result
 
     def section(self, folder, result, settings):
         from dataclasses import asdict
 
         from bertology.families.patterns.analyzer import PatternThresholds
-        from bertology.families.patterns.report import patterns_section
+        from bertology.families.patterns.report import patterns_section, training_section
 
-        thresholds = asdict(settings["pattern_thresholds"] or PatternThresholds())
-        return patterns_section(folder, result.tables["patterns"], result.tables["patterns_by_layer"], result.extras["pattern_examples"], thresholds)
+        thresholds = asdict(settings["pattern_thresholds"] or PatternThresholds()) if settings["classifier"] is None else None
+        section = patterns_section(folder, result.tables["patterns"], result.tables["patterns_by_layer"], result.extras["pattern_examples"], thresholds)
+        if settings["classifier"] is not None:
+            section.notes.append(f"Classes from the trained classifier {settings['classifier']}, not the rules.")
+        if "pattern_training" in result.tables:
+            section.tables.append(training_section(folder, section, result.tables["pattern_training"], result.tables["pattern_confusion"]))
+        return section
+
+    def summary(self, result):
+        if "pattern_training" not in result.tables:
+            return []
+        table = result.tables["pattern_training"].set_index(["method", "class"]).f1
+        classes = [c for c in table.loc["trained"].index if not c.startswith("macro")]
+        return ["cross-validated F1 by class, trained (rules): " + ", ".join(f"{c} {table['trained', c]:.2f} ({table['rules', c]:.2f})" for c in classes)
+                + "; classifier saved as classifier.json"]
 
     def by_layer(self, result):
         shares = result.tables["patterns_by_layer"]

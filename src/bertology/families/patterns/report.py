@@ -102,3 +102,34 @@ def patterns_section(folder: RunFolder, patterns: pd.DataFrame, by_layer: pd.Dat
             "else heterogeneous.".format(**thresholds)
         )
     return section
+
+
+def confusion_figure(confusion: pd.DataFrame):
+    """The cross-validated confusion matrix of the trained classifier beside the rules', on the hand-labelled maps."""
+    from bertology.families.patterns.analyzer import PATTERNS
+
+    figure, axes = plt.subplots(1, 2, figsize=(10.5, 4.2))
+    for axis, method in zip(axes, ("trained", "rules")):
+        grid = confusion[confusion.method == method].pivot(index="label", columns="predicted", values="count").reindex(index=PATTERNS, columns=PATTERNS)
+        axis.imshow(grid.values, cmap="Blues")
+        for (i, j), count in np.ndenumerate(grid.values):
+            axis.text(j, i, str(int(count)), ha="center", va="center", fontsize=8, color="white" if count > grid.values.max() / 2 else "black")
+        axis.set_xticks(range(len(PATTERNS)), PATTERNS, rotation=35, ha="right", fontsize=8)
+        axis.set_yticks(range(len(PATTERNS)), PATTERNS, fontsize=8)
+        axis.set_xlabel("predicted")
+        axis.set_ylabel("hand label")
+        axis.set_title("trained classifier (out of fold)" if method == "trained" else "rules")
+    figure.tight_layout()
+    return figure
+
+
+def training_section(folder: RunFolder, section: Section, training: pd.DataFrame, confusion: pd.DataFrame) -> tuple[str, pd.DataFrame]:
+    """Add the confusion figure to ``section``; return the table of F1 per class, trained against the rules."""
+    section.figures.append(Figure(folder.write_figure("pattern_confusion", confusion_figure(confusion)),
+                                  "Hand labels against the classifier trained on them (cross-validated by text) and against the rules."))
+    section.notes.append("A classifier was trained on the hand labels of this corpus (pattern_training.csv, pattern_confusion.csv) and saved as "
+                         "classifier.json; `--classifier classifier.json` uses it instead of the rules.")
+    wide = training.pivot(index="class", columns="method", values="f1").reindex(list(dict.fromkeys(training["class"])))
+    support = training[training.method == "trained"].set_index("class").support
+    return ("F1 per class on the hand labels: trained (cross-validated by text) and rules",
+            wide.rename(columns={"trained": "f1 trained", "rules": "f1 rules"}).assign(support=support).reset_index())

@@ -1,0 +1,194 @@
+"""Pattern classes learned from hand labels (Kovaleva et al. 2019 trained a CNN on about 400 labelled maps; neither the
+labels nor the model were released).
+
+Features of one head's map ``a`` on n real tokens, none of which depends on n:
+
+- the map pooled to a ``grid x grid`` picture, ``P = adaptive_avg_pool(a) * n / grid``: cell (r, c) is the mean, over
+  the queries of row band r, of the mass they send to column band c (each row of P sums to 1);
+- the rule classifier's features (:func:`~bertology.families.patterns.analyzer.pattern_features`): vertical, diagonal
+  and block mass, and whether the input is a pair.
+
+The classifier is scikit-learn's multinomial logistic regression on standardised features, cross-validated by text
+(:class:`~sklearn.model_selection.GroupKFold`: no sentence is on both sides). It is saved as plain JSON
+(``classifier.json``: classes, feature names, the scaler's mean and scale, the coefficients and intercepts), which
+loading reads as numbers and never runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import confusion_matrix, f1_score, precision_recall_fscore_support
+from sklearn.model_selection import GroupKFold
+from sklearn.preprocessing import StandardScaler
+
+from bertology.core.analyzer import Analyzer
+from bertology.core.engine import Batch
+from bertology.core.errors import BertologyError
+from bertology.core.stats import sequence_key
+from bertology.families.patterns.analyzer import PATTERNS, pattern_features
+
+GRID = 8
+CLASSIFIER_FORMAT = "bertology-pattern-classifier"
+RULE_FEATURES = ("vertical", "diagonal", "block", "pair")
+FEATURE_NAMES = tuple(f"cell_{r}_{c}" for r in range(GRID) for c in range(GRID)) + RULE_FEATURES
+
+
+def map_features(attention: torch.Tensor, mask: torch.Tensor, special: torch.Tensor, segment_ids: torch.Tensor, grid: int = GRID) -> np.ndarray:
+    """``[batch, head, feature]`` features (see the module docstring) of maps ``attention [batch, head, n, n]``."""
+    rules = pattern_features(attention, mask, special, segment_ids)
+    rows = []
+    for b in range(attention.shape[0]):
+        n = int(mask[b].sum())
+        pooled = torch.nn.functional.adaptive_avg_pool2d(attention[b, :, :n, :n].double(), grid) * n / grid  # [head, grid, grid]
+        rows.append(pooled.reshape(attention.shape[1], -1))
+    pooled = torch.stack(rows)
+    pair = (segment_ids == 1).any(dim=1)[:, None].expand(-1, attention.shape[1])
+    extra = torch.stack([rules["vertical"].double(), rules["diagonal"].double(), torch.nan_to_num(rules["block"].double(), nan=0.0), pair.double()], dim=-1)
+    return torch.cat([pooled, extra], dim=-1).cpu().numpy()
+
+
+class LabelledMaps(Analyzer):
+    """Features of the hand-labelled maps of a ``labels`` corpus (each example names one ``layer, head, label``), with the
+    rule classifier's verdict on the same map. Examples without a label are passed over."""
+
+    name = "labelled_maps"
+
+    def __init__(self, rules) -> None:
+        self.rules = rules
+        self.items: dict[tuple, dict] = {}
+
+    def update(self, batch: Batch) -> None:
+        num_layers, _, num_heads = batch.attentions.shape[:3]
+        special = batch.cls_mask | batch.sep_mask
+        for b, example in enumerate(batch.examples):
+            if example.pattern_label is None:
+                continue
+            layer, head, label = example.pattern_label
+            key = (example.line if example.line is not None else -1, example.text, example.text_pair or "", layer, head)
+            if layer >= num_layers or head >= num_heads:
+                self.items[key] = {"source": example.source, "error": f"layer {layer}, head {head}: the model has {num_layers} layers of {num_heads} heads"}
+                continue
+            maps = batch.attentions[layer, b : b + 1, head : head + 1]
+            args = (maps, batch.mask[b : b + 1], special[b : b + 1], batch.segment_ids[b : b + 1])
+            self.items[key] = {"source": example.source, "group": repr(sequence_key(example)[1:]), "label": label,
+                               "features": map_features(*args)[0, 0], "rules": PATTERNS[int(self.rules.classify(*args)[0, 0])]}
+
+    def merge(self, other: "LabelledMaps") -> "LabelledMaps":
+        self._check_mergeable(other)
+        self.items.update(other.items)
+        return self
+
+    def ordered(self) -> list[dict]:
+        return [self.items[key] for key in sorted(self.items)]
+
+    def result(self) -> pd.DataFrame:
+        """The labelled maps: ``source, label, rules`` (the rules' class)."""
+        rows = [item for item in self.ordered() if "error" not in item]
+        return pd.DataFrame({"source": [r["source"] for r in rows], "label": [r["label"] for r in rows], "rules": [r["rules"] for r in rows]})
+
+    def check(self) -> None:
+        """Refuse labels of heads the model does not have, naming the first such line."""
+        for item in self.ordered():
+            if "error" in item:
+                name, _, line = item["source"].rpartition(":")
+                raise BertologyError(f"{name}:{line}: {item['error']}")
+
+
+def fit(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> tuple[StandardScaler, LogisticRegression]:
+    scaler = StandardScaler().fit(features)
+    model = LogisticRegression(C=1.0, max_iter=2000, random_state=seed).fit(scaler.transform(features), labels)
+    return scaler, model
+
+
+def train_classifier(items: list[dict], folds: int = 5, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Cross-validate by text, fit on everything, and report against the rules.
+
+    Returns ``training`` (per class: ``precision, recall, f1`` of the trained classifier out of fold and of the rules,
+    and the ``support``), ``confusion`` (``method, label, predicted, count``) and the fitted classifier as a JSON-ready dict.
+    """
+    features = np.stack([item["features"] for item in items])
+    labels = np.array([item["label"] for item in items])
+    groups = np.array([item["group"] for item in items])
+    rules = np.array([item["rules"] for item in items])
+    present = [p for p in PATTERNS if p in set(labels)]
+    if len(present) < 2:
+        raise BertologyError(f"training needs labels of at least two classes, not only {present}")
+    folds = min(folds, len(set(groups)))
+    if folds < 2:
+        raise BertologyError("training needs labelled maps of at least two different texts (the folds split by text)")
+    predicted = np.empty(len(labels), dtype=object)
+    for train, test in GroupKFold(n_splits=folds).split(features, labels, groups):
+        if len(set(labels[train])) < 2:
+            predicted[test] = labels[train][0]
+            continue
+        scaler, model = fit(features[train], labels[train], seed)
+        predicted[test] = model.predict(scaler.transform(features[test]))
+    rows = []
+    for method, guess in (("trained", predicted.astype(str)), ("rules", rules)):
+        precision, recall, f1, support = precision_recall_fscore_support(labels, guess, labels=list(PATTERNS), zero_division=0)
+        for k, pattern in enumerate(PATTERNS):
+            rows.append({"method": method, "class": pattern, "precision": precision[k], "recall": recall[k], "f1": f1[k], "support": int(support[k])})
+        rows.append({"method": method, "class": "macro (labelled classes)", "precision": np.nan, "recall": np.nan,
+                     "f1": f1_score(labels, guess, labels=present, average="macro", zero_division=0), "support": len(labels)})
+    training = pd.DataFrame(rows)
+    confusion = []
+    for method, guess in (("trained", predicted.astype(str)), ("rules", rules)):
+        counts = confusion_matrix(labels, guess, labels=list(PATTERNS))
+        confusion += [{"method": method, "label": gold, "predicted": guess_class, "count": int(counts[i, j])}
+                      for i, gold in enumerate(PATTERNS) for j, guess_class in enumerate(PATTERNS)]
+    scaler, model = fit(features, labels, seed)
+    document = {"format": CLASSIFIER_FORMAT, "version": 1, "grid": GRID, "features": list(FEATURE_NAMES), "classes": [str(c) for c in model.classes_],
+                "mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist(), "coef": model.coef_.tolist(), "intercept": model.intercept_.tolist(),
+                "labelled_maps": len(labels), "folds": folds}
+    return training, pd.DataFrame(confusion), document
+
+
+class TrainedClassifier:
+    """A classifier from :func:`train_classifier`'s document (``classifier.json``), with the
+    :class:`~bertology.families.patterns.analyzer.PatternClassifier` ``classify`` method."""
+
+    def __init__(self, document: dict, source: str = "classifier.json"):
+        self.source = source
+        try:
+            if document.get("format") != CLASSIFIER_FORMAT or document.get("version") != 1:
+                raise ValueError("not a bertology pattern classifier (format, version)")
+            self.grid = int(document["grid"])
+            self.classes = [PATTERNS.index(c) for c in document["classes"]]
+            self.mean, self.scale = np.asarray(document["mean"], dtype=np.float64), np.asarray(document["scale"], dtype=np.float64)
+            self.coef, self.intercept = np.asarray(document["coef"], dtype=np.float64), np.asarray(document["intercept"], dtype=np.float64)
+            width = self.grid * self.grid + len(RULE_FEATURES)
+            if self.mean.shape != (width,) or self.scale.shape != (width,) or self.intercept.shape[0] != self.coef.shape[0]:
+                raise ValueError("its arrays do not fit its grid")
+            if len(self.classes) == 2:  # scikit-learn keeps one row for two classes: the second class's score
+                self.coef, self.intercept = np.stack([-self.coef[0], self.coef[0]]), np.array([-self.intercept[0], self.intercept[0]])
+            if self.coef.shape != (len(self.classes), width):
+                raise ValueError("its coefficients do not fit its classes")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise BertologyError(f"{source}: not a pattern classifier bertology wrote ({exc})") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TrainedClassifier":
+        """Read ``classifier.json`` (plain JSON: numbers and names, no code)."""
+        try:
+            document = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise BertologyError(f"{path}: cannot read the pattern classifier ({exc})") from None
+        return cls(document, str(path))
+
+    def probabilities(self, attention, mask, special, segment_ids) -> np.ndarray:
+        """``[batch, head, class]`` probabilities, classes in the order of ``self.classes``."""
+        features = map_features(attention, mask, special, segment_ids, self.grid)
+        scores = ((features - self.mean) / self.scale) @ self.coef.T + self.intercept
+        scores -= scores.max(axis=-1, keepdims=True)
+        odds = np.exp(scores)
+        return odds / odds.sum(axis=-1, keepdims=True)
+
+    def classify(self, attention, mask, special, segment_ids) -> torch.Tensor:
+        best = self.probabilities(attention, mask, special, segment_ids).argmax(axis=-1)
+        return torch.as_tensor(np.asarray(self.classes)[best], device=attention.device)
