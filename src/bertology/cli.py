@@ -527,6 +527,52 @@ def gradients(
 
 
 @app.command()
+def label(
+    labels: Path = typer.Option(..., "--labels", "-l", help="The JSON-lines file the labels are appended to (reopened, it continues where it stopped)."),
+    corpus: Optional[Path] = typer.Option(None, "--corpus", "-c", help="Inputs to draw maps from [default: the bundled sample corpus]."),
+    format: str = FORMAT,
+    model: Optional[str] = MODEL,
+    maps: int = typer.Option(100, "--maps", min=1, help="Maps to label, spread evenly over the layers."),
+    classifier: Optional[Path] = typer.Option(None, "--classifier", help="A trained pattern classifier: show the maps it is least sure of."),
+    limit: int = typer.Option(500, "--limit", min=1, help="Draw from the first N inputs."),
+    max_length: int = typer.Option(128, "--max-length", min=8),
+    seed: int = SEED,
+    device: str = DEVICE,
+    trust_remote_code: bool = TRUST,
+    browser: bool = typer.Option(True, "--open/--no-open", help="Open the page in the default browser."),
+) -> None:
+    """A local page (127.0.0.1 only) to label attention maps with Kovaleva et al.'s five classes; keys 1-5, saved as you go."""
+    from bertology.core.corpora import open_corpus
+    from bertology.core.models import load_model
+    from bertology.core.runfolder import check_file_out
+    from bertology.families.patterns.trained import TrainedClassifier
+    from bertology.labelling import LabelServer, choose_maps, read_labels
+
+    if labels.exists() and not labels.is_file():
+        raise BertologyError(f"{labels}: is not a file")
+    if not labels.exists():
+        check_file_out(labels)
+    read_labels(labels)  # a file that is not ours is refused before the model loads
+    trained = TrainedClassifier.load(classifier) if classifier is not None else None
+    examples, _ = open_corpus(corpus, format, limit)
+    loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)
+    queue = choose_maps(loaded, list(examples), maps, seed=seed, classifier=trained, max_length=max_length)
+    server = LabelServer(queue, labels, loaded.name).start()
+    typer.echo(f"labelling page: {server.url} ({server.labelled} of {len(queue)} maps labelled so far); Ctrl-C stops the server")
+    if browser:
+        import webbrowser
+
+        webbrowser.open(server.url)
+    try:
+        server.thread.join()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    typer.echo(f"{server.labelled} of {len(queue)} maps labelled in {labels.resolve()}")
+
+
+@app.command()
 def view(
     text: str = typer.Argument(..., help="The text to look at."),
     pair: Optional[str] = typer.Option(None, "--pair", help="A second text (sentence B)."),

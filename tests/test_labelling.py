@@ -1,0 +1,136 @@
+"""``bertology label``: the queue, the file it writes, and the page in a real headless Chromium (keys, back, resume)."""
+
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from bertology.core.corpora import Corpus, Example
+from bertology.core.errors import BertologyError
+from bertology.labelling import LabelServer, choose_maps, read_labels
+from conftest import TEXTS
+from test_viewer import browser  # noqa: F401  (the shared headless Chromium fixture)
+
+
+@pytest.fixture
+def queue(tiny_bert):
+    return choose_maps(tiny_bert, [Example(t, source=f"t:{k}") for k, t in enumerate(TEXTS, start=1)], 6, seed=3)
+
+
+def test_the_queue_is_stratified_over_layers_seeded_and_holds_the_maps(tiny_bert, queue):
+    assert [item.layer for item in queue] == [0, 1, 0, 1, 0, 1]  # every layer in turn
+    again = choose_maps(tiny_bert, [Example(t, source=f"t:{k}") for k, t in enumerate(TEXTS, start=1)], 6, seed=3)
+    assert [item.key for item in again] == [item.key for item in queue]
+    from bertology.core.engine import Engine, RunStats
+    item = queue[0]
+    engine = Engine(tiny_bert, progress=False)
+    batch = engine.run_batch(list(engine.encode([(0, Example(item.text, item.text_pair))], RunStats())))
+    expected = np.rint(batch.attentions[item.layer, 0, item.head].numpy() * 255)
+    np.testing.assert_array_equal(item.weights, expected)
+
+
+def test_an_uncertain_classifier_picks_the_maps_it_is_least_sure_of(tiny_bert):
+    """A classifier whose certainty grows with the mass on the first column: the queue is the candidates (the same
+    seeded draws, five times as many) with the highest entropy of its probabilities, computed here by hand."""
+    class FirstColumn:
+        def probabilities(self, attention, mask, special, segments):
+            share = float(attention[0, 0, :, 0].mean())  # the map's mass on [CLS]
+            p = np.array([share, 1 - share, 0, 0, 0]) * 0.999 + 0.0002
+            return p[None, None]
+
+    examples = [Example(t, source=f"t:{k}") for k, t in enumerate(TEXTS, start=1)]
+    chosen = choose_maps(tiny_bert, examples, 3, seed=2, classifier=FirstColumn())
+    candidates = choose_maps(tiny_bert, examples, 15, seed=2)  # the same draws, no classifier
+
+    def entropy(item):
+        share = (item.weights[:, 0] / 255).mean()
+        p = np.array([share, 1 - share, 0, 0, 0]) * 0.999 + 0.0002
+        return -(p * np.log(p)).sum()
+
+    assert len(chosen) == 3 and {item.key for item in chosen} <= {item.key for item in candidates}
+    others = [entropy(item) for item in candidates if item.key not in {c.key for c in chosen}]
+    assert min(entropy(item) for item in chosen) >= max(others) - 1e-2  # up to the byte rounding of the weights kept here
+
+
+def test_labels_are_appended_whole_and_the_last_one_for_a_map_wins(queue, tmp_path):
+    path = tmp_path / "labels.jsonl"
+    server = LabelServer(queue, path)
+    server.add(0, "vertical")
+    server.add(1, "diagonal")
+    server.add(0, "block")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["label"] for line in lines] == ["vertical", "diagonal", "block"]
+    assert read_labels(path)[queue[0].key] == "block" and server.labelled == 2
+    with open(path, "a") as handle:
+        handle.write('{"text": "cut short by a cra')  # a crash mid-line: passed over
+    assert len(read_labels(path)) == 2
+    with pytest.raises(ValueError):
+        server.add(99, "block")
+    server.server.server_close()
+
+
+def test_the_file_feeds_patterns_train(queue, tmp_path):
+    path = tmp_path / "labels.jsonl"
+    server = LabelServer(queue, path)
+    for k, label in enumerate(["vertical", "diagonal", "block", "heterogeneous"]):
+        server.add(k, label)
+    server.server.server_close()
+    examples = list(Corpus(path))
+    assert [e.pattern_label for e in examples] == [(item.layer, item.head, label) for item, label in
+                                                   zip(queue, ["vertical", "diagonal", "block", "heterogeneous"])]
+
+
+def test_the_server_answers_only_its_own_host(queue, tmp_path):
+    server = LabelServer(queue, tmp_path / "labels.jsonl").start()
+    try:
+        assert server.url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(server.url + "queue") as response:
+            assert len(json.load(response)["maps"]) == 6
+        request = urllib.request.Request(server.url + "queue", headers={"Host": "evil.example:80"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request)
+        assert refused.value.code == 403
+    finally:
+        server.stop()
+
+
+def test_labelling_in_the_browser_with_keys_back_and_resume(browser, queue, tmp_path):  # noqa: F811
+    path = tmp_path / "labels.jsonl"
+    server = LabelServer(queue, path).start()
+    try:
+        page = browser.new_page()
+        problems = []
+        page.on("pageerror", lambda error: problems.append(str(error)))
+        page.goto(server.url)
+        page.wait_for_selector("body[data-ready='1']")
+        assert page.inner_text("#progress") == "0 of 6 labelled" and page.inner_text("#position") == "1 of 6"
+        page.keyboard.press("1")
+        page.wait_for_function("window.bertologyLabel.position === 1")
+        page.keyboard.press("2")
+        page.wait_for_function("window.bertologyLabel.position === 2")
+        assert page.inner_text("#progress") == "2 of 6 labelled"
+        assert [json.loads(line)["label"] for line in path.read_text().splitlines()] == ["vertical", "diagonal"]  # saved at once
+        page.reload()  # a closed tab loses nothing: the page continues at the first map without a label
+        page.wait_for_selector("body[data-ready='1']")
+        assert page.inner_text("#position") == "3 of 6" and page.inner_text("#progress") == "2 of 6 labelled"
+        page.keyboard.press("Backspace")  # back to map 2, labelled diagonal
+        assert page.inner_text("#position") == "2 of 6"
+        assert page.locator("#classes button.chosen").inner_text().endswith("diagonal")
+        page.keyboard.press("5")
+        page.wait_for_function("window.bertologyLabel.position === 2")
+        page.keyboard.press("s")  # skip map 3
+        assert page.inner_text("#position") == "4 of 6"
+        assert read_labels(path) == {queue[0].key: "vertical", queue[1].key: "heterogeneous"}
+        assert problems == []
+        page.close()
+    finally:
+        server.stop()
+
+
+def test_a_labels_file_that_is_not_ours_is_refused(tmp_path):
+    path = tmp_path / "labels.jsonl"
+    path.write_text("not json\n{}\n")
+    with pytest.raises(BertologyError, match="labels.jsonl:1: not a label line"):
+        read_labels(path)
