@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
+from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import confusion_matrix, f1_score, precision_recall_fscore_support
-from sklearn.model_selection import GroupKFold
+from sklearn.model_selection import GridSearchCV, GroupKFold
 from sklearn.preprocessing import StandardScaler
 
 from bertology.core.analyzer import Analyzer
@@ -113,8 +113,8 @@ def fit(features: np.ndarray, labels: np.ndarray, groups: np.ndarray, seed: int 
     inner = list(GroupKFold(n_splits=min(3, len(set(groups)))).split(scaled, labels, groups)) if len(set(groups)) >= 2 else None
     if inner is None or any(len(set(labels[train])) < 2 for train, _ in inner):
         return scaler, LogisticRegression(C=0.1, max_iter=2000, random_state=seed).fit(scaled, labels)
-    search = LogisticRegressionCV(Cs=list(REGULARISATIONS), cv=inner, scoring="f1_macro", max_iter=2000, random_state=seed).fit(scaled, labels)
-    return scaler, LogisticRegression(C=float(search.C_[0]), max_iter=2000, random_state=seed).fit(scaled, labels)
+    search = GridSearchCV(LogisticRegression(max_iter=2000, random_state=seed), {"C": list(REGULARISATIONS)}, cv=inner, scoring="f1_macro")
+    return scaler, search.fit(scaled, labels).best_estimator_
 
 
 def train_classifier(items: list[dict], folds: int = 5, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
