@@ -6,6 +6,7 @@ Nothing is downloaded: the hub is switched off for the whole test session.
 from __future__ import annotations
 
 import os
+import shutil
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -38,6 +39,18 @@ TEXTS = [
     "a dog, a cat and a tree.",
 ]
 PAIRS = [("the cat sat.", "the dog ran."), ("where is it?", "it is under the table.")]
+
+
+def gold_example(line: int, text: str, tags: str | None = None) -> Example:
+    """An example with gold words (the text split at spaces), a flat tree (every word a dependent of the first) and
+    UPOS tags (``tags``, space-separated; default X), as a CoNLL-U reader would give it."""
+    words, spans, begin = text.split(), [], 0
+    for word in words:
+        begin = text.index(word, begin)
+        spans.append((begin, begin + len(word)))
+        begin += len(word)
+    return Example(text=text, source=f"gold:{line}", words=tuple(words), word_spans=tuple(spans), heads=(0,) + (1,) * (len(words) - 1),
+                   relations=("root",) + ("dep",) * (len(words) - 1), upos=tuple(tags.split()) if tags else ("X",) * len(words))
 
 
 def tiny_examples() -> list[Example]:
@@ -159,3 +172,27 @@ def tiny_encoder_dirs(tiny_bert_dir, tmp_path_factory) -> dict[str, Path]:
         model.save_pretrained(folder)
         folders[name] = folder
     return folders
+
+
+# ---- a real headless browser for the pages' tests ----
+
+def _chromium() -> str | None:
+    return os.environ.get("BERTOLOGY_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium driven by Playwright (no browser download). CI installs both; elsewhere a missing one skips."""
+    binary = _chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        binary = None
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI needs chromium and playwright for the browser tests (make test installs them)")
+        pytest.skip("no chromium or playwright here")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=binary, args=["--no-sandbox", "--disable-gpu"])
+        yield launched
+        launched.close()

@@ -11,7 +11,6 @@ from bertology.core.corpora import Corpus, Example
 from bertology.core.errors import BertologyError
 from bertology.labelling import LabelServer, choose_maps, read_labels
 from conftest import TEXTS
-from test_viewer import browser  # noqa: F401  (the shared headless Chromium fixture)
 
 
 @pytest.fixture
@@ -96,7 +95,7 @@ def test_the_server_answers_only_its_own_host(queue, tmp_path):
         server.stop()
 
 
-def test_labelling_in_the_browser_with_keys_back_and_resume(browser, queue, tmp_path):  # noqa: F811
+def test_labelling_in_the_browser_with_keys_back_and_resume(browser, queue, tmp_path):
     path = tmp_path / "labels.jsonl"
     server = LabelServer(queue, path).start()
     try:

@@ -12,7 +12,7 @@ from bertology.core.errors import BertologyError
 from bertology.core.hooks import HOOK_POINTS, Hooks
 from bertology.core.models import load_model
 from bertology.core.norms import norm_shares, parse_weighting
-from conftest import tiny_examples
+
 
 #: Parameter names of each layout: value projection, output projection, post-attention layer norm, as a function of the layer.
 PARAMETERS = {

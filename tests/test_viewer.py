@@ -2,9 +2,7 @@
 
 import base64
 import json
-import os
 import re
-import shutil
 import time
 
 import numpy as np
@@ -87,28 +85,6 @@ def test_notebook_display_is_the_page_in_an_iframe():
 
 
 # ---- the page in a real browser ----
-
-def _chromium() -> str | None:
-    return os.environ.get("BERTOLOGY_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """Debian's chromium driven by Playwright (no browser download). CI installs both; elsewhere a missing one skips."""
-    binary = _chromium()
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        binary = None
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI needs chromium and playwright for the browser tests (make test installs them)")
-        pytest.skip("no chromium or playwright here")
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=binary, args=["--no-sandbox", "--disable-gpu"])
-        yield launched
-        launched.close()
-
 
 def open_page(browser, path, viewer=True):
     page = browser.new_page(viewport={"width": 1300, "height": 900})

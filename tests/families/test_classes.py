@@ -10,11 +10,11 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 import bertology
-from bertology.core.corpora import Example
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, CorpusError
 from bertology.families.classes import default_classes, parse_class, parse_classes
 from bertology.families.classes.analyzer import ClassAttention
+from conftest import gold_example
 
 # Sentences with gold words, UPOS tags and (flat) trees written here; "not" and "never" are negation words.
 SENTENCES = [
@@ -26,16 +26,7 @@ SENTENCES = [
 
 
 def gold_examples():
-    examples = []
-    for line, (text, tags) in enumerate(SENTENCES, start=1):
-        words, spans, begin = text.split(), [], 0
-        for word in words:
-            begin = text.index(word, begin)
-            spans.append((begin, begin + len(word)))
-            begin += len(word)
-        examples.append(Example(text=text, source=f"gold:{line}", words=tuple(words), word_spans=tuple(spans), heads=(0,) + (1,) * (len(words) - 1),
-                                relations=("root",) + ("dep",) * (len(words) - 1), upos=tuple(tags.split())))
-    return examples
+    return [gold_example(line, text, tags) for line, (text, tags) in enumerate(SENTENCES, start=1)]
 
 
 def numpy_class_attention(folder, examples, members_of):

@@ -16,6 +16,7 @@ from bertology.core.corpora import Example
 from bertology.core.engine import Engine
 from bertology.families.layers.analyzer import LayerSentence, WordVectors
 from bertology.families.layers.probes import center_of_gravity, control_labels, probe_layers
+from conftest import gold_example
 
 TAGS = ("NOUN", "VERB", "DET", "ADJ")
 
@@ -70,16 +71,7 @@ def test_center_of_gravity_follows_tenney_with_the_best_accuracy_so_far():
 
 def gold_examples():
     texts = ["the cat sat on the mat .", "unbelievably , tokenization splits words !", "we saw the big dog ."]
-    examples = []
-    for line, text in enumerate(texts, start=1):
-        words, spans, begin = text.split(), [], 0
-        for word in words:
-            begin = text.index(word, begin)
-            spans.append((begin, begin + len(word)))
-            begin += len(word)
-        examples.append(Example(text=text, source=f"g:{line}", words=tuple(words), word_spans=tuple(spans), heads=(0,) + (1,) * (len(words) - 1),
-                                relations=("root",) + ("dep",) * (len(words) - 1), upos=("X",) * len(words)))
-    return examples
+    return [gold_example(line, text) for line, text in enumerate(texts, start=1)]
 
 
 @pytest.mark.parametrize("pooling", ["first", "mean"])
@@ -108,7 +100,7 @@ def test_word_vectors_equal_transformers_hidden_states(pooling, tiny_bert_dir):
 
 def test_the_cap_keeps_the_first_sentences_whatever_the_batches(tiny_bert):
     examples = gold_examples() * 3
-    examples = [Example(**{**e.__dict__, "source": f"g:{k}"}) for k, e in enumerate(examples, start=1)]
+    examples = [Example(**{**e.__dict__, "source": f"gold:{k}"}) for k, e in enumerate(examples, start=1)]
     small = WordVectors(max_sentences=4)
     Engine(tiny_bert, batch_size=1, progress=False).run(examples[::-1], [small])  # reversed: the first lines are still kept
     assert [s.key[0] for s in small.ordered()] == [1, 2, 3, 4]

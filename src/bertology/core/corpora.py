@@ -348,6 +348,20 @@ def _split_surface(form: str, words: list[str], begin: int) -> list[tuple[int, i
 FRAME_KEYS = ("text", "frame", "target", "elements")
 
 
+def json_records(path: Path) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for every non-blank line of a JSON-lines file; a line that is no JSON object names itself."""
+    for number, line in numbered_lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CorpusError(path, number, f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
+        if not isinstance(record, dict):
+            raise CorpusError(path, number, "expected a JSON object")
+        yield number, record
+
+
 def _frame_span(path: Path, number: int, text: str, what: str, value) -> tuple[int, int]:
     if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
         raise CorpusError(path, number, f"{what} must be [start, end], two character offsets, not {json.dumps(value)}")
@@ -361,15 +375,7 @@ def read_frames(path: Path) -> Iterator[Example]:
     """Frame-annotated sentences, one JSON object a line (Kovaleva et al. 2019, section 4.3):
     ``{"text": ..., "frame": ..., "target": [start, end], "elements": {"Agent": [start, end], ...}}``, with
     character offsets into ``text`` (end exclusive). An element may not overlap the target. Blank lines are skipped."""
-    for number, line in numbered_lines(path):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CorpusError(path, number, f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
-        if not isinstance(record, dict):
-            raise CorpusError(path, number, "expected a JSON object")
+    for number, record in json_records(path):
         missing = [key for key in FRAME_KEYS if key not in record]
         if missing:
             raise CorpusError(path, number, f"missing key(s) {', '.join(missing)}: each line needs {', '.join(FRAME_KEYS)}")
@@ -397,15 +403,7 @@ PATTERN_LABELS = ("vertical", "diagonal", "vertical+diagonal", "block", "heterog
 def read_labels(path: Path) -> Iterator[Example]:
     """Hand labels of attention maps, one JSON object a line: ``{"text": ..., "text_pair": optional, "layer": L, "head": H,
     "label": one of PATTERN_LABELS}`` (layers and heads from 0). Blank lines are skipped."""
-    for number, line in numbered_lines(path):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CorpusError(path, number, f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
-        if not isinstance(record, dict):
-            raise CorpusError(path, number, "expected a JSON object")
+    for number, record in json_records(path):
         missing = [key for key in ("text", "layer", "head", "label") if key not in record]
         if missing:
             raise CorpusError(path, number, f"missing key(s) {', '.join(missing)}: each line needs text, layer, head and label")
@@ -422,17 +420,12 @@ def read_labels(path: Path) -> Iterator[Example]:
 
 def _jsonl_format(path: Path) -> str:
     """``frames`` or ``labels``, by the keys of the first JSON line (frames name a frame; labels a layer and a label)."""
-    for number, line in numbered_lines(path):
-        if line.strip():
-            try:
-                keys = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise CorpusError(path, number, f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
-            if isinstance(keys, dict) and "frame" in keys:
-                return "frames"
-            if isinstance(keys, dict) and "label" in keys and "layer" in keys:
-                return "labels"
-            raise CorpusError(path, number, "a .jsonl corpus holds frames (text, frame, target, elements) or map labels (text, layer, head, label)")
+    for number, record in json_records(path):
+        if "frame" in record:
+            return "frames"
+        if "label" in record and "layer" in record:
+            return "labels"
+        raise CorpusError(path, number, "a .jsonl corpus holds frames (text, frame, target, elements) or map labels (text, layer, head, label)")
     return "frames"
 
 

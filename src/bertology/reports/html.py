@@ -53,3 +53,17 @@ class Report:
         environment = Environment(loader=PackageLoader("bertology", "reports/templates"), autoescape=select_autoescape(["j2", "html"]))
         environment.filters["table"] = _table_html
         return environment.get_template("report.html.j2").render(report=self)
+
+
+def finish_run(folder, title: str, summary: dict, sections: list[Section], manifest: dict, command: list[str] | None) -> Path:
+    """Write ``report.html`` and ``manifest.json`` (``status: complete``, the command line, package versions, the finishing
+    time, then ``manifest``) into a run folder and commit it; returns the report's path."""
+    import datetime as dt
+    import sys
+
+    from bertology.api import package_versions
+
+    folder.write_text("report.html", Report(title, summary, sections).render())
+    folder.write_json("manifest.json", {"status": "complete", "command": command if command is not None else sys.argv, **manifest,
+                                        "versions": package_versions(), "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+    return folder.commit() / "report.html"

@@ -9,8 +9,6 @@ analyzer on one of the two (for the change in the general profile and in the rol
 
 from __future__ import annotations
 
-import datetime as dt
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -21,13 +19,13 @@ import torch
 from bertology.families.profile.analyzer import GeneralProfile
 from bertology.core.analyzer import Analyzer
 from bertology.families.roles.analyzer import HeadRoles
-from bertology.api import has_trees, package_versions
+from bertology.api import has_trees
 from bertology.core.corpora import Corpus, Example, open_corpus
 from bertology.core.engine import Batch, Engine, RunStats
 from bertology.core.errors import BertologyError
 from bertology.core.models import LoadedModel, load_model
 from bertology.reports.compare import comparison_section
-from bertology.reports.html import Report
+from bertology.reports.html import finish_run
 from bertology.core.backends import BACKENDS, PassPlan, run_ray
 from bertology.core.runfolder import RunFolder, claims_out
 from bertology.core.stats import RunningMoments, interval_frame
@@ -183,13 +181,8 @@ class Comparison:
         stats = self.stats.as_dict()
         summary = {"model A": name_a, "model B": name_b, "corpus": f"{self.corpus['name']} ({self.corpus['format']})",
                    "sequences": stats["sequences"], "truncated": stats["truncated"], "time": f"{stats['seconds']} s"}
-        folder.write_text("report.html", Report(f"bertology: {name_a} vs {name_b}", summary, sections).render())
-        folder.write_json("manifest.json", {
-            "status": "complete", "command": command if command is not None else sys.argv, "model_a": self.model_a, "model_b": self.model_b,
-            "corpus": self.corpus, "settings": self.settings, "stats": stats, "versions": package_versions(),
-            "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        })
-        return folder.commit() / "report.html"
+        return finish_run(folder, f"bertology: {name_a} vs {name_b}", summary, sections,
+                          {"model_a": self.model_a, "model_b": self.model_b, "corpus": self.corpus, "settings": self.settings, "stats": stats}, command)
 
 
 def comparison_of_layers(engines: Sequence[Engine], examples, similarity_layers: pd.DataFrame, probe_sentences: int,

@@ -19,7 +19,6 @@ means that attending to the token changes little, the "no-op" reading of Clark e
 from __future__ import annotations
 
 import datetime as dt
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +26,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from bertology.core.corpora import Example, open_corpus
+from bertology.core.corpora import open_corpus
 from bertology.core.engine import Encoded, Engine, RunStats
 from bertology.core.errors import BertologyError
 from bertology.core.hooks import Hooks
@@ -136,9 +135,8 @@ class GradientStudy:
     @claims_out
     def save(self, out, command: list[str] | None = None):
         """Write ``gradients.csv``/``.parquet``, the figure, ``report.html`` and ``manifest.json``, replacing ``out`` whole."""
-        from bertology.api import package_versions
         from bertology.reports.gradients import gradients_section
-        from bertology.reports.html import Report
+        from bertology.reports.html import finish_run
 
         folder = RunFolder(out)
         folder.write_table("gradients", self.gradients)
@@ -146,13 +144,8 @@ class GradientStudy:
         stats = self.stats.as_dict()
         summary = {"model": self.model["name"], "corpus": f"{self.corpus['name']} ({self.corpus['format']})", "loss": self.settings["loss"],
                    "sequences": stats["sequences"], "truncated": stats["truncated"], "time": f"{stats['seconds']} s"}
-        folder.write_text("report.html", Report(f"bertology: attention and its gradient, {self.model['name']}", summary, [section]).render())
-        folder.write_json("manifest.json", {
-            "status": "complete", "command": command if command is not None else sys.argv, "model": self.model, "corpus": self.corpus,
-            "settings": self.settings, "stats": stats, "versions": package_versions(),
-            "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        })
-        return folder.commit() / "report.html"
+        return finish_run(folder, f"bertology: attention and its gradient, {self.model['name']}", summary, [section],
+                          {"model": self.model, "corpus": self.corpus, "settings": self.settings, "stats": stats}, command)
 
 
 @claims_out

@@ -10,10 +10,8 @@ head and the pooler stay fine-tuned. Restoring every unit gives back the pre-tra
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,8 +95,7 @@ class RestoreStudy:
     @claims_out
     def save(self, out, command: list[str] | None = None):
         """Write ``restore.csv``/``.parquet``, the figure, ``report.html`` and ``manifest.json``, replacing ``out`` whole."""
-        from bertology.api import package_versions
-        from bertology.reports.html import Report
+        from bertology.reports.html import finish_run
         from bertology.reports.restore import restore_section
 
         folder = RunFolder(out)
@@ -106,13 +103,9 @@ class RestoreStudy:
         section = restore_section(folder, self.restore, self.fine_tuned)
         summary = {"model": self.model["name"], "pre-trained": self.pretrained_name, "task": self.task, "dev examples": self.examples,
                    **{f"{metric} (fine-tuned)": f"{value:.4f}" for metric, value in self.fine_tuned.items()}}
-        folder.write_text("report.html", Report(f"bertology: layers restored after fine-tuning on {self.task}", summary, [section]).render())
-        folder.write_json("manifest.json", {
-            "status": "complete", "command": command if command is not None else sys.argv, "model": self.model, "pretrained": self.pretrained_name,
-            "task": self.task, "examples": self.examples, "fine_tuned": self.fine_tuned, "settings": self.settings, "versions": package_versions(),
-            "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        })
-        return folder.commit() / "report.html"
+        return finish_run(folder, f"bertology: layers restored after fine-tuning on {self.task}", summary, [section],
+                          {"model": self.model, "pretrained": self.pretrained_name, "task": self.task, "examples": self.examples,
+                           "fine_tuned": self.fine_tuned, "settings": self.settings}, command)
 
 
 @claims_out
