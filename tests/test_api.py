@@ -138,3 +138,19 @@ def test_one_family_failing_loses_nothing_else(tiny_bert, tmp_path):
     with pytest.raises(BertologyError, match="no sentence had a dependency tree"):  # when every family fails, nothing is saved
         bertology.analyze(tiny_bert, corpus, analyses=["syntax"], max_length=3, probe=False, out=tmp_path / "alone", progress=False)
     assert not (tmp_path / "alone").exists()
+
+
+def test_a_figure_that_fails_loses_nothing_else(tiny_bert, tmp_path, monkeypatch):
+    """A family whose report section raises (a plotting error, say) keeps its tables; the run is partial and says why."""
+    from bertology.families.rollout import Rollout
+
+    def broken(self, folder, result, settings):
+        raise ValueError("Index contains duplicate entries, cannot reshape")
+
+    monkeypatch.setattr(Rollout, "section", broken)
+    out = tmp_path / "run"
+    result = bertology.analyze(tiny_bert, SENTENCES, out=out, progress=False, view=False, head_distance_sample=1.0)
+    assert result.failures == {"rollout": "its report section: ValueError: Index contains duplicate entries, cannot reshape"}
+    assert (out / "rollout.csv").is_file() and (out / "heads.csv").is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "partial" and "its report section" in (out / "report.html").read_text()

@@ -129,7 +129,11 @@ class Analysis:
         for name in self.results:
             family = get_family(name)
             weighting = views[0] if family.weighted else "attention"
-            section = family.section(folder, self.by_view[weighting][name], self.settings)
+            try:
+                section = family.section(folder, self.by_view[weighting][name], self.settings)
+            except Exception as exc:  # a figure that fails loses nothing else: the family's tables are written already
+                self.failures[name] = f"its report section: {one_line_error(exc)}"
+                continue
             if section is not None:
                 if family.weighted and views != ["attention"]:
                     section.title += f" — {WEIGHTING_TITLES[weighting]}"
