@@ -50,6 +50,7 @@ def _analyzers():
     built = []
     for family in registered().values():
         settings = {**{option.name: option.default for option in family.options}, **CONTRACT_SETTINGS}
+        family.prepare(settings)
         built += list(family.analyzers(settings).values())
     return built
 
@@ -88,7 +89,8 @@ def test_ray_tables_equal_local_ones_across_shards_and_workers(tiny_bert_dir, sh
     pytest.importorskip("ray")
     corpus = tmp_path / "ewt.conllu"
     corpus.write_text(_ewt(shared_data, 90), encoding="utf-8")
-    options = dict(batch_size=1, progress=False, view=False, bootstrap=200, weighting="attention,norm", probe=False)  # shards of 32 sentences: 3
+    options = dict(batch_size=1, progress=False, view=False, bootstrap=200, weighting="attention,norm", probe=False,  # shards of 32 sentences: 3
+                   include=["classes", "layers"], probe_bootstrap=200)
     model = _float64(tiny_bert_dir)
     local = bertology.analyze(model, corpus, out=tmp_path / "local", **options)
     on_ray = bertology.analyze(model, corpus, out=tmp_path / "ray", backend="ray", workers=2, **options)

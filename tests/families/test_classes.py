@@ -171,3 +171,15 @@ def test_classes_command_writes_table_figure_and_section(tiny_bert_dir, tmp_path
     bad = subprocess.run([sys.executable, "-m", "bertology.cli", "classes", "-m", str(tiny_bert_dir), "-c", str(corpus), "--out", str(tmp_path / "x"),
                           "-q", "--class", "noun=upos"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "NAME=KIND:VALUE" in bad.stderr
+
+
+def test_classes_run_under_both_views_in_one_pass(tiny_bert):
+    """Under --weighting attention,norm the class table carries both views; the weights' rows equal a run of the weights alone."""
+    texts = ["the cat did not sit.", "we never saw it, and it ran!"]
+    both = bertology.analyze(tiny_bert, texts, analyses=["classes"], classes=["negation=words:negation"], weighting="attention,norm",
+                             progress=False, view=False).classes
+    alone = bertology.analyze(tiny_bert, texts, analyses=["classes"], classes=["negation=words:negation"], progress=False, view=False).classes
+    assert set(both.weighting) == {"attention", "norm"}
+    weights = both[both.weighting == "attention"].drop(columns="weighting").reset_index(drop=True)
+    pd.testing.assert_frame_equal(weights, alone, check_exact=False, rtol=1e-6)
+    assert not np.allclose(both[both.weighting == "norm"].value, weights.value)
