@@ -120,12 +120,12 @@ def test_a_head_that_looks_at_sep_but_mixes_nothing_from_it_gets_zero_norm_share
         value[:, :, sep] = 0
         return value
 
-    def forward_with_the_hand_made_head(tensors, hooks):
+    def forward_with_the_hand_made_head(tensors, hooks, **options):
         hand = Hooks().add("value", empty_sep).add("pattern", look_at_sep)  # first, so the engine's handlers read what they made
         for point in HOOK_POINTS:
             for handler in hooks._handlers[point]:
                 hand.add(point, handler)
-        return Engine.forward(engine, tensors, hand)
+        return Engine.forward(engine, tensors, hand, **options)
 
     engine.forward = forward_with_the_hand_made_head
     batch = engine.run_batch(items, norms=True)

@@ -131,6 +131,8 @@ class Analysis:
             weighting = views[0] if family.weighted else "attention"
             try:
                 section = family.section(folder, self.by_view[weighting][name], self.settings)
+            except OSError:  # the disk, not the family: the save stops and the previous run stays whole
+                raise
             except Exception as exc:  # a figure that fails loses nothing else: the family's tables are written already
                 self.failures[name] = f"its report section: {one_line_error(exc)}"
                 continue

@@ -100,7 +100,7 @@ def test_a_head_planted_on_nouns_gives_all_its_attention_to_them(tiny_bert):
     encoded = list(engine.encode(enumerate(examples), RunStats()))
 
     class Planted(Engine):
-        def forward(self, tensors, hooks):
+        def forward(self, tensors, hooks, **options):
             example = next(item for item in encoded if item.input_ids == tensors["input_ids"][0].tolist()).example
             nouns = [span for span, tag in zip(example.word_spans, example.upos) if tag == "NOUN"]
             offsets = next(item for item in encoded if item.example is example).offsets
@@ -113,7 +113,7 @@ def test_a_head_planted_on_nouns_gives_all_its_attention_to_them(tiny_bert):
                     return pattern
 
             hooks._handlers["pattern"].insert(0, plant)  # before the engine's own handler reads the maps
-            return super().forward(tensors, hooks)
+            return super().forward(tensors, hooks, **options)
 
     analyzer = ClassAttention(parse_classes(["noun=upos:NOUN"]))
     Planted(tiny_bert, batch_size=1, progress=False).run(examples, [analyzer])

@@ -120,7 +120,7 @@ def test_a_head_planted_between_target_and_elements_scores_one_and_is_significan
         planted[example.text] = example.frames[0].target
 
     class Planted(Engine):
-        def forward(self, tensors, hooks):
+        def forward(self, tensors, hooks, **options):
             item = next(i for i in self._batch if i.input_ids == tensors["input_ids"][0].tolist())
             start, end = planted[item.example.text]
             keys = torch.tensor([float(b > a and a < end and start < b) for a, b in item.offsets])
@@ -132,7 +132,7 @@ def test_a_head_planted_between_target_and_elements_scores_one_and_is_significan
                     return pattern
 
             hooks._handlers["pattern"].insert(0, plant)
-            return super().forward(tensors, hooks)
+            return super().forward(tensors, hooks, **options)
 
         def run_batch(self, items, **kwargs):
             self._batch = items

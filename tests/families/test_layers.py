@@ -127,3 +127,24 @@ def test_layers_command_on_real_trees(shared_data, tmp_path):
                              "--limit", "40", "--probe-sentences", "20", "--probe-bootstrap", "100", "--out", str(tmp_path / "c"), "-q"],
                             capture_output=True, text=True)
     assert capped.returncode == 0 and "kept the first 20 of 40 sentences (--probe-sentences)" in capped.stderr
+
+
+@pytest.mark.parametrize("layout", ["bert", "distilbert", "albert", "electra"])
+def test_the_engines_hidden_states_are_transformers_own_and_leave_the_model_picklable(layout, tiny_encoder_dirs):
+    """Every layer's output as the engine takes it (the attention's input, then the last output) equals transformers'
+    ``output_hidden_states``, and the run leaves no hook in the model (a Ray actor must be able to take it)."""
+    import pickle
+
+    from bertology.core.engine import RunStats
+
+    model = bertology.load_model(tiny_encoder_dirs[layout], device="cpu")
+    model.model.double()
+    engine = Engine(model, progress=False)
+    items = list(engine.encode(enumerate([Example("the cat sat on the mat."), Example("where is the dog?")]), RunStats()))
+    batch = engine.run_batch(items, hidden_states=True)
+    pickle.dumps(model.model)
+    reference = AutoModel.from_pretrained(tiny_encoder_dirs[layout], attn_implementation="eager").double().eval()
+    for b, item in enumerate(items):
+        with torch.no_grad():
+            states = torch.stack(reference(torch.tensor([item.input_ids]), output_hidden_states=True).hidden_states)[:, 0]
+        torch.testing.assert_close(batch.hidden_states[:, b, : len(item)], states, rtol=1e-10, atol=1e-10)

@@ -18,9 +18,9 @@ def _count_forward_passes(monkeypatch):
     calls = []
     original = Engine.forward
 
-    def counted(self, tensors, hooks=None):
+    def counted(self, tensors, hooks=None, **options):
         calls.append(tensors["input_ids"].shape[0])
-        return original(self, tensors, hooks)
+        return original(self, tensors, hooks, **options)
 
     monkeypatch.setattr(Engine, "forward", counted)
     return calls

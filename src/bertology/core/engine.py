@@ -22,7 +22,7 @@ from bertology.core.alignment import WordAlignment, align, default_word_spans, t
 from bertology.core.corpora import Example
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.hooks import Hooks
-from bertology.core.models import PUNCT_SETS, LoadedModel, attention_blocks, punctuation_table
+from bertology.core.models import BLOCK_LAYOUTS, PUNCT_SETS, LoadedModel, attention_blocks, punctuation_table
 from bertology.core.norms import WEIGHTINGS, mixing_ratios, norm_shares, transformed_norms
 
 OVERFLOW_POLICIES = ("truncate", "skip")
@@ -347,10 +347,14 @@ class Engine:
         def keep_layer_input(module, args, kwargs):  # x, the attention's input and the residual
             layer_inputs.append(args[0] if args else kwargs["hidden_states"])
 
-        shared = {id(block.attention): block.attention for block in self.blocks} if mixing else {}  # ALBERT shares one
+        # Layer l's attention reads layer l's input, the output of layer l - 1 (l = 0: the embeddings), so with the last
+        # layer's output these are the hidden states, taken without transformers' output recorder (it leaves hooks in the
+        # model that no pickle, and so no Ray actor, can carry). Other layouts ask transformers for them.
+        own_states = hidden_states and self.model.model.config.model_type in BLOCK_LAYOUTS
+        shared = {id(block.attention): block.attention for block in self.blocks} if mixing or own_states else {}  # ALBERT shares one
         handles = [module.register_forward_pre_hook(keep_layer_input, with_kwargs=True) for module in shared.values()]
         try:
-            outputs = self.forward(tensors, hooks, hidden_states=hidden_states)
+            outputs = self.forward(tensors, hooks, hidden_states=hidden_states and not own_states)
         finally:
             for handle in handles:
                 handle.remove()
@@ -378,7 +382,8 @@ class Engine:
             embedding=self.model.model.get_input_embeddings(),
             key_norms=key_norms,
             mixing=ratios,
-            hidden_states=torch.stack(outputs.hidden_states) if hidden_states else None,
+            hidden_states=(torch.stack([*layer_inputs, outputs.last_hidden_state]) if own_states else torch.stack(outputs.hidden_states))
+                          if hidden_states else None,
         )
 
     @cached_property
