@@ -9,6 +9,7 @@ tables ``pattern_training`` (F1 per class, trained and rules) and ``pattern_conf
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from bertology.core.errors import BertologyError
@@ -92,7 +93,8 @@ class Patterns(Family):
         if "pattern_training" not in result.tables:
             return []
         table = result.tables["pattern_training"].set_index(["method", "class"]).f1
-        classes = [c for c in table.loc["trained"].index if not c.startswith("macro")]
+        trained = table.loc["trained"]
+        classes = [c for c in trained.index if not c.startswith("macro") and not math.isnan(trained[c])]  # the classes with labels
         return ["cross-validated F1 by class, trained (rules): " + ", ".join(f"{c} {table['trained', c]:.2f} ({table['rules', c]:.2f})" for c in classes)
                 + "; classifier saved as classifier.json"]
 

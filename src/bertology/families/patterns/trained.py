@@ -121,7 +121,7 @@ def train_classifier(items: list[dict], folds: int = 5, seed: int = 0) -> tuple[
     """Cross-validate by text, fit on everything, and report against the rules.
 
     Returns ``training`` (per class: ``precision, recall, f1`` of the trained classifier out of fold and of the rules,
-    and the ``support``), ``confusion`` (``method, label, predicted, count``) and the fitted classifier as a JSON-ready dict.
+    NaN for a class with no label, and the ``support``; and the macro F1 over the labelled classes), ``confusion`` (``method, label, predicted, count``) and the fitted classifier as a JSON-ready dict.
     """
     features = np.stack([item["features"] for item in items])
     labels = np.array([item["label"] for item in items])
@@ -143,8 +143,9 @@ def train_classifier(items: list[dict], folds: int = 5, seed: int = 0) -> tuple[
     rows = []
     for method, guess in (("trained", predicted.astype(str)), ("rules", rules)):
         precision, recall, f1, support = precision_recall_fscore_support(labels, guess, labels=list(PATTERNS), zero_division=0)
-        for k, pattern in enumerate(PATTERNS):
-            rows.append({"method": method, "class": pattern, "precision": precision[k], "recall": recall[k], "f1": f1[k], "support": int(support[k])})
+        for k, pattern in enumerate(PATTERNS):  # a class nobody labelled has no F1 (NaN), not a zero
+            scores = (precision[k], recall[k], f1[k]) if support[k] else (np.nan, np.nan, np.nan)
+            rows.append({"method": method, "class": pattern, "precision": scores[0], "recall": scores[1], "f1": scores[2], "support": int(support[k])})
         rows.append({"method": method, "class": "macro (labelled classes)", "precision": np.nan, "recall": np.nan,
                      "f1": f1_score(labels, guess, labels=present, average="macro", zero_division=0), "support": len(labels)})
     training = pd.DataFrame(rows)
