@@ -18,7 +18,7 @@ means that attending to the token changes little, the "no-op" reading of Clark e
 
 from __future__ import annotations
 
-import datetime as dt
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -184,7 +184,7 @@ def attention_gradients(model=None, corpus=None, *, task=None, format: str = "au
     engine = Engine(loaded, batch_size=batch_size, max_length=max_length, progress=False, punct=punct)
     study = AttentionGradients(engine, mask_share=mask_share, seed=seed, labels=labels)
     stats = RunStats()
-    clock = dt.datetime.now()
+    started = time.perf_counter()
     with tqdm(total=len(examples), unit="seq", desc="attention gradients", disable=not progress) as bar:
         for items in engine.batches(engine.encode(enumerate(examples), stats)):
             study.update(items)
@@ -192,7 +192,7 @@ def attention_gradients(model=None, corpus=None, *, task=None, format: str = "au
             stats.tokens += sum(len(item) for item in items)
             stats.batches += 1
             bar.update(len(items))
-    stats.seconds = (dt.datetime.now() - clock).total_seconds()
+    stats.seconds = time.perf_counter() - started
     result = GradientStudy(study.result(), loaded.info(), corpus_info, stats,
                            {"loss": f"{task.name} cross-entropy" if task is not None else f"masked LM ({mask_share:.0%} of pieces masked)",
                             "batch_size": batch_size, "max_length": engine.max_length, "mask_share": mask_share, "punct": punct, "seed": seed,
