@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -89,3 +91,16 @@ def test_the_layer_view_sets_both_models_probes_side_by_side(tiny_bert_dir, shar
     side = result.layer_probes[result.layer_probes.model == "A"].drop(columns="model").reset_index(drop=True)
     pd.testing.assert_frame_equal(side, alone)
     assert (tmp_path / "cmp" / "layer_comparison.csv").exists() and "What changed, layer by layer" in (tmp_path / "cmp" / "report.html").read_text()
+
+
+def test_the_layer_view_on_too_few_sentences_is_a_one_line_error(tiny_bert_dir, shared_data, tmp_path):
+    from bertology.workflows.comparison import compare
+
+    corpus = shared_data / "ud_english_ewt" / "en_ewt-ud-test.conllu"
+    with pytest.raises(BertologyError, match="layer probes need at least 10 sentences"):
+        compare(tiny_bert_dir, tiny_bert_dir, corpus, limit=5, progress=False)
+    with pytest.raises(BertologyError, match="layer probes need dependency trees"):
+        compare(tiny_bert_dir, tiny_bert_dir, ["the cat sat."], layer_probes=True, progress=False)
+    capped = compare(tiny_bert_dir, tiny_bert_dir, corpus, limit=30, probe_sentences=12, progress=False)
+    assert len(capped.warnings) == 2 and all(re.fullmatch(r"layer probes: kept the first 12 of (29|30) sentences \(--probe-sentences\)", w)
+                                             for w in capped.warnings)  # of those whose words all kept their pieces

@@ -54,6 +54,7 @@ def reference_gradients(folder, items, seed, share):
     out = []
     for item in items:
         ids = torch.tensor([item.input_ids])
+        original = ids[0].numpy().copy()  # the token sets are the input's, masked pieces included
         chosen = masked_positions(item, share, seed)
         labels = torch.full_like(ids, -100)
         labels[0, chosen] = ids[0, chosen]
@@ -63,7 +64,7 @@ def reference_gradients(folder, items, seed, share):
             attention.retain_grad()
         loss = torch.nn.functional.cross_entropy(outputs.logits[0], labels[0], ignore_index=-100)
         loss.backward()
-        out.append((ids[0].numpy(), np.stack([a.detach()[0].numpy() for a in outputs.attentions]),
+        out.append((original, np.stack([a.detach()[0].numpy() for a in outputs.attentions]),
                     np.stack([a.grad[0].numpy() for a in outputs.attentions])))
     return out
 

@@ -133,3 +133,19 @@ def test_a_labels_file_that_is_not_ours_is_refused(tmp_path):
     path.write_text("not json\n{}\n")
     with pytest.raises(BertologyError, match="labels.jsonl:1: not a label line"):
         read_labels(path)
+
+
+def test_a_label_that_is_not_json_is_refused(queue, tmp_path):
+    """Another site's page can post text/plain without asking; the server takes labels only as JSON."""
+    server = LabelServer(queue, tmp_path / "labels.jsonl").start()
+    try:
+        body = json.dumps({"position": 0, "label": "block"}).encode()
+        request = urllib.request.Request(server.url + "label", data=body, headers={"Content-Type": "text/plain"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request)
+        assert refused.value.code == 403 and not (tmp_path / "labels.jsonl").exists()
+        request = urllib.request.Request(server.url + "label", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as response:
+            assert json.load(response) == {"labelled": 1}
+    finally:
+        server.stop()

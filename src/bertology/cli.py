@@ -330,6 +330,8 @@ def compare(
                          backend=backend, workers=workers, address=address, layer_probes=layer_probes, probe_sentences=probe_sentences)
     layers = ", ".join(f"{int(r.layer)}: {r.cosine:.3f}" for r in result.similarity_layers.itertuples())
     typer.echo(f"{result.stats.sequences} sequences; mean cosine similarity per layer: {layers}")
+    for warning in result.warnings:
+        typer.echo(f"warning: {warning}", err=True)
     if result.layer_comparison is not None:
         for task, rows in result.layer_comparison.groupby("task", sort=False):
             typer.echo(f"{task} probe accuracy A -> B by layer: " + ", ".join(f"{int(r.layer)}: {r.accuracy_a:.3f} -> {r.accuracy_b:.3f}"
@@ -483,6 +485,8 @@ def restore(
                            batch_size=batch_size, max_length=max_length, seed=seed, device=device, trust_remote_code=trust_remote_code,
                            out=out, progress=not quiet, command=sys.argv)
     metric, fine_tuned = next(iter(study.fine_tuned.items()))
+    for warning in study.warnings:
+        typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"{data.name}: {study.examples} dev examples; fine-tuned {metric} {fine_tuned:.4f}")
     for kind, title in (("layer", "restored alone"), ("first_k", "restored with all below")):
         rows = study.restore[(study.restore.kind == kind) & (study.restore.metric == metric)]

@@ -8,7 +8,8 @@ nothing; started again with the same file, the page continues at the first map w
 map wins, so going back and labelling again corrects it).
 
 The server listens on 127.0.0.1 only, on a port the system picks, answers only requests addressed to that host and
-port, and fetches nothing: the page is self-contained.
+port, takes labels only as JSON (another site's page cannot send them without a preflight it never gets), and fetches
+nothing: the page is self-contained.
 """
 
 from __future__ import annotations
@@ -184,7 +185,8 @@ class LabelServer:
                 return self._send(404, b"not found", "text/plain")
 
             def do_POST(self):
-                if not self._allowed() or self.path != "/label":
+                # JSON only: a browser sends a JSON body from another site only after a preflight, which is never answered
+                if not self._allowed() or self.path != "/label" or self.headers.get("Content-Type") != "application/json":
                     return self._send(403, b"forbidden", "text/plain")
                 try:
                     body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))

@@ -85,7 +85,7 @@ def test_frame_scores_equal_numpy_from_transformers_maps(tiny_bert_dir):
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert_dir)
     reference = AutoModel.from_pretrained(tiny_bert_dir, attn_implementation="eager").double().eval()
-    scores, baselines, differences = [], [], []
+    scores, baselines, pair_differences, differences = [], [], [], []
     for example in examples:
         encoding = tokenizer(example.text, return_offsets_mapping=True)
         with torch.no_grad():
@@ -99,13 +99,17 @@ def test_frame_scores_equal_numpy_from_transformers_maps(tiny_bert_dir):
             moved = shifted_pair(example.text, annotation.target, span, keyed_rng(5, *sequence_key(example), 0, name))
             if moved is not None:
                 pair_baselines.append((score, numpy_pair_score(maps, offsets, *moved)))
-        scores.append(np.mean(pair_scores, axis=0))
-        baselines.append(np.mean([b for _, b in pair_baselines], axis=0))
+        scores += pair_scores
+        baselines += [b for _, b in pair_baselines]
+        pair_differences += [s - b for s, b in pair_baselines]
         differences.append(np.mean([s - b for s, b in pair_baselines], axis=0))
+    # score, baseline and difference: means over pairs (Kovaleva et al.); the test: over sentences' mean differences
     np.testing.assert_allclose(table.score.to_numpy(), np.mean(scores, axis=0).ravel(), rtol=1e-12)
     np.testing.assert_allclose(table.baseline.to_numpy(), np.mean(baselines, axis=0).ravel(), rtol=1e-12)
-    np.testing.assert_allclose(table.difference.to_numpy(), np.mean(differences, axis=0).ravel(), rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(table.difference.to_numpy(), np.mean(pair_differences, axis=0).ravel(), rtol=1e-10, atol=1e-14)
     from scipy import stats
+    low = np.mean(scores, axis=0) - stats.t.ppf(0.975, len(scores) - 1) * np.std(scores, axis=0, ddof=1) / np.sqrt(len(scores))
+    np.testing.assert_allclose(table.ci_low.to_numpy(), low.ravel(), rtol=1e-9)
     expected_p = stats.ttest_1samp(np.stack(differences), 0.0, alternative="greater").pvalue.ravel()
     np.testing.assert_allclose(table.p.to_numpy(), expected_p, rtol=1e-6)
     assert (table.n == 10).all() and (table.pairs == sum(len(e.frames[0].elements) for e in examples)).all()

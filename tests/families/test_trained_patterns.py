@@ -184,3 +184,39 @@ def test_the_bundled_hand_labels_train_a_classifier_for_the_bundled_model(minilm
         assert training.loc[("trained", pattern), "support"] == counts.get(pattern, 0)
     assert training.loc[("trained", "macro (labelled classes)"), "f1"] > 0.5
     assert result.classifier["labelled_maps"] == 100 and set(result.classifier["classes"]) == set(counts.index)
+
+
+def test_a_map_labelled_again_keeps_only_its_last_label(tiny_bert, tmp_path):
+    """The labelling page corrects by appending: a map on two lines is one labelled map, with the later label."""
+    from bertology.core.engine import Engine
+    from bertology.families.patterns.analyzer import RuleClassifier
+    from bertology.families.patterns.trained import LabelledMaps
+
+    path = tmp_path / "labels.jsonl"
+    path.write_text('{"text": "the cat sat.", "layer": 1, "head": 2, "label": "vertical"}\n'
+                    '{"text": "a dog ran.", "layer": 0, "head": 0, "label": "diagonal"}\n'
+                    '{"text": "the cat sat.", "layer": 1, "head": 2, "label": "block"}\n')
+    for batch_size in (1, 3):
+        maps = LabelledMaps(RuleClassifier())
+        Engine(tiny_bert, batch_size=batch_size, progress=False).run(Corpus(path), [maps])
+        assert sorted((item["source"], item["label"]) for item in maps.ordered()) == [("labels.jsonl:2", "diagonal"), ("labels.jsonl:3", "block")]
+    first, second = LabelledMaps(RuleClassifier()), LabelledMaps(RuleClassifier())
+    examples = list(Corpus(path))
+    Engine(tiny_bert, progress=False).run(examples[2:], [first], start=2)
+    Engine(tiny_bert, progress=False).run(examples[:2], [second])
+    assert sorted(item["label"] for item in first.merge(second).ordered()) == ["block", "diagonal"]
+
+
+def test_two_class_probabilities_are_scikit_learns(tmp_path):
+    from sklearn.linear_model import LogisticRegression
+
+    items = [item for item in planted_items(12) if item["label"] in ("vertical", "diagonal")]
+    _, _, document = train_classifier(items)
+    classifier = TrainedClassifier(document)
+    features = np.stack([item["features"] for item in items])
+    model = LogisticRegression()
+    model.classes_ = np.array(document["classes"])
+    model.coef_, model.intercept_ = np.array(document["coef"]), np.array(document["intercept"])
+    expected = model.predict_proba((features - np.array(document["mean"])) / np.array(document["scale"]))
+    got = np.concatenate([classifier.probabilities(*item["maps"])[0] for item in items])
+    np.testing.assert_allclose(got, expected, rtol=1e-8, atol=1e-10)

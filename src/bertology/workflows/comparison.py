@@ -10,7 +10,7 @@ analyzer on one of the two (for the change in the general profile and in the rol
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -160,6 +160,7 @@ class Comparison:
     #: probe accuracy of A and B beside the layer's mean attention similarity.
     layer_probes: pd.DataFrame | None = None
     layer_comparison: pd.DataFrame | None = None
+    warnings: list[str] = field(default_factory=list)
 
     @claims_out
     def save(self, out, command: list[str] | None = None):
@@ -182,13 +183,15 @@ class Comparison:
         summary = {"model A": name_a, "model B": name_b, "corpus": f"{self.corpus['name']} ({self.corpus['format']})",
                    "sequences": stats["sequences"], "truncated": stats["truncated"], "time": f"{stats['seconds']} s"}
         return finish_run(folder, f"bertology: {name_a} vs {name_b}", summary, sections,
-                          {"model_a": self.model_a, "model_b": self.model_b, "corpus": self.corpus, "settings": self.settings, "stats": stats}, command)
+                          {"model_a": self.model_a, "model_b": self.model_b, "corpus": self.corpus, "settings": self.settings, "stats": stats,
+                           "warnings": self.warnings}, command)
 
 
 def comparison_of_layers(engines: Sequence[Engine], examples, similarity_layers: pd.DataFrame, probe_sentences: int,
-                         seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+                         seed: int, warnings: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Both models' layer probes (``model`` = A, B) and, per layer and task, ``accuracy_a``, ``accuracy_b``, their
     ``change``, both selectivities and the layer's mean attention ``cosine`` (layer l's attention feeds output l + 1)."""
+    from bertology.families.layers import kept_sentences
     from bertology.families.layers.analyzer import WordVectors
     from bertology.families.layers.probes import probe_layers
 
@@ -196,7 +199,7 @@ def comparison_of_layers(engines: Sequence[Engine], examples, similarity_layers:
     for side, engine in zip("AB", engines):
         vectors = WordVectors(max_sentences=probe_sentences)
         engine.run(examples, [vectors], desc=f"layer vectors of {side}")
-        tables.append(probe_layers(vectors.ordered(), seed=seed).assign(model=side))
+        tables.append(probe_layers(kept_sentences(vectors, warnings, "--probe-sentences"), seed=seed).assign(model=side))
     probes = pd.concat(tables, ignore_index=True)
     wide = probes.pivot(index=["layer", "task"], columns="model", values=["accuracy", "selectivity"])
     wide.columns = [f"{quantity}_{side.lower()}" for quantity, side in wide.columns]
@@ -221,6 +224,9 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
     if backend not in BACKENDS:
         raise BertologyError(f"unknown backend {backend!r}: use local or ray")
     examples, corpus_info = open_corpus(corpus, format, limit)
+    with_trees = has_trees(examples)
+    if layer_probes and not with_trees:  # before any model runs
+        raise BertologyError("layer probes need dependency trees: give a CoNLL-U corpus")
     total = examples.validate() if isinstance(examples, Corpus) else len(examples)
     corpus_info["examples"] = total
     loaded = [m if isinstance(m, LoadedModel) else load_model(m, device=device, trust_remote_code=trust_remote_code) for m in (model_a, model_b)]
@@ -242,10 +248,9 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
         stats = CompareEngine(*engines).run(examples, analyzers, total=total)
     if stats.sequences == 0:
         raise BertologyError("no sequence was compared (all skipped as too long)")
-    with_trees = has_trees(examples)
-    if layer_probes and not with_trees:
-        raise BertologyError("layer probes need dependency trees: give a CoNLL-U corpus")
-    probes = comparison_of_layers(engines, examples, similarity.layers(), probe_sentences, seed) if with_trees and layer_probes is not False else None
+    warnings: list[str] = []
+    probes = (comparison_of_layers(engines, examples, similarity.layers(), probe_sentences, seed, warnings)
+              if with_trees and layer_probes is not False else None)
     comparison = Comparison(
         similarity=similarity.result(),
         similarity_layers=similarity.layers(),
@@ -256,6 +261,7 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
                   "device": device, "layer_probes": probes is not None, "probe_sentences": probe_sentences},
         layer_probes=probes[0] if probes is not None else None,
         layer_comparison=probes[1] if probes is not None else None,
+        warnings=warnings,
     )
     if out is not None:
         comparison.save(out, command=command)

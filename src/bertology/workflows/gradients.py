@@ -95,8 +95,9 @@ class AttentionGradients:
         attentions = torch.stack([pattern.detach() for pattern in patterns]).double()  # [layer, batch, head, n, n]
         magnitudes = torch.stack(gradients).abs().double()
         real = mask.double()
-        sets = {"sep": (input_ids == model.sep_token_id) & mask, "cls": (input_ids == model.cls_token_id) & mask,
-                "punct": engine.punctuation(input_ids) & mask, "all": mask}
+        original = tensors["input_ids"]  # the token sets are the input's, masked pieces included
+        sets = {"sep": (original == model.sep_token_id) & mask, "cls": (original == model.cls_token_id) & mask,
+                "punct": engine.punctuation(original) & mask, "all": mask}
         heads, n = attentions.shape[2], real.sum(dim=1)
         rows = []
         for name in GRADIENT_TARGETS:

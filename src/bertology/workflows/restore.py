@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +66,8 @@ class Restorer:
             raise ModelError(f"the pre-trained model does not match the fine-tuned encoder ({missing[0]} and {len(missing) - 1} more weights differ)")
         if len(set(self.units.values())) < 2:
             raise ModelError(f"{type(self.encoder).__name__}: bertology finds no per-layer weights (layer.N.) to restore")
+        #: Encoder weights in no unit (beyond the pooler), left fine-tuned: restoring every unit then is not the whole encoder.
+        self.unassigned = sorted(name for name in tuned if name not in self.units and not name.startswith("pooler."))
         self.tuned = {name: tensor.clone() for name, tensor in tuned.items() if name in self.units}
         self.base = {name: base[name].to(tuned[name].device, tuned[name].dtype) for name in self.units}
 
@@ -91,6 +93,7 @@ class RestoreStudy:
     task: str
     examples: int
     settings: dict
+    warnings: list[str] = field(default_factory=list)
 
     @claims_out
     def save(self, out, command: list[str] | None = None):
@@ -105,7 +108,7 @@ class RestoreStudy:
                    **{f"{metric} (fine-tuned)": f"{value:.4f}" for metric, value in self.fine_tuned.items()}}
         return finish_run(folder, f"bertology: layers restored after fine-tuning on {self.task}", summary, [section],
                           {"model": self.model, "pretrained": self.pretrained_name, "task": self.task, "examples": self.examples,
-                           "fine_tuned": self.fine_tuned, "settings": self.settings}, command)
+                           "fine_tuned": self.fine_tuned, "settings": self.settings, "warnings": self.warnings}, command)
 
 
 @claims_out
@@ -128,6 +131,8 @@ def restore_layers(model: str | Path, task: TaskData, *, base: str | Path | None
     task_model = load_task_model(model, device=device, max_length=max_length, trust_remote_code=trust_remote_code)
     pretrained = load_model(None if base == DEFAULT_MODEL else base, device=task_model.device, trust_remote_code=trust_remote_code)
     restorer = Restorer(task_model, pretrained.model)
+    warnings = [f"{len(restorer.unassigned)} encoder weights belong to no layer and stay fine-tuned ({', '.join(restorer.unassigned[:3])}"
+                f"{', ...' if len(restorer.unassigned) > 3 else ''})"] if restorer.unassigned else []
     dev = seeded_subset(task.dev, max_dev_examples, seed)
     rows, gold = task_model.encode(dev, "dev")
     variants = [("layer", unit, (unit,)) for unit in range(restorer.count)] + [("first_k", unit, tuple(range(unit + 1))) for unit in range(restorer.count)]
@@ -152,7 +157,7 @@ def restore_layers(model: str | Path, task: TaskData, *, base: str | Path | None
     study = RestoreStudy(pd.concat(tables, ignore_index=True)[columns], task_score(task, gold, fine_tuned_logits), pretrained.name, task_model.info(),
                          task.name, len(rows), {"base": str(base), "max_dev_examples": max_dev_examples, "bootstrap": bootstrap,
                                                 "correction": correction, "batch_size": batch_size, "max_length": max_length, "seed": seed,
-                                                "device": str(task_model.device)})
+                                                "device": str(task_model.device)}, warnings)
     if out is not None:
         study.save(out, command=command)
     return study

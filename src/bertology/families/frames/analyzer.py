@@ -10,9 +10,11 @@ them inside the sentence; ``s`` is drawn from a generator keyed by the sentence,
 (:func:`~bertology.core.stats.keyed_rng`), so it does not depend on batches or shards. A pair with no such shift
 (a sentence too short) has no baseline.
 
-Per sentence, the scores are averaged over its pairs (sentences are the independent units); the per-sentence
-difference ``score - baseline`` (over the pairs that have a baseline) is tested one-sided, ``H0: mean <= 0``
-(:func:`~bertology.core.stats.t_test_greater`), and corrected over the heads.
+``score`` is the mean over every (target, element) pair of the corpus, as Kovaleva et al. average it; ``baseline`` and
+``difference`` (score minus baseline, pair by pair) are means over the pairs that have a baseline; intervals are over
+pairs. The test takes the sentence as its unit, because the pairs of one sentence share its maps: each sentence's mean
+difference over its pairs, tested one-sided, ``H0: mean <= 0`` (:func:`~bertology.core.stats.t_test_greater`), over
+the sentences, corrected over the heads.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from bertology.core.analyzer import Analyzer
 from bertology.core.engine import Batch, Encoded
 from bertology.core.stats import RunningMoments, keyed_rng, merge_moments, sequence_key, t_test_greater
 
-#: What is averaged per sentence: the pairs' score, their baseline's score, and the difference of the two.
+#: What is averaged over the pairs: the pair's score, its baseline's score, and the difference of the two.
 FRAME_QUANTITIES = ("score", "baseline", "difference")
 
 
@@ -77,66 +79,65 @@ class FrameHeads(Analyzer):
 
     def __init__(self, seed: int = 0):
         self.seed = seed
-        self._moments: RunningMoments | None = None  # [layer, head, quantity]
+        self._pairs: RunningMoments | None = None  # over pairs: [layer, head, quantity]
+        self._sentences: RunningMoments | None = None  # over sentences: [layer, head], the mean difference of their pairs
         self.pairs = 0
         self.matched = 0
 
     def update(self, batch: Batch) -> None:
-        rows = []
+        rows, differences = [], []
         for b, (item, example) in enumerate(zip(batch.items, batch.examples)):
             if not example.frames:
                 continue
             n = int(batch.mask[b].sum())
             maps = batch.attentions[:, b, :, :n, :n]
-            scores, baselines = [], []
+            pairs = []  # (score, its baseline's score or None), [layer, head] each
             for f, annotation in enumerate(example.frames):
                 target = span_pieces(item, annotation.target)
                 for name, span in annotation.elements:
                     element = span_pieces(item, span)
                     if not target or not element:
                         continue  # cut by truncation
-                    score = pair_score(maps, target, element)
-                    scores.append(score)
                     shifted = shifted_pair(example.text, annotation.target, span, keyed_rng(self.seed, *sequence_key(example), f, name))
                     pieces = None if shifted is None else (span_pieces(item, shifted[0]), span_pieces(item, shifted[1]))
-                    if pieces is not None and pieces[0] and pieces[1]:
-                        baselines.append((score, pair_score(maps, *pieces)))
-            if not scores:
+                    baseline = pair_score(maps, *pieces) if pieces is not None and pieces[0] and pieces[1] else None
+                    pairs.append((pair_score(maps, target, element), baseline))
+            if not pairs:
                 continue
-            self.pairs += len(scores)
-            self.matched += len(baselines)
-            score = torch.stack(scores).double().mean(dim=0)
-            if baselines:
-                baseline = torch.stack([pair[1] for pair in baselines]).double().mean(dim=0)
-                difference = torch.stack([pair[0] - pair[1] for pair in baselines]).double().mean(dim=0)
-            else:
-                baseline = difference = torch.full_like(score, torch.nan)
-            rows.append(torch.stack([score, baseline, difference], dim=-1).cpu().numpy())
+            matched = [(score, baseline) for score, baseline in pairs if baseline is not None]
+            self.pairs += len(pairs)
+            self.matched += len(matched)
+            for score, baseline in pairs:
+                baseline = baseline if baseline is not None else torch.full_like(score, torch.nan)
+                rows.append(torch.stack([score, baseline, score - baseline], dim=-1).double().cpu().numpy())
+            if matched:
+                differences.append(torch.stack([score - baseline for score, baseline in matched]).double().mean(dim=0).cpu().numpy())
         if not rows:
             return
-        if self._moments is None:
-            self._moments = RunningMoments(rows[0].shape)
-        self._moments.push(np.stack(rows))
+        if self._pairs is None:
+            self._pairs, self._sentences = RunningMoments(rows[0].shape), RunningMoments(rows[0].shape[:2])
+        self._pairs.push(np.stack(rows))
+        if differences:
+            self._sentences.push(np.stack(differences))
 
     def merge(self, other: "FrameHeads") -> "FrameHeads":
         self._check_mergeable(other)
-        self._moments = merge_moments(self._moments, other._moments)
+        self._pairs = merge_moments(self._pairs, other._pairs)
+        self._sentences = merge_moments(self._sentences, other._sentences)
         self.pairs += other.pairs
         self.matched += other.matched
         return self
 
     def result(self) -> pd.DataFrame:
         columns = ["layer", "head", "score", "ci_low", "ci_high", "baseline", "difference", "t", "p", "n", "pairs"]
-        if self._moments is None:
+        if self._pairs is None:
             return pd.DataFrame(columns=columns)
-        means = self._moments.means()
-        low, high = self._moments.interval()
-        differences = RunningMoments(means.shape[:2])
-        differences.count, differences.mean, differences.m2 = (part[..., 2] for part in (self._moments.count, self._moments.mean, self._moments.m2))
-        t, p = t_test_greater(differences, 0.0)
+        means = self._pairs.means()
+        low, high = self._pairs.interval()
+        t, p = t_test_greater(self._sentences, 0.0)
         layer, head = np.indices(means.shape[:2])
         return pd.DataFrame({
             "layer": layer.ravel(), "head": head.ravel(), "score": means[..., 0].ravel(), "ci_low": low[..., 0].ravel(),
             "ci_high": high[..., 0].ravel(), "baseline": means[..., 1].ravel(), "difference": means[..., 2].ravel(),
-            "t": t.ravel(), "p": p.ravel(), "n": self._moments.count[..., 0].ravel().astype(np.int64), "pairs": self.pairs,
+            "t": t.ravel(), "p": p.ravel(), "n": self._sentences.count.ravel().astype(np.int64), "pairs": self.pairs,
         })[columns]

@@ -28,9 +28,9 @@ def frames_section(folder: RunFolder, table: pd.DataFrame, top: int) -> Section:
         title="Frame-semantic heads",
         intro=("Kovaleva et al. (2019): for every annotated pair of a frame's target and one of its core elements, a head's score is "
                "its largest attention weight between a token of the element and a token of the target, in either direction, "
-               "averaged over pairs and then over sentences (95% intervals). The baseline moves both spans by the same random "
-               "number of words within the sentence; each head's per-sentence excess over it is tested one-sided and corrected "
-               "over the heads (frames.csv)."),
+               "averaged over pairs (95% intervals over pairs). The baseline moves both spans by the same random number of words "
+               "within the sentence; each head's excess over it, averaged per sentence, is tested one-sided over the sentences "
+               "and corrected over the heads (frames.csv)."),
     )
     if table.empty:
         section.notes.append("No annotated pair kept its pieces.")

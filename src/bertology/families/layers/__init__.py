@@ -23,6 +23,17 @@ def parse_tasks(text) -> tuple[str, ...]:
     return tasks
 
 
+def kept_sentences(vectors, warnings: list[str], cap_flag: str) -> list:
+    """The sentences a :class:`~bertology.families.layers.analyzer.WordVectors` kept, in order; a one-line error where too
+    few (or too few labels) remain to probe, a warning where the cap ``cap_flag`` left some out."""
+    sentences = vectors.ordered()
+    if len(sentences) < 10:
+        raise BertologyError(f"layer probes need at least 10 sentences whose words all kept their pieces, not {len(sentences)}")
+    if vectors.capped:
+        warnings.append(f"layer probes: kept the first {len(sentences)} of {vectors.seen} sentences ({cap_flag})")
+    return sentences
+
+
 class Layers(Family):
     name = "layers"
     title = "Linear probes of every layer's word vectors for UPOS and dependency labels, with control tasks (the Primer; Hewitt & Liang 2019)."
@@ -55,13 +66,8 @@ class Layers(Family):
     def finish(self, analyzers, context):
         from bertology.families.layers.probes import probe_layers, probe_summary
 
-        vectors, settings = analyzers["vectors"], context.settings
-        sentences = vectors.ordered()
-        if len(sentences) < 10:
-            raise BertologyError(f"layer probes need at least 10 sentences whose words all kept their pieces, not {len(sentences)}")
-        if vectors.capped:
-            context.warnings.append(f"layer probes: kept the first {len(sentences)} of {vectors.seen} sentences (--probe-sentences)")
-        table = probe_layers(sentences, settings["probe_tasks"], test_share=settings["probe_test_share"], bootstrap=settings["probe_bootstrap"],
+        settings = context.settings
+        table = probe_layers(kept_sentences(analyzers["vectors"], context.warnings, "--probe-sentences"), settings["probe_tasks"], test_share=settings["probe_test_share"], bootstrap=settings["probe_bootstrap"],
                              seed=settings["seed"])
         return FamilyResult(tables={"layer_probes": table, "layer_probe_summary": probe_summary(table)})
 

@@ -29,6 +29,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
+from bertology.core.errors import BertologyError
 from bertology.core.stats import keyed_rng
 from bertology.families.layers.analyzer import LayerSentence
 
@@ -89,7 +90,7 @@ def probe_layers(sentences: Sequence[LayerSentence], tasks: Sequence[str] = PROB
     for name, ids in (("train", train_ids), ("test", test_ids)):
         chosen = [sentences[i] for i in ids]
         sides[name] = {
-            "vectors": np.concatenate([s.vectors for s in chosen], axis=1).astype(np.float32),  # [layer, word, dim]
+            "vectors": np.concatenate([s.vectors for s in chosen], axis=1),  # float16 [layer, word, dim]; float32 one layer at a time
             "forms": [form for s in chosen for form in s.forms],
             "sentence": np.repeat(np.arange(len(chosen)), [len(s.forms) for s in chosen]),
             "labels": {task: np.array([label for s in chosen for label in task_labels(s, task)]) for task in tasks},
@@ -98,12 +99,15 @@ def probe_layers(sentences: Sequence[LayerSentence], tasks: Sequence[str] = PROB
     rows = []
     for task in tasks:
         distribution = Counter(train["labels"][task])
+        if len(distribution) < 2:
+            raise BertologyError(f"the {task} probe needs at least two labels among its training words, not only {sorted(distribution)}")
         majority_label = max(sorted(distribution), key=distribution.__getitem__)
         control_train = control_labels(train["forms"], distribution, task, seed)
         control_test = control_labels(test["forms"], distribution, task, seed)
         for layer in range(train["vectors"].shape[0]):
-            correct = fit_and_score(train["vectors"][layer], train["labels"][task], test["vectors"][layer], test["labels"][task], seed)
-            control = fit_and_score(train["vectors"][layer], control_train, test["vectors"][layer], control_test, seed)
+            train_x, test_x = train["vectors"][layer].astype(np.float32), test["vectors"][layer].astype(np.float32)
+            correct = fit_and_score(train_x, train["labels"][task], test_x, test["labels"][task], seed)
+            control = fit_and_score(train_x, control_train, test_x, control_test, seed)
             low, high = bootstrap_accuracy(correct, test["sentence"], len(test_ids), bootstrap, seed)
             rows.append({"layer": layer, "task": task, "accuracy": correct.mean(), "ci_low": low, "ci_high": high,
                          "control_accuracy": control.mean(), "selectivity": correct.mean() - control.mean(),

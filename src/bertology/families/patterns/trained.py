@@ -56,7 +56,8 @@ def map_features(attention: torch.Tensor, mask: torch.Tensor, special: torch.Ten
 
 class LabelledMaps(Analyzer):
     """Features of the hand-labelled maps of a ``labels`` corpus (each example names one ``layer, head, label``), with the
-    rule classifier's verdict on the same map. Examples without a label are passed over."""
+    rule classifier's verdict on the same map. A map labelled on several lines keeps its last label (the labelling page
+    corrects by appending). Examples without a label are passed over."""
 
     name = "labelled_maps"
 
@@ -71,18 +72,24 @@ class LabelledMaps(Analyzer):
             if example.pattern_label is None:
                 continue
             layer, head, label = example.pattern_label
-            key = (example.line if example.line is not None else -1, example.text, example.text_pair or "", layer, head)
+            key = (example.text, example.text_pair or "", layer, head)
+            line = example.line if example.line is not None else -1
+            if key in self.items and self.items[key]["line"] > line:
+                continue  # the map was labelled again further down: the last line wins
             if layer >= num_layers or head >= num_heads:
-                self.items[key] = {"source": example.source, "error": f"layer {layer}, head {head}: the model has {num_layers} layers of {num_heads} heads"}
+                self.items[key] = {"line": line, "source": example.source,
+                                   "error": f"layer {layer}, head {head}: the model has {num_layers} layers of {num_heads} heads"}
                 continue
             maps = batch.attentions[layer, b : b + 1, head : head + 1]
             args = (maps, batch.mask[b : b + 1], special[b : b + 1], batch.segment_ids[b : b + 1])
-            self.items[key] = {"source": example.source, "group": repr(sequence_key(example)[1:]), "label": label,
+            self.items[key] = {"line": line, "source": example.source, "group": repr(sequence_key(example)[1:]), "label": label,
                                "features": map_features(*args)[0, 0], "rules": PATTERNS[int(self.rules.classify(*args)[0, 0])]}
 
     def merge(self, other: "LabelledMaps") -> "LabelledMaps":
         self._check_mergeable(other)
-        self.items.update(other.items)
+        for key, item in other.items.items():
+            if key not in self.items or item["line"] > self.items[key]["line"]:
+                self.items[key] = item
         return self
 
     def ordered(self) -> list[dict]:
@@ -178,8 +185,9 @@ class TrainedClassifier:
             width = self.grid * self.grid + len(RULE_FEATURES)
             if self.mean.shape != (width,) or self.scale.shape != (width,) or self.intercept.shape[0] != self.coef.shape[0]:
                 raise ValueError("its arrays do not fit its grid")
-            if len(self.classes) == 2:  # scikit-learn keeps one row for two classes: the second class's score
-                self.coef, self.intercept = np.stack([-self.coef[0], self.coef[0]]), np.array([-self.intercept[0], self.intercept[0]])
+            if len(self.classes) == 2:  # scikit-learn keeps one row for two classes, the log-odds s of the second: scores (0, s)
+                self.coef = np.stack([np.zeros_like(self.coef[0]), self.coef[0]])
+                self.intercept = np.array([0.0, self.intercept[0]])
             if self.coef.shape != (len(self.classes), width):
                 raise ValueError("its coefficients do not fit its classes")
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
