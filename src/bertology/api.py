@@ -64,7 +64,9 @@ class Analysis:
     (and document) is also an attribute by its name: ``heads``, ``layers``, ``head_labels``,
     ``head_distance``, ``head_map`` (profile); ``roles``, ``role_shares`` (roles); ``patterns``,
     ``patterns_by_layer``, ``pattern_examples`` (patterns); ``syntax``, ``syntax_best``,
-    ``syntax_baselines``, ``probe`` (syntax); and those of users' families. A table of a family that
+    ``syntax_baselines``, ``probe`` (syntax); ``classes`` (classes); ``frames`` (frames); ``layer_probes``,
+    ``layer_probe_summary`` (layers); ``rollout``; ``mixing``; with hand labels, ``pattern_training``,
+    ``pattern_confusion``, ``classifier`` (patterns); and those of users' families. A table of a family that
     did not run, or failed, is None; ``failures`` maps each failed family to its error (the run folder
     is then ``partial``). Where the run reads norm shares (``weighting="norm"`` or ``"attention,norm"``), every
     table of a family that reads the maps has a first column ``weighting`` and holds each view's rows;
