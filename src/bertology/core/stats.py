@@ -87,6 +87,19 @@ def t_test_greater(moments: RunningMoments, tau: float, rtol: float = 1e-6) -> t
     return t, p
 
 
+def corrected(p: pd.Series, method: str, alpha: float = 0.05) -> tuple[pd.Series, pd.Series]:
+    """``(p_adj, reject)`` of statsmodels' ``multipletests`` over the p-values that exist: a NaN p (a cell that could not
+    be tested) stays NaN and is never rejected, and takes no part in the correction of the others."""
+    from statsmodels.stats.multitest import multipletests
+
+    adjusted, reject = pd.Series(np.nan, index=p.index), pd.Series(False, index=p.index)
+    testable = p.notna()
+    if testable.any():
+        rejected, values, _, _ = multipletests(p[testable], alpha=alpha, method=method)
+        adjusted[testable], reject[testable] = values, rejected
+    return adjusted, reject
+
+
 def keyed_rng(seed: int, *key) -> np.random.Generator:
     """A random generator fixed by ``seed`` and ``key`` (for a sequence: :func:`sequence_key`).
 

@@ -12,15 +12,11 @@ from bertology.families import Family, FamilyResult, Option, register_family
 
 
 def corrected(table, correction: str, alpha: float = 0.05):
-    """``p_adj`` and ``significant`` for the heads that could be tested, corrected over them (statsmodels' ``multipletests``)."""
-    from statsmodels.stats.multitest import multipletests
+    """``p_adj`` and ``significant`` for the heads that could be tested, corrected over them (:func:`bertology.core.stats.corrected`)."""
+    from bertology.core.stats import corrected as correct
 
-    table = table.assign(p_adj=float("nan"), significant=False)
-    testable = table.p.notna()
-    if testable.any():
-        reject, adjusted, _, _ = multipletests(table.p[testable], alpha=alpha, method=correction)
-        table.loc[testable, "p_adj"] = adjusted
-        table.loc[testable, "significant"] = reject
+    p_adj, significant = correct(table.p, correction, alpha)
+    table = table.assign(p_adj=p_adj, significant=significant)
     columns = ["layer", "head", "score", "ci_low", "ci_high", "baseline", "difference", "t", "p", "p_adj", "significant", "n", "pairs"]
     return table[columns]
 

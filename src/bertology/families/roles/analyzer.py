@@ -30,11 +30,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import torch
-from statsmodels.stats.multitest import multipletests
 
 from bertology.core.analyzer import Analyzer
 from bertology.core.engine import Batch, is_pair
-from bertology.core.stats import RunningMoments, t_test_greater
+from bertology.core.stats import RunningMoments, corrected, t_test_greater
 
 BASE_ROLES = ("local", "delimiter", "cls", "sep", "block")
 SYNTACTIC = "syntactic"
@@ -168,14 +167,8 @@ class HeadRoles(Analyzer):
             frame = pd.DataFrame({
                 "layer": layer.ravel(), "head": head.ravel(), "role": role, "mean": moments.means().ravel(),
                 "ci_low": low.ravel(), "ci_high": high.ravel(), "t": t.ravel(), "p": p.ravel(), "n": moments.count.ravel().astype(np.int64),
-                "p_adj": np.nan, "has_role": False,
             })
-            testable = frame.p.notna()
-            if testable.any():
-                reject, adjusted, _, _ = multipletests(frame.p[testable], alpha=self.alpha if alpha is None else alpha,
-                                                       method=correction or self.correction)
-                frame.loc[testable, "p_adj"] = adjusted
-                frame.loc[testable, "has_role"] = reject
+            frame["p_adj"], frame["has_role"] = corrected(frame.p, correction or self.correction, self.alpha if alpha is None else alpha)
             frames.append(frame)
         return pd.concat(frames, ignore_index=True)[columns]
 
