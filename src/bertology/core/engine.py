@@ -319,11 +319,16 @@ class Engine:
         }
 
     # -- running -----------------------------------------------------------------------------
-    def forward(self, tensors: dict[str, torch.Tensor], hooks: Hooks | None = None, hidden_states: bool = False):
-        """One forward pass of the model on collated tensors, with optional hooks (and every layer's output)."""
-        inputs = {"input_ids": tensors["input_ids"], "attention_mask": tensors["mask"].long()}
+    def model_inputs(self, tensors: dict[str, torch.Tensor], input_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The model's keyword arguments for collated tensors (``input_ids``: others in their place, masked pieces say)."""
+        inputs = {"input_ids": tensors["input_ids"] if input_ids is None else input_ids, "attention_mask": tensors["mask"].long()}
         if "token_type_ids" in self.model.tokenizer.model_input_names:
             inputs["token_type_ids"] = tensors["token_type_ids"]
+        return inputs
+
+    def forward(self, tensors: dict[str, torch.Tensor], hooks: Hooks | None = None, hidden_states: bool = False):
+        """One forward pass of the model on collated tensors, with optional hooks (and every layer's output)."""
+        inputs = self.model_inputs(tensors)
         if hidden_states:
             inputs["output_hidden_states"] = True
         hooks = hooks or Hooks()

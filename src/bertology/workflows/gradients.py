@@ -79,9 +79,7 @@ class AttentionGradients:
                 chosen = torch.as_tensor(masked_positions(item, self.mask_share, self.seed), dtype=torch.long, device=input_ids.device)
                 targets[b, chosen] = input_ids[b, chosen]
                 input_ids[b, chosen] = mask_id
-        inputs = {"input_ids": input_ids, "attention_mask": mask.long()}
-        if "token_type_ids" in model.tokenizer.model_input_names:
-            inputs["token_type_ids"] = tensors["token_type_ids"]
+        inputs = engine.model_inputs(tensors, input_ids)
         patterns: list[torch.Tensor] = []
         with torch.enable_grad(), keep_patterns(Hooks(), patterns).attach(model.model):
             logits = model.model(**inputs).logits

@@ -374,13 +374,9 @@ class HeadStudy:
     @claims_out
     def save(self, out: str | Path, command: list[str] | None = None) -> Path:
         """Write every table there is, figures, ``report.html`` and ``manifest.json``, replacing ``out`` whole; returns the report path."""
-        import datetime as dt
-        import sys
-
-        from bertology.api import package_versions
-        from bertology.reports.html import Report
-        from bertology.reports.importance import importance_section
         from bertology.core.runfolder import RunFolder
+        from bertology.reports.html import finish_run
+        from bertology.reports.importance import importance_section
 
         folder = RunFolder(out)
         for name in ("ablation", "importance", "pruning"):
@@ -391,13 +387,9 @@ class HeadStudy:
         summary = {"model": self.model["name"], "task": self.task, "examples": self.examples,
                    **{f"{metric} (no intervention)": f"{value:.4f}" for metric, value in self.baseline.items()}}
         section = importance_section(folder, self)
-        folder.write_text("report.html", Report(f"bertology: which heads matter for {self.task}", summary, [section]).render())
-        folder.write_json("manifest.json", {
-            "status": "complete", "command": command if command is not None else sys.argv, "model": self.model, "task": self.task,
-            "examples": self.examples, "importance_examples": self.importance_examples, "baseline": self.baseline, "settings": self.settings,
-            "versions": package_versions(), "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        })
-        return folder.commit() / "report.html"
+        return finish_run(folder, f"bertology: which heads matter for {self.task}", summary, [section],
+                          {"model": self.model, "task": self.task, "examples": self.examples, "importance_examples": self.importance_examples,
+                           "baseline": self.baseline, "settings": self.settings}, command)
 
 
 ABLATE_DEFAULTS = {"intervention": "mask", "bootstrap": 10000, "correction": "fdr_bh"}
