@@ -9,7 +9,7 @@ import pytest
 
 from bertology.core.corpora import Corpus, Example
 from bertology.core.errors import BertologyError
-from bertology.labelling import LabelServer, choose_maps, read_labels
+from bertology.labelling import LabelServer, choose_maps, saved_labels
 from conftest import TEXTS
 
 
@@ -61,10 +61,10 @@ def test_labels_are_appended_whole_and_the_last_one_for_a_map_wins(queue, tmp_pa
     server.add(0, "block")
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["label"] for line in lines] == ["vertical", "diagonal", "block"]
-    assert read_labels(path)[queue[0].key] == "block" and server.labelled == 2
+    assert saved_labels(path)[queue[0].key] == "block" and server.labelled == 2
     with open(path, "a") as handle:
         handle.write('{"text": "cut short by a cra')  # a crash mid-line: passed over
-    assert len(read_labels(path)) == 2
+    assert len(saved_labels(path)) == 2
     with pytest.raises(ValueError):
         server.add(99, "block")
     server.server.server_close()
@@ -121,7 +121,7 @@ def test_labelling_in_the_browser_with_keys_back_and_resume(browser, queue, tmp_
         page.wait_for_function("window.bertologyLabel.position === 2")
         page.keyboard.press("s")  # skip map 3
         assert page.inner_text("#position") == "4 of 6"
-        assert read_labels(path) == {queue[0].key: "vertical", queue[1].key: "heterogeneous"}
+        assert saved_labels(path) == {queue[0].key: "vertical", queue[1].key: "heterogeneous"}
         assert problems == []
         page.close()
     finally:
@@ -132,7 +132,7 @@ def test_a_labels_file_that_is_not_ours_is_refused(tmp_path):
     path = tmp_path / "labels.jsonl"
     path.write_text("not json\n{}\n")
     with pytest.raises(BertologyError, match="labels.jsonl:1: not a label line"):
-        read_labels(path)
+        saved_labels(path)
 
 
 def test_a_label_that_is_not_json_is_refused(queue, tmp_path):

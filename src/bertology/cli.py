@@ -550,13 +550,13 @@ def label(
     from bertology.core.models import load_model
     from bertology.core.runfolder import check_file_out
     from bertology.families.patterns.trained import TrainedClassifier
-    from bertology.labelling import LabelServer, choose_maps, read_labels
+    from bertology.labelling import LabelServer, choose_maps, saved_labels
 
     if labels.exists() and not labels.is_file():
         raise BertologyError(f"{labels}: is not a file")
     if not labels.exists():
         check_file_out(labels)
-    read_labels(labels)  # a file that is not ours is refused before the model loads
+    saved_labels(labels)  # a file that is not ours is refused before the model loads
     trained = TrainedClassifier.load(classifier) if classifier is not None else None
     examples, _ = open_corpus(corpus, format, limit)
     loaded = load_model(model, device=device, trust_remote_code=trust_remote_code)

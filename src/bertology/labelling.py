@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bertology.core.corpora import PATTERN_LABELS, Example
+from bertology.core.corpora import PATTERN_LABELS, Example, label_example
 from bertology.core.engine import Engine, RunStats
-from bertology.core.errors import BertologyError
+from bertology.core.errors import BertologyError, CorpusError
 from bertology.core.models import LoadedModel
 
 
@@ -52,9 +52,10 @@ class MapToLabel:
                 "head": self.head, "label": label}
 
 
-def read_labels(path: Path) -> dict[tuple, str]:
-    """The labels already in ``path`` by (text, text_pair, layer, head), the last line for a map winning. A last line cut
-    short by a crash is passed over; any other unreadable line is an error naming it."""
+def saved_labels(path: Path) -> dict[tuple, str]:
+    """The labels already in ``path`` by (text, text_pair, layer, head), the last line for a map winning. Each line is
+    checked as ``bertology patterns --train`` reads it (:func:`~bertology.core.corpora.label_example`); a last line cut
+    short by a crash is passed over, and any other line that is not JSON is an error naming it."""
     labels: dict[tuple, str] = {}
     if not path.exists():
         return labels
@@ -64,12 +65,15 @@ def read_labels(path: Path) -> dict[tuple, str]:
             continue
         try:
             record = json.loads(line)
-            key, label = (record["text"], record.get("text_pair"), int(record["layer"]), int(record["head"])), record["label"]
-        except (ValueError, KeyError, TypeError):
+        except ValueError:
             if number == len(lines):
                 continue
-            raise BertologyError(f"{path}:{number}: not a label line this page wrote (text, layer, head, label)") from None
-        labels[key] = label
+            raise CorpusError(path, number, "not a label line this page wrote (text, layer, head, label)") from None
+        if not isinstance(record, dict):
+            raise CorpusError(path, number, "not a label line this page wrote (text, layer, head, label)")
+        example = label_example(path, number, record)
+        layer, head, label = example.pattern_label
+        labels[example.text, example.text_pair, layer, head] = label
     return labels
 
 
@@ -112,7 +116,7 @@ class LabelServer:
 
     def __init__(self, maps: list[MapToLabel], path: str | Path, model_name: str = ""):
         self.maps, self.path, self.model_name = maps, Path(path), model_name
-        self.labels = read_labels(self.path)
+        self.labels = saved_labels(self.path)
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.thread: threading.Thread | None = None

@@ -404,18 +404,23 @@ def read_labels(path: Path) -> Iterator[Example]:
     """Hand labels of attention maps, one JSON object a line: ``{"text": ..., "text_pair": optional, "layer": L, "head": H,
     "label": one of PATTERN_LABELS}`` (layers and heads from 0). Blank lines are skipped."""
     for number, record in json_records(path):
-        missing = [key for key in ("text", "layer", "head", "label") if key not in record]
-        if missing:
-            raise CorpusError(path, number, f"missing key(s) {', '.join(missing)}: each line needs text, layer, head and label")
-        text, pair = record["text"], record.get("text_pair")
-        if not isinstance(text, str) or not text.strip() or not (pair is None or isinstance(pair, str) and pair.strip()):
-            raise CorpusError(path, number, "text (and text_pair, where given) must be non-empty strings")
-        for key in ("layer", "head"):
-            if not isinstance(record[key], int) or isinstance(record[key], bool) or record[key] < 0:
-                raise CorpusError(path, number, f"{key} must be a whole number from 0, not {json.dumps(record[key])}")
-        if record["label"] not in PATTERN_LABELS:
-            raise CorpusError(path, number, f"label {json.dumps(record['label'])} is not one of {', '.join(PATTERN_LABELS)}")
-        yield Example(text=text, text_pair=pair, source=f"{path.name}:{number}", pattern_label=(record["layer"], record["head"], record["label"]))
+        yield label_example(path, number, record)
+
+
+def label_example(path: Path, number: int, record: dict) -> Example:
+    """One line of a labels file as an :class:`Example` with its ``pattern_label``; a bad line is a one-line error naming it."""
+    missing = [key for key in ("text", "layer", "head", "label") if key not in record]
+    if missing:
+        raise CorpusError(path, number, f"missing key(s) {', '.join(missing)}: each line needs text, layer, head and label")
+    text, pair = record["text"], record.get("text_pair")
+    if not isinstance(text, str) or not text.strip() or not (pair is None or isinstance(pair, str) and pair.strip()):
+        raise CorpusError(path, number, "text (and text_pair, where given) must be non-empty strings")
+    for key in ("layer", "head"):
+        if not isinstance(record[key], int) or isinstance(record[key], bool) or record[key] < 0:
+            raise CorpusError(path, number, f"{key} must be a whole number from 0, not {json.dumps(record[key])}")
+    if record["label"] not in PATTERN_LABELS:
+        raise CorpusError(path, number, f"label {json.dumps(record['label'])} is not one of {', '.join(PATTERN_LABELS)}")
+    return Example(text=text, text_pair=pair, source=f"{path.name}:{number}", pattern_label=(record["layer"], record["head"], record["label"]))
 
 
 def _jsonl_format(path: Path) -> str:
