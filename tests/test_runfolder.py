@@ -262,13 +262,18 @@ def test_a_run_folder_that_holds_other_run_folders_is_refused(tmp_path):
     (earlier / "manifest.json").write_text(json.dumps({"status": "complete", "versions": {"bertology": "0.1.0"}}))
     with pytest.raises(BertologyError, match=r"holds another run folder \(old/syntax-run\)"):
         check_out(runs)
-    # the work a run keeps inside its own out to resume is no run folder
+    # the work a run keeps inside its own out to resume is no run folder: the command that resumes it may write there
     shutil.rmtree(runs / "old")
-    for name in ("checkpoint/state.pt", "training/state/state.pt", "training/checkpoints/step-000000/config.json", "parts/x-1a2b.npz"):
-        (runs / name).parent.mkdir(parents=True, exist_ok=True)
-        (runs / name).write_bytes(b"work")
-    (runs / "training" / "checkpoints" / "step-000000" / "manifest.json").write_text(json.dumps({"versions": {"torch": "2"}}))
-    check_out(runs)
+    work = {"checkpoint": ["checkpoint/state.pt"], "training": ["training/state/state.pt", "training/checkpoints/step-000000/config.json"],
+            "parts": ["parts/x-1a2b.npz"]}
+    for folder, names in work.items():
+        for name in names:
+            (runs / name).parent.mkdir(parents=True, exist_ok=True)
+            (runs / name).write_bytes(b"work")
+        if folder == "training":
+            (runs / "training" / "checkpoints" / "step-000000" / "manifest.json").write_text(json.dumps({"versions": {"torch": "2"}}))
+        check_out(runs, work=folder)
+        shutil.rmtree(runs / folder)
 
 
 def test_an_out_that_is_or_holds_an_input_is_refused(tmp_path):

@@ -225,7 +225,7 @@ def _family_settings(chosen: list[Family], options: dict) -> dict:
     return {option.name: options.get(option.name, option.default) for family in chosen for option in family.options}
 
 
-@claims_out
+@claims_out(work="resume")
 def analyze(
     model: str | Path | LoadedModel | None = None,
     corpus: str | Path | Corpus | Iterable[str | Example] | None = None,
@@ -350,6 +350,7 @@ def analyze(
     if out is not None:
         content = corpus_info.get("sha256") or hashlib.sha256(repr(list(examples)).encode("utf-8")).hexdigest()  # in memory: the examples
         facts = {"model": {key: value for key, value in loaded.info().items() if key != "device"}, "config": loaded.model.config.to_json_string(),
+                 "weights": loaded.weights_digest(),
                  "corpus": {"content": content, **{key: corpus_info.get(key) for key in ("format", "examples")}},
                  "settings": {key: str(value) for key, value in settings.items() if key != "device"}, "bertology": package_versions()["bertology"]}
         resume = Resume(out, fingerprint(**facts), every_batches=checkpoint_every)

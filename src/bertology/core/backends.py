@@ -26,12 +26,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from bertology.core import states
 from bertology.core.engine import Engine, RunStats
-from bertology.core.errors import BertologyError
+from bertology.core.errors import BertologyError, StateError
+from bertology.core.safeload import field, whole_number
 
 BACKENDS = ("local", "ray")
 #: Actors on a cluster without GPUs when --workers is not given (each loads its own model).
@@ -63,15 +65,50 @@ class Resume:
             return None
         document, saved = states.load(self.folder)
         if document.get("fingerprint") != self.fingerprint:
-            raise BertologyError(f"{self.folder}: an unfinished analysis with another model, corpus or settings is saved there; "
-                                 "run that command again to finish it, or give another --out (or delete that folder)")
-        stats, saved_analyzers = saved["stats"], saved["analyzers"]
+            raise BertologyError(f"{self.folder}: an unfinished analysis with another model, corpus or settings (weights included) is saved "
+                                 "there; run that command again to finish it, or give another --out (or delete that folder)")
+        where = self.folder / "state.json"
+        field(document, "progress", dict, where)
+        stats, saved_analyzers = field(saved, "stats", RunStats, where), field(saved, "analyzers", list, where)
+        states.check_like(stats, RunStats(), "the saved stats")
+        for name in ("sequences", "tokens", "truncated", "skipped", "batches"):
+            whole_number(getattr(stats, name), f"stats.{name}", where)
+        if not np.isfinite(stats.seconds) or stats.seconds < 0 or not all(isinstance(s, str) for s in stats.skipped_sources):
+            raise StateError(where, "the saved stats are damaged (time or skipped sources)")
         if len(saved_analyzers) != len(analyzers) or any(type(a) is not type(b) for a, b in zip(saved_analyzers, analyzers)):
             raise BertologyError(f"{self.folder}: the saved analyzers do not match this run's; delete that folder to start over")
+        try:
+            for position, (analyzer, state) in enumerate(zip(analyzers, saved_analyzers)):
+                states.check_like(state, analyzer, f"saved analyzer {position} ({type(analyzer).__name__})")
+        except BertologyError as exc:
+            raise StateError(where, f"{exc}; delete {self.folder} to start over") from None
         for analyzer, state in zip(analyzers, saved_analyzers):
             analyzer.__dict__.update(state.__dict__)
         self._saved_batches = stats.batches
         return document["progress"], stats
+
+    def checked_local_progress(self, progress: dict, stats: RunStats, total: int | None, batches_per_window: int) -> dict:
+        """The saved position of a local pass, refused in one line unless every number is a whole number in its range."""
+        where = self.folder / "state.json"
+        known = total if total is not None else None
+        window_start = whole_number(field(progress, "window_start", int, where), "window_start", where, high=known)
+        whole_number(field(progress, "batches_done", int, where), "batches_done", where, high=batches_per_window)
+        whole_number(field(progress, "truncated_before", int, where), "truncated_before", where, high=stats.truncated)
+        whole_number(field(progress, "skipped_before", int, where), "skipped_before", where, high=min(stats.skipped, window_start))
+        whole_number(field(progress, "sources_before", int, where), "sources_before", where, high=len(stats.skipped_sources))
+        if stats.sequences + stats.skipped > (total if total is not None else stats.sequences + stats.skipped):
+            raise StateError(where, f"counts {stats.sequences + stats.skipped} examples, more than the corpus's {total}")
+        return progress
+
+    def checked_shards(self, progress: dict, shards: int | None) -> set[int]:
+        """The shards a Ray pass had counted, refused in one line unless they are distinct whole numbers below ``shards``."""
+        where = self.folder / "state.json"
+        done = field(progress, "done", list, where)
+        high = shards - 1 if shards is not None else None
+        found = {whole_number(shard, "a shard number", where, high=high) for shard in done}
+        if len(found) != len(done):
+            raise StateError(where, "a shard is counted twice")
+        return found
 
     def due(self, stats: RunStats) -> bool:
         if self.every_batches is not None:
@@ -113,6 +150,7 @@ def run_local(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: lis
         progress, stats = loaded
         if progress.get("backend") != "local":
             raise BertologyError(f"{resume.folder}: saved by a run on Ray: resume it with --backend ray, or delete that folder")
+        progress = resume.checked_local_progress(progress, stats, total, engine.sort_window)
         print(f"resuming: {stats.sequences + stats.skipped} of {total if total is not None else '?'} examples were counted before "
               f"({resume.folder})", file=sys.stderr)
         # The current window is formed again from its first example: its truncations and skips are counted again.
@@ -241,7 +279,7 @@ def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list,
             progress_state, stats = loaded
             if progress_state.get("backend") != "ray":
                 raise BertologyError(f"{resume.folder}: saved by a local run: resume it with --backend local, or delete that folder")
-            done = set(progress_state["done"])
+            done = resume.checked_shards(progress_state, -(-total // (engine.batch_size * engine.sort_window)) if total is not None else None)
             print(f"resuming: {len(done)} shards ({stats.sequences + stats.skipped} examples) were counted before ({resume.folder})", file=sys.stderr)
         began = time.perf_counter() - stats.seconds
         shard_size = engine.batch_size * engine.sort_window

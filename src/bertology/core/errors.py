@@ -24,6 +24,20 @@ class CorpusError(BertologyError):
         super().__init__(f"{where}: {message}")
 
 
+class StateError(BertologyError):
+    """A file bertology keeps or reads back (a resume state, a checkpoint, a classifier, track's parts) that is damaged
+    or forged: refused in one line that names the file and what is wrong.
+
+    >>> str(StateError("runs/a/resume/state.json", "missing key 'progress'"))
+    "runs/a/resume/state.json: missing key 'progress'"
+    """
+
+    def __init__(self, path: str | Path, message: str):
+        self.path = str(path)
+        self.message = message
+        super().__init__(f"{self.path}: {message}")
+
+
 class ModelError(BertologyError):
     """A model could not be found, loaded, or does not expose attention."""
 

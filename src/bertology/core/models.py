@@ -165,6 +165,16 @@ class LoadedModel:
     cls_token_id: int
     sep_token_id: int
     punct_by_id: np.ndarray = field(repr=False)  # bool per vocabulary id, the default ("upos") set
+    source: Path | None = None  # the folder the weights were read from (None: a hub name, or a model built in memory)
+
+    def weights_digest(self) -> str:
+        """A content hash of the weights: of the source folder's safetensors files (cached by path, size and time), else of
+        the parameters in memory (:mod:`bertology.core.digests`)."""
+        from bertology.core.digests import folder_weights_digest, tensors_digest
+
+        if self.source is not None and any(self.source.glob("*.safetensors")):
+            return folder_weights_digest(self.source)
+        return tensors_digest(self.model)
 
     def info(self) -> dict:
         """The model facts as a plain dict (for ``bertology info`` and the manifest)."""
@@ -211,6 +221,27 @@ def require_safetensors(folder: str | Path) -> None:
                          "convert them to model.safetensors where you trust the file (from_pretrained, then save_pretrained)")
 
 
+@contextmanager
+def loading_errors(source: str) -> Iterator[None]:
+    """Load from ``source`` in the block quietly (:func:`quiet_transformers`), transformers' errors as one-line
+    :class:`ModelError`: a folder it cannot read, a hub name it cannot fetch, a model that needs custom code."""
+    with quiet_transformers():
+        try:
+            yield
+        except OSError as exc:
+            if Path(source).exists():
+                raise ModelError(f"{source}: could not load the model ({str(exc).splitlines()[0]})") from exc
+            raise ModelError(
+                f"model {source!r} is not a local folder and could not be fetched from the hub "
+                "(no network?): pass the path of a local model folder"
+            ) from exc
+        except ValueError as exc:
+            message = str(exc).splitlines()[0]
+            if "trust_remote_code" in str(exc):
+                message = "this model needs custom code: pass --trust-remote-code if you trust its source"
+            raise ModelError(f"{source}: {message}") from exc
+
+
 #: What :func:`load_model` can put on top of the encoder: nothing, the masked-LM head, or a sequence classifier's head.
 MODEL_HEADS = {None: AutoModel, "masked-lm": AutoModelForMaskedLM, "classifier": AutoModelForSequenceClassification}
 
@@ -242,26 +273,13 @@ def load_model(
                 raise ModelError(f"{source}: not a model folder (no config.json in it)")
             require_safetensors(source)
     torch_device = device if isinstance(device, torch.device) else resolve_device(device)
-    with quiet_transformers():
-        try:
-            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-            model, loading = MODEL_HEADS[head].from_pretrained(
-                source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code, use_safetensors=True,
-                output_loading_info=True,
-            )
-        except OSError as exc:
-            if Path(source).exists():
-                raise ModelError(f"{source}: could not load the model ({str(exc).splitlines()[0]})") from exc
-            raise ModelError(
-                f"model {source!r} is not a local folder and could not be fetched from the hub "
-                "(no network?): pass the path of a local model folder"
-            ) from exc
-        except ValueError as exc:
-            message = str(exc).splitlines()[0]
-            if "trust_remote_code" in str(exc):
-                message = "this model needs custom code: pass --trust-remote-code if you trust its source"
-            raise ModelError(f"{source}: {message}") from exc
+    with loading_errors(source):
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        model, loading = MODEL_HEADS[head].from_pretrained(
+            source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code, use_safetensors=True,
+            output_loading_info=True,
+        )
     if head is not None:
         prefix = model.base_model_prefix + "."
         new_weights = [key for key in loading["missing_keys"] if not key.startswith(prefix)]
@@ -287,4 +305,5 @@ def load_model(
         cls_token_id=int(cls_id),
         sep_token_id=int(sep_id),
         punct_by_id=punctuation_table(tokenizer),
+        source=Path(source).resolve() if Path(source).is_dir() else None,
     )

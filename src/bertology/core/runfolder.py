@@ -56,6 +56,19 @@ NOT_INPUTS = frozenset({"command", "analyses", "include", "exclude", "format", "
                         "workers", "checkpoint_every"})
 
 
+#: The folders inside ``out`` where a command keeps work it resumes, with what they hold: a run of another command
+#: (``claims_out(work=...)`` names a command's own) is refused while one is there, as replacing ``out`` would lose it.
+#: ``NAME.old``/``NAME.partial`` are the same work caught between two renames of an atomic save.
+WORK_FOLDERS = {
+    "resume": "an unfinished analysis's saved states",
+    "checkpoint": "an unfinished fine-tuning's checkpoint",
+    "training": "an unfinished pre-training's state and checkpoints",
+    "parts": "track's saved per-checkpoint results",
+}
+#: Where a path may start inside an option's text: ``NAME=words:FILE``, ``KEY:PATH`` (the check looks at every such tail).
+PATH_SEPARATORS = "=:"
+
+
 class RunFolderWarning(UserWarning):
     """Something about a run folder the user should know that loses no work (a previous run left to delete)."""
 
@@ -189,30 +202,47 @@ def _nested_run_folder(folder: Path) -> Path | None:
     return None
 
 
+def _path_candidates(text: str) -> list[str]:
+    """``text`` and every tail of it after one of :data:`PATH_SEPARATORS`: a path given inside an option's value
+    (``neg=words:W/list.txt``) is an input too."""
+    return [text] + [text[k + 1:] for k, character in enumerate(text) if character in PATH_SEPARATORS and text[k + 1:]]
+
+
 def _existing_paths(values) -> list[tuple[object, Path]]:
-    """``(as given, resolved)`` for each str or path in ``values`` (lists and tuples looked into) that names an existing path."""
+    """``(as given, resolved)`` for each str or path in ``values`` (lists, tuples and dict values looked into) that names,
+    or holds after a separator (:func:`_path_candidates`), an existing path."""
     found = []
     for value in values:
-        if isinstance(value, (list, tuple)):
-            found += _existing_paths(value)
+        if isinstance(value, (list, tuple, set, frozenset, dict)):
+            found += _existing_paths(value.values() if isinstance(value, dict) else value)
             continue
         text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
         if not isinstance(text, str) or "\n" in text or len(text) > 4096:  # sentences of a corpus given as a list are no paths
             continue
-        try:
-            path = Path(text).expanduser()
-            if path.exists():
-                found.append((value, path.resolve()))
-        except (OSError, ValueError, RuntimeError):  # RuntimeError: "~name" of a user this machine does not know
-            continue
+        for candidate in _path_candidates(text):
+            try:
+                path = Path(candidate).expanduser()
+                if path.exists():
+                    found.append((value, path.resolve()))
+            except (OSError, ValueError, RuntimeError):  # RuntimeError: "~name" of a user this machine does not know
+                continue
     return found
 
 
-def check_out(out: str | Path, inputs=()) -> None:
+def _unfinished_work(folder: Path, work: str | None) -> str | None:
+    """The first of :data:`WORK_FOLDERS` in ``folder`` that is not ``work`` (the running command's own), or None."""
+    for name in WORK_FOLDERS:
+        if name != work and any((folder / f"{name}{suffix}").exists() for suffix in ("", ".old", ".partial")):
+            return name
+    return None
+
+
+def check_out(out: str | Path, inputs=(), work: str | None = None) -> None:
     """Refuse at once, in one line, an ``out`` no run may write; creates nothing.
 
     ``inputs``: what the run reads (strs or paths, lists or tuples of them; those that name no existing path
-    are left out): an ``out`` that is or holds one of them is refused, as replacing ``out`` would delete it."""
+    are left out): an ``out`` that is or holds one of them is refused, as replacing ``out`` would delete it.
+    ``work``: the folder of :data:`WORK_FOLDERS` the running command resumes from; any other one in ``out`` is refused."""
     path = Path(out).absolute()
     resolved = path.resolve()
     try:
@@ -231,6 +261,10 @@ def check_out(out: str | Path, inputs=()) -> None:
     if path.is_dir():
         if any(path.iterdir()) and not _is_run_folder(path):
             raise BertologyError(f"{out}: not a bertology run folder (it holds other files, which the run would replace); give a new or empty folder")
+        unfinished = _unfinished_work(path, work)
+        if unfinished is not None:
+            raise BertologyError(f"{out}: holds {WORK_FOLDERS[unfinished]} ({unfinished}/), which this run would delete; finish it with the "
+                                 f"command that made it, or give another folder (delete {Path(out) / unfinished} to drop that work)")
         nested = _nested_run_folder(path)
         if nested is not None:
             raise BertologyError(f"{out}: holds another run folder ({nested.relative_to(path)}), which replacing it would delete; "
@@ -279,8 +313,8 @@ _claims: dict[Path, _Claim] = {}
 _claims_lock = threading.RLock()
 
 
-def _take(out: str | Path, inputs=()) -> _Claim:
-    check_out(out, inputs)
+def _take(out: str | Path, inputs=(), work: str | None = None) -> _Claim:
+    check_out(out, inputs, work)
     path = Path(out).resolve()
     existed = path.is_dir()
     held = _Claim(path, threading.get_ident(), existed, fresh=not existed or not any(path.iterdir()))
@@ -318,8 +352,9 @@ def _release(held: _Claim) -> None:
 
 
 @contextmanager
-def claim(out: str | Path, inputs=()) -> Iterator[_Claim]:
-    """Hold ``out`` for one run: checked (:func:`check_out`, with the run's ``inputs``), created and locked; released on the way out.
+def claim(out: str | Path, inputs=(), work: str | None = None) -> Iterator[_Claim]:
+    """Hold ``out`` for one run: checked (:func:`check_out`, with the run's ``inputs`` and its own ``work`` folder), created
+    and locked; released on the way out.
 
     The same thread may claim it again (a run that saves through an API that claims too)."""
     key = Path(out).resolve()
@@ -328,7 +363,7 @@ def claim(out: str | Path, inputs=()) -> Iterator[_Claim]:
         if held is not None and held.thread != threading.get_ident():
             raise BertologyError(f"{out}: another run of this process is writing this folder; give another folder")
         if held is None:
-            held = _claims[key] = _take(out, inputs)
+            held = _claims[key] = _take(out, inputs, work)
         held.depth += 1
     try:
         yield held
@@ -340,11 +375,15 @@ def claim(out: str | Path, inputs=()) -> Iterator[_Claim]:
                 _release(held)
 
 
-def claims_out(function: Callable) -> Callable:
+def claims_out(function: Callable | None = None, *, work: str | None = None) -> Callable:
     """Decorate a function with an ``out`` argument: ``out`` (unless None) is claimed before it runs, for the whole call.
 
-    Every other argument (``**options`` included) that is a str or a path (or a list or tuple of them) naming an
-    existing path is an input of the run (:func:`check_out`), except those in :data:`NOT_INPUTS`."""
+    Every other argument (``**options`` included) that is a str or a path (or a list, tuple or dict of them) naming an
+    existing path, or holding one after a separator (``NAME=words:FILE``), is an input of the run (:func:`check_out`),
+    except those in :data:`NOT_INPUTS`. ``work``: the folder of :data:`WORK_FOLDERS` the function resumes from
+    (``@claims_out(work="checkpoint")``); ``out`` holding any other one is refused."""
+    if function is None:
+        return functools.partial(claims_out, work=work)
     signature = inspect.signature(function)
     keywords = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
 
@@ -356,7 +395,7 @@ def claims_out(function: Callable) -> Callable:
         if out is None:
             return function(*args, **kwargs)
         inputs = [value for name, value in arguments.items() if name != "out" and name not in NOT_INPUTS]
-        with claim(out, inputs):
+        with claim(out, inputs, work):
             return function(*args, **kwargs)
 
     return claimed

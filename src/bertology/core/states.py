@@ -19,7 +19,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bertology.core.errors import BertologyError
+from bertology.core.errors import BertologyError, StateError
+from bertology.core.safeload import field, read_json, read_npz
+
+#: The deepest nesting a ``state.json`` may have (analyzers' states nest about 20 deep).
+MAX_STATE_DEPTH = 256
 
 def encode(value, arrays: dict[str, np.ndarray]):
     """``value`` as JSON-ready data; its arrays and tensors go into ``arrays`` under fresh keys."""
@@ -62,7 +66,10 @@ def _class(name: str):
     module_name, _, qualname = name.partition(":")
     if not (module_name == "bertology" or module_name.startswith("bertology.") or module_name in _allowed_modules()):
         raise BertologyError(f"refused: a state names the class {name}, which is neither bertology's nor a registered family's")
-    module = sys.modules.get(module_name) or importlib.import_module(module_name)
+    try:
+        module = sys.modules.get(module_name) or importlib.import_module(module_name)
+    except ImportError:
+        raise BertologyError(f"refused: a state names the class {name}, whose module {module_name} does not exist") from None
     target = module
     for part in qualname.split("."):  # nested classes only: every step must be a class of that module
         target = getattr(target, part, None)
@@ -73,30 +80,98 @@ def _class(name: str):
     return target
 
 
+def _array(arrays, key) -> np.ndarray:
+    """The stored array ``key``: it must exist, and hold only finite values where it holds floats (a state never stores NaN)."""
+    if not isinstance(key, str) or key not in arrays:
+        raise BertologyError(f"refused: a state refers to the array {key!r}, which its arrays.npz does not hold")
+    array = np.array(arrays[key])
+    if array.dtype.kind in "fc" and not np.isfinite(array).all():
+        raise BertologyError(f"refused: the state's array {key} holds NaN or infinite values")
+    return array
+
+
 def decode(data, arrays):
-    """The value :func:`encode` stored (``arrays``: the loaded ``.npz``)."""
+    """The value :func:`encode` stored (``arrays``: the loaded ``.npz``); a record of the wrong form is refused in one line."""
     if isinstance(data, list):
         return [decode(item, arrays) for item in data]
+    if isinstance(data, float) and not np.isfinite(data):
+        raise BertologyError("refused: a state holds a NaN or infinite number")
     if not isinstance(data, dict):
         return data
+    if len(data) != 1 and set(data) != {"__object__", "state"}:
+        raise BertologyError(f"refused: a state holds an unknown record {sorted(data)[:3]}")
     if "__array__" in data:
-        return np.array(arrays[data["__array__"]])
+        return _array(arrays, data["__array__"])
     if "__tensor__" in data:
-        return torch.from_numpy(np.array(arrays[data["__tensor__"]]))
-    if "__tuple__" in data:
-        return tuple(decode(item, arrays) for item in data["__tuple__"])
-    if "__set__" in data:
-        return {decode(item, arrays) for item in data["__set__"]}
-    if "__frozenset__" in data:
-        return frozenset(decode(item, arrays) for item in data["__frozenset__"])
+        return torch.from_numpy(_array(arrays, data["__tensor__"]))
+    for kind, build in (("__tuple__", tuple), ("__set__", set), ("__frozenset__", frozenset)):
+        if kind in data:
+            if not isinstance(data[kind], list):
+                raise BertologyError(f"refused: a state's {kind} record is not a list")
+            try:
+                return build(decode(item, arrays) for item in data[kind])
+            except TypeError:  # an unhashable member of a set
+                raise BertologyError(f"refused: a state's {kind} record holds a member that cannot be in a set") from None
     if "__dict__" in data:
-        return {decode(key, arrays): decode(item, arrays) for key, item in data["__dict__"]}
+        pairs = data["__dict__"]
+        if not isinstance(pairs, list) or not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
+            raise BertologyError("refused: a state's __dict__ record is not a list of [key, value] pairs")
+        try:
+            return {decode(key, arrays): decode(item, arrays) for key, item in pairs}
+        except TypeError:
+            raise BertologyError("refused: a state's __dict__ record has a key that cannot be a key") from None
     if "__object__" in data:
+        if not isinstance(data["__object__"], str) or "state" not in data:
+            raise BertologyError("refused: a state's __object__ record does not name a class")
         cls = _class(data["__object__"])
+        attributes = decode(data["state"], arrays)
+        if not isinstance(attributes, dict) or not all(isinstance(key, str) for key in attributes):
+            raise BertologyError(f"refused: the state of a {cls.__name__} is not a dict of attributes")
         instance = cls.__new__(cls)
-        instance.__dict__.update(decode(data["state"], arrays))  # no __init__ or __setstate__ runs
+        instance.__dict__.update(attributes)  # no __init__ or __setstate__ runs
         return instance
     raise BertologyError(f"refused: a state holds an unknown record {sorted(data)[:3]}")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_like(saved, fresh, where: str = "state") -> None:
+    """Refuse ``saved`` (a loaded state) unless it has the form of ``fresh`` (the same analyzer built anew): the same
+    classes and attributes, arrays and tensors of the same dtype and number of dimensions (and shape, where ``fresh``
+    already has one), numbers where it has numbers. ``None`` in ``fresh`` (not made yet) takes anything of the right
+    form: an object's own ``check_state()``, where it has one, checks its invariants."""
+    if fresh is None:
+        if hasattr(saved, "__dict__") and not isinstance(saved, (type, np.ndarray, torch.Tensor)):
+            check_like(saved, saved, where)  # made after the first batch: its own invariants
+        return
+    if _number(fresh):
+        if not _number(saved):
+            raise BertologyError(f"refused: {where} should be a number, not a {type(saved).__name__}")
+        return
+    if isinstance(fresh, (np.ndarray, torch.Tensor)):
+        if type(saved) is not type(fresh) or saved.dtype != fresh.dtype or saved.ndim != fresh.ndim:
+            raise BertologyError(f"refused: {where} should be a {type(fresh).__name__} of {fresh.dtype} with {fresh.ndim} dimensions")
+        if fresh.ndim and min(fresh.shape) > 0 and tuple(saved.shape) != tuple(fresh.shape):
+            raise BertologyError(f"refused: {where} has shape {tuple(saved.shape)}, not {tuple(fresh.shape)}")
+        return
+    if type(saved) is not type(fresh):
+        raise BertologyError(f"refused: {where} should be a {type(fresh).__name__}, not a {type(saved).__name__}")
+    if isinstance(fresh, dict):
+        for key in fresh.keys() & saved.keys():
+            check_like(saved[key], fresh[key], f"{where}[{key!r}]")
+    elif hasattr(fresh, "__dict__") and not isinstance(fresh, type):
+        missing = sorted(set(vars(fresh)) ^ set(vars(saved)))
+        if missing:
+            raise BertologyError(f"refused: {where} ({type(fresh).__name__}) has other attributes than this bertology's ({missing[0]})")
+        for key, value in vars(fresh).items():
+            check_like(vars(saved)[key], value, f"{where}.{key}")
+    if hasattr(saved, "check_state"):  # the class's own invariants (moments: one shape, counts >= 0)
+        try:
+            saved.check_state()
+        except ValueError as exc:
+            raise BertologyError(f"refused: {where}: {exc}") from None
 
 
 def save(folder: Path, document: dict, values) -> None:
@@ -131,14 +206,21 @@ def _remove(folder: Path) -> None:
 
 
 def load(folder: Path) -> tuple[dict, object]:
-    """``(document, values)`` from a folder :func:`save` wrote; anything that is not such a state is refused in one line."""
+    """``(document, values)`` from a folder :func:`save` wrote; anything that is not such a state (damaged, forged, from
+    another bertology) is refused in one line naming the file, never believed."""
     old = folder.with_name(folder.name + ".old")
     if not folder.exists() and old.exists():  # a save was killed between its two renames
         folder = old
+    where = folder / "state.json"
     try:
-        document = json.loads((folder / "state.json").read_text(encoding="utf-8"))
-        with np.load(folder / "arrays.npz", allow_pickle=False) as arrays:
-            values = decode(document.pop("values"), {key: arrays[key] for key in arrays.files})
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise BertologyError(f"{folder}: not a state bertology can resume from ({exc}); delete it to start over") from exc
+        document = read_json(where, max_depth=MAX_STATE_DEPTH)
+        field(document, "values", (dict, list), where)
+        arrays = read_npz(folder / "arrays.npz")
+        values = decode(document.pop("values"), arrays)
+    except StateError as exc:
+        raise BertologyError(f"{exc.path}: not a state bertology can resume from ({exc.message}); delete {folder} to start over") from None
+    except BertologyError as exc:
+        raise BertologyError(f"{where}: not a state bertology can resume from ({exc}); delete {folder} to start over") from None
+    except RecursionError:
+        raise BertologyError(f"{where}: nested too deep to be a state bertology wrote; delete {folder} to start over") from None
     return document, values

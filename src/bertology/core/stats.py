@@ -23,6 +23,13 @@ class RunningMoments:
         self.mean = np.zeros(shape)
         self.m2 = np.zeros(shape)
 
+    def check_state(self) -> None:
+        """Refuse moments read back from a file unless they can be moments: one shape, counts whole and >= 0, M2 >= 0."""
+        if not self.count.shape == self.mean.shape == self.m2.shape:
+            raise ValueError(f"moments of shapes {self.count.shape}, {self.mean.shape}, {self.m2.shape}: count, mean and M2 must share one")
+        if (self.count < 0).any() or (self.count != np.round(self.count)).any() or (self.m2 < 0).any():
+            raise ValueError("moments with a negative or fractional count, or a negative sum of squares")
+
     def push(self, values: np.ndarray) -> None:
         """Add observations ``values[k, *shape]`` (k observations of every cell)."""
         values = np.asarray(values, dtype=np.float64)
