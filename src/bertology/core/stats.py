@@ -25,6 +25,8 @@ class RunningMoments:
 
     def check_state(self) -> None:
         """Refuse moments read back from a file unless they can be moments: one shape, counts whole and >= 0, M2 >= 0."""
+        if not all(isinstance(part, np.ndarray) and part.dtype == np.float64 for part in (self.count, self.mean, self.m2)):
+            raise ValueError("count, mean and M2 must be float64 arrays")
         if not self.count.shape == self.mean.shape == self.m2.shape:
             raise ValueError(f"moments of shapes {self.count.shape}, {self.mean.shape}, {self.m2.shape}: count, mean and M2 must share one")
         if (self.count < 0).any() or (self.count != np.round(self.count)).any() or (self.m2 < 0).any():
