@@ -26,6 +26,7 @@ from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.models import BLOCK_LAYOUTS, LoadedModel, attention_blocks, load_model
 from bertology.core.norms import WEIGHTING_TITLES, parse_weighting
 from bertology.core.runfolder import RunFolder, claims_out
+from bertology.core.stats import MIN_SAMPLE
 from bertology.families import Family, FamilyContext, FamilyResult, get_family, registered
 from bertology.reports.html import Report
 from bertology.reports.viewer import viewer_section
@@ -245,6 +246,7 @@ def analyze(
     seed: int = 0,
     punct: str = "upos",
     correction: str = "fdr_bh",
+    min_sample: int = MIN_SAMPLE,
     weighting: str | Iterable[str] = "attention",
     backend: str = "local",
     workers: int | None = None,
@@ -267,7 +269,8 @@ def analyze(
     ``options``: the families' own settings by name (``tau=2``, ``bootstrap=500``, ...; each family's
     ``options`` lists them with their defaults and help); a setting of a family that does not run is
     refused. ``correction`` is the multiple-testing method (statsmodels' ``multipletests``) of every
-    family that tests; ``punct`` the punctuation set: ``upos`` (every punctuation-only piece) or
+    family that tests, and ``min_sample`` the fewest observations (sequences, sentences) a test needs before its p-value
+    and verdict are reported (METHODS.md section 5; syntax relations use ``min_dependents``); ``punct`` the punctuation set: ``upos`` (every punctuation-only piece) or
     ``clark`` (the pieces "." and "," only, as in Clark et al.'s code; METHODS.md section 1).
     ``weighting``: the view of attention every family reads, ``"attention"`` (the weights), ``"norm"``
     (Kobayashi et al. 2020's norm shares, METHODS.md section 7) or both (``"attention,norm"``), in one pass.
@@ -312,6 +315,7 @@ def analyze(
         "punct": punct,
         "parser": parser or ("gold" if with_trees else None),
         "correction": correction,
+        "min_sample": min_sample,
         "weighting": views,
         **_family_settings(chosen, options),
     }

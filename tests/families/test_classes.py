@@ -161,7 +161,7 @@ def test_classes_command_writes_table_figure_and_section(tiny_bert_dir, tmp_path
     corpus.write_text("\n\n".join(blocks) + "\n")
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "bertology.cli", "classes", "-m", str(tiny_bert_dir), "-c", str(corpus), "--out", str(out), "-q",
-                           "--class", "noun=upos:NOUN", "--class", "neg=words:negation"], capture_output=True, text=True)
+                           "--class", "noun=upos:NOUN", "--class", "neg=words:negation", "--min-sample", "2"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "most attention to noun:" in done.stdout
     table = pd.read_csv(out / "classes.csv")

@@ -77,20 +77,31 @@ def merge_moments(mine: RunningMoments | None, theirs: RunningMoments | None) ->
     return theirs if mine is None else mine.merge(theirs)
 
 
-def t_test_greater(moments: RunningMoments, tau: float, rtol: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
+#: The fewest observations (sequences, sentences, dev examples) a test needs before bertology reports its p-value: below
+#: it a test decides nothing, so its p, corrected p and verdict are left empty (option ``min_sample``; syntax relations
+#: use their own ``min_dependents``, 25). Ten: a t-test on fewer rests on its normality assumption alone.
+MIN_SAMPLE = 10
+
+
+def withheld(p, n, min_sample: int):
+    """``p`` where its test saw at least ``min_sample`` observations (``n``), NaN elsewhere: no claim on too little data."""
+    return np.where(np.asarray(n) >= min_sample, p, np.nan)
+
+
+def t_test_greater(moments: RunningMoments, tau: float, rtol: float = 1e-6, min_sample: int = MIN_SAMPLE) -> tuple[np.ndarray, np.ndarray]:
     """One-sided one-sample t-test per cell, ``H0: mean <= tau``: ``t = (mean - tau) / (sd / sqrt(n))``,
     ``p = P(T_{n-1} >= t)`` (scipy's ``ttest_1samp(..., alternative="greater")``).
 
     A mean within a relative ``rtol`` of tau, ``|mean - tau| <= rtol * max(|tau|, tiny)``, gets ``t = 0``
     and ``p = 1`` whatever its variance: float noise over (numerically) zero variance would otherwise give
     ``t = +-inf`` (METHODS.md section 5). Outside that band a zero variance gives ``t = +-inf``: the mean
-    decides. ``t`` and ``p`` are NaN where a cell has fewer than two observations.
+    decides. ``t`` and ``p`` are NaN where a cell has fewer than ``min_sample`` observations (and at least two).
     """
     with np.errstate(invalid="ignore", divide="ignore"):
         sem = np.sqrt(moments.m2 / (moments.count - 1)) / np.sqrt(moments.count)
         t = (moments.mean - tau) / sem
     at_tau = np.abs(moments.mean - tau) <= rtol * max(abs(tau), np.finfo(np.float64).tiny)
-    testable = moments.count > 1
+    testable = moments.count >= max(2, min_sample)
     t = np.where(testable, np.where(at_tau, 0.0, t), np.nan)
     p = np.where(testable, np.where(at_tau, 1.0, stats.t.sf(t, moments.count - 1)), np.nan)
     return t, p
@@ -176,12 +187,13 @@ def confusion_metric(confusion: np.ndarray, metric: str, positive: int | None = 
 
 
 def paired_bootstrap(gold: np.ndarray, baseline: np.ndarray, variants: np.ndarray, classes: int, metric: str,
-                     positive: int | None = None, replicates: int = 1000, seed: int = 0) -> pd.DataFrame:
+                     positive: int | None = None, replicates: int = 1000, seed: int = 0, min_sample: int = MIN_SAMPLE) -> pd.DataFrame:
     """Change of a metric when predictions ``variants[v]`` replace ``baseline``, with a paired bootstrap over examples.
 
     Every replicate resamples the examples once (multinomial counts) and scores the baseline and every
     variant on the same resample. Per variant: ``value``, ``delta = value - baseline value``, the 2.5 and
-    97.5 percentiles of the resampled deltas, and a two-sided p = min(1, 2 min(1 + #{d* <= 0}, 1 + #{d* >= 0}) / (1 + B)).
+    97.5 percentiles of the resampled deltas, and a two-sided p = min(1, 2 min(1 + #{d* <= 0}, 1 + #{d* >= 0}) / (1 + B)),
+    left empty (NaN) on fewer than ``min_sample`` examples.
     """
     gold, baseline, variants = np.asarray(gold), np.asarray(baseline), np.asarray(variants)
     n = len(gold)
@@ -200,4 +212,4 @@ def paired_bootstrap(gold: np.ndarray, baseline: np.ndarray, variants: np.ndarra
     low, high = np.percentile(deltas, [2.5, 97.5], axis=1)
     tail = np.minimum(1 + (deltas <= 0).sum(1), 1 + (deltas >= 0).sum(1))
     return pd.DataFrame({"value": whole[1:], "delta": whole[1:] - whole[0], "ci_low": low, "ci_high": high,
-                         "p": np.minimum(1.0, 2 * tail / (1 + replicates))})
+                         "p": withheld(np.minimum(1.0, 2 * tail / (1 + replicates)), n, min_sample)})

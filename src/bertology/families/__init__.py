@@ -33,7 +33,7 @@ BUILTIN_FAMILIES = ("profile", "roles", "patterns", "syntax", "classes", "frames
 #: Keywords of ``analyze()`` itself: no family option may take these names.
 COMMON_SETTINGS = frozenset({
     "model", "corpus", "analyses", "format", "parser", "spacy_pipeline", "out", "batch_size", "max_length", "limit", "overflow",
-    "device", "seed", "punct", "correction", "trust_remote_code", "view", "progress", "command", "weighting",
+    "device", "seed", "punct", "correction", "min_sample", "trust_remote_code", "view", "progress", "command", "weighting",
     "backend", "workers", "address", "checkpoint_every",
 })
 

@@ -32,6 +32,8 @@ class Section:
     intro: str = ""
     figures: list[Figure] = field(default_factory=list)
     tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+    #: Tables shown folded away (a click opens them): rows on too little data for a claim (``--min-sample``, ``--min-dependents``).
+    folded: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     head_links: tuple[str, int, int] | None = None  # (page, layers, heads): a grid of links to page#layer=L&head=H
 

@@ -38,7 +38,7 @@ from bertology.core.hooks import ATTN_IMPLEMENTATION, Hooks, register_attention
 from bertology.workflows.interventions import INTERVENTIONS, HeadGates, Intervention, LayerReplay, attach_variants, prune_heads, reads_first_token_only, shrink_to_config
 from bertology.core.models import quiet_transformers, require_safetensors, resolve_device
 from bertology.core.runfolder import claims_out
-from bertology.core.stats import paired_bootstrap
+from bertology.core.stats import MIN_SAMPLE, corrected, paired_bootstrap
 
 
 @dataclass
@@ -173,17 +173,18 @@ class LeaveOneOut:
 
 
 def ablation_table(task: TaskData, gold: np.ndarray, base: np.ndarray, variants: np.ndarray, layout: pd.DataFrame, intervention: str,
-                   *, replicates: int = 10000, seed: int = 0, correction: str = "fdr_bh") -> pd.DataFrame:
+                   *, replicates: int = 10000, seed: int = 0, correction: str = "fdr_bh", min_sample: int = MIN_SAMPLE) -> pd.DataFrame:
     """``layer, head, intervention, metric, value, delta, ci_low, ci_high, p, p_adj`` per variant and task metric.
 
     ``p_adj`` is corrected (statsmodels ``multipletests``, ``correction``) across all variants of one metric.
     A bootstrap p is at least 2/(B + 1), so with 78 tests Benjamini-Hochberg can only reach 0.05 if
-    B is in the thousands: hence 10,000 replicates by default.
+    B is in the thousands: hence 10,000 replicates by default. On fewer than ``min_sample`` examples no p is reported.
     """
     tables = []
     for metric in task.metrics:
-        scores = paired_bootstrap(gold, base.argmax(-1), variants.argmax(-1), len(task.labels), metric, positive_index(task), replicates, seed)
-        scores["p_adj"] = multipletests(scores.p, method=correction)[1]
+        scores = paired_bootstrap(gold, base.argmax(-1), variants.argmax(-1), len(task.labels), metric, positive_index(task), replicates, seed,
+                                  min_sample)
+        scores["p_adj"] = corrected(scores.p, correction)[0]
         tables.append(pd.concat([layout.reset_index(drop=True), scores], axis=1).assign(intervention=intervention, metric=metric))
     columns = ["layer", "head", "intervention", "metric", "value", "delta", "ci_low", "ci_high", "p", "p_adj"]
     return pd.concat(tables, ignore_index=True)[columns]
@@ -392,7 +393,7 @@ class HeadStudy:
                            "baseline": self.baseline, "settings": self.settings}, command)
 
 
-ABLATE_DEFAULTS = {"intervention": "mask", "bootstrap": 10000, "correction": "fdr_bh"}
+ABLATE_DEFAULTS = {"intervention": "mask", "bootstrap": 10000, "correction": "fdr_bh", "min_sample": MIN_SAMPLE}
 IMPORTANCE_DEFAULTS = {"importance_split": "train", "importance_examples": 1000, "normalise": "layer"}
 PRUNE_DEFAULTS = {"step": 0.1, "prune_to": None}
 
@@ -428,13 +429,13 @@ def _check_settings(settings: dict) -> None:
 def study_heads(model: str | Path | TaskModel, task: TaskData, *, ablate: bool = False, importance: bool = False, prune: bool = False,
                 intervention: str | None = None, max_examples: int | None = None, importance_split: str | None = None,
                 importance_examples: int | None = None, normalise: str | None = None, bootstrap: int | None = None,
-                correction: str | None = None, step: float | None = None, prune_to: int | None = None, batch_size: int = 16,
+                correction: str | None = None, min_sample: int | None = None, step: float | None = None, prune_to: int | None = None, batch_size: int = 16,
                 max_length: int | None = None, seed: int = 0, device: str | None = None, out: str | Path | None = None, progress: bool = True,
                 command: list[str] | None = None) -> HeadStudy:
     """Evaluate ``model`` on ``task``'s dev split with heads disabled (``ablate``), measure each head's gradient
     importance (``importance``) and draw the pruning curve (``prune``; ``prune_to`` also removes heads physically).
 
-    Ablation options (``intervention`` mask, ``bootstrap`` 10000, ``correction`` fdr_bh), importance options
+    Ablation options (``intervention`` mask, ``bootstrap`` 10000, ``correction`` fdr_bh, ``min_sample`` 10), importance options
     (``importance_split`` train, ``importance_examples`` 1000, ``normalise`` layer) and pruning options (``step``
     0.1, ``prune_to``) take their defaults when left None; one given for a study that is not run is refused, and
     so are ``device`` and ``max_length`` (defaults auto, 128) with an already loaded ``TaskModel``.
@@ -445,7 +446,8 @@ def study_heads(model: str | Path | TaskModel, task: TaskData, *, ablate: bool =
     """
     from bertology.core.runfolder import RunFolder
 
-    settings = {**_applying({"intervention": intervention, "bootstrap": bootstrap, "correction": correction}, ABLATE_DEFAULTS, ablate, "ablate"),
+    settings = {**_applying({"intervention": intervention, "bootstrap": bootstrap, "correction": correction, "min_sample": min_sample},
+                            ABLATE_DEFAULTS, ablate, "ablate"),
                 **_applying({"importance_split": importance_split, "importance_examples": importance_examples, "normalise": normalise},
                             IMPORTANCE_DEFAULTS, importance or prune, "importance or prune"),
                 **_applying({"step": step, "prune_to": prune_to}, PRUNE_DEFAULTS, prune, "prune")}
@@ -468,7 +470,7 @@ def study_heads(model: str | Path | TaskModel, task: TaskData, *, ablate: bool =
         loo = LeaveOneOut(task_model, settings["intervention"], batch_size=batch_size, progress=progress)
         base, variants = loo.predict(rows)
         study.ablation = ablation_table(task, gold, base, variants, loo.variants(), settings["intervention"], replicates=settings["bootstrap"],
-                                        seed=seed, correction=settings["correction"])
+                                        seed=seed, correction=settings["correction"], min_sample=settings["min_sample"])
         if folder is not None:
             folder.write_table("ablation", study.ablation)
     if importance or prune:

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from bertology.core.errors import BertologyError, ModelError
 from bertology.core.models import DEFAULT_MODEL, default_model_path, load_model
 from bertology.core.runfolder import RunFolder, claims_out
-from bertology.core.stats import paired_bootstrap
+from bertology.core.stats import MIN_SAMPLE, corrected, paired_bootstrap
 from bertology.workflows.finetuning import TaskData, positive_index, seeded_subset
 from bertology.workflows.importance import TaskModel, load_task_model, task_score
 
@@ -113,7 +113,7 @@ class RestoreStudy:
 
 @claims_out
 def restore_layers(model: str | Path, task: TaskData, *, base: str | Path | None = None, max_dev_examples: int | None = None,
-                   bootstrap: int = 10000, correction: str = "fdr_bh", batch_size: int = 32, max_length: int = 128, seed: int = 0,
+                   bootstrap: int = 10000, correction: str = "fdr_bh", min_sample: int = MIN_SAMPLE, batch_size: int = 32, max_length: int = 128, seed: int = 0,
                    device: str = "auto", trust_remote_code: bool = False, out=None, progress: bool = True,
                    command: list[str] | None = None) -> RestoreStudy:
     """Evaluate ``model`` (a fine-tuned classifier's folder) on ``task``'s dev split with each encoder unit, and the first k
@@ -121,7 +121,7 @@ def restore_layers(model: str | Path, task: TaskData, *, base: str | Path | None
 
     Table ``restore``: ``kind`` and ``layer`` (``layer``: that unit alone, 0 = the embeddings, l = layer l's output block;
     ``first_k``: units 0..layer all restored), ``metric``, ``value``, ``delta`` (restored minus fine-tuned), its 95%
-    bootstrap interval, ``p`` and ``p_adj``.
+    bootstrap interval, ``p`` and ``p_adj`` (empty on fewer than ``min_sample`` dev examples: no claim on too little data).
     """
     try:
         multipletests([0.5], method=correction)
@@ -147,16 +147,17 @@ def restore_layers(model: str | Path, task: TaskData, *, base: str | Path | None
     tables = []
     layout = pd.DataFrame([{"kind": kind, "layer": unit} for kind, unit, _ in variants])
     for metric in task.metrics:
-        scores = paired_bootstrap(gold, fine_tuned_logits.argmax(-1), np.stack(predictions), len(task.labels), metric, positive_index(task), bootstrap, seed)
+        scores = paired_bootstrap(gold, fine_tuned_logits.argmax(-1), np.stack(predictions), len(task.labels), metric, positive_index(task), bootstrap, seed,
+                                  min_sample)
         table = pd.concat([layout, scores], axis=1).assign(metric=metric)
         for kind in RESTORE_KINDS:  # each kind of restoration is one family of tests
             rows_of_kind = table.kind == kind
-            table.loc[rows_of_kind, "p_adj"] = multipletests(table.p[rows_of_kind], method=correction)[1]
+            table.loc[rows_of_kind, "p_adj"] = corrected(table.p[rows_of_kind], correction)[0]
         tables.append(table)
     columns = ["kind", "layer", "metric", "value", "delta", "ci_low", "ci_high", "p", "p_adj"]
     study = RestoreStudy(pd.concat(tables, ignore_index=True)[columns], task_score(task, gold, fine_tuned_logits), pretrained.name, task_model.info(),
                          task.name, len(rows), {"base": str(base), "max_dev_examples": max_dev_examples, "bootstrap": bootstrap,
-                                                "correction": correction, "batch_size": batch_size, "max_length": max_length, "seed": seed,
+                                                "correction": correction, "min_sample": min_sample, "batch_size": batch_size, "max_length": max_length, "seed": seed,
                                                 "device": str(task_model.device)}, warnings)
     if out is not None:
         study.save(out, command=command)

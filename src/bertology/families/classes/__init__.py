@@ -103,11 +103,18 @@ class Classes(Family):
         return {"classes": ClassAttention(settings["classes"])}
 
     def finish(self, analyzers, context):
-        analyzer = analyzers["classes"]
+        import numpy as np
+
+        analyzer, least = analyzers["classes"], context.settings["min_sample"]
         for name, count in analyzer.occurrences().items():
             if count == 0:
                 context.warnings.append(f"class {name!r} never occurs in {context.corpus['name']}: its rows are empty")
-        return FamilyResult(tables={"classes": analyzer.result()})
+            elif count < least:
+                context.warnings.append(f"class {name!r} occurs in {count} sequences of {context.corpus['name']}, fewer than --min-sample "
+                                        f"{least}: its intervals are left empty and no head is named for it")
+        table = analyzer.result()
+        table.loc[table.n < least, ["ci_low", "ci_high"]] = np.nan  # no interval, and no claim, on too little data
+        return FamilyResult(tables={"classes": table})
 
     def section(self, folder, result, settings):
         from bertology.families.classes.report import classes_section

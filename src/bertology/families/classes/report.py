@@ -12,8 +12,9 @@ from bertology.reports.html import Figure, Section
 
 
 def top_heads(table: pd.DataFrame, k: int) -> pd.DataFrame:
-    """Each class's ``k`` heads with the most attention to it from every query."""
-    rows = table[(table.row == "all") & table.value.notna()].sort_values("value", ascending=False, kind="stable")
+    """Each class's ``k`` heads with the most attention to it from every query, among the rows with an interval (a class
+    seen in fewer than ``--min-sample`` sequences has none, and no head is named for it)."""
+    rows = table[(table.row == "all") & table.value.notna() & table.ci_low.notna()].sort_values("value", ascending=False, kind="stable")
     columns = ["class", "layer", "head", "value", "ci_low", "ci_high", "baseline", "ratio", "n"]
     order = {name: position for position, name in enumerate(dict.fromkeys(table["class"]))}  # the classes in the order given
     top = rows.groupby("class", sort=False).head(k)

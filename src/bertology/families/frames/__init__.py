@@ -41,12 +41,12 @@ class Frames(Family):
         elif analyzer.matched < analyzer.pairs:
             context.warnings.append(f"{analyzer.pairs - analyzer.matched} of {analyzer.pairs} frame pairs have no random baseline "
                                     "(no shift keeps them inside their sentence)")
-        return FamilyResult(tables={"frames": corrected(analyzer.result(), context.settings["correction"])})
+        return FamilyResult(tables={"frames": corrected(analyzer.result(context.settings["min_sample"]), context.settings["correction"])})
 
     def section(self, folder, result, settings):
         from bertology.families.frames.report import frames_section
 
-        return frames_section(folder, result.tables["frames"], settings["frame_top"])
+        return frames_section(folder, result.tables["frames"], settings["frame_top"], settings["min_sample"])
 
     def summary(self, result):
         table = result.tables["frames"]
@@ -57,8 +57,10 @@ class Frames(Family):
 
         by_score = table.sort_values("score", ascending=False, kind="stable").head(3)
         by_excess = table.sort_values("difference", ascending=False, kind="stable").head(3)
-        return [f"frame heads by score (vs random pairs): {heads(by_score)}; by excess over random pairs: {heads(by_excess)}; "
-                f"{int(table.significant.sum())} of {len(table)} heads above random pairs after correction"]
+        tested = int(table.p.notna().sum())
+        verdict = (f"{int(table.significant.sum())} of {tested} tested heads above random pairs after correction" if tested else
+                   f"no head tested (matched pairs in {int(table.n.max())} sentences, fewer than --min-sample)")
+        return [f"frame heads by score (vs random pairs): {heads(by_score)}; by excess over random pairs: {heads(by_excess)}; {verdict}"]
 
     def overview(self, result):
         return result.tables["frames"].sort_values("score", ascending=False, kind="stable").head(10)

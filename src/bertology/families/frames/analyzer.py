@@ -26,7 +26,7 @@ import torch
 from bertology.core.alignment import default_word_spans
 from bertology.core.analyzer import Analyzer
 from bertology.core.engine import Batch, Encoded
-from bertology.core.stats import RunningMoments, keyed_rng, merge_moments, sequence_key, t_test_greater
+from bertology.core.stats import MIN_SAMPLE, RunningMoments, keyed_rng, merge_moments, sequence_key, t_test_greater
 
 #: What is averaged over the pairs: the pair's score, its baseline's score, and the difference of the two.
 FRAME_QUANTITIES = ("score", "baseline", "difference")
@@ -128,13 +128,14 @@ class FrameHeads(Analyzer):
         self.matched += other.matched
         return self
 
-    def result(self) -> pd.DataFrame:
+    def result(self, min_sample: int = MIN_SAMPLE) -> pd.DataFrame:
+        """Per head: the score and baseline over pairs, and the test over sentences (none on fewer than ``min_sample``)."""
         columns = ["layer", "head", "score", "ci_low", "ci_high", "baseline", "difference", "t", "p", "n", "pairs"]
         if self._pairs is None:
             return pd.DataFrame(columns=columns)
         means = self._pairs.means()
         low, high = self._pairs.interval()
-        t, p = t_test_greater(self._sentences, 0.0)
+        t, p = t_test_greater(self._sentences, 0.0, min_sample=min_sample)
         layer, head = np.indices(means.shape[:2])
         return pd.DataFrame({
             "layer": layer.ravel(), "head": head.ravel(), "score": means[..., 0].ravel(), "ci_low": low[..., 0].ravel(),

@@ -22,7 +22,7 @@ def frame_heatmaps(table: pd.DataFrame):
     return figure
 
 
-def frames_section(folder: RunFolder, table: pd.DataFrame, top: int) -> Section:
+def frames_section(folder: RunFolder, table: pd.DataFrame, top: int, min_sample: int) -> Section:
     """Write the frame figure into ``folder`` and return the report section."""
     section = Section(
         title="Frame-semantic heads",
@@ -40,4 +40,7 @@ def frames_section(folder: RunFolder, table: pd.DataFrame, top: int) -> Section:
     columns = ["layer", "head", "score", "ci_low", "ci_high", "baseline", "difference", "p_adj", "significant", "n"]
     section.tables.append((f"The {top} heads with the highest frame score", table.sort_values("score", ascending=False, kind="stable").head(top)[columns]))
     section.tables.append((f"The {top} heads furthest above random pairs", table.sort_values("difference", ascending=False, kind="stable").head(top)[columns]))
+    if table.p.isna().all():
+        section.notes.append(f"No head is tested: the random baseline matched pairs in {int(table.n.max())} sentences, fewer than --min-sample "
+                             f"{min_sample}. The scores describe this corpus; they are no finding about the heads.")
     return section

@@ -34,13 +34,15 @@ class Roles(Family):
 
         roles = analyzers["roles"]
         taus = sorted(set(REPORTED_TAUS) | {context.settings["tau"]})
-        shares = pd.concat([role_shares(roles.test(tau=value)).assign(tau=value) for value in taus], ignore_index=True)
-        return FamilyResult(tables={"roles": roles.result(), "role_shares": shares})
+        least = context.settings["min_sample"]
+        shares = pd.concat([role_shares(roles.test(tau=value, min_sample=least)).assign(tau=value) for value in taus], ignore_index=True)
+        return FamilyResult(tables={"roles": roles.test(min_sample=least), "role_shares": shares})
 
     def section(self, folder, result, settings):
         from bertology.families.roles.report import roles_section
 
-        return roles_section(folder, result.tables["roles"], result.tables["role_shares"], settings["tau"], settings["correction"])
+        return roles_section(folder, result.tables["roles"], result.tables["role_shares"], settings["tau"], settings["correction"],
+                             settings["min_sample"])
 
     def by_layer(self, result):
         roles = result.tables["roles"]

@@ -33,7 +33,7 @@ import torch
 
 from bertology.core.analyzer import Analyzer
 from bertology.core.engine import Batch, is_pair
-from bertology.core.stats import RunningMoments, corrected, t_test_greater
+from bertology.core.stats import MIN_SAMPLE, RunningMoments, corrected, t_test_greater
 
 BASE_ROLES = ("local", "delimiter", "cls", "sep", "block")
 SYNTACTIC = "syntactic"
@@ -151,9 +151,11 @@ class HeadRoles(Analyzer):
         order = {role: k for k, role in enumerate(SUMMARY_ROLES)}
         return sorted(self._moments, key=lambda role: (order.get(role, len(order)), role))
 
-    def test(self, tau: float | None = None, correction: str | None = None, alpha: float | None = None) -> pd.DataFrame:
+    def test(self, tau: float | None = None, correction: str | None = None, alpha: float | None = None,
+             min_sample: int = MIN_SAMPLE) -> pd.DataFrame:
         """One-sided one-sample t-tests ``H0: mean <= tau`` for every head and role, corrected within each role
-        over its heads (the heads of one role are one family)."""
+        over its heads (the heads of one role are one family); a cell seen in fewer than ``min_sample`` sequences is
+        not tested (no ``t``, ``p``, ``p_adj``; ``has_role`` false)."""
         tau = self.tau if tau is None else tau
         columns = ["layer", "head", "role", "mean", "ci_low", "ci_high", "t", "p", "p_adj", "has_role", "n"]
         if not self._moments:
@@ -162,7 +164,7 @@ class HeadRoles(Analyzer):
         for role in self.roles():
             moments = self._moments[role]
             low, high = moments.interval()
-            t, p = t_test_greater(moments, tau)
+            t, p = t_test_greater(moments, tau, min_sample=min_sample)
             layer, head = np.indices(moments.count.shape)
             frame = pd.DataFrame({
                 "layer": layer.ravel(), "head": head.ravel(), "role": role, "mean": moments.means().ravel(),

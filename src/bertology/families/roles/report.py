@@ -72,7 +72,7 @@ def role_grid(roles: pd.DataFrame, order):
 
 
 
-def roles_section(folder: RunFolder, roles: pd.DataFrame, shares_by_tau: pd.DataFrame, tau: float, correction: str) -> Section:
+def roles_section(folder: RunFolder, roles: pd.DataFrame, shares_by_tau: pd.DataFrame, tau: float, correction: str, min_sample: int) -> Section:
     """Write the role figures and tables into ``folder`` and return the report section."""
     section = Section(
         title="Head roles",
@@ -91,4 +91,10 @@ def roles_section(folder: RunFolder, roles: pd.DataFrame, shares_by_tau: pd.Data
     section.figures.append(Figure(folder.write_figure("roles_grid", role_grid(roles, SUMMARY_ROLES)), "Roles of every head (first three letters; colour: the role with the largest t)."))
     section.figures.append(Figure(folder.write_figure("roles_colocation", role_colocation_heatmap(colocation)), "How many heads hold two roles at once."))
     section.tables.append(("Share of heads holding each role, by tau", shares_by_tau.pivot(index="role", columns="tau", values="share").reset_index()))
+    untested = roles[roles.p.isna() & (roles.n > 0)]
+    if len(untested):
+        counts = untested.groupby("role", sort=False).n.max()
+        section.notes.append(f"Not tested, on fewer than --min-sample {min_sample} sequences (no p-value, and no role claimed): "
+                             + ", ".join(f"{role} (at most {int(n)})" for role, n in counts.items()) + ".")
+        section.folded.append(("Head and role cells not tested (too few sequences)", untested))
     return section

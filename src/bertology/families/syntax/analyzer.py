@@ -25,11 +25,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import torch
-from statsmodels.stats.multitest import multipletests
 
 from bertology.core.analyzer import Analyzer
 from bertology.core.engine import Batch
-from bertology.core.stats import bootstrap_weights
+from bertology.core.stats import bootstrap_weights, corrected
 
 DIRECTIONS = ("dep->head", "head->dep")
 OFFSETS = (-3, -2, -1, 1, 2, 3)
@@ -193,8 +192,9 @@ class RelationHeads(Analyzer):
         list.) The baseline is the best offset, the first of -3..+3 on a tie.
         ``ci_low``/``ci_high``: 2.5th and 97.5th percentiles of the head's bootstrap accuracies;
         ``p_value``: ``(1 + #{b: acc_head(b) - acc_baseline(b) <= 0}) / (1 + B)``; ``p_adj``
-        corrected across relations (``correction`` is a ``multipletests`` method: fdr_bh,
-        bonferroni, holm, ...); ``few``: fewer than ``min_dependents`` dependents.
+        corrected across the tested relations (``correction`` is a ``multipletests`` method: fdr_bh,
+        bonferroni, holm, ...); ``few``: fewer than ``min_dependents`` dependents, a relation that is not tested: its
+        interval, ``p_value``, ``p_adj`` are empty and ``significant`` is false (no claim on too little data).
         """
         columns = ["relation", "n", "layer", "head", "direction", "accuracy", "ci_low", "ci_high", "baseline_offset",
                    "baseline_accuracy", "p_value", "p_adj", "significant", "few", "n_ties", "ties"]
@@ -232,8 +232,7 @@ class RelationHeads(Analyzer):
                 }
             )
         table = pd.DataFrame(rows)
-        reject, adjusted, _, _ = multipletests(table.p_value, alpha=alpha, method=correction)
-        table["p_adj"] = adjusted
-        table["significant"] = reject
         table["few"] = table.n < min_dependents
+        table.loc[table.few, ["ci_low", "ci_high", "p_value"]] = np.nan
+        table["p_adj"], table["significant"] = corrected(table.p_value, correction, alpha)
         return table[columns]

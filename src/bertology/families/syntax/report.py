@@ -77,13 +77,17 @@ def syntax_section(folder: RunFolder, syntax: pd.DataFrame, best: pd.DataFrame, 
     if relation in set(syntax.relation):
         heatmap = folder.write_figure(f"syntax_heatmap_{relation}", relation_heatmap(syntax, relation))
         section.figures.append(Figure(heatmap, f"Accuracy of every head for '{relation}', in both directions."))
-    section.tables.append(("Best head per relation", best.assign(ties=best.ties.map(_shorten_ties))))
+    listed = best.assign(ties=best.ties.map(_shorten_ties))
+    section.tables.append((f"Best head per relation (at least {min_dependents} dependents)", listed[~listed.few]))
+    if listed.few.any():
+        section.folded.append((f"Relations with fewer than {min_dependents} dependents: not tested", listed[listed.few]))
     tied = shown[shown.n_ties > 1]
     if len(tied):
         section.notes.append("Several heads share the best accuracy for " + ", ".join(f"{r.relation} ({r.n_ties})" for r in tied.itertuples())
                              + ": see the ties column.")
     if (best.few).any():
-        section.notes.append(f"Relations with fewer than {min_dependents} dependents are flagged 'few': their best head is unreliable.")
+        section.notes.append(f"{int(best.few.sum())} relations have fewer than {min_dependents} dependents (--min-dependents): a best head "
+                             "found on so few words is no finding, so they get no interval, p-value or significance, and are folded away.")
     if probe is not None:
         uas = pd.DataFrame({"method": list(probe["uas"]), "UAS": list(probe["uas"].values())})
         section.tables.append((f"Attention parsing probe ({probe['evaluation']})", uas))
