@@ -1,6 +1,6 @@
 import pytest
 
-from bertology.core.corpora import Corpus, TableLayout, read_conllu, read_pairs, read_table, read_text
+from bertology.core.corpora import Corpus, TableLayout, prepare_jsonl_append, read_conllu, read_labels, read_pairs, read_table, read_text
 from bertology.core.errors import CorpusError
 
 CONLLU = """# sent_id = 1
@@ -40,6 +40,78 @@ def test_invalid_utf8_names_the_line(tmp_path):
     path = write(tmp_path, "bad.txt", b"good\nalso good\nbad \xff byte\n", mode="wb")
     with pytest.raises(CorpusError, match=r"bad\.txt:3: invalid UTF-8"):
         list(read_text(path))
+
+
+def test_cr_only_line_ends_split_lines_with_their_numbers(tmp_path):
+    path = write(tmp_path, "mac.txt", b"First line.\rSecond line.\r\rThird line.\r", mode="wb")
+    assert [(e.text, e.line) for e in read_text(path)] == [("First line.", 1), ("Second line.", 2), ("Third line.", 4)]
+
+
+def test_cr_lf_cr_and_lf_mixed_each_end_one_line(tmp_path):
+    path = write(tmp_path, "mixed.txt", b"\xef\xbb\xbfa\r\nb\rc\nd\r\r\ne", mode="wb")
+    assert [(e.text, e.line) for e in read_text(path)] == [("a", 1), ("b", 2), ("c", 3), ("d", 4), ("e", 6)]
+
+
+@pytest.mark.parametrize("end", [b"\r\n", b"\r", b"\n"], ids=["crlf", "cr", "lf"])
+@pytest.mark.parametrize("before", [65_534, 65_535, 65_536])
+def test_a_line_end_where_the_file_is_read_in_two_parts_ends_one_line(tmp_path, before, end):
+    path = write(tmp_path, "long.txt", b"x" * before + end + b"y" + end, mode="wb")
+    assert [(len(e.text), e.line) for e in read_text(path)] == [(before, 1), (1, 2)]
+
+
+def test_invalid_utf8_after_cr_only_line_ends_names_its_line(tmp_path):
+    path = write(tmp_path, "bad.txt", b"good\ralso good\rbad \xff byte\r", mode="wb")
+    with pytest.raises(CorpusError, match=r"bad\.txt:3: invalid UTF-8 at byte 4 of the line"):
+        list(read_text(path))
+
+
+def test_glue_and_conllu_with_cr_only_line_ends(tmp_path):
+    sst = write(tmp_path, "sst.tsv", b"sentence\tlabel\rfine .\t1\rbad .\t0\r", mode="wb")
+    assert [(e.text, e.label, e.line) for e in Corpus(sst)] == [("fine .", "1", 2), ("bad .", "0", 3)]
+    unix = [(e.words, e.heads, e.source) for e in read_conllu(write(tmp_path, "t.conllu", CONLLU))]
+    mac = write(tmp_path, "t.conllu", CONLLU.replace("\n", "\r").encode(), mode="wb")
+    assert [(e.words, e.heads, e.source) for e in read_conllu(mac)] == unix
+
+
+LABEL_LINE = '{"text": "a cat.", "layer": 0, "head": 1, "label": "block"}'
+
+
+def test_a_json_line_nested_too_deep_is_a_one_line_error_naming_its_line(tmp_path):
+    path = write(tmp_path, "labels.jsonl", LABEL_LINE + "\n" + "[" * 100_000 + "\n")
+    with pytest.raises(CorpusError, match=r"labels\.jsonl:2: JSON nested deeper than 64 levels"):
+        list(Corpus(path))
+
+
+def test_a_json_number_too_long_to_convert_is_a_one_line_error_naming_its_line(tmp_path):
+    path = write(tmp_path, "labels.jsonl", LABEL_LINE + "\n" + LABEL_LINE.replace('"layer": 0', '"layer": ' + "9" * 5000) + "\n")
+    with pytest.raises(CorpusError, match=r"labels\.jsonl:2: not valid JSON"):
+        list(Corpus(path))
+
+
+def test_prepare_jsonl_append_ends_a_last_line_without_its_line_end(tmp_path):
+    path = write(tmp_path, "labels.jsonl", LABEL_LINE + "\n" + LABEL_LINE)
+    prepare_jsonl_append(path)
+    assert path.read_text() == LABEL_LINE + "\n" + LABEL_LINE + "\n"
+    with open(path, "a") as handle:
+        handle.write(LABEL_LINE.replace("block", "diagonal") + "\n")
+    assert [e.pattern_label for e in read_labels(path)] == [(0, 1, "block"), (0, 1, "block"), (0, 1, "diagonal")]
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", LABEL_LINE + "\n", LABEL_LINE + "\r\n", LABEL_LINE + "\r"], ids=["empty", "blank", "lf", "crlf", "cr"])
+def test_prepare_jsonl_append_leaves_a_file_whose_lines_all_end_as_it_is(tmp_path, content):
+    path = write(tmp_path, "labels.jsonl", content)
+    prepare_jsonl_append(path)
+    assert path.read_bytes() == content.encode()
+    prepare_jsonl_append(tmp_path / "new.jsonl")
+    assert not (tmp_path / "new.jsonl").exists()
+
+
+@pytest.mark.parametrize("last", ['{"text": "cut sho', "[1, 2]", "NaN"], ids=["cut-short", "not-an-object", "nan"])
+def test_prepare_jsonl_append_refuses_a_bad_last_line_naming_it(tmp_path, last):
+    path = write(tmp_path, "labels.jsonl", LABEL_LINE + "\n\n" + last)
+    with pytest.raises(CorpusError, match=r"labels\.jsonl:3: "):
+        prepare_jsonl_append(path)
+    assert path.read_text() == LABEL_LINE + "\n\n" + last
 
 
 def test_empty_file_is_an_error_naming_the_file(tmp_path):
@@ -113,6 +185,13 @@ def test_malformed_conllu_names_the_line(tmp_path, bad_line, message):
     del lines[3]  # drop the multiword token so only the bad line is wrong
     path = write(tmp_path, "bad.conllu", "\n".join(lines) + "\n")
     with pytest.raises(CorpusError, match=rf"bad\.conllu:4: {message}"):
+        list(read_conllu(path))
+
+
+def test_an_empty_form_under_a_multiword_token_is_a_one_line_error(tmp_path):
+    """Found by fuzzing: words of no characters under a multiword token divided by zero when the surface was split."""
+    path = write(tmp_path, "empty.conllu", "1-1\tdo\t_\t_\t_\t_\t_\t_\t_\t_\n1\t\t_\tNOUN\t_\t_\t0\tdep\t_\t_\n")
+    with pytest.raises(CorpusError, match=r"empty\.conllu:2: empty FORM column"):
         list(read_conllu(path))
 
 

@@ -1,5 +1,6 @@
 """``bertology label``: the queue, the file it writes, and the page in a real headless Chromium (keys, back, resume)."""
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -8,8 +9,8 @@ import numpy as np
 import pytest
 
 from bertology.core.corpora import Corpus, Example
-from bertology.core.errors import BertologyError
-from bertology.labelling import LabelServer, choose_maps, saved_labels
+from bertology.core.errors import BertologyError, CorpusError
+from bertology.labelling import LabelServer, MapToLabel, choose_maps, saved_labels
 from conftest import TEXTS
 
 
@@ -62,9 +63,6 @@ def test_labels_are_appended_whole_and_the_last_one_for_a_map_wins(queue, tmp_pa
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["label"] for line in lines] == ["vertical", "diagonal", "block"]
     assert saved_labels(path)[queue[0].key] == "block" and server.labelled == 2
-    with open(path, "a") as handle:
-        handle.write('{"text": "cut short by a cra')  # a crash mid-line: passed over
-    assert len(saved_labels(path)) == 2
     with pytest.raises(ValueError):
         server.add(99, "block")
     server.server.server_close()
@@ -131,7 +129,7 @@ def test_labelling_in_the_browser_with_keys_back_and_resume(browser, queue, tmp_
 def test_a_labels_file_that_is_not_ours_is_refused(tmp_path):
     path = tmp_path / "labels.jsonl"
     path.write_text("not json\n{}\n")
-    with pytest.raises(BertologyError, match="labels.jsonl:1: not a label line"):
+    with pytest.raises(BertologyError, match="labels.jsonl:1: not valid JSON"):
         saved_labels(path)
 
 
@@ -149,3 +147,83 @@ def test_a_label_that_is_not_json_is_refused(queue, tmp_path):
             assert json.load(response) == {"labelled": 1}
     finally:
         server.stop()
+
+
+def hand_maps(count: int = 3) -> list[MapToLabel]:
+    """Maps built here without a model (three tokens, uniform weights): enough for the labels file and the server."""
+    return [MapToLabel(f"sentence {k}.", None, k % 2, k, ["[CLS]", f"sentence{k}", "[SEP]"], np.full((3, 3), 85, np.uint8))
+            for k in range(count)]
+
+
+def post_label(server: LabelServer, body: bytes = b"", length: str | None = "") -> tuple[int, bytes]:
+    """POST ``body`` as JSON to the server's /label with Content-Length ``length`` (``""``: the body's size; None: no such
+    header); the answer's status and body. A dropped connection or no answer in 5 s raises."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.server.server_address[1], timeout=5)
+    try:
+        connection.putrequest("POST", "/label")
+        connection.putheader("Content-Type", "application/json")
+        if length is not None:
+            connection.putheader("Content-Length", length or str(len(body)))
+        connection.endheaders(body)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+VALID_LABEL = json.dumps({"position": 0, "label": "block"}).encode()
+
+
+@pytest.fixture
+def hand_server(tmp_path):
+    server = LabelServer(hand_maps(), tmp_path / "labels.jsonl").start()
+    yield server
+    server.stop()
+
+
+def test_a_label_after_a_last_line_without_its_line_end_is_kept(tmp_path):
+    """The page answered {"labelled": 2} but glued the label onto the old line, and the restart saw none."""
+    maps, path = hand_maps(), tmp_path / "labels.jsonl"
+    path.write_text(json.dumps(maps[0].record("vertical")))  # no line end
+    server = LabelServer(maps, path).start()
+    try:
+        status, body = post_label(server, json.dumps({"position": 1, "label": "diagonal"}).encode())
+    finally:
+        server.stop()
+    assert (status, json.loads(body)) == (200, {"labelled": 2})
+    assert saved_labels(path) == {maps[0].key: "vertical", maps[1].key: "diagonal"}
+    assert [e.pattern_label for e in Corpus(path)] == [(0, 0, "vertical"), (1, 1, "diagonal")]  # as patterns --train reads it
+    restarted = LabelServer(maps, path)
+    assert restarted.labelled == 2
+    restarted.server.server_close()
+
+
+def test_a_last_line_cut_short_is_refused_naming_its_line(tmp_path):
+    maps, path = hand_maps(), tmp_path / "labels.jsonl"
+    content = json.dumps(maps[0].record("vertical")) + '\n{"text": "cut short by a cra'
+    path.write_text(content)
+    with pytest.raises(CorpusError, match=r"labels\.jsonl:2: not valid JSON"):
+        saved_labels(path)
+    with pytest.raises(CorpusError, match=r"labels\.jsonl:2: not valid JSON"):
+        LabelServer(maps, path)
+    assert path.read_text() == content  # nothing appended to a file that is refused
+
+
+@pytest.mark.parametrize("position", ["1.0", "true", '"1"', "1e400"])
+def test_a_position_that_is_not_a_json_integer_is_refused(hand_server, position):
+    status, _ = post_label(hand_server, b'{"position": %s, "label": "block"}' % position.encode())
+    assert status == 400 and not hand_server.path.exists()
+    assert post_label(hand_server, VALID_LABEL) == (200, b'{"labelled": 1}')  # the server keeps serving
+
+
+def test_json_nested_too_deep_is_refused_and_the_server_keeps_serving(hand_server):
+    status, _ = post_label(hand_server, b"[" * 50_000)
+    assert status == 400
+    assert post_label(hand_server, VALID_LABEL) == (200, b'{"labelled": 1}')
+
+
+@pytest.mark.parametrize("length, status", [("1000000000000", 413), ("65537", 413), ("-1", 400), ("1e12", 400), (None, 400)],
+                         ids=["1e12-digits", "over-the-cap", "negative", "not-an-integer", "missing"])
+def test_a_content_length_that_is_no_size_to_read_is_refused_unread(hand_server, length, status):
+    assert post_label(hand_server, b"", length)[0] == status
+    assert post_label(hand_server, VALID_LABEL) == (200, b'{"labelled": 1}')

@@ -5,11 +5,13 @@ layer) or, given a trained classifier, the maps it is least sure of (the highest
 among ``pool`` times as many random candidates). Every label is appended to ``LABELS.jsonl`` at once and fsynced, in
 the ``labels`` corpus format that ``bertology patterns --train`` reads, so a closed tab or a killed server loses
 nothing; started again with the same file, the page continues at the first map without a label (the last line for a
-map wins, so going back and labelling again corrects it).
+map wins, so going back and labelling again corrects it). Before the first label the whole file is read: a line that
+is not a label (the last one too) is refused, and a last line without its line end gets one, so no label is glued to it.
 
 The server listens on 127.0.0.1 only, on a port the system picks, answers only requests addressed to that host and
-port, takes labels only as JSON (another site's page cannot send them without a preflight it never gets), and fetches
-nothing: the page is self-contained.
+port, takes labels only as JSON (another site's page cannot send them without a preflight it never gets) of at most
+``MAX_LABEL_BYTES`` (a whole-number position and a class name; anything else is answered 400 or 413), and fetches nothing:
+the page is self-contained.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bertology.core.corpora import PATTERN_LABELS, Example, label_example
+from bertology.core.corpora import PATTERN_LABELS, Example, prepare_jsonl_append, read_labels
 from bertology.core.engine import Engine, RunStats
-from bertology.core.errors import BertologyError, CorpusError
+from bertology.core.errors import BertologyError, StateError
 from bertology.core.models import LoadedModel
+from bertology.core.safeload import parse_json
+
+#: The largest label request the page's server reads (a label is a few dozen bytes).
+MAX_LABEL_BYTES = 64 * 1024
 
 
 @dataclass
@@ -53,25 +59,13 @@ class MapToLabel:
 
 
 def saved_labels(path: Path) -> dict[tuple, str]:
-    """The labels already in ``path`` by (text, text_pair, layer, head), the last line for a map winning. Each line is
-    checked as ``bertology patterns --train`` reads it (:func:`~bertology.core.corpora.label_example`); a last line cut
-    short by a crash is passed over, and any other line that is not JSON is an error naming it."""
+    """The labels already in ``path`` by (text, text_pair, layer, head), the last line for a map winning. Every line, the
+    last one too, is checked as ``bertology patterns --train`` reads it (:func:`~bertology.core.corpora.read_labels`): a
+    line that is not a label is an error naming it."""
     labels: dict[tuple, str] = {}
     if not path.exists():
         return labels
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            if number == len(lines):
-                continue
-            raise CorpusError(path, number, "not a label line this page wrote (text, layer, head, label)") from None
-        if not isinstance(record, dict):
-            raise CorpusError(path, number, "not a label line this page wrote (text, layer, head, label)")
-        example = label_example(path, number, record)
+    for example in read_labels(path):
         layer, head, label = example.pattern_label
         labels[example.text, example.text_pair, layer, head] = label
     return labels
@@ -117,6 +111,7 @@ class LabelServer:
     def __init__(self, maps: list[MapToLabel], path: str | Path, model_name: str = ""):
         self.maps, self.path, self.model_name = maps, Path(path), model_name
         self.labels = saved_labels(self.path)
+        prepare_jsonl_append(self.path)
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.thread: threading.Thread | None = None
@@ -165,6 +160,8 @@ class LabelServer:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = 30  # seconds a request may take to arrive
+
             def log_message(self, *args):  # quiet: the terminal shows the URL and the count
                 pass
 
@@ -192,11 +189,26 @@ class LabelServer:
                 # JSON only: a browser sends a JSON body from another site only after a preflight, which is never answered
                 if not self._allowed() or self.path != "/label" or self.headers.get("Content-Type") != "application/json":
                     return self._send(403, b"forbidden", "text/plain")
+                length = self.headers.get("Content-Length", "")
+                if not (length.isascii() and length.isdigit()):
+                    return self._send(400, b"a label needs its Content-Length", "text/plain")
+                if len(length) > len(str(MAX_LABEL_BYTES)) or int(length) > MAX_LABEL_BYTES:
+                    return self._send(413, b"a label is a short JSON object", "text/plain")
                 try:
-                    body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                    done = owner.add(int(body["position"]), str(body["label"]))
-                except (ValueError, KeyError, TypeError):
-                    return self._send(400, b"bad label", "text/plain")
+                    body = parse_json(self.rfile.read(int(length)).decode("utf-8"), "the label")
+                except (UnicodeDecodeError, StateError):
+                    return self._send(400, b"a label is a JSON object", "text/plain")
+                except TimeoutError:  # a body shorter than its Content-Length
+                    return self._send(408, b"the label did not arrive", "text/plain")
+                position, label = (body.get("position"), body.get("label")) if isinstance(body, dict) else (None, None)
+                if not isinstance(position, int) or isinstance(position, bool) or not isinstance(label, str):
+                    return self._send(400, b"a label needs a whole-number position and a class name", "text/plain")
+                try:
+                    done = owner.add(position, label)
+                except ValueError:
+                    return self._send(400, b"no such map or class", "text/plain")
+                except OSError:
+                    return self._send(500, b"the labels file cannot be written", "text/plain")
                 return self._send(200, json.dumps({"labelled": done}).encode("utf-8"), "application/json")
 
         return Handler

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import BinaryIO
 
 from conllu.exceptions import ParseException
 from conllu.parser import DEFAULT_FIELDS, parse_line
 
-from bertology.core.errors import CorpusError
+from bertology.core.errors import CorpusError, StateError
+from bertology.core.safeload import parse_json
 
 FORMATS = ("auto", "text", "pairs", "glue", "conllu", "frames", "labels")
 
@@ -65,21 +68,36 @@ class Example:
         return int(line) if line.isdigit() else None
 
 
+def _line_bytes(handle: BinaryIO, size: int = 1 << 16) -> Iterator[bytes]:
+    """The lines of a binary file without their ends, split at CR LF, CR and LF alike; read ``size`` bytes at a time."""
+    partial: list[bytes] = []  # the pieces of a line that no read has ended yet
+    after_cr = False
+    while chunk := handle.read(size):
+        if after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]  # the LF of a CR LF that fell between two reads
+        after_cr = chunk.endswith(b"\r")
+        for piece in chunk.splitlines(keepends=True):
+            partial.append(piece)
+            if piece.endswith((b"\r", b"\n")):
+                yield b"".join(partial).rstrip(b"\r\n")
+                partial = []
+    if partial:
+        yield b"".join(partial)
+
+
 def numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Numbered lines of a UTF-8 file (BOM and CR/LF stripped); invalid UTF-8 names its line."""
+    """Numbered lines of a UTF-8 file (BOM and line ends stripped; CR LF, CR and LF all end a line); invalid UTF-8 names its line."""
     try:
         handle = path.open("rb")
     except OSError as exc:
         raise CorpusError(path, None, f"cannot open file ({exc.strerror})") from exc
     with handle:
-        for number, raw in enumerate(handle, start=1):
+        for number, raw in enumerate(_line_bytes(handle), start=1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise CorpusError(path, number, f"invalid UTF-8 at byte {exc.start} of the line") from exc
-            if number == 1:
-                line = line.removeprefix("\ufeff")
-            yield number, line.rstrip("\r\n")
+            yield number, line.removeprefix("\ufeff") if number == 1 else line
 
 
 def read_text(path: Path) -> Iterator[Example]:
@@ -254,6 +272,8 @@ def _conllu_sentence(path: Path, block: list[tuple[int, str]]) -> Example:
             token = parse_line(line, DEFAULT_FIELDS)
         except ParseException as exc:
             raise CorpusError(path, number, f"malformed CoNLL-U line: {exc}") from exc
+        if not token["form"]:
+            raise CorpusError(path, number, "empty FORM column (CoNLL-U writes _ for a missing value)")
         token_id = token["id"]
         space_after = not (token["misc"] and token["misc"].get("SpaceAfter") == "No")
         if isinstance(token_id, tuple):
@@ -349,17 +369,38 @@ FRAME_KEYS = ("text", "frame", "target", "elements")
 
 
 def json_records(path: Path) -> Iterator[tuple[int, dict]]:
-    """``(line number, object)`` for every non-blank line of a JSON-lines file; a line that is no JSON object names itself."""
+    """``(line number, object)`` for every non-blank line of a JSON-lines file; a line that is no JSON object (or nests too
+    deep, or holds NaN: :func:`~bertology.core.safeload.parse_json`) names itself."""
     for number, line in numbered_lines(path):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CorpusError(path, number, f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
+            record = parse_json(line, path)
+        except StateError as exc:
+            raise CorpusError(path, number, exc.message) from None
         if not isinstance(record, dict):
             raise CorpusError(path, number, "expected a JSON object")
         yield number, record
+
+
+def prepare_jsonl_append(path: Path) -> None:
+    """Make ``path`` safe to append JSON lines to: every line it has (the last one too) must be a JSON object, else a
+    :class:`CorpusError` names it; a last line without its line end gets one (fsynced), so the next record starts a line."""
+    if not path.exists():
+        return
+    for _ in json_records(path):
+        pass
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(handle.seek(0, os.SEEK_END) - 1, 0))
+            last = handle.read(1)
+        if last not in (b"", b"\n", b"\r"):
+            with path.open("ab") as handle:
+                handle.write(b"\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+    except OSError as exc:
+        raise CorpusError(path, None, f"cannot append to the file ({exc.strerror})") from exc
 
 
 def _frame_span(path: Path, number: int, text: str, what: str, value) -> tuple[int, int]:

@@ -49,15 +49,23 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number as a float, refused where it overflows to infinity (``1e400``)."""
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:20]} is too large for a number")
+    return value
+
+
 def parse_json(text: str, where: str | Path, *, max_depth: int = MAX_JSON_DEPTH):
     """``text`` as JSON, refused in one line naming ``where`` when it is not JSON, nests deeper than ``max_depth``,
     or holds ``NaN``/``Infinity``."""
     if json_depth(text) > max_depth:
         raise StateError(where, f"JSON nested deeper than {max_depth} levels")
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
-        raise StateError(where, f"not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+        raise StateError(where, f"not valid JSON ({exc.msg}: line {exc.lineno}, column {exc.colno})") from None
     except (ValueError, RecursionError) as exc:
         raise StateError(where, f"not valid JSON ({exc})") from None
 
