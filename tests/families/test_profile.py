@@ -261,3 +261,24 @@ def test_head_distance_sample_does_not_depend_on_the_file_name(tiny_bert):
     (rows, first), (rows_again, second) = matrix("corpus.txt"), matrix("other/folder/renamed.txt")
     assert 0 < rows == rows_again < sum(len(tiny_bert.tokenizer(t)["input_ids"]) for t in TEXTS)
     np.testing.assert_array_equal(first, second)
+
+
+def test_clark_thresholds_say_what_the_corpus_allows(tiny_bert, tmp_path):
+    """The mean entropy of a head is at most the mean over sequences of ln n (uniform attention): on short sentences
+    Clark's "broad" (3.8 nats) cannot be reached, and the table, the report and the summary say so (issue 26)."""
+    import bertology
+    from bertology.families import get_family
+
+    texts = ["the cat sat on the mat.", "where is the dog?", "we saw it.", "they walked slowly to the house; the dog was running."]
+    result = bertology.analyze(tiny_bert, texts, analyses=["profile"], out=tmp_path / "run", progress=False, view=False)
+    lengths = [len(tiny_bert.tokenizer(text)["input_ids"]) for text in texts]
+    clark = result.results["profile"].tables["clark_thresholds"].set_index("label")
+    assert clark.loc["broad", "corpus_max"] == pytest.approx(np.mean(np.log(lengths)), rel=1e-12)
+    assert not clark.loc["broad", "reachable"] and clark.drop("broad").reachable.all()
+    heads = result.results["profile"].tables["heads"]
+    assert heads[heads.metric == "entropy"].value.max() <= clark.loc["broad", "corpus_max"] + 1e-9
+    import html
+
+    assert "No head can be labelled 'broad' on this corpus" in html.unescape((tmp_path / "run" / "report.html").read_text())
+    assert any(line.startswith("no head can be 'broad'") for line in get_family("profile").summary(result.results["profile"]))
+    assert (tmp_path / "run" / "clark_thresholds.csv").is_file()

@@ -1,7 +1,8 @@
 """The general head profile (Clark et al. 2019, "What Does BERT Look At?"; METHODS.md section 1).
 
 Tables: ``heads`` (``layer, head, metric, value, ci_low, ci_high, n``), ``layers``, ``head_labels``
-(heads past Clark's thresholds), ``head_distance`` and ``head_map`` (Jensen-Shannon distances between
+(heads past Clark's thresholds), ``clark_thresholds`` (each threshold beside the largest value the corpus allows: the
+mean entropy can be at most the mean of ln n), ``head_distance`` and ``head_map`` (Jensen-Shannon distances between
 heads and their 2-D MDS map). Figures: attention to special tokens by layer, a heatmap per metric, the
 head map.
 """
@@ -17,7 +18,7 @@ class Profile(Family):
     options = (
         Option("head_distance_sample", 0.1, "Share of sequences used for the head-to-head JS distance.", minimum=0.0, maximum=1.0),
     )
-    outputs = ("heads", "layers", "head_labels", "head_distance", "head_map")
+    outputs = ("heads", "layers", "head_labels", "clark_thresholds", "head_distance", "head_map")
 
     def analyzers(self, settings):
         from bertology.families.profile.analyzer import GeneralProfile, HeadDistance
@@ -25,10 +26,11 @@ class Profile(Family):
         return {"profile": GeneralProfile(), "distance": HeadDistance(sample=settings["head_distance_sample"], seed=settings["seed"])}
 
     def finish(self, analyzers, context):
-        from bertology.families.profile.analyzer import clark_labels
+        from bertology.families.profile.analyzer import clark_labels, clark_thresholds
 
         heads = analyzers["profile"].result()
-        result = FamilyResult(tables={"heads": heads, "layers": analyzers["profile"].layers(), "head_labels": clark_labels(heads)})
+        result = FamilyResult(tables={"heads": heads, "layers": analyzers["profile"].layers(), "head_labels": clark_labels(heads),
+                                      "clark_thresholds": clark_thresholds(analyzers["profile"].entropy_ceiling())})
         try:
             result.tables.update(head_distance=analyzers["distance"].result(), head_map=analyzers["distance"].embedding())
         except ValueError as exc:  # no sequence was sampled
@@ -39,7 +41,17 @@ class Profile(Family):
         from bertology.families.profile.report import profile_section
 
         tables = result.tables
-        return profile_section(folder, tables["heads"], tables["layers"], tables["head_labels"], tables.get("head_map"), settings["punct"])
+        return profile_section(folder, tables["heads"], tables["layers"], tables["head_labels"], tables["clark_thresholds"], tables.get("head_map"),
+                               settings["punct"])
+
+    def summary(self, result):
+        labels, thresholds = result.tables["head_labels"], result.tables["clark_thresholds"]
+        counts = labels.label.value_counts()
+        lines = ["heads past Clark's thresholds: " + (", ".join(f"{label} {counts[label]}" for label in counts.index) if len(counts) else "none")]
+        for row in thresholds[~thresholds.reachable].itertuples():
+            lines.append(f"no head can be '{row.label}' on this corpus: {row.metric} > {row.threshold:g} needs more than its largest "
+                         f"possible mean, {row.corpus_max:.2f} (the mean of ln n over its sequences)")
+        return lines
 
     def overview(self, result):
         return result.tables["layers"].pivot(index="layer", columns="metric", values="value")

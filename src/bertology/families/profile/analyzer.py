@@ -92,9 +92,13 @@ class GeneralProfile(Analyzer):
     def __init__(self) -> None:
         self._heads: RunningMoments | None = None
         self._layers: RunningMoments | None = None
+        self._log_lengths = 0.0  # sum over sequences of ln n (n: the sequence's tokens), for the entropy's ceiling
+        self._sequences = 0
 
     def update(self, batch: Batch) -> None:
         num_layers, size, num_heads, width, _ = batch.attentions.shape
+        self._log_lengths += float(torch.log(batch.mask.sum(dim=-1).double()).sum())
+        self._sequences += size
         if self._heads is None:
             self._heads = RunningMoments((num_layers, num_heads, len(PROFILE_METRICS)))
             self._layers = RunningMoments((num_layers, len(PROFILE_METRICS)))
@@ -107,6 +111,8 @@ class GeneralProfile(Analyzer):
 
     def merge(self, other: "GeneralProfile") -> "GeneralProfile":
         self._check_mergeable(other)
+        self._log_lengths += other._log_lengths
+        self._sequences += other._sequences
         if other._heads is None:
             return self
         if self._heads is None:
@@ -122,6 +128,11 @@ class GeneralProfile(Analyzer):
         num_layers, num_heads, _ = self._heads.count.shape
         index = pd.MultiIndex.from_product([range(num_layers), range(num_heads), PROFILE_METRICS], names=["layer", "head", "metric"])
         return interval_frame(self._heads, index)
+
+    def entropy_ceiling(self) -> float:
+        """The largest mean entropy any head can have on this corpus: the mean over sequences of ln n, the entropy of
+        uniform attention over a sequence's n tokens (NaN before any sequence)."""
+        return self._log_lengths / self._sequences if self._sequences else float("nan")
 
     def layers(self) -> pd.DataFrame:
         """Per-layer aggregates: ``layer, metric, value, ci_low, ci_high, n``."""
@@ -311,6 +322,16 @@ class HeadDistance(Analyzer):
 #: the sequence length n, so they are parameters.
 CLARK_THRESHOLDS = {"entropy": 3.8, "prev": 0.5, "next": 0.5, "cls": 0.6, "sep": 0.6, "punct": 0.6}
 _LABEL_NAMES = {"entropy": "broad"}
+
+
+def clark_thresholds(entropy_ceiling: float, thresholds: dict[str, float] | None = None) -> pd.DataFrame:
+    """Each of Clark's thresholds beside the largest value the corpus allows: ``label, metric, threshold, corpus_max,
+    reachable``. A share of attention can reach 1; the mean entropy only ``entropy_ceiling`` (the mean of ln n), so on
+    short sequences no head can be "broad" (3.8 nats needs n > e^3.8 = 45 tokens in every sequence)."""
+    thresholds = CLARK_THRESHOLDS if thresholds is None else thresholds
+    rows = [(_LABEL_NAMES.get(metric, metric), metric, value, entropy_ceiling if metric == "entropy" else 1.0) for metric, value in thresholds.items()]
+    table = pd.DataFrame(rows, columns=["label", "metric", "threshold", "corpus_max"])
+    return table.assign(reachable=table.corpus_max > table.threshold)
 
 
 def clark_labels(heads: pd.DataFrame, thresholds: dict[str, float] | None = None) -> pd.DataFrame:

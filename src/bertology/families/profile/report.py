@@ -81,6 +81,7 @@ def profile_section(
     heads: pd.DataFrame,
     layers: pd.DataFrame,
     labels: pd.DataFrame,
+    clark: pd.DataFrame,
     head_map: pd.DataFrame | None,
     punct: str = "upos",
 ) -> Section:
@@ -107,4 +108,9 @@ def profile_section(
         section.tables.append((f"Heads that pass Clark's thresholds ({thresholds})", labels))
     else:
         section.notes.append(f"No head passes Clark's thresholds ({thresholds}).")
+    section.tables.append(("Clark's thresholds and the largest value this corpus allows (clark_thresholds.csv)", clark))
+    for row in clark[~clark.reachable].itertuples():
+        section.notes.append(f"No head can be labelled '{row.label}' on this corpus: its threshold, {row.metric} > {row.threshold:g} nats, is "
+                             f"above the largest mean entropy its sequences allow, {row.corpus_max:.2f} nats (uniform attention: the mean "
+                             f"of ln n). Clark et al. set it on sequences of up to 128 tokens; compare heads by entropy instead.")
     return section
