@@ -402,3 +402,17 @@ def test_track_resumes_from_the_parts_it_keeps_inside_its_own_out(tiny_bert_dir,
     monkeypatch.setattr(dynamics, "_analyze_checkpoint", lambda *args, **kwargs: pytest.fail("a saved part was computed again"))
     again = dynamics.track([str(c) for c in series], corpus, **settings)  # out holds parts/: no run folder, so not refused
     pd.testing.assert_frame_equal(again.table, first.table)
+
+
+def test_a_run_that_fails_before_writing_leaves_no_folder_it_created(tmp_path, monkeypatch):
+    """The README's API example on a missing corpus left an empty runs/ behind (issue 26)."""
+    import bertology
+    from bertology.core.errors import CorpusError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(CorpusError, match="no such file"):
+        bertology.analyze(corpus="missing.txt", out="runs/a/sample", progress=False)
+    with pytest.raises(CorpusError, match="no such file"):
+        bertology.analyze(corpus="missing.txt", out="kept/sample", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"] and not any((tmp_path / "kept").iterdir())

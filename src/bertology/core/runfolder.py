@@ -303,6 +303,7 @@ class _Claim:
     out: Path  # resolved
     thread: int
     existed: bool
+    made_parents: list[Path]  # folders above out this claim created (deepest first), removed again if they stay empty
     fresh: bool  # new or empty when claimed
     depth: int = 0
     staging: Path | None = None
@@ -317,7 +318,8 @@ def _take(out: str | Path, inputs=(), work: str | None = None) -> _Claim:
     check_out(out, inputs, work)
     path = Path(out).resolve()
     existed = path.is_dir()
-    held = _Claim(path, threading.get_ident(), existed, fresh=not existed or not any(path.iterdir()))
+    made_parents = [parent for parent in path.parents if not parent.exists()]
+    held = _Claim(path, threading.get_ident(), existed, made_parents, fresh=not existed or not any(path.iterdir()))
     try:
         path.mkdir(parents=True, exist_ok=True)
         if not (path / MARKER).is_file():
@@ -344,6 +346,8 @@ def _release(held: _Claim) -> None:
                 held.lock = None
             if not held.existed:
                 held.out.rmdir()
+                for parent in held.made_parents:  # a run that wrote nothing leaves no folder of its own behind
+                    parent.rmdir()
     except OSError:
         pass
     if held.lock is not None:
