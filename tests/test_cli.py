@@ -104,7 +104,9 @@ def test_syntax_writes_tables_probe_and_report(tiny_bert_dir, treebank, tmp_path
     best = pd.read_csv(out / "syntax_best.csv")
     assert list(best.columns)[:12] == ["relation", "n", "layer", "head", "direction", "accuracy", "ci_low", "ci_high",
                                        "baseline_offset", "baseline_accuracy", "p_value", "p_adj"]
-    assert best.relation.iloc[0] == "all" and (best.ci_low <= best.accuracy).all() and (best.accuracy <= best.ci_high).all()
+    tested = best[~best.few]  # relations under --min-dependents get no interval and no p
+    assert best.relation.iloc[0] == "all" and (tested.ci_low <= tested.accuracy).all() and (tested.accuracy <= tested.ci_high).all()
+    assert best[best.few][["ci_low", "ci_high", "p_value", "p_adj"]].isna().all().all() and not best[best.few].significant.any()
     probe = json.loads((out / "probe.json").read_text())
     assert set(probe["uas"]) == {"attn", "attn+emb", "right_branching", "left_branching", "best_offset"}
     assert (out / "syntax_best.png").is_file() and (out / "syntax_heatmap_det.png").is_file()

@@ -238,7 +238,8 @@ def test_an_ablate_run_records_only_the_settings_that_applied(task_model, cat_ta
     study_heads(task_model, load_task(cat_task), ablate=True, bootstrap=200, out=tmp_path / "run", progress=False)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["importance_examples"] is None
-    assert set(manifest["settings"]) == {"intervention", "bootstrap", "correction", "max_examples", "batch_size", "max_length", "seed", "device"}
+    assert set(manifest["settings"]) == {"intervention", "bootstrap", "correction", "min_sample", "max_examples", "batch_size", "max_length", "seed",
+                                         "device"}
     assert manifest["settings"]["bootstrap"] == 200 and manifest["settings"]["max_length"] == 128 and manifest["settings"]["device"] == "cpu"
 
 
