@@ -11,8 +11,8 @@ import bertology
 from bertology.core import states
 from bertology.core.errors import BertologyError
 from bertology.core.runfolder import RunFolder, check_out, claims_out
-from bertology.families.profile.analyzer import GeneralProfile
 from conftest import TEXTS
+from test_backends import _interrupt_after
 
 OPTIONS = dict(batch_size=2, progress=False, view=False, analyses=["profile", "roles"], checkpoint_every=2)
 SENTENCES = [f"{text} number {k}." for k in range(3) for text in TEXTS]
@@ -20,19 +20,6 @@ SENTENCES = [f"{text} number {k}." for k in range(3) for text in TEXTS]
 
 def snapshot(folder):
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def _interrupt_after(monkeypatch, batches):
-    calls = {"n": 0}
-    update = GeneralProfile.update
-
-    def interrupted(self, batch):
-        calls["n"] += 1
-        if calls["n"] > batches:
-            raise KeyboardInterrupt
-        return update(self, batch)
-
-    monkeypatch.setattr(GeneralProfile, "update", interrupted)
 
 
 @pytest.fixture(scope="module")
