@@ -18,7 +18,7 @@ from bertology.workflows.dynamics import (
     parse_steps,
     track,
 )
-from bertology.core.errors import BertologyError
+from bertology.core.errors import BertologyError, StateError
 from bertology.workflows.pretraining import pretrain
 from conftest import TEXTS
 from test_pretraining import SMALL, write_books
@@ -69,6 +69,34 @@ def test_trainer_state_gives_the_step_and_wins_over_the_name(tmp_path):
     final.mkdir()
     (final / "trainer_state.json").write_text(json.dumps({"global_step": 3000}))
     assert ordered_checkpoints([str(final), str(folder)]) == [(512, str(folder)), (3000, str(final))]
+
+
+@pytest.mark.parametrize("marker, text, message", [
+    ("pretraining_step.json", '{"step": 1.5}', "'step' must be int, not 1.5"),
+    ("pretraining_step.json", '{"step": true}', "'step' must be int, not true"),
+    ("pretraining_step.json", '{"step": -3}', "step = -3 is out of range (it must be from 0 to 9223372036854775807)"),
+    ("pretraining_step.json", '{"step": 1e400}', "not valid JSON (1e400 is too large for a number)"),
+    ("pretraining_step.json", '{"step": 99999999999999999999999}', "step = 99999999999999999999999 is out of range"),
+    ("pretraining_step.json", '{"step": NaN}', "not valid JSON (NaN is not a JSON number)"),
+    ("trainer_state.json", '{"global_step": "12"}', "'global_step' must be int, not \"12\""),
+    ("trainer_state.json", '{"epoch": 1.0}', "missing key 'global_step'"),
+    ("trainer_state.json", "[" * 100_000, "JSON nested deeper than 64 levels"),
+    ("trainer_state.json", "[512]", "expected a JSON object, found list"),
+])
+def test_a_step_file_without_a_whole_number_step_is_refused_in_one_line(tmp_path, marker, text, message):
+    """A float, a bool, a negative or a string step was once truncated or believed; 1e400 and deep nesting gave a traceback."""
+    folder = tmp_path / "checkpoint-500"
+    folder.mkdir()
+    (folder / marker).write_text(text)
+    with pytest.raises(StateError) as error:
+        checkpoint_step(str(folder))
+    assert str(error.value).startswith(f"{folder / marker}: ") and message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("text", ["²", "1" * 5000, "99999999999999999999"])
+def test_steps_refuse_what_is_no_step(text):
+    with pytest.raises(BertologyError, match="is not a whole number of steps"):
+        parse_steps(text)
 
 
 def test_explicit_steps_go_with_the_checkpoints_in_order():
@@ -254,3 +282,76 @@ def test_one_checkpoint_of_unknown_step_with_trees(series_run, tmp_path):
     assert table.step.isna().all() and "syntax:all" in set(table.metric)
     assert (tmp_path / "one" / "peak_layers.png").is_file() and not (tmp_path / "one" / "emergence.png").exists()
     assert "step unknown" in (tmp_path / "one" / "report.html").read_text()
+
+
+@pytest.fixture(scope="module")
+def saved_parts(tiny_bert_dir, tmp_path_factory):
+    """A track run over one checkpoint with trees (so its part holds syntax too): its out folder and its examples."""
+    from conftest import gold_example
+
+    examples = [gold_example(k, text) for k, text in enumerate(TEXTS)]
+    out = tmp_path_factory.mktemp("track") / "out"
+    track([str(tiny_bert_dir)], examples, out=out, bootstrap=20, min_dependents=2, device="cpu", progress=False)
+    return out, examples
+
+
+def rewrite_npz(path, **changes):
+    """Write the part's ``.npz`` again with some arrays changed (None: left out)."""
+    arrays = dict(np.load(path, allow_pickle=False))
+    arrays.update(changes)
+    np.savez(path, **{name: array for name, array in arrays.items() if array is not None})
+
+
+def means_with(path, index, value):
+    means = np.load(path)["means"].copy()
+    means[index] = value
+    return means
+
+
+PART_DAMAGE = [  # (file: npz, rows, layers; damage; what the refusal says)
+    ("npz", lambda p: p.write_bytes(b"not a zip"), "not a NumPy .npz archive"),
+    ("npz", lambda p: p.write_bytes(p.read_bytes()[:200]), "not a NumPy .npz archive"),
+    ("npz", lambda p: rewrite_npz(p, means=means_with(p, (0, 1, 2), np.nan)), "'means' holds values that are not shares in [0, 1]"),
+    ("npz", lambda p: rewrite_npz(p, means=means_with(p, (3, 0, 0), np.inf)), "'means' holds values that are not shares in [0, 1]"),
+    ("npz", lambda p: rewrite_npz(p, means=means_with(p, (3, 0, 0), -0.5)), "'means' holds values that are not shares in [0, 1]"),
+    ("npz", lambda p: rewrite_npz(p, means=np.load(p)["means"][:5]), "'means' has shape (5, 2, 3), expected (21, any, 3)"),
+    ("npz", lambda p: rewrite_npz(p, means=np.load(p)["means"][0]), "'means' has shape (2, 3), expected (21, any, 3)"),
+    ("npz", lambda p: rewrite_npz(p, means=np.concatenate([np.load(p)["means"]] * 2, axis=1)), "'means' has 4 layers, not those of"),
+    ("npz", lambda p: rewrite_npz(p, means=np.load(p)["means"].astype(int)), "'means' is a int64 array of shape (21, 2, 3)"),
+    ("npz", lambda p: rewrite_npz(p, syntax=np.load(p)["syntax"] * 3), "'syntax' holds values that are not shares in [0, 1]"),
+    ("npz", lambda p: rewrite_npz(p, syntax=np.load(p)["syntax"][:3]), "'syntax' has shape (3,), expected (21)"),
+    ("npz", lambda p: rewrite_npz(p, syntax=None), "no array 'syntax' in it"),
+    ("npz", lambda p: rewrite_npz(p, meta=np.array("{not json")), "its 'meta' is damaged: not valid JSON"),
+    ("npz", lambda p: rewrite_npz(p, meta=np.array('{"step": "5", "checkpoint": "x"}')), "its 'meta' is damaged: 'step' must be int or NoneType"),
+    ("npz", lambda p: rewrite_npz(p, meta=np.array('{"step": null, "checkpoint": "elsewhere"}')), "it is the part of another checkpoint ('elsewhere')"),
+    ("npz", lambda p: rewrite_npz(p, key=np.array([1, 2])), "'key' is a int64 array of shape (2,)"),
+    ("rows", lambda p: p.write_bytes(b"PAR1 garbage PAR1"), "cannot read it as a table"),
+    ("rows", lambda p: p.unlink(), "cannot read it as a table"),
+    ("rows", lambda p: pd.read_parquet(p).drop(columns="head").to_parquet(p), "its columns are step, checkpoint, layer, metric, value"),
+    ("rows", lambda p: pd.read_parquet(p).assign(value="high").to_parquet(p), "its column 'value' holds"),
+    ("layers", lambda p: pd.read_parquet(p).assign(checkpoint="elsewhere").to_parquet(p, index=False), "it holds rows of another step or checkpoint"),
+    ("layers", lambda p: pd.read_parquet(p).assign(step=7).to_parquet(p, index=False), "it holds rows of another step or checkpoint"),
+    ("npz", lambda p: pd.read_parquet(p.with_suffix(".layers.parquet")).query("layer == 0").to_parquet(p.with_suffix(".layers.parquet")),
+     "'means' has 2 layers, not those of"),
+]
+
+
+@pytest.mark.parametrize("file, damage, message", PART_DAMAGE)
+def test_a_damaged_part_is_refused_in_one_line_naming_the_file_to_delete(saved_parts, tiny_bert_dir, tmp_path, file, damage, message):
+    """NaN or out-of-range means were once used as results; a part that is no zip, lacks an array or has the wrong shapes,
+    or a table that is damaged or missing, gave a traceback."""
+    import shutil
+
+    out, examples = saved_parts
+    shutil.copytree(out, tmp_path / "out")
+    parts = tmp_path / "out" / "parts"
+    [marker] = parts.glob("*.npz")
+    damaged = marker if file == "npz" else marker.with_suffix(f".{file}.parquet")
+    damage(damaged)
+    settings = dict(out=tmp_path / "out", bootstrap=20, min_dependents=2, device="cpu", progress=False)
+    with pytest.raises(StateError) as error:
+        track([str(tiny_bert_dir)], examples, **settings)
+    assert str(error.value).startswith(f"{damaged}: ") and message in str(error.value), str(error.value)
+    assert str(error.value).endswith(f"; delete {marker} to compute this checkpoint again") and "\n" not in str(error.value)
+    marker.unlink()  # as the message says: the checkpoint is computed again
+    assert track([str(tiny_bert_dir)], examples, **settings).results[0].syntax is not None

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import PreTrainedTokenizerBase
 
-from bertology.core.errors import BertologyError, CorpusError
+from bertology.core.errors import BertologyError, CorpusError, ModelError, StateError
 from bertology.workflows.finetuning import TaskData, finetune, load_task, random_states, restore_random_states, task_metrics
 from bertology.core.models import load_model
 from test_runfolder import snapshot
@@ -160,3 +160,106 @@ def test_a_failure_while_saving_keeps_the_earlier_model_and_the_checkpoint(tiny_
     metrics = finetune(task, out, learning_rate=1e-3, **settings)
     assert metrics["resumed_from_step"] == metrics["steps"] and metrics["settings"]["learning_rate"] == 1e-3
     assert not (out / "checkpoint").exists()
+
+
+def write_task(folder):
+    """The task of :func:`sst_like` in ``folder``."""
+    folder.mkdir(parents=True)
+    rows = [f"{s}\t{int('cat' in s)}" for s in SENTENCES]
+    (folder / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    (folder / "dev.tsv").write_text("sentence\tlabel\n" + "\n".join(rows[:6]) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def interrupted(tiny_bert_dir, tmp_path_factory):
+    """A fine-tuning run stopped at step 2 of 9 (its checkpoint holds a state), its task and its settings."""
+    task = load_task(write_task(tmp_path_factory.mktemp("task") / "SST-2"))
+    settings = dict(model=tiny_bert_dir, batch_size=4, epochs=3, max_length=16, progress=False, checkpoint_every=2)
+    out = tmp_path_factory.mktemp("finetune") / "model"
+    finetune(task, out, max_steps=2, **settings)
+    return out, task, settings
+
+
+def edit(path, where):
+    """Rewrite a state (a dict) after ``where`` changed it in place."""
+    state = torch.load(path, weights_only=True)
+    where(state)
+    torch.save(state, path)
+
+
+def first_weight(state):
+    return next(iter(state["model"]))
+
+
+STATE_DAMAGE = [  # (what changes, what the refusal says)
+    (lambda s: s["model"].update({first_weight(s): torch.zeros(3)}), "model['bert.embeddings.word_embeddings.weight'] must be a torch.float32 tensor of shape [68, 32]"),
+    (lambda s: s["model"][first_weight(s)].__setitem__((0, 0), math.nan), "model['bert.embeddings.word_embeddings.weight'] holds NaN or infinite values"),
+    (lambda s: s["model"].pop("classifier.bias"), "model lacks 'classifier.bias'"),
+    (lambda s: s["model"].update(extra=torch.zeros(1)), "model has an unexpected key 'extra'"),
+    (lambda s: s["model"].update({first_weight(s): s["model"][first_weight(s)].double()}), "must be a torch.float32 tensor"),
+    (lambda s: s["optimizer"]["state"][0].update(exp_avg=torch.zeros(2, 2)), "optimizer['state'][0]['exp_avg'] must be a torch.float32 tensor of shape [68, 32]"),
+    (lambda s: s["optimizer"]["state"][0]["exp_avg_sq"].__setitem__((0, 0), -1.0), "optimizer['state'][0] holds a negative step or second moment"),
+    (lambda s: s["optimizer"]["state"].update({999: s["optimizer"]["state"][0]}), "optimizer['state'] holds a state for '999', which is none of the model's"),
+    (lambda s: s["optimizer"]["param_groups"][0].update(lr="fast"), "optimizer['param_groups'][0]['lr'] must be a finite float, not a str"),
+    (lambda s: s["optimizer"]["param_groups"][0].update(eps=math.inf), "optimizer['param_groups'][0]['eps'] must be a finite float"),
+    (lambda s: s["optimizer"]["param_groups"].pop(), "optimizer['param_groups'] must be a list of 2 values"),
+    (lambda s: s["scheduler"].update(last_epoch=7), "the scheduler is at step 7, the state at step 2"),
+    (lambda s: s["scheduler"].update(lr_lambdas=None), "scheduler['lr_lambdas'] must be a list of 2 values"),
+    (lambda s: s["random"].update(torch=torch.zeros(10, dtype=torch.uint8)), "random['torch'] is not the state of a torch random generator"),
+    (lambda s: s["random"].update(torch=torch.zeros(5056, dtype=torch.uint8)), "random['torch'] is not the state of a torch random generator"),
+    (lambda s: s["random"]["numpy"].__setitem__(2, 10_000), "random['numpy'] position = 10000 is out of range (it must be from 0 to 624)"),
+    (lambda s: s["random"]["numpy"].__setitem__(1, [-1] * 624), "random['numpy'] keys must be 624 whole numbers"),
+    (lambda s: s["random"].update(python=(3, (1, 2), None)), "random['python'] is not a state of Python's random module"),
+    (lambda s: s["random"].update(python=s["random"]["python"][:2] + ("x",)), "random['python'] holds a cached Gaussian that is not a finite number"),
+    (lambda s: s["random"].pop("cuda"), "'random' must hold the python, numpy, torch and cuda random states"),
+    (lambda s: s.update(step=-1), "step = -1 is out of range"),
+    (lambda s: s.update(step=2.5), "step must be a whole number, not 2.5"),
+    (lambda s: s.update(step=True), "step must be a whole number, not True"),
+    (lambda s: s.update(step=50, losses=[0.5] * 50), "step 50 is past the run's 9 steps"),
+    (lambda s: s.update(losses=[math.nan, 0.5]), "losses holds NaN or infinite values"),
+    (lambda s: s.update(losses=[0.5]), "losses has shape (1,), expected (2,)"),
+    (lambda s: s.update(losses="low"), "'losses' must be a list, not a str"),
+    (lambda s: s.update(settings=[1, 2]), "'settings' must be a dict, not a list"),
+]
+
+
+@pytest.mark.parametrize("change, message", STATE_DAMAGE)
+def test_a_damaged_training_state_is_refused_in_one_line(interrupted, tmp_path, change, message):
+    """Weights, moments or RNG states of the wrong shape, a step that is negative or no whole number, a scheduler or
+    losses that do not fit it: once a traceback halfway through resuming, or a resumed run that silently went wrong."""
+    import shutil
+
+    out, task, settings = interrupted
+    shutil.copytree(out, tmp_path / "model")
+    state = tmp_path / "model" / "checkpoint" / "state.pt"
+    edit(state, change)
+    with pytest.raises(StateError) as error:
+        finetune(task, tmp_path / "model", **settings)
+    assert str(error.value).startswith(f"{state}: ") and message in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize("damage", [lambda data: data[: len(data) // 2], lambda data: b"PK\x03\x04" + data[4:100], lambda data: b""])
+def test_a_truncated_training_state_is_refused_in_one_line(interrupted, tmp_path, damage):
+    import shutil
+
+    out, task, settings = interrupted
+    shutil.copytree(out, tmp_path / "model")
+    state = tmp_path / "model" / "checkpoint" / "state.pt"
+    state.write_bytes(damage(state.read_bytes()))
+    with pytest.raises(StateError, match=r"state\.pt: cannot read it as a training state \(.*\); delete it to start over$"):
+        finetune(task, tmp_path / "model", **settings)
+
+
+def test_a_model_that_needs_custom_code_is_refused_in_one_line(tiny_bert_dir, sst_like, tmp_path):
+    """A config with ``auto_map`` and a model type transformers does not know once raised transformers' ValueError."""
+    import json
+    import shutil
+
+    custom = tmp_path / "custom"
+    shutil.copytree(tiny_bert_dir, custom)
+    config = json.loads((custom / "config.json").read_text())
+    config.update(model_type="my-bert", auto_map={"AutoConfig": "configuration_my.MyConfig", "AutoModelForSequenceClassification": "modeling_my.MyModel"})
+    (custom / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match=r"custom: this model needs custom code: pass --trust-remote-code if you trust its source$"):
+        finetune(load_task(sst_like), tmp_path / "out", model=custom, progress=False)

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from bertology.workflows.dynamics import checkpoint_step
-from bertology.core.errors import BertologyError, CorpusError
+from bertology.core.errors import BertologyError, CorpusError, StateError
 from bertology.core.models import load_model
 from bertology.workflows.pretraining import checkpoint_steps, documents_for_pairs, make_instances, pretrain, split_documents, unigram_cross_entropy
 from bertology.reports import dynamics as reports
@@ -198,3 +198,53 @@ def test_a_new_run_replaces_the_earlier_checkpoints_and_a_failed_save_loses_noth
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step-{step:06d}" for step in steps]  # none of the earlier run's (14, 20)
     assert pd.read_csv(out / "checkpoints.csv").step.tolist() == steps
     assert not (out / "training").exists()
+
+
+@pytest.fixture(scope="module")
+def interrupted_pretraining(tmp_path_factory):
+    """A pre-training run stopped at step 5 of 12 (its state saved), and its books."""
+    folder = tmp_path_factory.mktemp("interrupted")
+    books = write_books(folder / "books")
+    pretrain(books, folder / "run", steps=12, save_every=5, max_steps=5, **SMALL)
+    return folder / "run", books
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s.update(mask_rng=torch.zeros(7, dtype=torch.uint8)), "mask_rng is not the state of a torch random generator"),
+    (lambda s: s.update(epoch=-1), "epoch = -1 is out of range"),
+    (lambda s: s.update(position=0.5), "position must be a whole number, not 0.5"),
+    (lambda s: s.update(step=99), "step = 99 is out of range (it must be from 0 to 12)"),
+    (lambda s: s.update(losses=s["losses"][:3]), "'losses' has 3 rows for 5 steps"),
+    (lambda s: s["losses"].__setitem__(2, (3, float("nan"), 0.7, 0.001)), "losses holds NaN or infinite values"),
+    (lambda s: s["losses"].__setitem__(2, (3, 0.7)), "losses is not an array of real numbers"),
+    (lambda s: s.update(evaluations=[(0, "../../elsewhere", 4.0, 0.5)]), "'evaluations' must hold (step, checkpoint name, validation loss, accuracy) rows"),
+    (lambda s: s.update(evaluations=[(0, "step-000000", float("inf"), 0.5)]), "an evaluation's loss and accuracy holds NaN or infinite values"),
+    (lambda s: s["model"].update({"bert.pooler.dense.bias": torch.zeros(5)}), "model['bert.pooler.dense.bias'] must be a torch.float32 tensor of shape [32]"),
+])
+def test_a_damaged_pretraining_state_is_refused_in_one_line(interrupted_pretraining, tmp_path, change, message):
+    """A masking generator's state of the wrong size once stopped the resume with a traceback; a forged step, losses or
+    evaluations were believed."""
+    import shutil
+
+    run, books = interrupted_pretraining
+    shutil.copytree(run, tmp_path / "run")
+    [state] = (tmp_path / "run").rglob("state.pt")
+    saved = torch.load(state, weights_only=True)
+    change(saved)
+    torch.save(saved, state)
+    with pytest.raises(StateError) as error:
+        pretrain(books, tmp_path / "run", steps=12, save_every=5, **SMALL)
+    assert str(error.value).startswith(f"{state}: ") and message in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"model": {"type": "Nope"}, "added_tokens": []}', "[" * 100_000])
+def test_a_damaged_tokenizer_beside_the_training_state_is_refused_in_one_line(interrupted_pretraining, tmp_path, text):
+    """transformers' and tokenizers' errors (a JSONDecodeError, a bare Exception, a RecursionError) were a traceback."""
+    import shutil
+
+    run, books = interrupted_pretraining
+    shutil.copytree(run, tmp_path / "run")
+    [state] = (tmp_path / "run").rglob("state.pt")
+    (state.parent / "tokenizer.json").write_text(text)
+    with pytest.raises(StateError, match=rf"^{state.parent}: cannot read the tokenizer saved with the training state \(.*\); delete {state.parent} to start over$"):
+        pretrain(books, tmp_path / "run", steps=12, save_every=5, **SMALL)

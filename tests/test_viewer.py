@@ -8,7 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from bertology.viewer import AttentionView, attention_view, head_labels
+from scipy.spatial.distance import jensenshannon
+
+from bertology.viewer import AttentionView, attention_view, distinctive_head, head_labels, short_label
 
 INJECTION = '<script>alert(1)</script> "><img src=x onerror=alert(1)>'
 
@@ -79,6 +81,34 @@ def test_head_labels_come_from_roles_and_patterns(tmp_path):
     assert head_labels(tmp_path) == {"0-1": ["local", "diagonal"], "1-0": ["cls"]}
 
 
+def test_the_page_opens_on_the_head_furthest_from_its_layers_mean_map():
+    """The start head: the mean over query rows of the Jensen-Shannon divergence (scipy's distance, squared) between the
+    head's row and the layer's mean row, largest; here a planted diagonal head among near-uniform ones."""
+    rng = np.random.default_rng(0)
+    maps = rng.dirichlet(np.full(7, 20.0), size=(12, 7))
+    maps[5] = 0.9 * np.eye(7) + 0.1 / 7
+    mean = maps.mean(axis=0)
+    by_scipy = [np.mean([jensenshannon(maps[h, i], mean[i]) ** 2 for i in range(7)]) for h in range(12)]
+    assert distinctive_head(maps) == int(np.argmax(by_scipy)) == 5
+    for seed in range(5):  # and on maps with zeros, where no head is planted
+        maps = rng.dirichlet(np.full(6, 0.2), size=(4, 6)) * (rng.random((4, 6, 6)) > 0.3)
+        maps /= np.maximum(maps.sum(-1, keepdims=True), 1e-12)
+        mean = maps.mean(axis=0)
+        by_scipy = [np.mean([jensenshannon(maps[h, i], mean[i]) ** 2 if maps[h, i].any() else 0 for i in range(6)]) for h in range(4)]
+        assert distinctive_head(maps) == int(np.argmax(by_scipy))
+    view = hand_made_view()
+    assert view.payload()["start_head"] == distinctive_head(view.attention[0])
+
+
+def test_labels_have_short_readable_forms_and_a_legend():
+    view = hand_made_view()
+    view.labels = {"0-1": ["delimiter", "syntactic:nsubj", "vertical+diagonal"], "1-0": ["cls", "mine"]}
+    data = view.payload()
+    assert data["short_labels"] == {"delimiter": "delim", "syntactic:nsubj": "syn:nsubj", "vertical+diagonal": "vert+diag", "cls": "cls", "mine": "mine"}
+    assert data["label_legend"] == {"delim": "delimiter", "syn": "syntactic", "vert+diag": "vertical+diagonal"}
+    assert short_label("syntactic") == "syn"
+
+
 def test_notebook_display_is_the_page_in_an_iframe():
     frame = hand_made_view()._repr_html_()
     assert frame.startswith("<iframe srcdoc=") and "&lt;canvas" in frame and "<canvas" not in frame
@@ -114,10 +144,26 @@ def test_page_loads_without_console_errors_and_draws(browser, pair_page):
     page.close()
 
 
+def test_the_page_opens_on_one_head_the_most_distinctive_of_layer_0(browser, pair_page):
+    page, problems, _ = open_page(browser, pair_page)
+    data = json.loads(page.inner_text("#bertology-data"))
+    start = data["start_head"]
+    weights = np.frombuffer(base64.b64decode(data["views"]["attention"]["weights"]), dtype=np.uint8).reshape(2, 4, data["n"], data["n"])
+    assert start == distinctive_head(weights[0] / weights[0].sum(-1, keepdims=True))  # the same head from what the page holds
+    assert page.inner_text("#head-title") == f"Head view: layer 0, head {start}"
+    assert page.evaluate("Array.from(window.bertologyViewer.state.heads)") == [start]
+    assert page.eval_on_selector_all("#head-boxes input", "inputs => inputs.filter(i => i.checked).map(i => Number(i.dataset.head))") == [start]
+    assert f"Opened on head {start} of layer 0" in page.inner_text("#start-hint")
+    page.click(f"#head-boxes input[data-head='{(start + 1) % 4}']")  # another head is a click away
+    assert page.inner_text("#head-title") == "Head view: layer 0 (2 heads)" and problems == []
+    page.close()
+
+
 def test_switching_to_norm_shares_and_rollout_redraws(browser, pair_page):
     page, problems, _ = open_page(browser, pair_page)
     assert page.eval_on_selector_all("#view option", "options => options.map(o => o.value)") == ["attention", "norm", "rollout"]
     thumb = page.locator(".thumb[data-layer='1'][data-head='0'] canvas")
+    page.evaluate("document.querySelectorAll('#head-boxes input').forEach(i => { if (!i.checked) i.click(); })")  # every head of the layer
     weights_lines, weights_pixels = page.evaluate("window.bertologyViewer.linesDrawn"), thumb.screenshot()
     page.select_option("#view", "norm")
     assert page.evaluate("window.bertologyViewer.state.view") == "norm" and thumb.screenshot() != weights_pixels
@@ -205,10 +251,10 @@ def test_a_512_token_page_renders(browser, minilm, tmp_path):
     page.close()
 
 
-def test_long_labels_are_cut_with_the_whole_text_on_hover_and_the_axes_are_named(browser, tmp_path):
+def test_long_labels_are_never_cut_with_the_whole_text_on_hover_and_the_axes_are_named(browser, tmp_path):
     view = hand_made_view(n=6)
     view.tokens[2] = "averyveryveryverylongtokenthatwouldoverflowitscolumn"
-    view.labels = {"0-1": ["delimiter", "syntactic:nsubj", "syntactic:obj", "vertical+diagonal"]}
+    view.labels = {"0-1": ["delimiter", "syntactic:nsubj", "syntactic:obj", "vertical+diagonal"], "1-0": ["syntactic:compound:prt"]}
     page, problems, _ = open_page(browser, view.save(tmp_path / "long-labels.html"))
     assert page.inner_text("#query-axis").startswith("query") and page.inner_text("#key-axis").endswith("key: the token attended to")
     canvas = page.locator("#head-canvas")
@@ -217,8 +263,15 @@ def test_long_labels_are_cut_with_the_whole_text_on_hover_and_the_axes_are_named
     assert page.evaluate("document.getElementById('head-canvas').title") == view.tokens[2]
     cell = page.locator(".thumb[data-layer='0'][data-head='1'] .labels")
     assert cell.get_attribute("title") == "delimiter, syntactic:nsubj, syntactic:obj, vertical+diagonal"
-    assert cell.evaluate("e => getComputedStyle(e).textOverflow") == "ellipsis"
-    assert cell.evaluate("e => e.scrollWidth > e.clientWidth") and cell.bounding_box()["width"] <= 80.5  # cut, inside its cell
+    chips = cell.locator("span")
+    assert chips.all_inner_texts() == ["delim", "syn:nsubj", "syn:obj", "vert+diag"]
+    assert [chips.nth(k).get_attribute("title") for k in range(4)] == view.labels["0-1"]
+    for labels in page.locator(".thumb .labels span").all():  # each short form whole, inside its cell (wrapped, never cut)
+        assert labels.evaluate("e => e.scrollWidth <= e.clientWidth + 0.5 && getComputedStyle(e.parentElement).textOverflow !== 'ellipsis'")
+        assert labels.bounding_box()["width"] <= 80.5
+    assert cell.bounding_box()["width"] <= 80.5
+    assert page.inner_text("#label-legend") == ("Labels (hover a cell for them in full): delim = delimiter, syn = syntactic, "
+                                                 "vert+diag = vertical+diagonal.")
     assert problems == []
     page.close()
 

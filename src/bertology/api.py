@@ -270,10 +270,10 @@ def analyze(
     ``options`` lists them with their defaults and help); a setting of a family that does not run is
     refused. ``correction`` is the multiple-testing method (statsmodels' ``multipletests``) of every
     family that tests, and ``min_sample`` the fewest observations (sequences, sentences) a test needs before its p-value
-    and verdict are reported (METHODS.md section 5; syntax relations use ``min_dependents``); ``punct`` the punctuation set: ``upos`` (every punctuation-only piece) or
-    ``clark`` (the pieces "." and "," only, as in Clark et al.'s code; METHODS.md section 1).
+    and verdict are reported (docs/methods.md#statistics-conventions; syntax relations use ``min_dependents``); ``punct`` the punctuation set: ``upos`` (every punctuation-only piece) or
+    ``clark`` (the pieces "." and "," only, as in Clark et al.'s code; docs/methods.md#head-profile).
     ``weighting``: the view of attention every family reads, ``"attention"`` (the weights), ``"norm"``
-    (Kobayashi et al. 2020's norm shares, METHODS.md section 7) or both (``"attention,norm"``), in one pass.
+    (Kobayashi et al. 2020's norm shares, docs/methods.md#norms-and-mixing) or both (``"attention,norm"``), in one pass.
     ``backend``: ``"local"`` (this process) or ``"ray"`` (shards of the corpus across a Ray cluster: ``workers``
     actors on a local cluster started here, or the cluster at ``address``, ``"auto"`` or ``"ray://host:port"``;
     the tables equal the local ones to float rounding). With ``out``, the pass saves its analyzers' states in

@@ -1,10 +1,12 @@
 """An interactive attention viewer: one self-contained HTML page, no network needed to open it.
 
 The page has a *head view* (one layer; lines from each token to the tokens it attends, one colour per
-head; hover a token to isolate it; a sentence A/B filter for pairs) and a *model view* (a layer x head
-grid of thumbnails; click one to open it in the head view; filter by the roles and patterns of a run
-folder), each under three views of attention: the weights, Kobayashi et al.'s (2020) norm shares (where the
-model's layout is known) and Abnar & Zuidema's (2020) rollout. Everything is drawn on canvas, so a 512-token input stays fast. Weights are quantised to one
+head; hover a token to isolate it; a sentence A/B filter for pairs; it opens on one head of the first layer, the
+most distinctive one, :func:`distinctive_head`, with the other heads a click away) and a *model view* (a layer x head
+grid of thumbnails; click one to open it in the head view; filter by the roles and patterns of a run folder, each
+head's labels in a short form that a legend spells out, :data:`LABEL_SHORT`, and in full on hover), each under
+three views of attention: the weights, Kobayashi et al.'s (2020) norm shares (where the model's layout is known) and
+Abnar & Zuidema's (2020) rollout. Everything is drawn on canvas, so a 512-token input stays fast. Weights are quantised to one
 byte (``round(255 a)``); above 128 tokens only each row's ``top_k`` largest weights are kept (pieces are
 indexed with two bytes), which keeps a 512-token page at a few MB.
 
@@ -25,6 +27,7 @@ import numpy as np
 import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
+from scipy.special import rel_entr
 
 from bertology.core.corpora import Example
 from bertology.core.engine import Engine, RunStats
@@ -39,6 +42,27 @@ VIEW_TITLES = {"attention": "attention weights", "norm": "norm shares ||a f(x)||
 #: Inputs longer than this keep only each row's top-k weights unless ``top_k=0`` is asked for.
 DENSE_UP_TO = 128
 DEFAULT_TOP_K = 20
+#: The short form of a head's label in the model view (a legend under the grid spells each out); a ``role:relation``
+#: label shortens its role (``syntactic:nsubj`` -> ``syn:nsubj``), and a label not named here is shown whole.
+LABEL_SHORT = {"local": "loc", "delimiter": "delim", "syntactic": "syn", "block": "block", "vertical": "vert", "diagonal": "diag",
+               "vertical+diagonal": "vert+diag", "heterogeneous": "hetero"}
+
+
+def short_label(label: str) -> str:
+    """A head label's short form in the model view (:data:`LABEL_SHORT`)."""
+    role, colon, rest = label.partition(":")
+    return LABEL_SHORT.get(role, role) + colon + rest
+
+
+def distinctive_head(maps: np.ndarray) -> int:
+    """The most distinctive head of one layer on one input, ``maps [heads, n, n]``: the head whose rows are furthest from
+    the layer's mean map ``M = mean_h maps[h]``, by the mean over query rows ``i`` of the Jensen-Shannon divergence (nats)
+    between ``maps[h, i]`` and ``M[i]`` (the first such head on a tie). The viewer opens on this head of layer 0, alone,
+    rather than on every head of the layer overlaid."""
+    mean = maps.mean(axis=0, keepdims=True)
+    middle = (maps + mean) / 2
+    divergence = (rel_entr(maps, middle).sum(-1) + rel_entr(mean, middle).sum(-1)) / 2  # [heads, n]
+    return int(np.argmax(divergence.mean(-1)))
 
 
 @dataclass
@@ -73,7 +97,11 @@ class AttentionView:
         layers, heads, n, _ = self.attention.shape
         top_k = self.top_k if self.top_k is not None else (0 if n <= DENSE_UP_TO else DEFAULT_TOP_K)
         data = {"model": self.model, "text": self.text, "text_pair": self.text_pair, "tokens": self.tokens, "segments": self.segments,
-                "layers": layers, "heads": heads, "n": n, "labels": self.labels}
+                "layers": layers, "heads": heads, "n": n, "labels": self.labels, "start_head": distinctive_head(self.attention[0])}
+        used = [label for labels in self.labels.values() for label in labels]
+        data["short_labels"] = {label: short_label(label) for label in used}
+        roles = {label.partition(":")[0] for label in used}
+        data["label_legend"] = {short: label for label, short in LABEL_SHORT.items() if label in roles and short != label}
         data["views"] = {name: {"title": VIEW_TITLES[name], **self._encoded(maps, top_k)}
                          for name, maps in {"attention": self.attention, **self.views}.items()}
         return data

@@ -145,3 +145,95 @@ def test_the_mixed_rule_needs_the_total_as_well_as_each_part():
     assert classify(a) == "heterogeneous"  # not vertical+diagonal
     assert classify(a, thresholds=PatternThresholds(mixed_total=0.55)) == "vertical+diagonal"
     assert classify(a, thresholds=PatternThresholds(mixed_min=0.28, mixed_total=0.55)) == "heterogeneous"
+
+
+def test_examples_are_distinct_heads_each_with_its_smallest_hash_and_its_tokens(tiny_bert):
+    """Issue 26: a class's examples are maps of distinct heads (not one head four times), the same as the brute force
+    (keep every head's smallest-hash map, then the heads with the smallest), with the tokens of the map's rows and columns,
+    kept as plain data that a state stores."""
+    from bertology.core.corpora import Example
+    from bertology.core.engine import Engine
+    from bertology.core.states import decode, encode
+    from bertology.families.patterns.analyzer import HeadPatterns
+    from conftest import TEXTS
+
+    examples = [Example(text, source=f"c:{line}") for line, text in enumerate(TEXTS * 3, 1)]
+
+    def run(per_class, batch_size):
+        analyzer = HeadPatterns(examples_per_class=per_class, seed=4, min_example_length=3)
+        Engine(tiny_bert, batch_size=batch_size, progress=False).run(examples, [analyzer])
+        return analyzer
+
+    few, every = run(3, 1), run(10_000, 4)
+    for pattern, items in few.examples().items():
+        heads = [(item.layer, item.head) for item in items]
+        assert len(set(heads)) == len(heads)
+        assert [(item.key, *head) for item, head in zip(items, heads)] == [(item.key, item.layer, item.head) for item in every.examples()[pattern][:3]]
+    kept = [item for items in few.examples().values() for item in items]
+    assert len(kept) > 3
+    for item in kept:
+        pieces = tiny_bert.tokenizer(item.text)["input_ids"]
+        expected = [piece.removeprefix("##") for piece in tiny_bert.tokenizer.convert_ids_to_tokens(pieces)]
+        assert len(item.tokens) == len(expected) and item.attention.shape == (len(expected), len(expected))
+        assert all(token == piece or (piece == "[UNK]" and token in item.text.split()) for token, piece in zip(item.tokens, expected))  # [UNK]: its text
+    arrays = {}
+    restored = decode(encode(few, arrays), arrays)
+    assert [item.tokens for item in restored.examples()["heterogeneous"]] == [item.tokens for item in few.examples()["heterogeneous"]]
+
+
+def test_thumbnails_draw_each_kept_map_with_its_tokens_on_both_axes():
+    from bertology.families.patterns.analyzer import _Example
+    from bertology.families.patterns.report import pattern_thumbnails
+
+    rng = np.random.default_rng(0)
+
+    def example(layer, head, n):
+        return _Example(-rng.random(), layer, head, "s:1", "text", rng.dirichlet(np.ones(n), size=n).astype(np.float16),
+                        ["[CLS]", *(f"w{k}" for k in range(n - 2)), "[SEP]"])
+
+    examples = {"vertical": [example(0, 1, 5), example(1, 0, 9)], "diagonal": [example(0, 2, 6)], "block": [], "heterogeneous": [example(1, 1, 4)]}
+    figure = pattern_thumbnails(examples)
+    drawn = [axis for axis in figure.axes if axis.images]
+    items = [item for items in examples.values() for item in items]
+    assert len(drawn) == len(items)
+    for axis, item in zip(drawn, items):
+        np.testing.assert_array_equal(axis.images[0].get_array(), item.attention.astype(float))
+        assert [label.get_text() for label in axis.get_xticklabels()] == item.tokens
+        assert [label.get_text() for label in axis.get_yticklabels()] == item.tokens
+        assert axis.get_title().endswith(f"layer {item.layer}, head {item.head}")
+    assert "no map of class block" in figure._suptitle.get_text()
+
+
+def test_the_summary_gives_each_class_share_of_all_maps_and_the_majority_counts():
+    """Two layers of two heads; the printed shares are the table's ``layer = -1`` rows and the majority counts count heads."""
+    import pandas as pd
+
+    from bertology.families import FamilyResult, get_family
+    from bertology.reports.views import combine_views
+
+    overall = {"vertical": 0.5, "diagonal": 0.125, "vertical+diagonal": 0.0, "block": 0.0, "heterogeneous": 0.375}
+    by_layer = pd.DataFrame([(layer, pattern, share) for layer in (0, 1, -1) for pattern, share in overall.items()], columns=["layer", "pattern", "share"])
+    majority = {(0, 0): "vertical", (0, 1): "vertical", (1, 0): "heterogeneous", (1, 1): "diagonal"}
+    patterns = pd.DataFrame([(layer, head, pattern, 0.2, 8, kind) for (layer, head), kind in majority.items() for pattern in PATTERNS],
+                            columns=["layer", "head", "pattern", "share", "n", "majority"])
+    result = FamilyResult(tables={"patterns": patterns, "patterns_by_layer": by_layer})
+    expected = ("pattern classes, share of all maps: vertical 50%, diagonal 12%, vertical+diagonal 0%, block 0%, heterogeneous 38%; "
+                "heads by majority class (of 4): vertical 2, diagonal 1, heterogeneous 1")
+    assert get_family("patterns").summary(result) == [expected]
+    both = combine_views({"attention": result, "norm": result})
+    assert get_family("patterns").summary(both) == ["[attention weights] " + expected, "[norm shares] " + expected]
+
+
+def test_the_summary_of_a_run_matches_its_tables(tiny_bert):
+    from bertology.api import analyze
+    from bertology.families import get_family
+    from conftest import tiny_examples
+
+    result = analyze(tiny_bert, tiny_examples(), analyses=["patterns"], progress=False, view=False)
+    [line] = get_family("patterns").summary(result.results["patterns"])
+    overall = result.patterns_by_layer[result.patterns_by_layer.layer == -1].set_index("pattern").share
+    assert line.startswith("pattern classes, share of all maps: " + ", ".join(f"{p} {overall[p]:.0%}" for p in PATTERNS))
+    heads = result.patterns.drop_duplicates(["layer", "head"])
+    assert f"heads by majority class (of {len(heads)}): " in line
+    for pattern, count in heads.majority.value_counts().items():
+        assert f"{pattern} {count}" in line

@@ -282,3 +282,44 @@ def test_clark_thresholds_say_what_the_corpus_allows(tiny_bert, tmp_path):
     assert "No head can be labelled 'broad' on this corpus" in html.unescape((tmp_path / "run" / "report.html").read_text())
     assert any(line.startswith("no head can be 'broad'") for line in get_family("profile").summary(result.results["profile"]))
     assert (tmp_path / "run" / "clark_thresholds.csv").is_file()
+
+
+def test_heatmaps_share_one_scale_for_the_shares_and_keep_their_own_for_entropy_and_distance():
+    """Issue 26: [SEP] (max 0.18) must not look as hot as [CLS] (0.8): the six shares of attention are drawn on one
+    0-1 scale with one colour bar; entropy and distance keep their own bars, labelled with their units."""
+    from bertology.families.profile.report import METRIC_UNITS, SHARE_METRICS, metric_heatmaps
+    from bertology.reports.figures import METRIC_TITLES
+
+    rng = np.random.default_rng(0)
+    rows = [(layer, head, metric, rng.uniform(0, 0.8 if metric == "cls" else 0.18 if metric in SHARE_METRICS else 4.0))
+            for layer in range(3) for head in range(4) for metric in PROFILE_METRICS]
+    heads = pd.DataFrame(rows, columns=["layer", "head", "metric", "value"])
+    figure = metric_heatmaps(heads, PROFILE_METRICS)
+    drawn = {axis.get_title(): axis for axis in figure.axes if axis.images}
+    for metric in PROFILE_METRICS:
+        image = drawn[METRIC_TITLES[metric]].images[0]
+        grid = heads[heads.metric == metric].pivot(index="layer", columns="head", values="value").to_numpy()
+        np.testing.assert_array_equal(image.get_array(), grid)
+        expected = (0.0, 1.0) if metric in SHARE_METRICS else (grid.min(), grid.max())
+        assert image.get_clim() == pytest.approx(expected), metric
+    bars = [axis.get_ylabel() for axis in figure.axes if axis.get_label() == "<colorbar>"]
+    assert sorted(bars) == sorted(["share of attention (one scale for these maps)", *(METRIC_UNITS[m] for m in PROFILE_METRICS if m not in SHARE_METRICS)])
+
+
+def test_the_head_map_labels_only_where_labels_do_not_collide_with_a_legend_entry_per_layer():
+    from bertology.families.profile.report import head_map_figure
+
+    rng = np.random.default_rng(1)
+    embedding = pd.DataFrame([(layer, head, *rng.normal(scale=0.05 if head else 1.0, size=2)) for layer in range(4) for head in range(8)],
+                             columns=["layer", "head", "x", "y"])  # a dense cluster, and one outlier per layer
+    figure = head_map_figure(embedding)
+    axis = figure.axes[0]
+    renderer = figure.canvas.get_renderer()
+    boxes = [text.get_window_extent(renderer) for text in axis.texts]
+    assert 4 <= len(boxes) < len(embedding)  # the crowd is thinned out
+    assert not any(a.overlaps(b) for k, a in enumerate(boxes) for b in boxes[k + 1:])
+    assert {f"{layer}-0" for layer in range(4)} <= {text.get_text() for text in axis.texts}  # the outliers are named
+    assert min(text.get_fontsize() for text in axis.texts) >= 8
+    assert [text.get_text() for text in axis.get_legend().get_texts()] == [f"layer {layer}" for layer in range(4)]
+    colours = [tuple(collection.get_facecolor()[0]) for collection in axis.collections]
+    assert len(set(colours)) == 4

@@ -323,3 +323,92 @@ def test_block_score_on_real_rte_pairs_matches_a_plain_loop(minilm, shared_data)
     block = result.roles[result.roles.role == "block"].sort_values(["layer", "head"])["mean"].to_numpy().reshape(6, 12)
     np.testing.assert_allclose(block, np.mean(scores, axis=0), rtol=1e-6)
     assert block.max() > 3
+
+
+def test_the_roles_grid_draws_each_roles_mean_score_per_head_with_its_holders_marked():
+    """Issue 26: one panel per role with a score, the layer x head mean sieve score (white at tau), a dot on each head that
+    holds the role, and the strongest head named; a role with no score (block on single sentences) gets no panel."""
+    from bertology.families.roles.analyzer import SUMMARY_ROLES
+    from bertology.families.roles.report import role_grid, role_strength
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for role in ("local", "cls", "block"):
+        for layer in range(3):
+            for head in range(4):
+                mean = np.nan if role == "block" else rng.uniform(0, 12 if role == "cls" else 4)
+                rows.append((layer, head, role, mean, bool(mean > 3.5) if role != "block" else False))
+    roles = pd.DataFrame(rows, columns=["layer", "head", "role", "mean", "has_role"])
+    grids = role_strength(roles, SUMMARY_ROLES)
+    assert list(grids) == ["local", "cls"]
+    figure = role_grid(roles, SUMMARY_ROLES, tau=3.0)
+    panels = [axis for axis in figure.axes if axis.images]
+    assert len(panels) == 2
+    for axis, role in zip(panels, ("local", "cls")):
+        rows = roles[roles.role == role]
+        score = rows.pivot(index="layer", columns="head", values="mean").to_numpy()
+        image = axis.images[0]
+        np.testing.assert_array_equal(image.get_array(), score)
+        assert image.norm.vcenter == 3.0 and image.norm.vmax >= score.max()
+        held = {(int(head), int(layer)) for head, layer in axis.collections[0].get_offsets()}
+        assert held == {(head, layer) for layer, head in zip(rows.layer[rows.has_role], rows["head"][rows.has_role])}
+        best = rows.loc[rows["mean"].idxmax()]
+        assert axis.get_title().startswith(f"{role}: {int(rows.has_role.sum())} of 12 heads hold it; strongest {best.layer}-{best['head']}")
+
+
+def roles_table():
+    """A small ``roles`` table: local has three tested heads (two hold the role) and one untested head with the largest
+    mean (seen in 5 sequences: no p-value, it must not be named); cls has no tested head; block has nothing to score."""
+    nan = float("nan")
+    return pd.DataFrame({
+        "layer": [0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0],
+        "head": [0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0],
+        "role": ["local"] * 4 + ["cls"] * 4 + ["block"] * 4 + ["syntactic:nsubj"],
+        "mean": [4.5, 3.2, 6.25, 9.0, 2.0, 2.5, 1.0, 1.5, nan, nan, nan, nan, 8.0],
+        "ci_low": [4.0, 2.9, 5.5, 1.0, 1.0, 1.0, 1.0, 1.0, nan, nan, nan, nan, 7.0],
+        "ci_high": [5.0, 3.5, 7.0, 17.0, 3.0, 4.0, 1.0, 2.0, nan, nan, nan, nan, 9.0],
+        "t": [6.0, 1.1, 8.0, nan, nan, nan, nan, nan, nan, nan, nan, nan, 5.0],
+        "p": [0.001, 0.15, 0.0004, nan, nan, nan, nan, nan, nan, nan, nan, nan, 0.001],
+        "p_adj": [0.0015, 0.15, 0.0012, nan, nan, nan, nan, nan, nan, nan, nan, nan, 0.001],
+        "has_role": [True, False, True, False, False, False, False, False, False, False, False, False, True],
+        "n": [12, 12, 12, 5, 6, 6, 4, 6, 0, 0, 0, 0, 12],
+    })
+
+
+def test_the_summary_counts_tested_heads_only_and_names_the_strongest_tested_head():
+    from bertology.families import FamilyResult, get_family
+
+    lines = get_family("roles").summary(FamilyResult(tables={"roles": roles_table()}, extras={"role_tau": 3.0}))
+    assert lines == [
+        "role local at tau 3: 2 of 3 tested heads (67%), 1 not tested; strongest 1-0 (mean score 6.25, 95% CI 5.50-7.00, p_adj 0.0012, holds it)",
+        "role cls at tau 3: not tested (every head seen in at most 6 sequences, fewer than --min-sample)",
+    ]  # block (nothing scored) and the per-relation syntactic role are left out; 1-1's mean of 9.0 is untested
+
+
+def test_the_summary_of_two_views_says_which_view_each_line_is_of():
+    from bertology.families import FamilyResult, get_family
+    from bertology.reports.views import combine_views
+
+    second = roles_table().assign(has_role=False)
+    combined = combine_views({"attention": FamilyResult(tables={"roles": roles_table()}, extras={"role_tau": 2.0}),
+                              "norm": FamilyResult(tables={"roles": second}, extras={"role_tau": 2.0})})
+    lines = get_family("roles").summary(combined)
+    assert [line.split(":")[0] for line in lines] == ["[attention weights] role local at tau 2", "[attention weights] role cls at tau 2",
+                                                      "[norm shares] role local at tau 2", "[norm shares] role cls at tau 2"]
+    assert "0 of 3 tested heads (0%)" in lines[2] and lines[2].endswith("does not pass the test)")
+
+
+def test_the_summary_of_a_run_matches_its_table(tiny_bert):
+    """A real run at the run's own tau: the printed count and the strongest head are the table's."""
+    from bertology.api import analyze
+    from bertology.families import get_family
+    from conftest import tiny_examples
+
+    result = analyze(tiny_bert, tiny_examples(), analyses=["roles"], tau=1.0, progress=False, view=False)
+    lines = {line.split(":")[0]: line for line in get_family("roles").summary(result.results["roles"])}
+    table = result.roles
+    local = table[(table.role == "local") & table.p.notna()]
+    top = local.loc[local["mean"].idxmax()]
+    assert lines["role local at tau 1"].startswith(f"role local at tau 1: {int(local.has_role.sum())} of {len(local)} tested heads")
+    assert f"strongest {int(top.layer)}-{int(top['head'])} (mean score {top['mean']:.2f}," in lines["role local at tau 1"]
+    assert lines["role block at tau 1"] == "role block at tau 1: not tested (every head seen in at most 2 sequences, fewer than --min-sample)"

@@ -67,3 +67,53 @@ def test_the_analyzer_averages_per_sequence_values_computed_by_hand(tiny_bert):
     for key, values in expected.items():
         assert table.loc[key, "value"] == np.float64(np.mean(values)) or np.isclose(table.loc[key, "value"], np.mean(values), atol=1e-6), key
         assert table.loc[key, "n"] == len(examples)
+
+
+def test_every_line_of_the_figure_shows_even_where_two_coincide(tiny_bert):
+    """Issue 26: at the [CLS] position, 'its own input token' is [CLS], so its line lies on the [CLS] line. Each line has its
+    own marker and line style, each marker smaller than the one before (drawn over it), and the legend says why two coincide."""
+    from bertology.families.rollout.report import rollout_by_layer
+
+    analyzer = AttentionRollout()
+    Engine(tiny_bert, progress=False).run(tiny_examples(), [analyzer])
+    table = analyzer.result()
+    figure = rollout_by_layer(table)
+    for axis, row in zip(figure.axes, ("cls_row", "all")):
+        lines = [container.lines[0] for container in axis.containers]
+        assert len(lines) == len(ROLLOUT_TARGETS)
+        assert len({(line.get_marker(), str(line.get_linestyle())) for line in lines}) == len(lines)
+        sizes = [line.get_markersize() for line in lines]
+        assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == len(sizes)
+        for line, target in zip(lines, ROLLOUT_TARGETS):
+            np.testing.assert_array_equal(line.get_ydata(), table[(table.row == row) & (table.target == target)].value)
+    cls_row = table[table.row == "cls_row"].set_index(["layer", "target"]).value.unstack()
+    np.testing.assert_allclose(cls_row["self"], cls_row["cls"], atol=1e-12)  # the two lines that lie on one another
+    assert [text.get_text() for text in figure.axes[0].get_legend().get_texts()][-1] == "its own input token (= input [CLS] here)"
+
+
+def test_the_summary_gives_each_targets_first_and_last_layer_and_the_peak_between():
+    import pandas as pd
+
+    from bertology.families import FamilyResult, get_family
+
+    values = {"cls": [0.1, 0.3, 0.5, 0.4], "sep": [0.2, 0.2, 0.25, 0.3], "punct": [0.05, 0.01, 0.02, 0.03], "self": [0.6, 0.4, 0.2, 0.1]}
+    rows = [(layer, row, target, values[target][layer] * (1 if row == "all" else 2), 0.0, 1.0, 10)
+            for layer in range(4) for row in ROLLOUT_ROWS for target in ROLLOUT_TARGETS]
+    table = pd.DataFrame(rows, columns=["layer", "row", "target", "value", "ci_low", "ci_high", "n"])
+    assert get_family("rollout").summary(FamilyResult(tables={"rollout": table})) == [
+        "attention rollout from every query (Abnar & Zuidema 2020): to itself 0.60 in layer 0 to 0.10 in layer 3; "
+        "to [CLS] 0.10 in layer 0 to 0.40 in layer 3 (highest 0.50, layer 2); to [SEP] 0.20 in layer 0 to 0.30 in layer 3; "
+        "to punctuation 0.05 in layer 0 to 0.03 in layer 3 (lowest 0.01, layer 1)"
+    ]  # the [CLS] row (doubled here) is not the line's
+
+
+def test_the_summary_of_a_run_matches_its_table(tiny_bert):
+    from bertology.api import analyze
+    from bertology.families import get_family
+
+    result = analyze(tiny_bert, tiny_examples(), analyses=["rollout"], progress=False, view=False)
+    [line] = get_family("rollout").summary(result.results["rollout"])
+    every = result.rollout[result.rollout.row == "all"].set_index(["target", "layer"]).value
+    last = tiny_bert.num_layers - 1
+    for target, name in (("self", "itself"), ("cls", "[CLS]"), ("sep", "[SEP]"), ("punct", "punctuation")):
+        assert f"to {name} {every[target, 0]:.2f} in layer 0 to {every[target, last]:.2f} in layer {last}" in line

@@ -350,3 +350,57 @@ def test_bootstrap_weights_follow_line_and_text_never_the_file_name():
     assert not (bootstrap_weights(0, 50, Example("the cat sat.", source="a.conllu:4")) == weights[0]).all()  # repeated sentences stay apart
     assert not (bootstrap_weights(0, 50, Example("the dog sat.", source="a.conllu:3")) == weights[0]).all()
     assert (bootstrap_weights(0, 50, Example("the cat sat.")) == bootstrap_weights(0, 50, Example("the cat sat.", source="view"))).all()
+
+
+def syntax_best_table():
+    """``syntax_best`` as :meth:`RelationHeads.best` orders it (``all`` first, then by dependents): seven tested relations
+    and two with too few dependents (``few``: not tested, no p-value), one of which has a perfect head."""
+    import pandas as pd
+
+    nan = float("nan")
+    rows = [
+        ("all", 900, 3, 1, "dep->head", 0.412, 0.39, 0.43, 1, 0.35, 0.002, 0.004, True, False, 1, "3-1 dep->head"),
+        ("nsubj", 120, 4, 2, "dep->head", 0.6, 0.52, 0.68, -1, 0.3, 0.001, 0.004, True, False, 2, "4-2 dep->head; 5-0 head->dep"),
+        ("det", 110, 2, 0, "dep->head", 0.9, 0.85, 0.94, 1, 0.88, 0.3, 0.35, False, False, 1, "2-0 dep->head"),
+        ("obj", 80, 5, 3, "head->dep", 0.7, 0.6, 0.8, -2, 0.2, 0.001, 0.004, True, False, 1, "5-3 head->dep"),
+        ("case", 70, 1, 1, "dep->head", 0.95, 0.9, 0.99, 1, 0.9, 0.04, 0.07, False, False, 1, "1-1 dep->head"),
+        ("amod", 60, 0, 0, "dep->head", 0.8, 0.7, 0.9, 1, 0.75, 0.2, 0.25, False, False, 1, "0-0 dep->head"),
+        ("advmod", 30, 1, 2, "dep->head", 0.5, 0.4, 0.6, 1, 0.45, 0.3, 0.35, False, False, 1, "1-2 dep->head"),
+        ("iobj", 9, 2, 2, "dep->head", 1.0, nan, nan, 1, 0.2, nan, nan, False, True, 1, "2-2 dep->head"),
+        ("expl", 3, 0, 1, "dep->head", 1.0, nan, nan, -1, 0.0, nan, nan, False, True, 1, "0-1 dep->head"),
+    ]
+    return pd.DataFrame(rows, columns=["relation", "n", "layer", "head", "direction", "accuracy", "ci_low", "ci_high", "baseline_offset",
+                                       "baseline_accuracy", "p_value", "p_adj", "significant", "few", "n_ties", "ties"])
+
+
+def test_the_summary_names_the_best_head_of_the_most_frequent_tested_relations_and_the_probe():
+    from bertology.families import FamilyResult, get_family
+
+    probe = {"evaluation": "5-fold cross-validation over sentences", "uas": {"attn": 0.61, "attn+emb": 0.774, "right_branching": 0.3}}
+    result = FamilyResult(tables={"syntax_best": syntax_best_table()}, documents={"probe": probe})
+    assert get_family("syntax").summary(result) == [
+        "syntactic heads: 3 of 7 tested relations have a head above the best offset baseline after correction; "
+        "2 with fewer dependents than --min-dependents not tested",
+        "  all (900 dependents): 3-1 dep->head 0.412 (95% CI 0.390-0.430) vs offset +1 0.350, p_adj 0.004",
+        "  nsubj (120 dependents): 4-2 dep->head 0.600 (95% CI 0.520-0.680) vs offset -1 0.300, p_adj 0.004, 2 heads tied",
+        "  det (110 dependents): 2-0 dep->head 0.900 (95% CI 0.850-0.940) vs offset +1 0.880, p_adj 0.35",
+        "  obj (80 dependents): 5-3 head->dep 0.700 (95% CI 0.600-0.800) vs offset -2 0.200, p_adj 0.004",
+        "  case (70 dependents): 1-1 dep->head 0.950 (95% CI 0.900-0.990) vs offset +1 0.900, p_adj 0.07",
+        "parsing probe UAS (5-fold cross-validation over sentences): attn 0.610, attn+emb 0.774, right_branching 0.300",
+    ]  # iobj's perfect head is on 9 dependents: not tested, not named
+
+
+def test_the_summary_of_two_views_names_each_view(tiny_bert):
+    from bertology.api import analyze
+    from bertology.families import get_family
+
+    examples = [tree_example(source=f"toy:{k}") for k in range(1, 13)]
+    result = analyze(tiny_bert, examples, analyses=["syntax"], weighting="attention,norm", probe=False, bootstrap=100, min_dependents=5,
+                     progress=False, view=False)
+    lines = get_family("syntax").summary(result.results["syntax"])
+    best = result.syntax_best
+    for view, name in (("attention", "attention weights"), ("norm", "norm shares")):
+        rows = best[(best.weighting == view) & ~best.few.astype(bool)]
+        assert f"[{name}] syntactic heads: {int(rows.significant.sum())} of {len(rows)} tested relations" in lines[[line.startswith(f"[{name}] syntactic") for line in lines].index(True)]
+        top = rows.iloc[0]
+        assert f"[{name}]   all ({int(top.n)} dependents): {int(top.layer)}-{int(top['head'])} {top.direction} {top.accuracy:.3f}" in "\n".join(lines)

@@ -13,9 +13,9 @@ import torch
 
 import bertology
 from bertology.core.corpora import Corpus
-from bertology.core.errors import BertologyError, CorpusError
+from bertology.core.errors import BertologyError, CorpusError, StateError
 from bertology.families.patterns.analyzer import PATTERNS
-from bertology.families.patterns.trained import GRID, TrainedClassifier, map_features, train_classifier
+from bertology.families.patterns.trained import FEATURE_NAMES, GRID, TrainedClassifier, map_features, train_classifier
 
 
 def planted_map(pattern: str, n: int, rng: np.random.Generator, half: int | None = None) -> np.ndarray:
@@ -105,8 +105,73 @@ def test_a_classifier_file_that_is_not_ours_is_refused_in_one_line(tmp_path):
     with pytest.raises(BertologyError, match="not a pattern classifier bertology wrote"):
         TrainedClassifier.load(bad)
     bad.write_text("not json")
-    with pytest.raises(BertologyError, match="cannot read the pattern classifier"):
+    with pytest.raises(BertologyError, match="classifier.json: not valid JSON"):
         TrainedClassifier.load(bad)
+
+
+def classifier_document(classes=("vertical", "diagonal", "block"), seed=0) -> dict:
+    """A hand-made document in the format :func:`train_classifier` writes, with random numbers."""
+    rng = np.random.default_rng(seed)
+    width, rows = GRID * GRID + 4, 1 if len(classes) == 2 else len(classes)
+    return {"format": "bertology-pattern-classifier", "version": 1, "grid": GRID, "features": list(FEATURE_NAMES), "classes": list(classes),
+            "regularisation": 0.1, "mean": rng.uniform(0, 1, width).tolist(), "scale": rng.uniform(0.1, 1, width).tolist(),
+            "coef": rng.normal(size=(rows, width)).tolist(), "intercept": rng.normal(size=rows).tolist(), "labelled_maps": 40, "folds": 5}
+
+
+def damaged(change):
+    """The JSON text of :func:`classifier_document` after ``change`` (which edits the document in place)."""
+    document = classifier_document()
+    change(document)
+    return json.dumps(document)
+
+
+@pytest.mark.parametrize("text, message", [
+    (damaged(lambda d: d["coef"][1].__setitem__(5, float("nan"))), "not valid JSON (NaN is not a JSON number)"),
+    (damaged(lambda d: d["mean"].__setitem__(0, float("inf"))), "not valid JSON (Infinity is not a JSON number)"),
+    (damaged(lambda d: d["coef"][0].__setitem__(0, 7.0)).replace("7.0", "1e999"), "not valid JSON (1e999 is too large for a number)"),
+    (damaged(lambda d: d["scale"].__setitem__(9, 0.0)), "'scale' holds a value that is not above 0"),
+    (damaged(lambda d: d["scale"].__setitem__(9, -0.5)), "'scale' holds a value that is not above 0"),
+    (damaged(lambda d: (d["coef"][2].__setitem__(0, 1e308), d["scale"].__setitem__(0, 0.01))), "its numbers are too large: the class scores would overflow"),
+    (damaged(lambda d: d["scale"].__setitem__(9, 1e-310)), "its numbers are too large: the class scores would overflow"),
+    (damaged(lambda d: d.update(intercept=0.5)), "'intercept' must be list, not 0.5"),
+    (damaged(lambda d: d.update(intercept=[0.5, 0.1])), "intercept has shape (2,), expected (3,)"),
+    (damaged(lambda d: d.update(coef=d["coef"][:2])), "coef has shape (2, 68), expected (3, 68)"),
+    (damaged(lambda d: d.update(mean=d["mean"][:-1])), "mean has shape (67,), expected (68,)"),
+    (damaged(lambda d: d["coef"].__setitem__(1, d["coef"][1][:-1])), "coef is not an array of real numbers"),
+    (damaged(lambda d: d["mean"].__setitem__(3, "0.5")), "mean is not an array of real numbers"),
+    (damaged(lambda d: d.update(mean={"0": 0.5})), "'mean' must be list"),
+    (damaged(lambda d: d.update(grid=0)), "grid = 0 is out of range (it must be from 1 to 64)"),
+    (damaged(lambda d: d.update(grid=100000)), "grid = 100000 is out of range (it must be from 1 to 64)"),
+    (damaged(lambda d: d.update(grid=8.0)), "'grid' must be int, not 8.0"),
+    (damaged(lambda d: d.update(grid=True)), "'grid' must be int, not true"),
+    (damaged(lambda d: d.update(grid=4)), "mean has shape (68,), expected (20,)"),
+    (damaged(lambda d: d.update(classes=["vertical", "sideways", "block"])), 'unknown class "sideways"'),
+    (damaged(lambda d: d.update(classes=["vertical", ["block"], "block"])), 'unknown class ["block"]'),
+    (damaged(lambda d: d.update(classes=["vertical", "vertical", "block"])), "'classes' must name two or more different classes"),
+    (damaged(lambda d: d.update(classes=["vertical"])), "'classes' must name two or more different classes"),
+    (damaged(lambda d: d.update(classes="vertical")), "'classes' must be list"),
+    (damaged(lambda d: d.pop("coef")), "missing key 'coef'"),
+    (damaged(lambda d: d.update(version=2)), "pattern classifier version 2 is not one this bertology reads"),
+    (damaged(lambda d: d.update(version="1")), "'version' must be int"),
+    ("[" * 100 + "]" * 100, "JSON nested deeper than 64 levels"),
+    ("[1, 2]", "not a pattern classifier bertology wrote"),
+])
+def test_a_damaged_classifier_is_refused_in_one_line_naming_what_is_wrong(tmp_path, text, message):
+    """NaN or infinite numbers, a zero scale or overflowing scores once classified every head as the first class; wrong
+    shapes, a scalar where an array belongs or deep nesting gave a traceback."""
+    path = tmp_path / "classifier.json"
+    path.write_text(text)
+    with pytest.raises(StateError) as error:
+        TrainedClassifier.load(path)
+    assert str(error.value).startswith(f"{path}: ") and message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_hand_made_classifier_document_loads(tmp_path):
+    path = tmp_path / "classifier.json"
+    for classes in (("vertical", "diagonal", "block"), ("vertical", "block")):
+        path.write_text(json.dumps(classifier_document(classes)))
+        classifier = TrainedClassifier.load(path)
+        assert classifier.coef.shape == (len(classes), GRID * GRID + 4) and classifier.classes == [PATTERNS.index(c) for c in classes]
 
 
 @pytest.mark.parametrize("line, message", [

@@ -1,6 +1,6 @@
 """Wordpiece-to-word alignment through the tokenizer's offset mapping, and word-level attention.
 
-METHODS.md section 2 (Clark et al. 2019): attention TO a split word is the SUM over its pieces
+docs/methods.md#notation-and-word-level-attention (Clark et al. 2019): attention TO a split word is the SUM over its pieces
 (columns); attention FROM a split word is the MEAN over its pieces (rows). Special tokens
 ([CLS], [SEP], <s>, </s>) stay as their own units. Alignment is by character offsets, never by
 string matching.
@@ -110,7 +110,7 @@ def to_word_level(attention: np.ndarray | torch.Tensor, alignment: WordAlignment
     """Merge a piece-level attention map ``[..., n, n]`` into a unit-level one ``[..., u, u]``.
 
     ``W = (P / P 1) A P^T`` with ``P = alignment.assignment``: rows are averaged over a unit's
-    pieces, columns summed, so rows still sum to 1 (METHODS.md section 2). A piece shared by two
+    pieces, columns summed, so rows still sum to 1 (docs/methods.md#notation-and-word-level-attention). A piece shared by two
     words counts towards each by its share.
     """
     assignment = alignment.assignment

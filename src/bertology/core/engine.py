@@ -88,7 +88,7 @@ class Batch:
 
     def weighted(self, weighting: str) -> "Batch":
         """This batch under another view of attention (computed once per batch): ``attention``, the weights;
-        ``norm``, each row's norm shares ``a[i, j] ||f(x_j)|| / sum_k a[i, k] ||f(x_k)||`` (METHODS.md section 7)."""
+        ``norm``, each row's norm shares ``a[i, j] ||f(x_j)|| / sum_k a[i, k] ||f(x_k)||`` (docs/methods.md#norms-and-mixing)."""
         if weighting == self.weighting:
             return self
         if weighting not in self._views:
@@ -106,7 +106,7 @@ class Batch:
             return self.embedding(self.input_ids)
 
     def word_attention(self, b: int) -> torch.Tensor:
-        """Word-level attention ``[layer, head, u, u]`` of sequence ``b`` (METHODS.md section 2),
+        """Word-level attention ``[layer, head, u, u]`` of sequence ``b`` (docs/methods.md#notation-and-word-level-attention),
         computed once per batch and shared by every analyzer that asks."""
         if b not in self._word_maps:
             n = int(self.mask[b].sum())
@@ -200,8 +200,8 @@ class Engine:
     progress : bool
         Show a progress bar with sequences per second.
     punct : {"upos", "clark"}
-        The punctuation set of ``Batch.punct_mask`` (:data:`~bertology.core.models.PUNCT_SETS`, METHODS.md
-        section 1), so every analyzer of a run measures attention to the same punctuation.
+        The punctuation set of ``Batch.punct_mask`` (:data:`~bertology.core.models.PUNCT_SETS`,
+        docs/methods.md#head-profile), so every analyzer of a run measures attention to the same punctuation.
     """
 
     def __init__(
@@ -365,7 +365,7 @@ class Engine:
                 handle.remove()
         mask = tensors["mask"]
         float_mask = mask.to(patterns[0].dtype)
-        # Zero the rows of padding queries: they are no query of the sequence (METHODS.md section 1).
+        # Zero the rows of padding queries: they are no query of the sequence (docs/methods.md#head-profile).
         attentions = torch.stack(patterns) * float_mask[None, :, None, :, None]
         key_norms = ratios = None
         with torch.inference_mode():

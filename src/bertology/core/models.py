@@ -75,7 +75,7 @@ def resolve_device(device: str = "auto") -> torch.device:
     return resolved
 
 
-#: Punctuation sets (METHODS.md section 1): ``upos`` (default) every piece that is only Unicode
+#: Punctuation sets (docs/methods.md#head-profile): ``upos`` (default) every piece that is only Unicode
 #: punctuation; ``clark`` the pieces "." and "," only, as in Clark et al.'s (2019) code.
 PUNCT_SETS = ("upos", "clark")
 _CLARK_PUNCT = (".", ",")

@@ -1,4 +1,4 @@
-"""What a head mixes in, not only where it looks (METHODS.md section 7).
+"""What a head mixes in, not only where it looks (docs/methods.md#norms-and-mixing).
 
 Kobayashi et al. (2020), "Attention is Not Only a Weight: Analyzing Transformers with Vector Norms": head h
 of a layer adds ``a[i, j] f_h(x_j)`` to query i, with ``x_j`` the layer input and
@@ -55,7 +55,7 @@ def transformed_norms(value: torch.Tensor, output: torch.nn.Linear) -> torch.Ten
 
 
 def norm_shares(attentions: torch.Tensor, key_norms: torch.Tensor) -> torch.Tensor:
-    """Kobayashi et al.'s norm-based weights as shares of each query's row (METHODS.md section 7):
+    """Kobayashi et al.'s norm-based weights as shares of each query's row (docs/methods.md#norms-and-mixing):
     ``w[i, j] = a[i, j] ||f(x_j)|| / sum_k a[i, k] ||f(x_k)||``.
 
     ``attentions`` is ``[..., head, query, key]``, ``key_norms`` ``[..., head, key]``. Rows whose total is

@@ -49,7 +49,7 @@ def track_report(folder: RunFolder, track) -> str:
         title="The learning-curve hypothesis",
         intro=(
             "Claim: heads pass through phases over depth and over pre-training: [CLS] (and broad) attention early, [SEP] and dependency "
-            "relations in the middle, punctuation deep (METHODS.md section 8). Attention to a token set follows Clark et al. (2019); "
+            "relations in the middle, punctuation deep (docs/methods.md#track-and-the-learning-curve-verdict). Attention to a token set follows Clark et al. (2019); "
             "intervals come from a Poisson bootstrap over sequences, paired across checkpoints. A claim is supported when its order "
             "holds in the data and in at least 95% of the replicates, contradicted when it holds in at most 5%."
         ),

@@ -23,11 +23,18 @@ METRIC_TITLES = {
 }
 
 
+#: Marker and line style of each line of :func:`layer_lines`, in turn: lines that coincide stay apart to the eye.
+LINE_STYLES = (("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", (0, (5, 1, 1, 1))), ("P", (0, (1, 2))))
+
+
 def layer_lines(axis, table: pd.DataFrame, by: str, labels: dict[str, str]) -> None:
     """On ``axis``: one line per value of column ``by``, its ``value`` by ``layer`` with the 95% interval
-    (``ci_low``, ``ci_high``) as error bars; layers numbered from 0."""
-    for key, rows in table.groupby(by, sort=False):
-        axis.errorbar(rows.layer, rows.value, yerr=[rows.value - rows.ci_low, rows.ci_high - rows.value], marker="o", capsize=3, label=labels[key])
+    (``ci_low``, ``ci_high``) as error bars; layers numbered from 0. Each line has its own marker and line style, and
+    each marker is smaller than the one before, drawn over it: a line that lies on another still shows."""
+    for k, (key, rows) in enumerate(table.groupby(by, sort=False)):
+        marker, style = LINE_STYLES[k % len(LINE_STYLES)]
+        axis.errorbar(rows.layer, rows.value, yerr=[rows.value - rows.ci_low, rows.ci_high - rows.value], marker=marker, linestyle=style,
+                      markersize=max(3.0, 9.0 - 2.0 * k), capsize=3, label=labels[key])
     axis.set_xticks(sorted(table.layer.unique()))
     axis.set_xlabel("layer (0-based)")
     axis.grid(alpha=0.3)

@@ -1,4 +1,4 @@
-"""What changes between two models: fine-tuning (Kovaleva et al. 2019, METHODS.md section 4) and more.
+"""What changes between two models: fine-tuning (Kovaleva et al. 2019, docs/methods.md#comparing-two-models) and more.
 
 :class:`CompareEngine` runs two models with the same tokenizer over the same batches, so every
 analyzer sees both models' attention for the same input. :class:`HeadSimilarity` gives, per head,

@@ -1,6 +1,6 @@
 """Training dynamics: head behaviour tracked over checkpoints, and a verdict on the learning-curve hypothesis.
 
-The hypothesis (METHODS.md section 8): heads pass through phases, over depth and over
+The hypothesis (docs/methods.md#track-and-the-learning-curve-verdict): heads pass through phases, over depth and over
 pre-training. Broad and [CLS] attention come early, [SEP] and dependency relations in the middle,
 punctuation deep. :func:`track` runs the general profile (Clark et al. 2019), the role tests
 (Pande et al. 2021) and, with trees, the syntactic heads over a series of checkpoints on one
@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import torch
 
 from bertology.families.profile.analyzer import PEAK_METRICS, GeneralProfile, LayerPeaks
@@ -45,14 +46,18 @@ from bertology.families.syntax.analyzer import RelationHeads
 from bertology.core.corpora import open_corpus
 from bertology.core.backends import BACKENDS, map_on_ray
 from bertology.core.engine import Engine
-from bertology.core.errors import BertologyError
+from bertology.core.errors import BertologyError, StateError
 from bertology.core.models import DEFAULT_MODEL, load_model
 from bertology.core.parsing import spacy_trees
 from bertology.core.runfolder import RunFolder, atomic_write, claims_out
+from bertology.core.safeload import field as document_field, parse_json, read_json, read_npz, whole_number
 
 LEVEL = 0.95
 METRIC_NAMES = {"cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation", "syntax": "dependency relations (best head per relation)"}
 TRACK_COLUMNS = ["step", "checkpoint", "layer", "head", "metric", "value", "ci_low", "ci_high"]
+TRACK_LAYER_COLUMNS = ["step", "checkpoint", "layer", "metric", "value", "ci_low", "ci_high"]
+#: The largest training step bertology takes from a checkpoint (steps are kept as 64-bit integers).
+MAX_STEP = 2**63 - 1
 
 
 def checkpoint_step(name: str) -> int | None:
@@ -70,10 +75,7 @@ def checkpoint_step(name: str) -> int | None:
     for marker, key in (("pretraining_step.json", "step"), ("trainer_state.json", "global_step")):
         path = Path(name) / marker
         if path.is_file():
-            try:
-                return int(json.loads(path.read_text())[key])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise BertologyError(f"{path}: no whole-number {key!r} in it") from exc
+            return whole_number(document_field(read_json(path), key, int, path), key, path, high=MAX_STEP)
     match = re.search(r"(?:step|checkpoint)[-_]?(\d+)(k?)$", str(name).rstrip("/").split("/")[-1], flags=re.IGNORECASE)
     if match is None:
         return None
@@ -84,7 +86,7 @@ def parse_steps(text: str) -> list[int]:
     """``--steps 0,500,1000`` -> ``[0, 500, 1000]``."""
     steps = []
     for item in text.split(","):
-        if not item.strip().isdigit():
+        if not re.fullmatch(r"[0-9]{1,19}", item.strip()) or int(item) > MAX_STEP:  # MAX_STEP has 19 digits
             raise BertologyError(f"--steps: {item.strip()!r} is not a whole number of steps (give e.g. --steps 0,500,1000)")
         steps.append(int(item))
     return steps
@@ -317,7 +319,7 @@ class Track:
         rows += [(r.step, "syntax", float(r.syntax[0])) for r in self.results if r.syntax is not None]
         return pd.DataFrame(rows, columns=["step", "metric", "value"])
 
-    @claims_out
+    @claims_out(work="parts")
     def save(self, out: str | Path, command: list[str] | None = None) -> Path:
         """Write ``track.csv``/``.parquet``, ``track_layers``, ``peaks``, ``emergence``, ``verdict.json``, figures, ``report.html``
         (replacing ``out`` whole, its saved ``parts/`` kept)."""
@@ -348,16 +350,84 @@ def _part_name(checkpoint: str) -> str:
     return f"{readable}-{hashlib.blake2b(checkpoint.encode(), digest_size=4).hexdigest()}"
 
 
-def _load_part(parts: Path, name: str, key: str) -> CheckpointResult | None:
+def _damaged_part(path: Path, marker: Path, what: str) -> StateError:
+    """The one-line refusal of a damaged part: the file, what is wrong, and that deleting the part's ``marker`` (``.npz``)
+    computes the checkpoint again."""
+    return StateError(path, f"{what}; delete {marker} to compute this checkpoint again")
+
+
+def _load_part(parts: Path, name: str, key: str, replicates: int) -> CheckpointResult | None:
+    """The saved part ``name``: None when there is none or it was computed with other settings (``key``).
+
+    It is checked before use: the ``.npz``'s arrays (``meta`` naming this part's checkpoint and a whole-number or null step;
+    ``means [replicates, layer, metric]`` and ``syntax [replicates]`` or empty, shares in [0, 1], NaN only in bootstrap
+    replicates) and the two tables (their columns, this checkpoint's rows, of the layers of ``means``); a damaged part is
+    refused (:func:`_damaged_part`).
+    """
     marker = parts / f"{name}.npz"
     if not marker.is_file():
         return None
-    arrays = np.load(marker, allow_pickle=False)
+    try:
+        arrays = read_npz(marker)
+    except StateError as exc:
+        raise _damaged_part(marker, marker, exc.message) from None
+    for member, kind in (("key", "U"), ("meta", "U"), ("means", "f"), ("syntax", "f")):
+        if member not in arrays:
+            raise _damaged_part(marker, marker, f"no array {member!r} in it")
+        if arrays[member].dtype.kind != kind or (kind == "U") != (arrays[member].ndim == 0):
+            raise _damaged_part(marker, marker, f"{member!r} is a {arrays[member].dtype} array of shape {arrays[member].shape}, not what bertology writes")
     if str(arrays["key"]) != key:
         return None
-    meta = json.loads(str(arrays["meta"]))
-    return CheckpointResult(meta["step"], meta["checkpoint"], pd.read_parquet(parts / f"{name}.rows.parquet"),
-                            pd.read_parquet(parts / f"{name}.layers.parquet"), arrays["means"], arrays["syntax"] if arrays["syntax"].size else None)
+    try:
+        meta = parse_json(str(arrays["meta"]), marker)
+        checkpoint = document_field(meta, "checkpoint", str, marker)
+        step = document_field(meta, "step", (int, type(None)), marker)
+        step = None if step is None else whole_number(step, "step", marker, high=MAX_STEP)
+    except StateError as exc:
+        raise _damaged_part(marker, marker, f"its 'meta' is damaged: {exc.message}") from None
+    if _part_name(checkpoint) != name:
+        raise _damaged_part(marker, marker, f"it is the part of another checkpoint ({checkpoint[:80]!r})")
+    means = _part_shares(arrays["means"], "means", (replicates, None, len(PEAK_METRICS)), marker)
+    syntax = _part_shares(arrays["syntax"], "syntax", (replicates,), marker) if arrays["syntax"].size else None
+    tables = []
+    for kind, columns in (("rows", TRACK_COLUMNS), ("layers", TRACK_LAYER_COLUMNS)):
+        tables.append(_part_table(parts / f"{name}.{kind}.parquet", columns, step, checkpoint, marker))
+        if set(tables[-1]["layer"]) != set(range(means.shape[1])):
+            raise _damaged_part(marker, marker, f"'means' has {means.shape[1]} layers, not those of {name}.{kind}.parquet")
+    return CheckpointResult(step, checkpoint, *tables, means, syntax)
+
+
+def _part_shares(values: np.ndarray, member: str, shape: tuple, marker: Path) -> np.ndarray:
+    """A part's array ``values``, refused unless of ``shape`` (None: any size but 0) and shares in [0, 1], NaN only past
+    row 0 (a bootstrap replicate that drew no sequence)."""
+    if values.ndim != len(shape) or any(got == 0 or want not in (None, got) for got, want in zip(values.shape, shape)):
+        wanted = ", ".join("any" if want is None else str(want) for want in shape)
+        raise _damaged_part(marker, marker, f"{member!r} has shape {values.shape}, expected ({wanted})")
+    known = values[~np.isnan(values)]
+    if not np.isfinite(values[0]).all() or not ((known >= 0) & (known <= 1 + 1e-4)).all():
+        raise _damaged_part(marker, marker, f"{member!r} holds values that are not shares in [0, 1] (or NaN in its first row)")
+    return values
+
+
+def _part_table(path: Path, columns: list[str], step: int | None, checkpoint: str, marker: Path) -> pd.DataFrame:
+    """A part's table, refused unless readable, with ``columns`` (numbers, but for step, checkpoint and the metric's name)
+    and only rows of ``step`` and ``checkpoint``."""
+    try:
+        table = pd.read_parquet(path)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise _damaged_part(path, marker, f"cannot read it as a table ({' '.join(str(exc).split())[:120]})") from None
+    if list(table.columns) != columns:
+        raise _damaged_part(path, marker, f"its columns are {', '.join(map(str, table.columns))[:120]}, not {', '.join(columns)}")
+    for column in columns:
+        if column in ("step", "checkpoint"):  # checked below
+            continue
+        holds_its_kind = pd.api.types.is_string_dtype if column == "metric" else pd.api.types.is_numeric_dtype
+        if not holds_its_kind(table[column]):
+            raise _damaged_part(path, marker, f"its column {column!r} holds {table[column].dtype} values, not what bertology writes")
+    steps = table["step"].isna() if step is None else table["step"] == step
+    if not (steps & (table["checkpoint"] == checkpoint)).all():
+        raise _damaged_part(path, marker, "it holds rows of another step or checkpoint")
+    return table
 
 
 def _save_part(parts: Path, name: str, key: str, result: CheckpointResult) -> None:
@@ -400,11 +470,11 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
         syntax = relations.best_accuracy_replicates(settings["min_dependents"])
         syntax = syntax if np.isfinite(syntax[0]) else None  # no relation has enough dependents
     rows = pd.concat([frame.assign(step=step, checkpoint=checkpoint)[TRACK_COLUMNS] for frame in frames], ignore_index=True)
-    layers = profile.layers().assign(step=step, checkpoint=checkpoint)[["step", "checkpoint", "layer", "metric", "value", "ci_low", "ci_high"]]
+    layers = profile.layers().assign(step=step, checkpoint=checkpoint)[TRACK_LAYER_COLUMNS]
     return CheckpointResult(step, checkpoint, rows, layers, peaks.replicate_means(), syntax)
 
 
-@claims_out
+@claims_out(work="parts")
 def track(
     checkpoints: list[str],
     corpus=None,
@@ -454,7 +524,7 @@ def track(
                 "parser": parser or ("gold" if with_trees else None)}
     key = json.dumps({"corpus": corpus_info.get("sha256"), "examples": len(examples), **{k: v for k, v in settings.items() if k != "device"}}, sort_keys=True)
     parts = Path(out) / "parts" if out is not None else None
-    results = [_load_part(parts, _part_name(checkpoint), key) if parts is not None else None for _, checkpoint in series]
+    results = [_load_part(parts, _part_name(checkpoint), key, 1 + bootstrap) if parts is not None else None for _, checkpoint in series]
     todo = [k for k, (step, _) in enumerate(series) if results[k] is None or results[k].step != step]
 
     def keep(k: int, result: CheckpointResult) -> None:

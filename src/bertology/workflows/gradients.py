@@ -1,4 +1,4 @@
-"""[SEP] as a no-op (Clark et al. 2019, section 3.2; METHODS.md section 9).
+"""[SEP] as a no-op (Clark et al. 2019, section 3.2; docs/methods.md#sep-as-a-no-op).
 
 Per layer, the mean attention to [SEP] (and to [CLS], punctuation and every key) beside the mean magnitude of the
 gradient of the loss with respect to those attention weights, ``|dL/da[i, j]|``: high attention with a small gradient
@@ -10,7 +10,7 @@ means that attending to the token changes little, the "no-op" reading of Clark e
   Each sequence's own loss is differentiated (the batch's loss is their sum).
 - The gradient: the attention weights are taken at the ``pattern`` hook point, and ``dL/da`` is the derivative of the loss
   along every path from them (through the later layers' attention too), with the model in eval mode.
-- Per sequence, layer and token set K: attention ``(1/(H n)) sum_h sum_i sum_{j in K} a[h, i, j]`` (METHODS.md section 1,
+- Per sequence, layer and token set K: attention ``(1/(H n)) sum_h sum_i sum_{j in K} a[h, i, j]`` (docs/methods.md#head-profile,
   averaged over heads), and gradient ``(1/(H n |K|)) sum_h sum_i sum_{j in K} |dL/da[h, i, j]|``, the mean magnitude per
   weight to K; ``all`` (every key) is the reference a set's gradient is small or large against. Then the mean over
   sequences with 95% intervals.

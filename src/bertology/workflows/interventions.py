@@ -1,6 +1,6 @@
 """Interventions on attention heads, through the named hook points of :mod:`bertology.core.hooks`.
 
-Three interventions, which combine freely (METHODS.md sections 4 and 6):
+Three interventions, which combine freely (docs/methods.md#importance-ablation-and-pruning):
 
 * **mask** a head: its output ``a @ v`` is zeroed before the heads are concatenated and projected
   (Michel et al. 2019's ``xi_h = 0``);

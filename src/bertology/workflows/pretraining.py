@@ -40,10 +40,11 @@ from transformers import BertConfig, BertForPreTraining, BertTokenizerFast, Data
 from transformers.utils import logging as hf_logging
 
 from bertology.core.corpora import numbered_lines
-from bertology.core.errors import BertologyError, CorpusError
-from bertology.workflows.finetuning import load_training_state, random_states, restore_random_states, save_training_state
+from bertology.core.errors import BertologyError, CorpusError, StateError
+from bertology.workflows.finetuning import check_generator_state, load_training_state, random_states, resume_training, save_training_state
 from bertology.core.models import quiet_transformers, resolve_device
 from bertology.core.runfolder import RunFolder, claims_out, link_tree
+from bertology.core.safeload import finite_array, whole_number
 from bertology.core.stats import keyed_rng
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -216,6 +217,27 @@ def checkpoint_name(step: int) -> str:
     return f"{CHECKPOINT_PREFIX}{step:06d}"
 
 
+def check_pretraining_state(path: Path, state: dict, steps: int) -> None:
+    """Refuse a pre-training state (read by :func:`~bertology.workflows.finetuning.load_training_state`) whose own parts are
+    damaged: a step past ``steps``, the masking generator's state, epoch and position whole numbers from 0, a row of
+    finite (step, masked-LM loss, next-sentence loss, learning rate) per step, and per checkpoint saved an evaluation
+    (step, checkpoint name, validation loss, accuracy)."""
+    step = whole_number(state["step"], "step", path, high=steps)
+    check_generator_state(state["mask_rng"], "mask_rng", path)
+    whole_number(state["epoch"], "epoch", path)
+    whole_number(state["position"], "position", path)
+    if len(state["losses"]) != step:
+        raise StateError(path, f"'losses' has {len(state['losses'])} rows for {step} steps")
+    if step:
+        finite_array(state["losses"], "losses", path, shape=(step, 4))
+    if not isinstance(state["evaluations"], list):
+        raise StateError(path, "'evaluations' must be a list")
+    for row in state["evaluations"]:
+        if not (isinstance(row, (list, tuple)) and len(row) == 4 and row[1] == checkpoint_name(whole_number(row[0], "an evaluation's step", path, high=step))):
+            raise StateError(path, "'evaluations' must hold (step, checkpoint name, validation loss, accuracy) rows")
+        finite_array(row[2:], "an evaluation's loss and accuracy", path, shape=(2,))
+
+
 def pretraining_losses(network: BertForPreTraining, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Masked-LM and next-sentence cross-entropies (means) and the next-sentence logits; the LM head runs only at masked positions."""
     output = network.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"])
@@ -257,7 +279,7 @@ def unigram_cross_entropy(train_ids: list[list[list[int]]], batches: list[dict[s
     return float(-log_p[targets].mean())
 
 
-@claims_out
+@claims_out(work="training")
 def pretrain(
     corpus: list[str | Path] | str | Path,
     out: str | Path,
@@ -309,10 +331,16 @@ def pretrain(
         shutil.rmtree(training, ignore_errors=True)  # a start that never saved a state: nothing to resume
     elif state.get("settings") != asdict(settings):
         raise BertologyError(f"{state_folder}: the training state of a run with other settings is there; use another --out or delete it")
+    else:
+        check_pretraining_state(state_folder / "state.pt", state, steps)
     documents = documents_for_pairs(read_documents(files))
     train_text, validation_text = split_documents(documents, validation_share)
     if state is not None:  # resume with the vocabulary the saved weights were trained with
-        tokenizer = BertTokenizerFast.from_pretrained(state_folder)
+        try:
+            tokenizer = BertTokenizerFast.from_pretrained(state_folder)
+        except Exception as exc:  # transformers and tokenizers raise many kinds for a damaged file, the bare Exception included
+            raise StateError(state_folder, f"cannot read the tokenizer saved with the training state ({' '.join(str(exc).split())[:120]}); "
+                                           f"delete {state_folder} to start over") from None
     else:
         tokenizer = train_wordpiece([s for document in train_text for s in document], vocab_size, max_length)
 
@@ -356,11 +384,8 @@ def pretrain(
 
     step, epoch, position, losses, evaluations = 0, 0, 0, [], []
     if state is not None:
-        network.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
+        resume_training(state_folder / "state.pt", state, network, optimizer, scheduler)  # and torch's random state: dropout
         collator.generator.set_state(state["mask_rng"])
-        restore_random_states(state["random"])  # torch's: dropout
         step, epoch, position, losses, evaluations = state["step"], state["epoch"], state["position"], state["losses"], state["evaluations"]
     resumed_from = step
 

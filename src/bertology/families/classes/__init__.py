@@ -1,4 +1,4 @@
-"""Attention to token classes (Kovaleva et al. 2019; METHODS.md section 9).
+"""Attention to token classes (Kovaleva et al. 2019; docs/methods.md#token-classes).
 
 ``--class NAME=SPEC`` (API: ``classes=["NAME=SPEC", ...]``), SPEC one of ``upos:TAG``, ``deprel:RELATION`` (gold trees
 or ``--parser spacy``), ``words:FILE`` (one word a line; ``words:negation`` is bundled) and ``regex:PATTERN``. Without

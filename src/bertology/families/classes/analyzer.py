@@ -1,8 +1,8 @@
-"""Attention to token classes (Kovaleva et al. 2019, "attention to linguistic features"; METHODS.md section 9).
+"""Attention to token classes (Kovaleva et al. 2019, "attention to linguistic features"; docs/methods.md#token-classes).
 
 A class is a set of words (:class:`TokenClass`): a UPOS tag or a dependency relation (gold trees or spaCy), a word
 list (matched without regard to case), or a regular expression that must match the whole word. On each sequence's
-word-level map ``W`` (METHODS.md section 2: attention to a word sums its pieces, from a word averages them), with
+word-level map ``W`` (docs/methods.md#notation-and-word-level-attention: attention to a word sums its pieces, from a word averages them), with
 ``C`` the units of the class's words and ``u`` the number of units ([CLS]/[SEP] included, as queries are in
 section 1):
 

@@ -1,4 +1,4 @@
-"""Frame-semantic heads (Kovaleva et al. 2019, section 4.3; METHODS.md section 9).
+"""Frame-semantic heads (Kovaleva et al. 2019, section 4.3; docs/methods.md#frame-heads).
 
 Reads a frame-annotated corpus (the ``frames`` format: JSON lines ``{"text", "frame", "target": [start, end],
 "elements": {"Name": [start, end], ...}}``; ``bertology frames --frames FILE.jsonl``). Table: ``frames`` (``layer,

@@ -1,4 +1,4 @@
-"""Frame-semantic heads (Kovaleva et al. 2019, section 4.3; METHODS.md section 9).
+"""Frame-semantic heads (Kovaleva et al. 2019, section 4.3; docs/methods.md#frame-heads).
 
 For each annotated pair of a frame's target T and one of its core elements E (character spans, turned into the
 pieces that overlap them), a head's score is Kovaleva et al.'s ``max(max_{i in E, j in T} a[i, j], max_{i in T, j in E} a[i, j])``:

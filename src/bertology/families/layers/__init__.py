@@ -1,10 +1,13 @@
 """Layer-wise probes of the representations (the Primer, sections 4-5; Hewitt & Liang 2019; Tenney et al. 2019;
-METHODS.md section 9).
+docs/methods.md#layer-probes).
 
 Needs trees (CoNLL-U, or ``--parser spacy``). The word vectors of every layer come from the same forward pass as every
 other analysis. Tables: ``layer_probes`` (``layer, task, accuracy, ci_low, ci_high, control_accuracy, selectivity,
-majority, n_train, n_test``) and ``layer_probe_summary`` (per task: the best layer, the most selective one, the center
-of gravity). Figure: accuracy, control accuracy and selectivity by layer.
+majority, n_train, n_test``) and ``layer_probe_summary`` (per task: the best layer, the most selective one, and
+``expected_layer_running_max``: Tenney et al.'s expected layer computed from one probe per layer, with the gains of the
+running maximum of their accuracies in place of the gains of Tenney's cumulative probes; see
+:mod:`bertology.families.layers.probes`). The control task keeps the case of word forms, as Hewitt & Liang's does
+(``control_casefold=True`` merges ``The`` and ``the``). Figure: accuracy, control accuracy and selectivity by layer.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class Layers(Family):
                minimum=10),
         Option("probe_test_share", 0.2, "Share of the sentences held out to test the probes.", minimum=0.05, maximum=0.5),
         Option("probe_bootstrap", 1000, "Bootstrap replicates over test sentences for the accuracy's interval.", minimum=100),
+        Option("control_casefold", False, "Control task: casefold word forms, so that 'The' and 'the' are one word type with one random label "
+               "[default: forms as written, two types, as in Hewitt & Liang 2019].", flag="--control-casefold/--no-control-casefold"),
     )
     outputs = ("layer_probes", "layer_probe_summary")
 
@@ -68,7 +73,7 @@ class Layers(Family):
 
         settings = context.settings
         table = probe_layers(kept_sentences(analyzers["vectors"], context.warnings, "--probe-sentences"), settings["probe_tasks"], test_share=settings["probe_test_share"], bootstrap=settings["probe_bootstrap"],
-                             seed=settings["seed"])
+                             seed=settings["seed"], control_casefold=settings["control_casefold"])
         return FamilyResult(tables={"layer_probes": table, "layer_probe_summary": probe_summary(table)})
 
     def section(self, folder, result, settings):
@@ -77,8 +82,10 @@ class Layers(Family):
         return layers_section(folder, result.tables["layer_probes"], result.tables["layer_probe_summary"])
 
     def summary(self, result):
-        return [f"{row.task}: best layer {row.best_layer} (accuracy {row.best_accuracy:.3f}, selectivity {row.its_selectivity:.3f}); "
-                f"center of gravity {row.center_of_gravity:.2f}" for row in result.tables["layer_probe_summary"].itertuples()]
+        return [f"{row.task} probe: best layer {row.best_layer} (accuracy {row.best_accuracy:.3f}, selectivity {row.its_selectivity:.3f}); "
+                f"most selective layer {row.most_selective_layer} ({row.selectivity:.3f}); "
+                f"expected layer (running-max gains of one probe per layer) {row.expected_layer_running_max:.2f}"
+                for row in result.tables["layer_probe_summary"].itertuples()]
 
     def overview(self, result):
         return result.tables["layer_probe_summary"]

@@ -1,4 +1,4 @@
-"""Word vectors of every layer for the layer-wise probes (the Primer, sections 4-5; METHODS.md section 9).
+"""Word vectors of every layer for the layer-wise probes (the Primer, sections 4-5; docs/methods.md#layer-probes).
 
 :class:`WordVectors` keeps, for each sentence with a tree whose words all kept their pieces, every layer's vector of
 every word (``layer 0``: the embeddings), the word's form, UPOS tag and dependency relation. A word's vector is its

@@ -1,4 +1,4 @@
-"""Linear probes of every layer's word vectors, with Hewitt & Liang's control task (METHODS.md section 9).
+"""Linear probes of every layer's word vectors, with Hewitt & Liang's control task (docs/methods.md#layer-probes).
 
 For each task (``upos``: the word's UPOS tag; ``deprel``: its relation to its head) and layer, a logistic regression
 (scikit-learn, L2 with ``C = 0.1``, at most 100 L-BFGS iterations, on standardised features) is trained on the words of a seeded 80% of the sentences and tested on the
@@ -6,15 +6,28 @@ other 20% (split by sentence, so no sentence is on both sides):
 
 - ``accuracy`` with a 95% percentile interval from a bootstrap over the test sentences;
 - ``majority``: the accuracy of always answering the most frequent training label;
-- ``control_accuracy``: the same probe on Hewitt & Liang's (2019) control task, where every word type (its form,
-  casefolded) gets one fixed label drawn at random from the task's training label distribution; ``selectivity =
-  accuracy - control_accuracy`` says how much of the accuracy the representation, not the probe's memory, gives.
+- ``control_accuracy``: the same probe on Hewitt & Liang's (2019) control task, where every word type gets one fixed
+  label drawn at random from the task's training label distribution; ``selectivity = accuracy - control_accuracy``
+  says how much of the accuracy the representation, not the probe's memory, gives. A word type is the form as
+  written, case kept, as in Hewitt & Liang (``The`` and ``the`` are two types, with labels drawn independently);
+  ``control_casefold=True`` (``--control-casefold``) merges the forms that differ only in case into one type.
 
-The center of gravity (Tenney et al. 2019): ``E[l] = sum_l l * Delta_l / sum_l Delta_l`` over ``l >= 1``, with ``Delta_l``
-the gain of layer l over the layers below. Tenney et al.'s scores are cumulative (a probe that may mix layers 0..l), so
-their gains are not negative; with one probe per layer the cumulative score is the best accuracy of layers 0..l,
-``Delta_l = max_(k<=l) acc_k - max_(k<l) acc_k``. (Raw differences ``acc_l - acc_(l-1)`` fall after the peak and their
-sum, ``acc_L - acc_0``, can be near zero, which sends the ratio anywhere.)
+The expected layer, running-max variant (``expected_layer_running_max``). Tenney et al. (2019, "BERT rediscovers the
+classical NLP pipeline") train a *cumulative* probe for every l, on a learned scalar mix of layers 0..l, score it
+(``S_l``), and summarise the gains ``Delta_l = S_l - S_(l-1)`` by their expected layer
+
+    ``E_Delta[l] = sum_(l>=1) l * Delta_l / sum_(l>=1) Delta_l``.
+
+(Their other summary, the "center of gravity" ``E_s[l] = sum_l l * s_l``, weights the layers by the scalar-mix weights
+of one probe over all layers; bertology computes neither the mix nor that statistic.) bertology trains one probe per
+layer, not cumulative ones, and stands in for ``S_l`` with the best single-layer accuracy of layers 0..l,
+``S_l = max_(k<=l) acc_k``, so that ``Delta_l = max_(k<=l) acc_k - max_(k<l) acc_k >= 0``. In principle this is a
+lower bound on Tenney's cumulative score (the mix may put all its weight on the best layer so far, and may do better
+by combining layers), and its gains come only from layers that beat every layer below them: a layer that adds
+something the layers below lack, but scores less than one of them on its own, adds nothing here. The scores are
+accuracies of word-level classifiers, where Tenney et al. score span-level edge probes by F1. The raw differences
+``acc_l - acc_(l-1)`` would not do: they fall after the peak, and their sum, ``acc_L - acc_0``, can be near zero,
+which sends the ratio anywhere. NaN where no layer gains.
 """
 
 from __future__ import annotations
@@ -41,18 +54,19 @@ def task_labels(sentence: LayerSentence, task: str) -> tuple[str, ...]:
     return sentence.upos if task == "upos" else sentence.relations
 
 
-def control_labels(forms: Sequence[str], distribution: Counter, task: str, seed: int) -> np.ndarray:
-    """Hewitt & Liang's control task: each word type (casefolded form) gets one label drawn from ``distribution``
-    by a generator keyed by the type, so the same type has the same label everywhere, in training and test."""
+def control_labels(forms: Sequence[str], distribution: Counter, task: str, seed: int, casefold: bool = False) -> np.ndarray:
+    """Hewitt & Liang's control task: each word type gets one label drawn from ``distribution`` by a generator keyed by
+    the type, so the same type has the same label everywhere, in training and test. A type is the form as written (case
+    kept, as in Hewitt & Liang 2019), or with ``casefold`` the casefolded form (``The`` and ``the`` one type)."""
     labels = sorted(distribution)
     weights = np.array([distribution[label] for label in labels], dtype=np.float64)
     weights /= weights.sum()
+    types = [str(form).casefold() if casefold else str(form) for form in forms]  # str: a numpy string's repr would change the key
     chosen = {}
-    for form in forms:
-        key = form.casefold()
+    for key in types:
         if key not in chosen:
             chosen[key] = labels[keyed_rng(seed, "control", task, key).choice(len(labels), p=weights)]
-    return np.array([chosen[form.casefold()] for form in forms])
+    return np.array([chosen[key] for key in types])
 
 
 def split_sentences(count: int, test_share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -83,8 +97,9 @@ def bootstrap_accuracy(correct: np.ndarray, sentence_of_word: np.ndarray, senten
 
 
 def probe_layers(sentences: Sequence[LayerSentence], tasks: Sequence[str] = PROBE_TASKS, *, test_share: float = 0.2, bootstrap: int = 1000,
-                 seed: int = 0) -> pd.DataFrame:
-    """The ``layer_probes`` table (see the module docstring): one row per layer and task."""
+                 seed: int = 0, control_casefold: bool = False) -> pd.DataFrame:
+    """The ``layer_probes`` table (see the module docstring): one row per layer and task. ``control_casefold``: the
+    control task's word types are casefolded forms (default: forms as written, as in Hewitt & Liang)."""
     train_ids, test_ids = split_sentences(len(sentences), test_share, seed)
     sides = {}
     for name, ids in (("train", train_ids), ("test", test_ids)):
@@ -102,8 +117,8 @@ def probe_layers(sentences: Sequence[LayerSentence], tasks: Sequence[str] = PROB
         if len(distribution) < 2:
             raise BertologyError(f"the {task} probe needs at least two labels among its training words, not only {sorted(distribution)}")
         majority_label = max(sorted(distribution), key=distribution.__getitem__)
-        control_train = control_labels(train["forms"], distribution, task, seed)
-        control_test = control_labels(test["forms"], distribution, task, seed)
+        control_train = control_labels(train["forms"], distribution, task, seed, casefold=control_casefold)
+        control_test = control_labels(test["forms"], distribution, task, seed, casefold=control_casefold)
         for layer in range(train["vectors"].shape[0]):
             train_x, test_x = train["vectors"][layer].astype(np.float32), test["vectors"][layer].astype(np.float32)
             correct = fit_and_score(train_x, train["labels"][task], test_x, test["labels"][task], seed)
@@ -116,9 +131,10 @@ def probe_layers(sentences: Sequence[LayerSentence], tasks: Sequence[str] = PROB
     return pd.DataFrame(rows, columns=PROBE_COLUMNS)
 
 
-def center_of_gravity(accuracy_by_layer: Sequence[float]) -> float:
-    """Tenney et al.'s (2019) expected layer ``sum_l l Delta_l / sum_l Delta_l`` (l >= 1), with ``Delta_l`` the gain of the
-    best accuracy of layers 0..l over that of layers 0..l-1 (see the module docstring); NaN where no layer gains."""
+def expected_layer_running_max(accuracy_by_layer: Sequence[float]) -> float:
+    """A variant of Tenney et al.'s (2019) expected layer ``E_Delta[l] = sum_l l Delta_l / sum_l Delta_l`` (l >= 1) for one
+    probe per layer: ``Delta_l`` is the gain of the running maximum, the best accuracy of layers 0..l over that of layers
+    0..l-1, in place of the gain of Tenney's cumulative (scalar-mix) probes (see the module docstring); NaN where no layer gains."""
     accuracy = np.maximum.accumulate(np.asarray(accuracy_by_layer, dtype=np.float64))
     gains = np.diff(accuracy)
     total = gains.sum()
@@ -126,7 +142,8 @@ def center_of_gravity(accuracy_by_layer: Sequence[float]) -> float:
 
 
 def probe_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per task: the best layer by accuracy and by selectivity, and the center of gravity."""
+    """Per task: the best layer by accuracy and by selectivity, and the expected layer of the running-max gains
+    (:func:`expected_layer_running_max`)."""
     rows = []
     for task, group in table.groupby("task", sort=False):
         group = group.sort_values("layer")
@@ -134,5 +151,5 @@ def probe_summary(table: pd.DataFrame) -> pd.DataFrame:
         selective = group.loc[group.selectivity.idxmax()]
         rows.append({"task": task, "best_layer": int(best.layer), "best_accuracy": best.accuracy, "its_selectivity": best.selectivity,
                      "most_selective_layer": int(selective.layer), "selectivity": selective.selectivity,
-                     "center_of_gravity": center_of_gravity(group.accuracy.to_numpy())})
+                     "expected_layer_running_max": expected_layer_running_max(group.accuracy.to_numpy())})
     return pd.DataFrame(rows)

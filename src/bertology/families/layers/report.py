@@ -37,6 +37,15 @@ def probes_by_layer(table: pd.DataFrame, by: str | None = None):
     return figure
 
 
+def with_intervals(summary: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """``summary`` with ``best_accuracy_ci`` beside ``best_accuracy``: the 95% bootstrap interval of each task's best
+    layer (its ``ci_low`` and ``ci_high`` in ``table``), as ``[low, high]``."""
+    best = table.set_index(["task", "layer"]).loc[list(zip(summary.task, summary.best_layer))]
+    shown = summary.copy()
+    shown.insert(shown.columns.get_loc("best_accuracy") + 1, "best_accuracy_ci", [f"[{low:.3f}, {high:.3f}]" for low, high in zip(best.ci_low, best.ci_high)])
+    return shown
+
+
 def layers_section(folder: RunFolder, table: pd.DataFrame, summary: pd.DataFrame) -> Section:
     """Write the probe figure into ``folder`` and return the report section."""
     section = Section(
@@ -49,5 +58,7 @@ def layers_section(folder: RunFolder, table: pd.DataFrame, summary: pd.DataFrame
     )
     section.figures.append(Figure(folder.write_figure("layer_probes", probes_by_layer(table)),
                                   "Probe accuracy (95% intervals), control-task accuracy and selectivity by layer."))
-    section.tables.append(("Best layer and center of gravity per task", summary))
+    section.tables.append(("Best layer and center of gravity per task", with_intervals(summary, table)))
+    section.tables.append(("Probe accuracy per layer with its 95% bootstrap interval", table[["task", "layer", "accuracy", "ci_low", "ci_high",
+                                                                                             "control_accuracy", "selectivity", "majority"]]))
     return section

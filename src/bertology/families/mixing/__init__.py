@@ -1,4 +1,4 @@
-"""Context mixing with the residual and the layer norm (Kobayashi et al. 2021; METHODS.md section 7).
+"""Context mixing with the residual and the layer norm (Kobayashi et al. 2021; docs/methods.md#norms-and-mixing).
 
 Table: ``mixing`` (``layer, ratio, value, ci_low, ci_high, n``): per layer, the mean share of each token's new
 vector that comes from the other tokens, by the attention alone (``attn``), with the residual
@@ -31,9 +31,17 @@ class Mixing(Family):
         return mixing_section(folder, result.tables["mixing"])
 
     def summary(self, result):
-        table = result.tables["mixing"]
-        final = table[table.ratio == "attn_res_ln"].set_index("layer").value
-        return [f"context mixing with residual and layer norm: {final.min():.2f}-{final.max():.2f} by layer (Kobayashi et al. 2021)"]
+        """One line: each mixing ratio from the first layer to the last (with the highest and lowest layers between)."""
+        from bertology.families.summaries import by_view, trend
+
+        names = {"attn": "by attention alone", "attn_res": "with the residual", "attn_res_ln": "with the residual and layer norm"}
+        lines = []
+        for prefix, table in by_view(result.tables["mixing"]):
+            if table.empty:
+                continue
+            parts = [f"{name} {trend(table[table.ratio == ratio].set_index('layer').value)}" for ratio, name in names.items()]
+            lines.append(f"{prefix}context mixing, the share of a token's new vector from the other tokens (Kobayashi et al. 2021): " + "; ".join(parts))
+        return lines
 
 
 register_family(Mixing())

@@ -1,4 +1,4 @@
-"""How much each token mixes in from the others: Kobayashi et al.'s (2021) residual-aware mixing ratios (METHODS.md section 7).
+"""How much each token mixes in from the others: Kobayashi et al.'s (2021) residual-aware mixing ratios (docs/methods.md#norms-and-mixing).
 
 :class:`ContextMixing`: per layer, the mean over a sequence's tokens of each context-mixing ratio
 ``||M_i|| / (||M_i|| + ||P_i||)`` (:func:`bertology.core.norms.mixing_ratios`: the attention alone, with the

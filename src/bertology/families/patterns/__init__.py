@@ -1,4 +1,4 @@
-"""Attention patterns (Kovaleva et al. 2019, "Revealing the Dark Secrets of BERT"; METHODS.md section 4).
+"""Attention patterns (Kovaleva et al. 2019, "Revealing the Dark Secrets of BERT"; docs/methods.md#patterns).
 
 Tables: ``patterns`` (``layer, head, pattern, share, n, majority``) and ``patterns_by_layer``; in
 memory, ``pattern_examples`` (example maps per class) for the thumbnails. The rules classify by default;
@@ -90,13 +90,26 @@ class Patterns(Family):
         return section
 
     def summary(self, result):
+        """The share of all maps in each class, and how many heads have each class as their majority; with hand labels, the
+        cross-validated F1 of the trained classifier beside the rules'."""
+        from bertology.families.patterns.analyzer import PATTERNS
+        from bertology.families.summaries import by_view
+
+        lines = []
+        for (prefix, shares), (_, heads) in zip(by_view(result.tables["patterns_by_layer"]), by_view(result.tables["patterns"])):
+            overall = shares[shares.layer == -1].set_index("pattern").share
+            majority = heads.drop_duplicates(["layer", "head"]).majority.value_counts()
+            if overall.empty or majority.empty:
+                continue
+            lines.append(f"{prefix}pattern classes, share of all maps: " + ", ".join(f"{p} {overall[p]:.0%}" for p in PATTERNS if p in overall.index)
+                         + f"; heads by majority class (of {int(majority.sum())}): " + ", ".join(f"{p} {majority[p]}" for p in PATTERNS if p in majority.index))
         if "pattern_training" not in result.tables:
-            return []
+            return lines
         table = result.tables["pattern_training"].set_index(["method", "class"]).f1
         trained = table.loc["trained"]
         classes = [c for c in trained.index if not c.startswith("macro") and not math.isnan(trained[c])]  # the classes with labels
-        return ["cross-validated F1 by class, trained (rules): " + ", ".join(f"{c} {table['trained', c]:.2f} ({table['rules', c]:.2f})" for c in classes)
-                + "; classifier saved as classifier.json"]
+        return lines + ["cross-validated F1 by class, trained (rules): " + ", ".join(f"{c} {table['trained', c]:.2f} ({table['rules', c]:.2f})" for c in classes)
+                        + "; classifier saved as classifier.json"]
 
     def by_layer(self, result):
         shares = result.tables["patterns_by_layer"]

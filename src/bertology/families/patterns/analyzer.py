@@ -1,4 +1,4 @@
-"""Kovaleva et al.'s (2019) five attention patterns, classified per head and sequence (METHODS.md section 4).
+"""Kovaleva et al.'s (2019) five attention patterns, classified per head and sequence (docs/methods.md#patterns).
 
 Classes: ``vertical`` (mass on [CLS]/[SEP] or on another single column), ``diagonal`` (previous /
 next token), ``vertical+diagonal``, ``block`` (within-sentence attention on sentence pairs) and
@@ -100,23 +100,36 @@ class _Example:
     source: str
     text: str
     attention: np.ndarray = field(compare=False)
+    tokens: list[str] = field(compare=False)  # the map's rows and columns: each piece's text, [CLS] and [SEP] named
+
+
+def piece_texts(item, cls: np.ndarray, sep: np.ndarray) -> list[str]:
+    """Each piece of an encoded sequence as the text it covers (its offsets into the text, or the pair's second text);
+    special pieces as ``[CLS]`` or ``[SEP]`` (``cls``, ``sep``: the batch row's masks), whatever the model calls them."""
+    texts = []
+    for k, ((begin, end), segment) in enumerate(zip(item.offsets, item.sequence_ids)):
+        source = item.example.text_pair if segment == 1 else item.example.text
+        texts.append("[CLS]" if cls[k] else "[SEP]" if sep[k] else source[begin:end].strip() if segment is not None else "")
+    return texts
 
 
 class HeadPatterns(Analyzer):
     """Class counts of every head's maps, and a few example maps per class for thumbnails.
 
-    ``result()``: ``layer, head, pattern, share, n, majority``. Examples are the ``examples_per_class``
-    maps with the smallest keys (a hash of the sequence spread over layer x head), so the same ones
-    are kept whatever the batch order or sharding.
+    ``result()``: ``layer, head, pattern, share, n, majority``. Examples of a class are maps of ``examples_per_class``
+    distinct heads, each head's map with the smallest key (a hash of the sequence spread over layer x head), the heads
+    with the smallest such keys, so the same ones are kept whatever the batch order or sharding. Only sequences of
+    ``min_example_length`` to ``max_example_length`` pieces give examples, so a thumbnail can name its tokens.
     """
 
     name = "patterns"
 
-    def __init__(self, classifier: PatternClassifier | None = None, examples_per_class: int = 4, seed: int = 0, max_example_length: int = 64):
+    def __init__(self, classifier: PatternClassifier | None = None, examples_per_class: int = 4, seed: int = 0, min_example_length: int = 8,
+                 max_example_length: int = 32):
         self.classifier = classifier or RuleClassifier()
         self.examples_per_class = examples_per_class
         self.seed = seed
-        self.max_example_length = max_example_length
+        self.min_example_length, self.max_example_length = min_example_length, max_example_length
         self._counts: np.ndarray | None = None
         self._examples: dict[str, list[_Example]] = {p: [] for p in PATTERNS}
 
@@ -136,28 +149,42 @@ class HeadPatterns(Analyzer):
     def _keep_examples(self, batch: Batch, classes: np.ndarray) -> None:
         num_layers, size, num_heads = classes.shape
         offsets = (_GOLDEN * np.arange(num_layers * num_heads)).reshape(num_layers, num_heads)
+        cls, sep = batch.cls_mask.cpu().numpy(), batch.sep_mask.cpu().numpy()
         for b, example in enumerate(batch.examples):
             n = int(batch.lengths[b])
-            if n > self.max_example_length:
+            if not self.min_example_length <= n <= self.max_example_length:
                 continue
             keys = (keyed_rng(self.seed, *sequence_key(example)).random() + offsets) % 1.0
+            tokens = piece_texts(batch.items[b], cls[b], sep[b])
             for k, pattern in enumerate(PATTERNS):
                 kept = self._examples[pattern]
                 bound = -kept[0].key if len(kept) >= self.examples_per_class else np.inf  # the largest hash kept
                 for layer, head in zip(*np.nonzero((classes[:, b] == k) & (keys < bound))):
-                    item = _Example(-float(keys[layer, head]), int(layer), int(head), example.source, example.text,
-                                    batch.attentions[layer, b, head, :n, :n].half().cpu().numpy())
-                    if len(kept) < self.examples_per_class:
-                        heapq.heappush(kept, item)
-                    elif item.key > kept[0].key:
-                        heapq.heapreplace(kept, item)
+                    self._offer(kept, _Example(-float(keys[layer, head]), int(layer), int(head), example.source, example.text,
+                                               batch.attentions[layer, b, head, :n, :n].half().cpu().numpy(), tokens))
+
+    def _offer(self, kept: list[_Example], item: _Example) -> None:
+        """Keep ``item`` in the heap ``kept`` if its head has no map there with a smaller hash and it is among the
+        ``examples_per_class`` smallest hashes of distinct heads."""
+        same = [k for k, old in enumerate(kept) if (old.layer, old.head) == (item.layer, item.head)]
+        if same:
+            if item.key > kept[same[0]].key:
+                kept[same[0]] = item
+                heapq.heapify(kept)
+        elif len(kept) < self.examples_per_class:
+            heapq.heappush(kept, item)
+        elif item.key > kept[0].key:
+            heapq.heapreplace(kept, item)
 
     def merge(self, other: "HeadPatterns") -> "HeadPatterns":
         self._check_mergeable(other)
         if other._counts is not None:
             self._counts = other._counts.copy() if self._counts is None else self._counts + other._counts
         for pattern, items in other._examples.items():
-            merged = sorted(self._examples[pattern] + items, reverse=True)[: self.examples_per_class]
+            best: dict[tuple[int, int], _Example] = {}
+            for item in sorted(self._examples[pattern] + items, reverse=True):
+                best.setdefault((item.layer, item.head), item)  # each head's smallest hash
+            merged = list(best.values())[: self.examples_per_class]
             heapq.heapify(merged)
             self._examples[pattern] = merged
         return self

@@ -53,30 +53,27 @@ def pattern_grid(patterns: pd.DataFrame):
 
 
 def pattern_thumbnails(examples: dict):
-    """A row of example maps for each pattern class, drawn from the corpus."""
-    columns = max(1, max(len(items) for items in examples.values()))
-    figure, axes = plt.subplots(len(examples), columns, figsize=(1.9 * columns + 1.2, 1.9 * len(examples)), squeeze=False)
-    for row, (pattern, items) in enumerate(examples.items()):
-        for column in range(columns):
-            axis = axes[row, column]
-            axis.set_xticks([])
-            axis.set_yticks([])
-            if column < len(items):
-                item = items[column]
-                axis.imshow(item.attention.astype(float), cmap="Greys", vmin=0, vmax=max(float(item.attention.max()), 1e-6))
-                axis.set_title(f"layer {item.layer}, head {item.head}", fontsize=7)
-            else:
-                axis.axis("off")
-            if column == 0:
-                axis.set_ylabel(pattern, fontsize=9)
-                if not items:
-                    axis.axis("on")
-                    axis.set_frame_on(False)
-                    axis.text(0.5, 0.5, "no map of this class", ha="center", va="center", fontsize=8, transform=axis.transAxes)
-    figure.suptitle("example maps per pattern (rows: queries, columns: keys)", fontsize=9)
-    figure.tight_layout()
+    """A row of example maps for each pattern class with examples (one head each), the tokens on both axes; the classes
+    without any are named in the title."""
+    shown = {pattern: items for pattern, items in examples.items() if items}
+    columns = max([len(items) for items in shown.values()], default=1)
+    figure, axes = plt.subplots(max(1, len(shown)), columns, figsize=(3.3 * columns + 0.6, 3.5 * max(1, len(shown))), squeeze=False,
+                                layout="constrained")
+    for axis in axes.ravel():
+        axis.axis("off")
+    for row, (pattern, items) in enumerate(shown.items()):
+        for axis, item in zip(axes[row], items):
+            axis.axis("on")
+            axis.imshow(item.attention.astype(float), cmap="Greys", vmin=0, vmax=max(float(item.attention.max()), 1e-6))
+            size = min(7.0, 150 / len(item.tokens))  # points: the labels of a 32-piece map just fit
+            axis.set_xticks(range(len(item.tokens)), item.tokens, rotation=90, fontsize=size)
+            axis.set_yticks(range(len(item.tokens)), item.tokens, fontsize=size)
+            axis.tick_params(length=0, pad=1)
+            axis.set_title(f"{pattern}: layer {item.layer}, head {item.head}", fontsize=8)
+    missing = [pattern for pattern, items in examples.items() if not items]
+    figure.suptitle("example maps per pattern, one head each (rows: queries, columns: keys)"
+                    + (f"\nno map of class {', '.join(missing)}" if missing else ""), fontsize=10)
     return figure
-
 
 
 def patterns_section(folder: RunFolder, patterns: pd.DataFrame, by_layer: pd.DataFrame, examples: dict, thresholds: dict | None) -> Section:
@@ -91,7 +88,7 @@ def patterns_section(folder: RunFolder, patterns: pd.DataFrame, by_layer: pd.Dat
     )
     section.figures.append(Figure(folder.write_figure("patterns_by_layer", pattern_shares_by_layer(by_layer)), "Pattern shares per layer, and over all layers."))
     section.figures.append(Figure(folder.write_figure("patterns_grid", pattern_grid(patterns)), "Each head's majority pattern."))
-    section.figures.append(Figure(folder.write_figure("patterns_examples", pattern_thumbnails(examples)), "Example maps of each class, drawn from the corpus."))
+    section.figures.append(Figure(folder.write_figure("patterns_examples", pattern_thumbnails(examples)), "Example maps of each class, each from another head, drawn from the corpus."))
     wide = by_layer.assign(layer=by_layer.layer.map(lambda layer: "all" if layer == -1 else layer)).pivot(index="layer", columns="pattern", values="share")
     section.tables.append(("Pattern shares per layer", wide.reset_index()))
     if thresholds is not None:

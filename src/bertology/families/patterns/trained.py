@@ -30,7 +30,8 @@ from sklearn.preprocessing import StandardScaler
 
 from bertology.core.analyzer import Analyzer
 from bertology.core.engine import Batch
-from bertology.core.errors import BertologyError
+from bertology.core.errors import BertologyError, StateError
+from bertology.core.safeload import field, finite_array, read_json, whole_number
 from bertology.core.stats import sequence_key
 from bertology.families.patterns.analyzer import PATTERNS, pattern_features
 
@@ -38,6 +39,8 @@ GRID = 8
 CLASSIFIER_FORMAT = "bertology-pattern-classifier"
 RULE_FEATURES = ("vertical", "diagonal", "block", "pair")
 FEATURE_NAMES = tuple(f"cell_{r}_{c}" for r in range(GRID) for c in range(GRID)) + RULE_FEATURES
+#: The finest pooling grid a classifier may use (it has grid x grid + 4 features).
+MAX_GRID = 64
 
 
 def map_features(attention: torch.Tensor, mask: torch.Tensor, special: torch.Tensor, segment_ids: torch.Tensor, grid: int = GRID) -> np.ndarray:
@@ -171,36 +174,45 @@ def train_classifier(items: list[dict], folds: int = 5, seed: int = 0) -> tuple[
 
 class TrainedClassifier:
     """A classifier from :func:`train_classifier`'s document (``classifier.json``), with the
-    :class:`~bertology.families.patterns.analyzer.PatternClassifier` ``classify`` method."""
+    :class:`~bertology.families.patterns.analyzer.PatternClassifier` ``classify`` method.
+
+    The document is checked before use: its format and version, a grid of 1 to :data:`MAX_GRID`, two or more distinct
+    known classes, and the scaler's and model's numbers as finite arrays of the shapes the grid and classes give, every
+    scale above 0 and none so large that a class score overflows (which would make every head the first class)."""
 
     def __init__(self, document: dict, source: str = "classifier.json"):
         self.source = source
-        try:
-            if document.get("format") != CLASSIFIER_FORMAT or document.get("version") != 1:
-                raise ValueError("not a bertology pattern classifier (format, version)")
-            self.grid = int(document["grid"])
-            self.classes = [PATTERNS.index(c) for c in document["classes"]]
-            self.mean, self.scale = np.asarray(document["mean"], dtype=np.float64), np.asarray(document["scale"], dtype=np.float64)
-            self.coef, self.intercept = np.asarray(document["coef"], dtype=np.float64), np.asarray(document["intercept"], dtype=np.float64)
-            width = self.grid * self.grid + len(RULE_FEATURES)
-            if self.mean.shape != (width,) or self.scale.shape != (width,) or self.intercept.shape[0] != self.coef.shape[0]:
-                raise ValueError("its arrays do not fit its grid")
-            if len(self.classes) == 2:  # scikit-learn keeps one row for two classes, the log-odds s of the second: scores (0, s)
-                self.coef = np.stack([np.zeros_like(self.coef[0]), self.coef[0]])
-                self.intercept = np.array([0.0, self.intercept[0]])
-            if self.coef.shape != (len(self.classes), width):
-                raise ValueError("its coefficients do not fit its classes")
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise BertologyError(f"{source}: not a pattern classifier bertology wrote ({exc})") from None
+        if not isinstance(document, dict) or document.get("format") != CLASSIFIER_FORMAT:
+            raise StateError(source, f"not a pattern classifier bertology wrote (its format is not {CLASSIFIER_FORMAT!r})")
+        if field(document, "version", int, source) != 1:
+            raise StateError(source, f"pattern classifier version {document['version']} is not one this bertology reads (1)")
+        self.grid = whole_number(field(document, "grid", int, source), "grid", source, low=1, high=MAX_GRID)
+        names = field(document, "classes", list, source)
+        unknown = [name for name in names if not isinstance(name, str) or name not in PATTERNS]
+        if unknown:
+            raise StateError(source, f"unknown class {json.dumps(unknown[0], default=str)[:60]} (the classes are {', '.join(PATTERNS)})")
+        if len(set(names)) != len(names) or len(names) < 2:
+            raise StateError(source, "'classes' must name two or more different classes")
+        self.classes = [PATTERNS.index(name) for name in names]
+        width = self.grid * self.grid + len(RULE_FEATURES)
+        rows = 1 if len(names) == 2 else len(names)  # scikit-learn keeps one row for two classes, the log-odds of the second
+        self.mean, self.scale = (finite_array(field(document, key, list, source), key, source, shape=(width,)).astype(np.float64) for key in ("mean", "scale"))
+        self.coef = finite_array(field(document, "coef", list, source), "coef", source, shape=(rows, width)).astype(np.float64)
+        self.intercept = finite_array(field(document, "intercept", list, source), "intercept", source, shape=(rows,)).astype(np.float64)
+        if (self.scale <= 0).any():
+            raise StateError(source, "'scale' holds a value that is not above 0 (features are divided by it)")
+        with np.errstate(over="ignore", invalid="ignore"):
+            reach = np.maximum(np.abs(self.mean), np.abs(1 - self.mean)) / self.scale  # the largest standardised feature (features lie in [0, 1])
+            if not np.isfinite(np.abs(self.coef) @ reach + np.abs(self.intercept)).all():
+                raise StateError(source, "its numbers are too large: the class scores would overflow")
+        if rows == 1:  # two classes: scores (0, s)
+            self.coef = np.concatenate([np.zeros_like(self.coef), self.coef])
+            self.intercept = np.concatenate([[0.0], self.intercept])
 
     @classmethod
     def load(cls, path: str | Path) -> "TrainedClassifier":
-        """Read ``classifier.json`` (plain JSON: numbers and names, no code)."""
-        try:
-            document = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise BertologyError(f"{path}: cannot read the pattern classifier ({exc})") from None
-        return cls(document, str(path))
+        """Read ``classifier.json`` (plain JSON: numbers and names, no code), checked as the constructor checks it."""
+        return cls(read_json(Path(path)), str(path))
 
     def probabilities(self, attention, mask, special, segment_ids) -> np.ndarray:
         """``[batch, head, class]`` probabilities, classes in the order of ``self.classes``."""

@@ -1,4 +1,4 @@
-"""The general head profile (Clark et al. 2019, "What Does BERT Look At?"; METHODS.md section 1).
+"""The general head profile (Clark et al. 2019, "What Does BERT Look At?"; docs/methods.md#head-profile).
 
 Tables: ``heads`` (``layer, head, metric, value, ci_low, ci_high, n``), ``layers``, ``head_labels``
 (heads past Clark's thresholds), ``clark_thresholds`` (each threshold beside the largest value the corpus allows: the

@@ -1,4 +1,4 @@
-"""The general head profile (Clark et al. 2019, "What Does BERT Look At?", METHODS.md section 1).
+"""The general head profile (Clark et al. 2019, "What Does BERT Look At?", docs/methods.md#head-profile).
 
 Per head and sequence, with ``a[i, j]`` the attention from query i to key j and n real tokens
 (special tokens included, padding excluded):
@@ -142,7 +142,7 @@ class GeneralProfile(Analyzer):
         return interval_frame(self._layers, index)
 
 
-#: The token sets whose attention peaks at a characteristic depth under the learning-curve hypothesis (METHODS.md section 8).
+#: The token sets whose attention peaks at a characteristic depth under the learning-curve hypothesis (docs/methods.md#track-and-the-learning-curve-verdict).
 PEAK_METRICS = ("cls", "sep", "punct")
 
 

@@ -35,45 +35,70 @@ def special_by_layer(heads: pd.DataFrame, metrics=("cls", "sep", "punct")):
     return figure
 
 
-def metric_heatmap(heads: pd.DataFrame, metric: str, axis) -> None:
-    """Layer x head heatmap of one metric's mean over sequences, drawn on ``axis``."""
+#: Metrics that are shares of a row's attention (0 to 1): their heat maps share one colour scale, so they compare.
+SHARE_METRICS = ("cls", "sep", "punct", "self", "prev", "next")
+#: The unit of each other metric, for its own colour bar.
+METRIC_UNITS = {"entropy": "nats", "cls_entropy": "nats", "distance": "tokens"}
+
+
+def metric_heatmap(heads: pd.DataFrame, metric: str, axis, **imshow):
+    """Layer x head heatmap of one metric's mean over sequences, drawn on ``axis``; returns the image."""
     grid = heads[heads.metric == metric].pivot(index="layer", columns="head", values="value")
-    image = axis.imshow(grid.values, aspect="auto", cmap="viridis")
+    image = axis.imshow(grid.values, aspect="auto", cmap="viridis", **imshow)
     axis.set_xticks(range(grid.shape[1]), grid.columns)
     axis.set_yticks(range(grid.shape[0]), grid.index)
     axis.set_xlabel("head (0-based)")
     axis.set_ylabel("layer (0-based)")
     axis.set_title(METRIC_TITLES.get(metric, metric))
-    plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+    return image
 
 
 def metric_heatmaps(heads: pd.DataFrame, metrics) -> plt.Figure:
-    """All metrics' layer x head heatmaps in one grid (for the report)."""
+    """All metrics' layer x head heatmaps in one grid (for the report). The shares of attention (:data:`SHARE_METRICS`)
+    share one colour scale from 0 to 1 and one colour bar; every other metric has its own bar, labelled with its unit."""
     columns = 3
     rows = int(np.ceil(len(metrics) / columns))
-    figure, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.4 * rows), squeeze=False)
+    figure, axes = plt.subplots(rows, columns, figsize=(5.4 * columns, 3.4 * rows), squeeze=False, layout="constrained")
+    shared = [axis for axis, metric in zip(axes.ravel(), metrics) if metric in SHARE_METRICS]
     for axis, metric in zip(axes.ravel(), metrics):
-        metric_heatmap(heads, metric, axis)
+        if metric in SHARE_METRICS:
+            share_image = metric_heatmap(heads, metric, axis, vmin=0.0, vmax=1.0)
+        else:
+            figure.colorbar(metric_heatmap(heads, metric, axis), ax=axis, label=METRIC_UNITS.get(metric))
+    if shared:
+        figure.colorbar(share_image, ax=shared, label="share of attention (one scale for these maps)", shrink=0.9)
     for axis in axes.ravel()[len(metrics):]:
         axis.set_visible(False)
-    figure.tight_layout()
     return figure
 
 
 def head_map_figure(embedding: pd.DataFrame):
-    """2-D MDS map of the heads by Jensen-Shannon distance, coloured by layer (Clark et al. figure 6)."""
-    figure, axis = plt.subplots(figsize=(6.5, 5.5))
-    points = axis.scatter(embedding.x, embedding.y, c=embedding.layer, cmap="viridis", s=40, edgecolor="white", linewidth=0.5)
-    for row in embedding.itertuples():
-        axis.annotate(f"{row.layer}-{row.head}", (row.x, row.y), fontsize=6, alpha=0.7, xytext=(2, 2), textcoords="offset points")
-    bar = plt.colorbar(points, ax=axis)
-    bar.set_label("layer (0-based)")
-    axis.set_title("heads by Jensen-Shannon distance (MDS); labels layer-head")
+    """2-D MDS map of the heads by Jensen-Shannon distance, one colour per layer with a legend (Clark et al. figure 6).
+
+    Each head is labelled ``layer-head`` where the label overlaps no label already drawn, the heads farthest from the
+    centre first (the outliers are the heads worth naming); the others stay unlabelled dots."""
+    figure, axis = plt.subplots(figsize=(9.0, 7.5))
+    layers = sorted(embedding.layer.unique())
+    colours = plt.get_cmap("viridis", len(layers))
+    for k, layer in enumerate(layers):
+        rows = embedding[embedding.layer == layer]
+        axis.scatter(rows.x, rows.y, color=colours(k), s=45, edgecolor="black", linewidth=0.4, label=f"layer {layer}")
     axis.set_xticks([])
     axis.set_yticks([])
+    axis.legend(title="layer (0-based)", fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
+    axis.set_title("heads by Jensen-Shannon distance (MDS); labels layer-head, where they fit")
     figure.tight_layout()
+    renderer = figure.canvas.get_renderer()
+    centre = embedding[["x", "y"]].mean()
+    kept = []
+    for row in embedding.assign(far=np.hypot(embedding.x - centre.x, embedding.y - centre.y)).sort_values("far", ascending=False).itertuples():
+        label = axis.annotate(f"{row.layer}-{row.head}", (row.x, row.y), fontsize=8, xytext=(3, 3), textcoords="offset points")
+        box = label.get_window_extent(renderer)
+        if any(box.overlaps(other) for other in kept):
+            label.remove()
+        else:
+            kept.append(box)
     return figure
-
 
 
 def profile_section(

@@ -1,8 +1,8 @@
-"""Head roles: the heads hypothesis (Pande et al. 2021, METHODS.md section 5).
+"""Head roles: the heads hypothesis (Pande et al. 2021, docs/methods.md#roles-and-the-sieve-score).
 
 Tables: ``roles`` (``layer, head, role, mean, ci_low, ci_high, t, p, p_adj, has_role, n``) and
 ``role_shares`` (the share of heads holding each role at tau = 1, 2, 3 and the run's tau), plus, from
-the report section, ``role_shares_by_layer`` and ``role_colocation``.
+the report section, ``role_shares_by_layer`` and ``role_colocation``. In memory, ``role_tau``: the run's tau.
 """
 
 from __future__ import annotations
@@ -36,13 +36,40 @@ class Roles(Family):
         taus = sorted(set(REPORTED_TAUS) | {context.settings["tau"]})
         least = context.settings["min_sample"]
         shares = pd.concat([role_shares(roles.test(tau=value, min_sample=least)).assign(tau=value) for value in taus], ignore_index=True)
-        return FamilyResult(tables={"roles": roles.test(min_sample=least), "role_shares": shares})
+        return FamilyResult(tables={"roles": roles.test(min_sample=least), "role_shares": shares}, extras={"role_tau": context.settings["tau"]})
 
     def section(self, folder, result, settings):
         from bertology.families.roles.report import roles_section
 
         return roles_section(folder, result.tables["roles"], result.tables["role_shares"], settings["tau"], settings["correction"],
                              settings["min_sample"])
+
+    def summary(self, result):
+        """Per summary role: how many of the tested heads hold it at the run's tau, and the tested head with the largest mean
+        sieve score. A head seen in fewer than ``--min-sample`` sequences is not tested (``p`` is NaN) and counts nowhere."""
+        from bertology.families.roles.analyzer import SUMMARY_ROLES
+        from bertology.families.summaries import by_view
+
+        tau = result.extras.get("role_tau")
+        at = f" at tau {tau:g}" if tau is not None else ""
+        lines = []
+        for prefix, roles in by_view(result.tables["roles"]):
+            for role in SUMMARY_ROLES:
+                rows = roles[roles.role == role]
+                if rows.empty or not (rows.n > 0).any():  # nothing to score (block without pairs, syntactic without trees)
+                    continue
+                tested = rows[rows.p.notna()]
+                if tested.empty:
+                    lines.append(f"{prefix}role {role}{at}: not tested (every head seen in at most {int(rows.n.max())} sequences, "
+                                 "fewer than --min-sample)")
+                    continue
+                held = int(tested.has_role.sum())
+                top = tested.loc[tested["mean"].idxmax()]
+                untested = f", {len(rows) - len(tested)} not tested" if len(tested) < len(rows) else ""
+                lines.append(f"{prefix}role {role}{at}: {held} of {len(tested)} tested heads ({held / len(tested):.0%}){untested}; "
+                             f"strongest {int(top.layer)}-{int(top['head'])} (mean score {top['mean']:.2f}, 95% CI {top.ci_low:.2f}-{top.ci_high:.2f}, "
+                             f"p_adj {top.p_adj:.2g}, {'holds it' if top.has_role else 'does not pass the test'})")
+        return lines
 
     def by_layer(self, result):
         roles = result.tables["roles"]

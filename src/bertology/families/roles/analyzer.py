@@ -1,4 +1,4 @@
-"""Statistical role tests for every head: the heads hypothesis (Pande et al. 2021, METHODS.md section 5).
+"""Statistical role tests for every head: the heads hypothesis (Pande et al. 2021, docs/methods.md#roles-and-the-sieve-score).
 
 The sieve score of one head on one sequence, for a role whose sieve set for query i is ``S_i``,
 over the queries Q that have one, is

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from matplotlib.colors import TwoSlopeNorm
 
 from bertology.reports.figures import plt
 
@@ -49,27 +50,44 @@ def role_colocation_heatmap(matrix: pd.DataFrame):
     return figure
 
 
-def role_grid(roles: pd.DataFrame, order):
-    """Layer x head grid: each cell lists the roles its head holds, coloured by the strongest (largest t)."""
-    held = roles[roles.role.isin(order) & roles.has_role]
-    num_layers, num_heads = roles.layer.max() + 1, roles["head"].max() + 1
-    figure, axis = plt.subplots(figsize=(0.75 * num_heads + 1.5, 0.6 * num_layers + 1.2))
-    axis.set_xlim(-0.5, num_heads - 0.5)
-    axis.set_ylim(num_layers - 0.5, -0.5)
-    for (layer, head), rows in held.groupby(["layer", "head"]):
-        strongest = rows.sort_values("t", ascending=False).role.iloc[0]
-        axis.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, color=ROLE_COLOURS.get(strongest, "tab:gray"), alpha=0.35))
-        label = "\n".join(role[:3] for role in rows.sort_values("t", ascending=False).role)
-        axis.text(head, layer, label, ha="center", va="center", fontsize=6)
-    axis.set_xticks(range(num_heads))
-    axis.set_yticks(range(num_layers))
-    axis.set_xlabel("head (0-based)")
-    axis.set_ylabel("layer (0-based)")
-    axis.set_title("roles held by each head (colour: strongest)")
-    axis.grid(False)
-    figure.tight_layout()
-    return figure
+def role_strength(roles: pd.DataFrame, order) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
+    """Per role of ``order`` with a score: the layer x head grids of the mean sieve score and of whether the head holds it."""
+    grids = {}
+    for role in order:
+        rows = roles[roles.role == role]
+        if rows["mean"].notna().any():
+            grids[role] = (rows.pivot(index="layer", columns="head", values="mean"), rows.pivot(index="layer", columns="head", values="has_role").astype(bool))
+    return grids
 
+
+def role_grid(roles: pd.DataFrame, order, tau: float):
+    """One layer x head map per role: the mean sieve score (white at tau, red above, blue below, on the role's own
+    scale), a dot on every head that holds the role, and the strongest head named in the title."""
+    grids = role_strength(roles, order)
+    columns = min(2, len(grids))
+    rows = -(-len(grids) // columns)
+    num_layers, num_heads = next(iter(grids.values()))[0].shape
+    figure, axes = plt.subplots(rows, columns, figsize=(columns * (0.42 * num_heads + 2.2), rows * (0.36 * num_layers + 1.3)), squeeze=False,
+                                layout="constrained")
+    for axis, (role, (score, held)) in zip(axes.ravel(), grids.items()):
+        top = float(np.nanmax(score.values))
+        low = min(0.0, float(np.nanmin(score.values)), tau - 1.0)  # the scale must run below tau (scores are >= 0; tau may be too)
+        norm = TwoSlopeNorm(vcenter=tau, vmin=low, vmax=max(top, tau + 0.05 * abs(tau) + 1e-6))
+        image = axis.imshow(score.values, aspect="auto", cmap="RdBu_r", norm=norm)
+        layer, head = np.nonzero(held.values)
+        axis.scatter(head, layer, s=14, color="black", edgecolor="white", linewidth=0.6)
+        best = np.unravel_index(np.nanargmax(score.values), score.shape)
+        axis.set_title(f"{role}: {int(held.values.sum())} of {held.size} heads hold it; strongest {score.index[best[0]]}-{score.columns[best[1]]} "
+                       f"({top:.2f})", fontsize=9)
+        axis.set_xticks(range(num_heads), score.columns, fontsize=7)
+        axis.set_yticks(range(num_layers), score.index, fontsize=7)
+        axis.set_xlabel("head (0-based)", fontsize=8)
+        axis.set_ylabel("layer (0-based)", fontsize=8)
+        figure.colorbar(image, ax=axis, label=f"mean sieve score (tau = {tau:g})")
+    for axis in axes.ravel()[len(grids):]:
+        axis.set_visible(False)
+    figure.suptitle("each role's mean sieve score per head (1 = uniform attention); dot: the head holds the role")
+    return figure
 
 
 def roles_section(folder: RunFolder, roles: pd.DataFrame, shares_by_tau: pd.DataFrame, tau: float, correction: str, min_sample: int) -> Section:
@@ -88,7 +106,9 @@ def roles_section(folder: RunFolder, roles: pd.DataFrame, shares_by_tau: pd.Data
     colocation = role_colocation(roles)
     folder.write_table("role_colocation", colocation.reset_index(names="role"))
     section.figures.append(Figure(folder.write_figure("roles_by_layer", role_shares_by_layer(by_layer, tau)), "Share of heads holding each role, per layer."))
-    section.figures.append(Figure(folder.write_figure("roles_grid", role_grid(roles, SUMMARY_ROLES)), "Roles of every head (first three letters; colour: the role with the largest t)."))
+    section.figures.append(Figure(folder.write_figure("roles_grid", role_grid(roles, SUMMARY_ROLES, tau)),
+                                  f"Each role's mean sieve score per head, on the role's own scale: white at tau = {tau:g}, red above, blue below; "
+                                  "a dot marks the heads that hold the role (corrected t-test)."))
     section.figures.append(Figure(folder.write_figure("roles_colocation", role_colocation_heatmap(colocation)), "How many heads hold two roles at once."))
     section.tables.append(("Share of heads holding each role, by tau", shares_by_tau.pivot(index="role", columns="tau", values="share").reset_index()))
     untested = roles[roles.p.isna() & (roles.n > 0)]

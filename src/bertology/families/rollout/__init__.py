@@ -1,4 +1,4 @@
-"""Attention rollout (Abnar & Zuidema 2020; METHODS.md section 7).
+"""Attention rollout (Abnar & Zuidema 2020; docs/methods.md#rollout).
 
 Table: ``rollout`` (``layer, row, target, value, ci_low, ci_high, n``): after each layer, the rolled-out
 attention to [CLS], [SEP], punctuation and the token itself, from every query (``row = all``) and from the
@@ -27,6 +27,21 @@ class Rollout(Family):
         from bertology.families.rollout.report import rollout_section
 
         return rollout_section(folder, result.tables["rollout"])
+
+    def summary(self, result):
+        """One line per view: the rolled-out attention of every query to itself, [CLS], [SEP] and punctuation, from the
+        first layer to the last (with the highest and lowest layers where they lie between)."""
+        from bertology.families.summaries import by_view, trend
+
+        names = {"self": "itself", "cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation"}
+        lines = []
+        for prefix, table in by_view(result.tables["rollout"]):
+            rows = table[table.row == "all"]
+            if rows.empty:
+                continue
+            parts = [f"to {name} {trend(rows[rows.target == target].set_index('layer').value)}" for target, name in names.items()]
+            lines.append(f"{prefix}attention rollout from every query (Abnar & Zuidema 2020): " + "; ".join(parts))
+        return lines
 
     def by_layer(self, result):
         table = result.tables["rollout"]

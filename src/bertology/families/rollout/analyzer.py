@@ -1,4 +1,4 @@
-"""Attention rollout (Abnar & Zuidema 2020, METHODS.md section 7).
+"""Attention rollout (Abnar & Zuidema 2020, docs/methods.md#rollout).
 
 ``R_l = norm_rows(0.5 A_l + 0.5 I) R_{l-1}``, ``R_{-1} = I``, with ``A_l`` the head mean of layer l's maps:
 ``R_l[i, j]`` says how much input token j reaches position i after layer l. :class:`AttentionRollout`: per

@@ -10,13 +10,16 @@ from bertology.reports.html import Figure, Section
 
 TARGET_TITLES = {"cls": "input [CLS]", "sep": "input [SEP]", "punct": "input punctuation", "self": "its own input token"}
 ROW_TITLES = {"cls_row": "the [CLS] position", "all": "every position (mean)"}
+#: At the [CLS] position, its own input token is [CLS]: the two lines are one by definition, and the legend says so.
+CLS_ROW_TITLES = {**TARGET_TITLES, "self": "its own input token (= input [CLS] here)"}
 
 
 def rollout_by_layer(table: pd.DataFrame):
-    """Rolled-out attention to each target after each layer: the [CLS] row and every row, with 95% intervals."""
+    """Rolled-out attention to each target after each layer: the [CLS] row and every row, with 95% intervals; each line
+    with its own marker and line style (:func:`~bertology.reports.figures.layer_lines`), so lines that coincide both show."""
     figure, axes = plt.subplots(1, 2, figsize=(10.0, 3.6), sharey=True)
     for axis, row in zip(axes, ROW_TITLES):
-        layer_lines(axis, table[table.row == row], "target", TARGET_TITLES)
+        layer_lines(axis, table[table.row == row], "target", CLS_ROW_TITLES if row == "cls_row" else TARGET_TITLES)
         axis.set_title(f"rolled out from {ROW_TITLES[row]}")
     axes[0].set_ylabel("rolled-out attention")
     axes[0].legend(fontsize=8)

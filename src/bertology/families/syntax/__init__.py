@@ -1,4 +1,4 @@
-"""Syntactic heads and the attention parsing probe (Clark et al. 2019, section 4; METHODS.md sections 2-3).
+"""Syntactic heads and the attention parsing probe (Clark et al. 2019, section 4; docs/methods.md#syntactic-heads-and-the-parsing-probe).
 
 Needs dependency trees (CoNLL-U, or ``parser="spacy"``). Tables: ``syntax`` (``relation, direction,
 layer, head, accuracy, n``), ``syntax_best`` (one row per relation), ``syntax_baselines``; document
@@ -80,11 +80,32 @@ class Syntax(Family):
         return syntax_section(folder, result.tables["syntax"], result.tables["syntax_best"], result.documents.get("probe"),
                               settings["heatmap_relation"], settings["min_dependents"])
 
+    #: Relations the summary names: ``all`` and the most frequent tested ones, up to this many in all.
+    SUMMARY_RELATIONS = 5
+
     def summary(self, result):
-        probe = result.documents.get("probe")
-        if probe is None:
-            return []
-        return [f"parsing probe UAS ({probe['evaluation']}): " + ", ".join(f"{name} {value:.3f}" for name, value in probe["uas"].items())]
+        """How many tested relations have a head above the best offset baseline after correction; the best head of ``all``
+        and of the most frequent tested relations, against the baseline; the parsing probe's UAS. A relation with fewer
+        than ``--min-dependents`` dependents (``few``) is not tested and is not named."""
+        from bertology.families.summaries import VIEW_NAMES, by_view
+
+        lines = []
+        for prefix, best in by_view(result.tables["syntax_best"]):
+            few = best.few.astype(bool)
+            tested = best[~few]  # all first, then by number of dependents
+            untested = f"; {int(few.sum())} with fewer dependents than --min-dependents not tested" if few.any() else ""
+            lines.append(f"{prefix}syntactic heads: {int(tested.significant.astype(bool).sum())} of {len(tested)} tested relations have a head "
+                         f"above the best offset baseline after correction{untested}")
+            for row in tested.head(self.SUMMARY_RELATIONS).itertuples():
+                ties = f", {int(row.n_ties)} heads tied" if row.n_ties > 1 else ""
+                lines.append(f"{prefix}  {row.relation} ({int(row.n)} dependents): {int(row.layer)}-{int(row.head)} {row.direction} {row.accuracy:.3f} "
+                             f"(95% CI {row.ci_low:.3f}-{row.ci_high:.3f}) vs offset {int(row.baseline_offset):+d} {row.baseline_accuracy:.3f}, "
+                             f"p_adj {row.p_adj:.2g}{ties}")
+        for name, probe in result.documents.items():
+            if name == "probe" or name.startswith("probe_"):
+                prefix = f"[{VIEW_NAMES.get(probe['weighting'], probe['weighting'])}] " if "weighting" in probe else ""
+                lines.append(f"{prefix}parsing probe UAS ({probe['evaluation']}): " + ", ".join(f"{key} {value:.3f}" for key, value in probe["uas"].items()))
+        return lines
 
     def overview(self, result):
         return result.tables["syntax_best"].head(10)

@@ -1,4 +1,4 @@
-"""Syntactic heads (Clark et al. 2019, section 4; METHODS.md sections 2-3).
+"""Syntactic heads (Clark et al. 2019, section 4; docs/methods.md#syntactic-heads-and-the-parsing-probe).
 
 For every head and both directions, each word's parent is predicted as the argmax of its
 word-level attention, over the other words ([CLS]/[SEP] and the word itself excluded):

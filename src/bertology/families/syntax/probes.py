@@ -7,7 +7,7 @@ For dependent i and candidate parent j (the root, or another word), the probe sc
   ``w_k(i, j) = w_k + (e_i P)_k + (e_j Q)_k`` (and likewise ``u_k``), where ``e`` are the words'
   static input embeddings from the model itself (the paper used GloVe),
 
-over the word-level maps ``A_k`` of every head k (METHODS.md section 2) in both directions, and is
+over the word-level maps ``A_k`` of every head k (docs/methods.md#notation-and-word-level-attention) in both directions, and is
 trained with a softmax over candidates (cross-entropy on the gold parent). The root candidate is
 the [CLS] unit. Evaluation is unlabelled attachment score (UAS) over every word, root included.
 Baselines: right-branching, left-branching and the best fixed offset (chosen on training data).

@@ -48,7 +48,8 @@
     return "hsl(" + hue + ",70%," + lightness + "%)";
   }
 
-  const state = { layer: 0, heads: new Set(Array.from({ length: H }, (_, h) => h)), hover: null, queryFilter: "all", keyFilter: "all", view: "attention" };
+  // The page opens on one head: the most distinctive of layer 0 (data.start_head, see bertology.viewer.distinctive_head).
+  const state = { layer: 0, heads: new Set([data.start_head]), hover: null, queryFilter: "all", keyFilter: "all", view: "attention" };
   const viewer = { state: state, linesDrawn: 0, renderMs: 0, open: open };
   window.bertologyViewer = viewer;
 
@@ -181,7 +182,7 @@
     label.className = "head";
     label.style.background = chipColour(h);
     const input = document.createElement("input");
-    input.type = "checkbox"; input.checked = true; input.dataset.head = String(h);
+    input.type = "checkbox"; input.checked = state.heads.has(h); input.dataset.head = String(h);
     input.addEventListener("change", function () { if (input.checked) state.heads.add(h); else state.heads.delete(h); updateTitle(); drawHead(); });
     label.appendChild(input);
     label.appendChild(document.createTextNode(String(h)));
@@ -240,9 +241,14 @@
       const labels = document.createElement("span");
       labels.className = "labels";
       const own = data.labels[l + "-" + h] || [];
-      own.forEach(function (label) { allLabels.add(label); });
-      labels.textContent = own.join(", ");
-      labels.title = own.join(", ");  // cut to the cell's width; the whole list on hover
+      own.forEach(function (label) {
+        allLabels.add(label);
+        const chip = document.createElement("span");
+        chip.textContent = data.short_labels[label];  // short, never cut: the legend spells it out
+        chip.title = label;
+        labels.appendChild(chip);
+      });
+      labels.title = own.join(", ");  // the whole list on hover
       thumb.dataset.labels = JSON.stringify(own);
       thumb.title = "layer " + l + ", head " + h + (own.length ? ": " + own.join(", ") : "");
       thumb.append(small, name, labels);
@@ -250,6 +256,8 @@
       grid.appendChild(thumb);
     }
   }
+  const legend = Object.entries(data.label_legend).map(function (pair) { return pair[0] + " = " + pair[1]; });
+  document.getElementById("label-legend").textContent = legend.length ? "Labels (hover a cell for them in full): " + legend.join(", ") + "." : "";
   const labelFilter = document.getElementById("label-filter");
   Array.from(allLabels).sort().forEach(function (label) {
     const option = document.createElement("option"); option.value = label; option.textContent = label; labelFilter.appendChild(option);
@@ -280,6 +288,10 @@
 
   const match = /layer=(\d+)&head=(\d+)/.exec(window.location.hash);
   if (match && Number(match[1]) < L && Number(match[2]) < H) open(Number(match[1]), Number(match[2]));
-  else { updateTitle(); drawHead(); }
+  else {
+    document.getElementById("start-hint").textContent = "Opened on head " + data.start_head + " of layer 0: its attention is the furthest " +
+      "(Jensen-Shannon) from the layer's mean map on this input. Tick other heads to add them.";
+    updateTitle(); drawHead();
+  }
   document.body.dataset.ready = "1";
 })();
