@@ -355,3 +355,33 @@ def test_a_damaged_part_is_refused_in_one_line_naming_the_file_to_delete(saved_p
     assert str(error.value).endswith(f"; delete {marker} to compute this checkpoint again") and "\n" not in str(error.value)
     marker.unlink()  # as the message says: the checkpoint is computed again
     assert track([str(tiny_bert_dir)], examples, **settings).results[0].syntax is not None
+
+
+def test_parts_of_an_unfinished_track_with_other_settings_or_weights_are_refused_not_overwritten(saved_parts, tiny_bert_dir, tmp_path):
+    """Issue 25: a rerun with other settings overwrote an unfinished run's parts; the parts now carry the weights' hash too."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from test_runfolder import snapshot
+
+    out, examples = saved_parts
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert_dir, model)
+    settings = dict(bootstrap=20, min_dependents=2, device="cpu", progress=False)
+    track([str(model)], examples, out=tmp_path / "out", **settings)
+    (tmp_path / "out" / "manifest.json").unlink()  # as a track killed before it wrote its folder leaves it
+    before = snapshot(tmp_path / "out")
+    with pytest.raises(StateError, match="a part of an unfinished track run with other settings, corpus or weights") as error:
+        track([str(model)], examples, out=tmp_path / "out", **{**settings, "bootstrap": 30})
+    assert "\n" not in str(error.value) and snapshot(tmp_path / "out") == before
+    weights = load_file(model / "model.safetensors")
+    name = next(key for key in weights if key.endswith("query.weight"))
+    save_file({**weights, name: weights[name] + 0.01}, model / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(StateError, match="other settings, corpus or weights"):
+        track([str(model)], examples, out=tmp_path / "out", **settings)
+    assert snapshot(tmp_path / "out") == before
+    # a finished run's parts are a cache: other settings compute the checkpoint again
+    shutil.copytree(out, tmp_path / "finished")
+    again = track([str(tiny_bert_dir)], examples, out=tmp_path / "finished", **{**settings, "bootstrap": 30})
+    assert again.results[0].means.shape[0] == 31

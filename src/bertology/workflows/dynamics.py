@@ -356,8 +356,26 @@ def _damaged_part(path: Path, marker: Path, what: str) -> StateError:
     return StateError(path, f"{what}; delete {marker} to compute this checkpoint again")
 
 
-def _load_part(parts: Path, name: str, key: str, replicates: int) -> CheckpointResult | None:
-    """The saved part ``name``: None when there is none or it was computed with other settings (``key``).
+def _part_key(settings_key: str, checkpoint: str) -> str:
+    """What a checkpoint's part must have been computed with to be used: the run's corpus and settings, and the
+    checkpoint's weights (a content hash of a local folder's weight files, cached; a hub name stands for itself)."""
+    from bertology.core.digests import folder_weights_digest
+
+    weights = folder_weights_digest(Path(checkpoint)) if Path(checkpoint).is_dir() else checkpoint
+    return json.dumps({"settings": json.loads(settings_key), "weights": weights}, sort_keys=True)
+
+
+def _finished_run(out: Path) -> bool:
+    """Whether ``out`` holds a finished run (its manifest says complete): its saved parts are then a cache, not unfinished work."""
+    try:
+        return read_json(out / "manifest.json").get("status") == "complete"
+    except (StateError, AttributeError):
+        return False
+
+
+def _load_part(parts: Path, name: str, key: str, replicates: int, finished: bool) -> CheckpointResult | None:
+    """The saved part ``name``: None when there is none, or when it was computed with other settings or weights (``key``)
+    in a run that finished (``finished``); in an unfinished run such a part is refused, never overwritten.
 
     It is checked before use: the ``.npz``'s arrays (``meta`` naming this part's checkpoint and a whole-number or null step;
     ``means [replicates, layer, metric]`` and ``syntax [replicates]`` or empty, shares in [0, 1], NaN only in bootstrap
@@ -377,7 +395,10 @@ def _load_part(parts: Path, name: str, key: str, replicates: int) -> CheckpointR
         if arrays[member].dtype.kind != kind or (kind == "U") != (arrays[member].ndim == 0):
             raise _damaged_part(marker, marker, f"{member!r} is a {arrays[member].dtype} array of shape {arrays[member].shape}, not what bertology writes")
     if str(arrays["key"]) != key:
-        return None
+        if finished:
+            return None
+        raise StateError(marker, "a part of an unfinished track run with other settings, corpus or weights: run that command again "
+                                 f"to finish it, or give another --out (delete {parts} to start over)")
     try:
         meta = parse_json(str(arrays["meta"]), marker)
         checkpoint = document_field(meta, "checkpoint", str, marker)
@@ -524,13 +545,16 @@ def track(
                 "parser": parser or ("gold" if with_trees else None)}
     key = json.dumps({"corpus": corpus_info.get("sha256"), "examples": len(examples), **{k: v for k, v in settings.items() if k != "device"}}, sort_keys=True)
     parts = Path(out) / "parts" if out is not None else None
-    results = [_load_part(parts, _part_name(checkpoint), key, 1 + bootstrap) if parts is not None else None for _, checkpoint in series]
+    finished = parts is not None and _finished_run(Path(out))
+    keys = {checkpoint: _part_key(key, checkpoint) for _, checkpoint in series}
+    results = [_load_part(parts, _part_name(checkpoint), keys[checkpoint], 1 + bootstrap, finished) if parts is not None else None
+               for _, checkpoint in series]
     todo = [k for k, (step, _) in enumerate(series) if results[k] is None or results[k].step != step]
 
     def keep(k: int, result: CheckpointResult) -> None:
         results[k] = result
         if parts is not None:
-            _save_part(parts, _part_name(series[k][1]), key, result)
+            _save_part(parts, _part_name(series[k][1]), keys[series[k][1]], result)
 
     if backend == "ray" and todo:
         jobs = [(step, checkpoint, examples, with_trees, settings, False, str(Path(checkpoint).resolve()) if Path(checkpoint).exists() else checkpoint)
