@@ -23,6 +23,7 @@ from bertology.core.engine import Engine
 from bertology.core.errors import BertologyError
 from bertology.families import registered
 from conftest import tiny_examples
+from fuzz.documents import changed, paths
 
 FUZZ = settings(deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 FINGERPRINT = "fuzz"
@@ -78,28 +79,6 @@ def write_state(folder: Path, document_text: str | bytes, arrays: dict | bytes) 
             np.savez(handle, **arrays)
 
 
-def paths(value, prefix=()):
-    """Every path to a value inside a JSON document."""
-    yield prefix
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from paths(item, prefix + (key,))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from paths(item, prefix + (index,))
-
-
-def replaced(document, path, new):
-    if not path:
-        return new
-    copy = json.loads(json.dumps(document))
-    target = copy
-    for step in path[:-1]:
-        target = target[step]
-    target[path[-1]] = new
-    return copy
-
-
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=12) | st.sampled_from(["__array__", "__tensor__", "__object__", "a0", "bertology.core.stats:RunningMoments", "os:system"]),
@@ -117,7 +96,7 @@ def test_a_state_with_any_value_replaced_loads_or_is_refused_in_one_line(saved_s
     path = data.draw(st.sampled_from(all_paths))
     new = data.draw(JSON_VALUES)
     with tempfile.TemporaryDirectory() as place:
-        write_state(Path(place), json.dumps(replaced(document, path, new)), arrays)
+        write_state(Path(place), json.dumps(changed(document, path, new)), arrays)
         load_state(Path(place))
 
 

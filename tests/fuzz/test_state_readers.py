@@ -32,6 +32,7 @@ from bertology.workflows.dynamics import MAX_STEP, _load_part, checkpoint_step, 
 from bertology.workflows.finetuning import load_training_state, random_states, resume_training, save_training_state
 from conftest import TEXTS, gold_example
 from families.test_trained_patterns import classifier_document
+from fuzz.documents import DELETE, changed, paths
 from test_runfolder import snapshot
 
 # No example database (it would be written into the checkout); the test's folder is reused by every example.
@@ -86,35 +87,6 @@ JSON_VALUES = st.recursive(
 def json_text(value) -> str:
     """``value`` as JSON (NaN and infinities as json.dumps writes them), each ``"@raw:K@"`` replaced by raw token K."""
     return re.sub(r'"@raw:(\d+)@"', lambda match: RAW_TOKENS[int(match[1])], json.dumps(value))
-
-
-def paths(value, prefix=()):
-    """Every path to a value inside a JSON document."""
-    yield prefix
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from paths(item, prefix + (key,))
-    elif isinstance(value, list):
-        for index, item in enumerate(value[:3]):
-            yield from paths(item, prefix + (index,))
-
-
-DELETE = object()
-
-
-def changed(document, path, new):
-    """A copy of ``document`` with the value at ``path`` replaced by ``new`` (or its key deleted: :data:`DELETE`)."""
-    if not path:
-        return new
-    copy = json.loads(json.dumps(document))
-    target = copy
-    for step in path[:-1]:
-        target = target[step]
-    if new is DELETE:
-        del target[path[-1]]
-    else:
-        target[path[-1]] = new
-    return copy
 
 
 # ---- the pattern classifier ----
@@ -184,7 +156,7 @@ def saved_part(tiny_bert_dir, tmp_path_factory):
 
 def check_part(parts: Path, name: str, key: str) -> None:
     """Load a part; one that loads must be of 21 replicates (bootstrap 20) and give a verdict."""
-    result = _load_part(parts, name, key, 21)
+    result = _load_part(parts, name, key, 21, finished=False)
     if result is None:
         event("recomputed")
         return
@@ -403,7 +375,7 @@ def test_a_training_state_of_any_bytes_is_refused_in_one_line(training_state, tm
 def test_the_valid_files_read(saved_part, training_state, tmp_path):
     """The fuzzed files, unchanged, read (so a refusal above is the change's doing)."""
     parts, name, key, files = saved_part
-    assert _load_part(parts, name, key, 21).syntax is not None
+    assert _load_part(parts, name, key, 21, finished=False).syntax is not None
     (tmp_path / "state.pt").write_bytes(training_state)
     check_training_state(tmp_path / "state.pt")
     (tmp_path / "classifier.json").write_text(json.dumps(classifier_document()))

@@ -25,7 +25,7 @@ class RunningMoments:
 
     def check_state(self) -> None:
         """Refuse moments read back from a file unless they can be moments: one shape, counts whole and >= 0, M2 >= 0."""
-        if not all(isinstance(part, np.ndarray) and part.dtype == np.float64 for part in (self.count, self.mean, self.m2)):
+        if not all(isinstance(getattr(self, part, None), np.ndarray) and getattr(self, part).dtype == np.float64 for part in ("count", "mean", "m2")):
             raise ValueError("count, mean and M2 must be float64 arrays")
         if not self.count.shape == self.mean.shape == self.m2.shape:
             raise ValueError(f"moments of shapes {self.count.shape}, {self.mean.shape}, {self.m2.shape}: count, mean and M2 must share one")
