@@ -10,7 +10,7 @@ import pytest
 
 from scipy.spatial.distance import jensenshannon
 
-from bertology.viewer import AttentionView, attention_view, distinctive_head, head_labels, short_label
+from bertology.viewer import AttentionView, attention_view, distinctive_head, head_labels
 
 INJECTION = '<script>alert(1)</script> "><img src=x onerror=alert(1)>'
 
@@ -102,11 +102,13 @@ def test_the_page_opens_on_the_head_furthest_from_its_layers_mean_map():
 
 def test_labels_have_short_readable_forms_and_a_legend():
     view = hand_made_view()
-    view.labels = {"0-1": ["delimiter", "syntactic:nsubj", "vertical+diagonal"], "1-0": ["cls", "mine"]}
+    view.labels = {"0-1": ["delimiter", "syntactic:nsubj", "vertical+diagonal"], "1-0": ["cls", "syntactic", "syntactic:nsubj", "syntactic:obj", "mine"]}
     data = view.payload()
-    assert data["short_labels"] == {"delimiter": "delim", "syntactic:nsubj": "syn:nsubj", "vertical+diagonal": "vert+diag", "cls": "cls", "mine": "mine"}
+    assert data["label_chips"] == {
+        "0-1": [("delim", "delimiter"), ("syn:nsubj", "syntactic:nsubj"), ("vert+diag", "vertical+diagonal")],
+        "1-0": [("cls", "cls"), ("syn", "syntactic"), ("syn: 2 relations", "syntactic: nsubj, obj"), ("mine", "mine")],  # the relations as one
+    }
     assert data["label_legend"] == {"delim": "delimiter", "syn": "syntactic", "vert+diag": "vertical+diagonal"}
-    assert short_label("syntactic") == "syn"
 
 
 def test_notebook_display_is_the_page_in_an_iframe():
@@ -254,7 +256,7 @@ def test_a_512_token_page_renders(browser, minilm, tmp_path):
 def test_long_labels_are_never_cut_with_the_whole_text_on_hover_and_the_axes_are_named(browser, tmp_path):
     view = hand_made_view(n=6)
     view.tokens[2] = "averyveryveryverylongtokenthatwouldoverflowitscolumn"
-    view.labels = {"0-1": ["delimiter", "syntactic:nsubj", "syntactic:obj", "vertical+diagonal"], "1-0": ["syntactic:compound:prt"]}
+    view.labels = {"0-1": ["delimiter", "syntactic:nsubj", "syntactic:obj", "vertical+diagonal"], "1-0": ["syntactic:compound:prt", "local"]}
     page, problems, _ = open_page(browser, view.save(tmp_path / "long-labels.html"))
     assert page.inner_text("#query-axis").startswith("query") and page.inner_text("#key-axis").endswith("key: the token attended to")
     canvas = page.locator("#head-canvas")
@@ -264,13 +266,13 @@ def test_long_labels_are_never_cut_with_the_whole_text_on_hover_and_the_axes_are
     cell = page.locator(".thumb[data-layer='0'][data-head='1'] .labels")
     assert cell.get_attribute("title") == "delimiter, syntactic:nsubj, syntactic:obj, vertical+diagonal"
     chips = cell.locator("span")
-    assert chips.all_inner_texts() == ["delim", "syn:nsubj", "syn:obj", "vert+diag"]
-    assert [chips.nth(k).get_attribute("title") for k in range(4)] == view.labels["0-1"]
+    assert [text.replace("\u200b", "") for text in chips.all_inner_texts()] == ["delim", "syn: 2 relations", "vert+diag"]
+    assert [chips.nth(k).get_attribute("title") for k in range(3)] == ["delimiter", "syntactic: nsubj, obj", "vertical+diagonal"]
     for labels in page.locator(".thumb .labels span").all():  # each short form whole, inside its cell (wrapped, never cut)
         assert labels.evaluate("e => e.scrollWidth <= e.clientWidth + 0.5 && getComputedStyle(e.parentElement).textOverflow !== 'ellipsis'")
         assert labels.bounding_box()["width"] <= 80.5
     assert cell.bounding_box()["width"] <= 80.5
-    assert page.inner_text("#label-legend") == ("Labels (hover a cell for them in full): delim = delimiter, syn = syntactic, "
+    assert page.inner_text("#label-legend") == ("Labels (hover a cell for them in full): loc = local, delim = delimiter, syn = syntactic, "
                                                  "vert+diag = vertical+diagonal.")
     assert problems == []
     page.close()

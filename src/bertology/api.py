@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from bertology.core import states
 from bertology.core.backends import BACKENDS, PassPlan, Resume, fingerprint, require_ray, run_local, run_ray
 from bertology.core.corpora import Corpus, Example, open_corpus
 from bertology.core.engine import Engine, RunStats
@@ -354,7 +355,7 @@ def analyze(
     if out is not None:
         content = corpus_info.get("sha256") or hashlib.sha256(repr(list(examples)).encode("utf-8")).hexdigest()  # in memory: the examples
         facts = {"model": {key: value for key, value in loaded.info().items() if key != "device"}, "config": loaded.model.config.to_json_string(),
-                 "weights": loaded.weights_digest(),
+                 "weights": loaded.weights_digest(), "state_format": states.STATE_FORMAT,
                  "corpus": {"content": content, **{key: corpus_info.get(key) for key in ("format", "examples")}},
                  "settings": {key: str(value) for key, value in settings.items() if key != "device"}, "bertology": package_versions()["bertology"]}
         resume = Resume(out, fingerprint(**facts), every_batches=checkpoint_every)

@@ -54,6 +54,25 @@ def short_label(label: str) -> str:
     return LABEL_SHORT.get(role, role) + colon + rest
 
 
+def label_chips(labels: list[str]) -> list[tuple[str, str]]:
+    """A head's labels as the model view shows them, in order: ``(short form, full text on hover)``. The ``role:relation``
+    labels of one role are one chip when there are several (``syn: 12 relations``, the relations on hover)."""
+    groups: dict[str, list[str]] = {}
+    for label in labels:
+        role, colon, relation = label.partition(":")
+        groups.setdefault(role + colon, []).append(relation if colon else label)
+    chips = []
+    for key, members in groups.items():
+        if not key.endswith(":"):  # a plain label (twice if a role and a pattern share its name)
+            chips += [(short_label(label), label) for label in members]
+        elif len(members) == 1:
+            chips.append((short_label(key + members[0]), key + members[0]))
+        else:
+            role = key[:-1]
+            chips.append((f"{LABEL_SHORT.get(role, role)}: {len(members)} relations", f"{role}: {', '.join(members)}"))
+    return chips
+
+
 def distinctive_head(maps: np.ndarray) -> int:
     """The most distinctive head of one layer on one input, ``maps [heads, n, n]``: the head whose rows are furthest from
     the layer's mean map ``M = mean_h maps[h]``, by the mean over query rows ``i`` of the Jensen-Shannon divergence (nats)
@@ -99,7 +118,7 @@ class AttentionView:
         data = {"model": self.model, "text": self.text, "text_pair": self.text_pair, "tokens": self.tokens, "segments": self.segments,
                 "layers": layers, "heads": heads, "n": n, "labels": self.labels, "start_head": distinctive_head(self.attention[0])}
         used = [label for labels in self.labels.values() for label in labels]
-        data["short_labels"] = {label: short_label(label) for label in used}
+        data["label_chips"] = {head: label_chips(labels) for head, labels in self.labels.items()}
         roles = {label.partition(":")[0] for label in used}
         data["label_legend"] = {short: label for label, short in LABEL_SHORT.items() if label in roles and short != label}
         data["views"] = {name: {"title": VIEW_TITLES[name], **self._encoded(maps, top_k)}

@@ -223,9 +223,9 @@ def test_the_engines_hidden_states_are_transformers_own_and_leave_the_model_pick
 
 def test_the_report_tables_show_the_accuracy_intervals(tmp_path):
     """Issue 26: the intervals are computed, so the report shows them: the best layer's 95% interval beside its accuracy in
-    the summary, and every layer's accuracy with its interval."""
+    the summary, and every layer's accuracy with its interval; and the figure keeps a negative selectivity in view."""
     from bertology.core.runfolder import RunFolder
-    from bertology.families.layers.report import layers_section, with_intervals
+    from bertology.families.layers.report import layers_section, probes_by_layer, with_intervals
 
     table = probe_layers(planted_sentences(), bootstrap=200)
     summary = probe_summary(table)
@@ -240,3 +240,6 @@ def test_the_report_tables_show_the_accuracy_intervals(tmp_path):
     (_, first), (_, per_layer) = section.tables
     assert "best_accuracy_ci" in first.columns
     np.testing.assert_array_equal(per_layer[["ci_low", "ci_high"]].to_numpy(), table[["ci_low", "ci_high"]].to_numpy())
+    below = table.assign(selectivity=table.selectivity - 0.9)  # a control task that beats the probe
+    for axis, (_, rows) in zip(probes_by_layer(below).axes, below.groupby("task", sort=False)):
+        assert axis.get_ylim()[0] < rows.selectivity.min() and axis.get_ylim()[1] == 1  # every selectivity in view

@@ -173,9 +173,10 @@ def test_examples_are_distinct_heads_each_with_its_smallest_hash_and_its_tokens(
     assert len(kept) > 3
     for item in kept:
         pieces = tiny_bert.tokenizer(item.text)["input_ids"]
-        expected = [piece.removeprefix("##") for piece in tiny_bert.tokenizer.convert_ids_to_tokens(pieces)]
+        expected = tiny_bert.tokenizer.convert_ids_to_tokens(pieces)  # WordPiece: "##" marks a piece that goes on a word
         assert len(item.tokens) == len(expected) and item.attention.shape == (len(expected), len(expected))
         assert all(token == piece or (piece == "[UNK]" and token in item.text.split()) for token, piece in zip(item.tokens, expected))  # [UNK]: its text
+    assert any(token.startswith("##") for item in kept for token in item.tokens)
     arrays = {}
     restored = decode(encode(few, arrays), arrays)
     assert [item.tokens for item in restored.examples()["heterogeneous"]] == [item.tokens for item in few.examples()["heterogeneous"]]

@@ -22,6 +22,9 @@ import torch
 from bertology.core.errors import BertologyError, StateError
 from bertology.core.safeload import field, read_json, read_npz
 
+#: The form of analyzers' states: part of every resume fingerprint, raised whenever an analyzer's attributes change
+#: (a state of another form is refused as another run's, never half-believed). 2: pattern examples keep their tokens.
+STATE_FORMAT = 2
 #: The deepest nesting a ``state.json`` may have (analyzers' states nest about 20 deep).
 MAX_STATE_DEPTH = 256
 

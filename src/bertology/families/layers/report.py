@@ -28,7 +28,7 @@ def probes_by_layer(table: pd.DataFrame, by: str | None = None):
         axis.axhline(rows.majority.iloc[0], color="grey", linewidth=1, label="majority label")
         axis.set_xticks(sorted(rows.layer.unique()))
         axis.set_xlabel("layer (0 = embeddings)")
-        axis.set_ylim(0, 1)
+        axis.set_ylim(min(0.0, rows.selectivity.min() - 0.05), 1)  # a negative selectivity stays in view
         axis.set_title(f"probing the {TASK_TITLES[task]}")
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel("test accuracy")
@@ -53,12 +53,13 @@ def layers_section(folder: RunFolder, table: pd.DataFrame, summary: pd.DataFrame
         intro=("A logistic regression per layer (0 = embeddings) reads each word's tag or relation from its vector, trained on 80% of "
                "the sentences and tested on the rest, with a 95% bootstrap interval over test sentences. The control task "
                "(Hewitt & Liang 2019) gives every word type a fixed random label; selectivity = accuracy - control accuracy. "
-               "The center of gravity is the layer expected by each layer's gain over the one below (Tenney et al. 2019). "
+               "The expected layer (expected_layer_running_max) weights each layer by how much it raises the best accuracy of the "
+               "layers below, a one-probe-per-layer variant of Tenney et al.'s (2019) expected layer (docs/methods.md). "
                "The Primer reports syntax most prominent in the middle layers (layer_probes.csv)."),
     )
     section.figures.append(Figure(folder.write_figure("layer_probes", probes_by_layer(table)),
                                   "Probe accuracy (95% intervals), control-task accuracy and selectivity by layer."))
-    section.tables.append(("Best layer and center of gravity per task", with_intervals(summary, table)))
+    section.tables.append(("Best layer, most selective layer and expected layer per task", with_intervals(summary, table)))
     section.tables.append(("Probe accuracy per layer with its 95% bootstrap interval", table[["task", "layer", "accuracy", "ci_low", "ci_high",
                                                                                              "control_accuracy", "selectivity", "majority"]]))
     return section

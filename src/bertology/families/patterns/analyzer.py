@@ -104,12 +104,18 @@ class _Example:
 
 
 def piece_texts(item, cls: np.ndarray, sep: np.ndarray) -> list[str]:
-    """Each piece of an encoded sequence as the text it covers (its offsets into the text, or the pair's second text);
+    """Each piece of an encoded sequence as the text it covers (its offsets into the text, or the pair's second text), with
+    ``##`` before a piece that goes on a word (it starts where the piece before ends, between two letters or digits);
     special pieces as ``[CLS]`` or ``[SEP]`` (``cls``, ``sep``: the batch row's masks), whatever the model calls them."""
-    texts = []
+    texts, last_end = [], None  # (segment, end) of the piece before
     for k, ((begin, end), segment) in enumerate(zip(item.offsets, item.sequence_ids)):
+        if cls[k] or sep[k] or segment is None:
+            texts.append("[CLS]" if cls[k] else "[SEP]" if sep[k] else "")
+            continue
         source = item.example.text_pair if segment == 1 else item.example.text
-        texts.append("[CLS]" if cls[k] else "[SEP]" if sep[k] else source[begin:end].strip() if segment is not None else "")
+        goes_on = last_end == (segment, begin) and begin > 0 and source[begin - 1].isalnum() and source[begin:begin + 1].isalnum()
+        texts.append("##" * goes_on + source[begin:end].strip())
+        last_end = (segment, end)
     return texts
 
 

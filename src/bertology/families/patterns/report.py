@@ -65,7 +65,7 @@ def pattern_thumbnails(examples: dict):
         for axis, item in zip(axes[row], items):
             axis.axis("on")
             axis.imshow(item.attention.astype(float), cmap="Greys", vmin=0, vmax=max(float(item.attention.max()), 1e-6))
-            size = min(7.0, 150 / len(item.tokens))  # points: the labels of a 32-piece map just fit
+            size = min(7.0, 170 / len(item.tokens))  # points: the labels of a 32-piece map just fit
             axis.set_xticks(range(len(item.tokens)), item.tokens, rotation=90, fontsize=size)
             axis.set_yticks(range(len(item.tokens)), item.tokens, fontsize=size)
             axis.tick_params(length=0, pad=1)

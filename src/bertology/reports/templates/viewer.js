@@ -241,11 +241,11 @@
       const labels = document.createElement("span");
       labels.className = "labels";
       const own = data.labels[l + "-" + h] || [];
-      own.forEach(function (label) {
-        allLabels.add(label);
+      own.forEach(function (label) { allLabels.add(label); });
+      (data.label_chips[l + "-" + h] || []).forEach(function (pair) {  // short forms, never cut: the legend spells them out
         const chip = document.createElement("span");
-        chip.textContent = data.short_labels[label];  // short, never cut: the legend spells it out
-        chip.title = label;
+        chip.textContent = pair[0].replace(/:/g, ":\u200b");  // a long one wraps after a colon
+        chip.title = pair[1];
         labels.appendChild(chip);
       });
       labels.title = own.join(", ");  // the whole list on hover
