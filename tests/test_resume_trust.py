@@ -236,3 +236,47 @@ def test_an_undamaged_resume_still_finishes(interrupted, tiny_bert_dir, tmp_path
     assert "resuming: 8 of 24 examples" in capsys.readouterr().err
     assert result.stats.sequences == 24 and not (out / "resume").exists()
     assert states.MAX_STATE_DEPTH > 20
+
+
+def test_a_finished_track_folders_parts_are_a_cache_not_unfinished_work(tmp_path):
+    out = tmp_path / "track"
+    with RunFolder(out) as folder:
+        folder.write_json("manifest.json", {"status": "complete"})
+    (out / "parts").mkdir()
+    (out / "parts" / "x.npz").write_bytes(b"a cached part")
+    check_out(out)  # a finished run, parts and all, may be replaced like any other
+    (out / "manifest.json").write_text(json.dumps({"status": "partial"}))
+    with pytest.raises(BertologyError, match=r"\(parts/\), which this run would delete"):
+        check_out(out)
+
+
+def test_the_finetune_command_resumes_its_own_checkpoint_in_the_out_it_is_given(cat_task, tiny_bert_dir, tmp_path):
+    """The command line checked --out without naming its own work, and refused the run that would resume it."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "ft"
+    command = [sys.executable, "-m", "bertology.cli", "finetune", str(cat_task), "--model", str(tiny_bert_dir), "--out", str(out),
+               "--max-length", "16", "--batch-size", "4", "--epochs", "0.5", "--checkpoint-every", "1", "--device", "cpu", "-q"]
+    first = subprocess.run(command, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    (out / "checkpoint").mkdir()
+    (out / "checkpoint" / "state.pt").write_bytes(b"a damaged checkpoint")
+    again = subprocess.run(command, capture_output=True, text=True)
+    assert "holds an unfinished fine-tuning" not in again.stderr
+    [error] = [line for line in again.stderr.splitlines() if line.startswith("error:")]
+    assert again.returncode == 2 and "checkpoint/state.pt: cannot read it as a training state" in error, again.stderr
+
+
+def test_a_window_of_many_small_batches_resumes_past_sort_window_batches(interrupted, tmp_path):
+    """The engine splits a window's batches where they would hold too many attention weights: a window may then have more
+    than sort_window batches, and a resume after batch 40 of one must not be refused."""
+    from bertology.core.backends import Resume
+    from bertology.core.engine import RunStats
+
+    resume = Resume(tmp_path, "unused")
+    stats = RunStats(sequences=40, batches=40)
+    progress = {"backend": "local", "window_start": 0, "batches_done": 40, "truncated_before": 0, "skipped_before": 0, "sources_before": 0}
+    assert resume.checked_local_progress(progress, stats, total=100, window_size=64) == progress
+    with pytest.raises(BertologyError, match="batches_done = 65 is out of range"):
+        resume.checked_local_progress({**progress, "batches_done": 65}, stats, total=100, window_size=64)

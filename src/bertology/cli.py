@@ -207,7 +207,7 @@ def finetune(
     from bertology.core.runfolder import check_out
 
     if out is not None:
-        check_out(out, inputs=(task, train, dev, model))  # before the task is read; replacing out must not delete an input
+        check_out(out, inputs=(task, train, dev, model), work="checkpoint")  # before the task is read; its own checkpoint resumes
     data = load_task(task, train=train, dev=dev, text_column=text_column, text_pair_column=text_pair_column, label_column=label_column)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name if model else "all-MiniLM-L6-v2")
     out = out or Path("runs") / f"finetune-{name}-{data.name}"

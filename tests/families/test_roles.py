@@ -281,11 +281,12 @@ def test_shares_and_colocation():
         "layer": [0, 0, 0, 0, 1, 1, 1, 1], "head": [0, 0, 1, 1, 0, 0, 1, 1],
         "role": ["local", "cls", "local", "cls", "local", "cls", "local", "cls"],
         "has_role": [True, True, False, True, True, False, False, False],
+        "p": [0.01, 0.01, 0.5, 0.01, 0.01, np.nan, 0.5, np.nan],  # layer 1's cls cells were not tested (too few sequences)
     })
-    shares = role_shares(table).set_index("role").share
-    assert shares.to_dict() == {"local": 0.5, "cls": 0.5}
+    shares = role_shares(table).set_index("role")
+    assert shares.share.to_dict() == {"local": 0.5, "cls": 1.0} and shares.tested.to_dict() == {"local": 4, "cls": 2}
     by_layer = role_shares(table, by_layer=True).set_index(["layer", "role"]).share
-    assert by_layer[(0, "cls")] == 1.0 and by_layer[(1, "cls")] == 0.0
+    assert by_layer[(0, "cls")] == 1.0 and np.isnan(by_layer[(1, "cls")]) and by_layer[(1, "local")] == 0.5
     colocation = role_colocation(table)
     assert colocation.loc["local", "local"] == 2 and colocation.loc["local", "cls"] == 1 and colocation.loc["cls", "cls"] == 2
 

@@ -63,7 +63,7 @@ def load_state(folder: Path, total: int = 10) -> None:
         loaded = resume.load(fresh_analyzers())
         if loaded is not None:
             progress, stats = loaded
-            resume.checked_local_progress(progress, stats, total, batches_per_window=32)
+            resume.checked_local_progress(progress, stats, total, window_size=3 * 32)
     except BertologyError as error:
         assert "\n" not in str(error), str(error)
 

@@ -70,11 +70,17 @@ class Resume:
         where = self.folder / "state.json"
         field(document, "progress", dict, where)
         stats, saved_analyzers = field(saved, "stats", RunStats, where), field(saved, "analyzers", list, where)
-        states.check_like(stats, RunStats(), "the saved stats")
+        try:
+            states.check_like(stats, RunStats(), "the saved stats")
+        except BertologyError as exc:
+            raise StateError(where, str(exc)) from None
         for name in ("sequences", "tokens", "truncated", "skipped", "batches"):
             whole_number(getattr(stats, name), f"stats.{name}", where)
         if not np.isfinite(stats.seconds) or stats.seconds < 0 or not all(isinstance(s, str) for s in stats.skipped_sources):
             raise StateError(where, "the saved stats are damaged (time or skipped sources)")
+        if not all(isinstance(k, int) and not isinstance(k, bool) and 0 <= k < len(analyzers) and isinstance(message, str)
+                   for k, message in stats.failed.items()):
+            raise StateError(where, f"the saved stats name failed analyzers that are none of this run's {len(analyzers)}")
         if len(saved_analyzers) != len(analyzers) or any(type(a) is not type(b) for a, b in zip(saved_analyzers, analyzers)):
             raise BertologyError(f"{self.folder}: the saved analyzers do not match this run's; delete that folder to start over")
         try:
@@ -87,12 +93,13 @@ class Resume:
         self._saved_batches = stats.batches
         return document["progress"], stats
 
-    def checked_local_progress(self, progress: dict, stats: RunStats, total: int | None, batches_per_window: int) -> dict:
-        """The saved position of a local pass, refused in one line unless every number is a whole number in its range."""
+    def checked_local_progress(self, progress: dict, stats: RunStats, total: int | None, window_size: int) -> dict:
+        """The saved position of a local pass, refused in one line unless every number is a whole number in its range
+        (``window_size``: the examples of a window, ``batch_size * sort_window``; a window has at most that many batches, as
+        the engine splits batches that would hold too many attention weights)."""
         where = self.folder / "state.json"
-        known = total if total is not None else None
-        window_start = whole_number(field(progress, "window_start", int, where), "window_start", where, high=known)
-        whole_number(field(progress, "batches_done", int, where), "batches_done", where, high=batches_per_window)
+        window_start = whole_number(field(progress, "window_start", int, where), "window_start", where, high=total)
+        whole_number(field(progress, "batches_done", int, where), "batches_done", where, high=window_size)
         whole_number(field(progress, "truncated_before", int, where), "truncated_before", where, high=stats.truncated)
         whole_number(field(progress, "skipped_before", int, where), "skipped_before", where, high=min(stats.skipped, window_start))
         whole_number(field(progress, "sources_before", int, where), "sources_before", where, high=len(stats.skipped_sources))
@@ -150,7 +157,7 @@ def run_local(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: lis
         progress, stats = loaded
         if progress.get("backend") != "local":
             raise BertologyError(f"{resume.folder}: saved by a run on Ray: resume it with --backend ray, or delete that folder")
-        progress = resume.checked_local_progress(progress, stats, total, engine.sort_window)
+        progress = resume.checked_local_progress(progress, stats, total, engine.batch_size * engine.sort_window)
         print(f"resuming: {stats.sequences + stats.skipped} of {total if total is not None else '?'} examples were counted before "
               f"({resume.folder})", file=sys.stderr)
         # The current window is formed again from its first example: its truncations and skips are counted again.

@@ -229,10 +229,22 @@ def _existing_paths(values) -> list[tuple[object, Path]]:
     return found
 
 
+def finished_run(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished run (its manifest says ``complete``): work kept beside it (track's parts) is
+    then a cache of that run, not unfinished work."""
+    try:
+        return json.loads((folder / "manifest.json").read_text(encoding="utf-8")).get("status") == "complete"
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False
+
+
 def _unfinished_work(folder: Path, work: str | None) -> str | None:
-    """The first of :data:`WORK_FOLDERS` in ``folder`` that is not ``work`` (the running command's own), or None."""
+    """The first of :data:`WORK_FOLDERS` in ``folder`` that is not ``work`` (the running command's own), or None; a
+    finished run's kept parts are its cache, not unfinished work."""
     for name in WORK_FOLDERS:
-        if name != work and any((folder / f"{name}{suffix}").exists() for suffix in ("", ".old", ".partial")):
+        if name == work or (name == "parts" and finished_run(folder)):
+            continue
+        if any((folder / f"{name}{suffix}").exists() for suffix in ("", ".old", ".partial")):
             return name
     return None
 

@@ -145,9 +145,15 @@ def check_like(saved, fresh, where: str = "state") -> None:
     classes and attributes, arrays and tensors of the same dtype and number of dimensions (and shape, where ``fresh``
     already has one), numbers where it has numbers. ``None`` in ``fresh`` (not made yet) takes anything of the right
     form: an object's own ``check_state()``, where it has one, checks its invariants."""
-    if fresh is None:
-        if hasattr(saved, "__dict__") and not isinstance(saved, (type, np.ndarray, torch.Tensor)):
-            check_like(saved, saved, where)  # made after the first batch: its own invariants
+    if fresh is None:  # made after the first batch: no form to hold it against, but its objects' own invariants
+        if isinstance(saved, dict):
+            for key, item in saved.items():
+                check_like(item, None, f"{where}[{key!r}]")
+        elif isinstance(saved, (list, tuple)):
+            for index, item in enumerate(saved):
+                check_like(item, None, f"{where}[{index}]")
+        elif hasattr(saved, "__dict__") and not isinstance(saved, (type, np.ndarray, torch.Tensor)):
+            check_like(saved, saved, where)
         return
     if _number(fresh):
         if not _number(saved):
@@ -162,8 +168,11 @@ def check_like(saved, fresh, where: str = "state") -> None:
     if type(saved) is not type(fresh):
         raise BertologyError(f"refused: {where} should be a {type(fresh).__name__}, not a {type(saved).__name__}")
     if isinstance(fresh, dict):
-        for key in fresh.keys() & saved.keys():
-            check_like(saved[key], fresh[key], f"{where}[{key!r}]")
+        for key, item in saved.items():  # entries a fresh analyzer has not made yet are held to their own invariants
+            check_like(item, fresh.get(key), f"{where}[{key!r}]")
+    elif isinstance(fresh, (list, tuple)):
+        for index, item in enumerate(saved):
+            check_like(item, fresh[index] if index < len(fresh) else None, f"{where}[{index}]")
     elif hasattr(fresh, "__dict__") and not isinstance(fresh, type):
         missing = sorted(set(vars(fresh)) ^ set(vars(saved)))
         if missing:

@@ -95,7 +95,7 @@ def t_test_greater(moments: RunningMoments, tau: float, rtol: float = 1e-6, min_
     A mean within a relative ``rtol`` of tau, ``|mean - tau| <= rtol * max(|tau|, tiny)``, gets ``t = 0``
     and ``p = 1`` whatever its variance: float noise over (numerically) zero variance would otherwise give
     ``t = +-inf`` (docs/methods.md#roles-and-the-sieve-score). Outside that band a zero variance gives ``t = +-inf``: the mean
-    decides. ``t`` and ``p`` are NaN where a cell has fewer than ``min_sample`` observations (and at least two).
+    decides. ``t`` and ``p`` are NaN where a cell has fewer than ``max(2, min_sample)`` observations.
     """
     with np.errstate(invalid="ignore", divide="ignore"):
         sem = np.sqrt(moments.m2 / (moments.count - 1)) / np.sqrt(moments.count)

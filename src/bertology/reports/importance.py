@@ -49,6 +49,9 @@ def importance_section(folder: RunFolder, study) -> Section:
         significant = rows[(rows.p_adj < 0.05) & (rows["head"] >= 0)].sort_values("delta")
         section.tables.append(("Heads whose removal changes the metric significantly (p_adj < 0.05)", significant))
         section.tables.append(("Whole layers disabled", rows[rows["head"] < 0]))
+        if rows.p.isna().all():
+            section.notes.append("No p-value: the dev set has fewer examples than --min-sample, too few for a test; no head or layer "
+                                 "is called significant, and the changes describe these examples only.")
     if study.importance is not None:
         section.figures.append(Figure(folder.write_figure("importance_heatmap", figures.importance_heatmap(study.importance)),
                                       f"Head importance ({NORMALISED[study.settings['normalise']]})."))

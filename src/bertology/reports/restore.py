@@ -42,4 +42,7 @@ def restore_section(folder: RunFolder, table: pd.DataFrame, fine_tuned: dict[str
         section.figures.append(Figure(folder.write_figure(f"restore_{metric}", restore_curves(table, metric, value)),
                                       f"Dev {metric} with layers restored; error bars: the 95% interval of the change."))
     section.tables.append(("Every restoration", table))
+    if table.p.isna().all():
+        section.notes.append("No p-value: the dev set has fewer examples than --min-sample, too few for a test; the changes describe "
+                             "these examples only.")
     return section

@@ -49,7 +49,7 @@ from bertology.core.engine import Engine
 from bertology.core.errors import BertologyError, StateError
 from bertology.core.models import DEFAULT_MODEL, load_model
 from bertology.core.parsing import spacy_trees
-from bertology.core.runfolder import RunFolder, atomic_write, claims_out
+from bertology.core.runfolder import RunFolder, atomic_write, claims_out, finished_run
 from bertology.core.safeload import field as document_field, parse_json, read_json, read_npz, whole_number
 
 LEVEL = 0.95
@@ -365,14 +365,6 @@ def _part_key(settings_key: str, checkpoint: str) -> str:
     return json.dumps({"settings": json.loads(settings_key), "weights": weights}, sort_keys=True)
 
 
-def _finished_run(out: Path) -> bool:
-    """Whether ``out`` holds a finished run (its manifest says complete): its saved parts are then a cache, not unfinished work."""
-    try:
-        return read_json(out / "manifest.json").get("status") == "complete"
-    except (StateError, AttributeError):
-        return False
-
-
 def _load_part(parts: Path, name: str, key: str, replicates: int, finished: bool) -> CheckpointResult | None:
     """The saved part ``name``: None when there is none, or when it was computed with other settings or weights (``key``)
     in a run that finished (``finished``); in an unfinished run such a part is refused, never overwritten.
@@ -545,8 +537,8 @@ def track(
                 "parser": parser or ("gold" if with_trees else None)}
     key = json.dumps({"corpus": corpus_info.get("sha256"), "examples": len(examples), **{k: v for k, v in settings.items() if k != "device"}}, sort_keys=True)
     parts = Path(out) / "parts" if out is not None else None
-    finished = parts is not None and _finished_run(Path(out))
-    keys = {checkpoint: _part_key(key, checkpoint) for _, checkpoint in series}
+    finished = parts is not None and finished_run(Path(out))
+    keys = {checkpoint: _part_key(key, checkpoint) for _, checkpoint in series} if parts is not None else {}
     results = [_load_part(parts, _part_name(checkpoint), keys[checkpoint], 1 + bootstrap, finished) if parts is not None else None
                for _, checkpoint in series]
     todo = [k for k, (step, _) in enumerate(series) if results[k] is None or results[k].step != step]

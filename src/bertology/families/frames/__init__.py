@@ -58,9 +58,10 @@ class Frames(Family):
         by_score = table.sort_values("score", ascending=False, kind="stable").head(3)
         by_excess = table.sort_values("difference", ascending=False, kind="stable").head(3)
         tested = int(table.p.notna().sum())
-        verdict = (f"{int(table.significant.sum())} of {tested} tested heads above random pairs after correction" if tested else
-                   f"no head tested (matched pairs in {int(table.n.max())} sentences, fewer than --min-sample)")
-        return [f"frame heads by score (vs random pairs): {heads(by_score)}; by excess over random pairs: {heads(by_excess)}; {verdict}"]
+        if not tested:
+            return [f"frame scores not tested (matched pairs in {int(table.n.max())} sentences, fewer than --min-sample): no frame head is named"]
+        return [f"frame heads by score (vs random pairs): {heads(by_score)}; by excess over random pairs: {heads(by_excess)}; "
+                f"{int(table.significant.sum())} of {tested} tested heads above random pairs after correction"]
 
     def overview(self, result):
         return result.tables["frames"].sort_values("score", ascending=False, kind="stable").head(10)

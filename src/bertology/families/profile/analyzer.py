@@ -327,7 +327,7 @@ _LABEL_NAMES = {"entropy": "broad"}
 def clark_thresholds(entropy_ceiling: float, thresholds: dict[str, float] | None = None) -> pd.DataFrame:
     """Each of Clark's thresholds beside the largest value the corpus allows: ``label, metric, threshold, corpus_max,
     reachable``. A share of attention can reach 1; the mean entropy only ``entropy_ceiling`` (the mean of ln n), so on
-    short sequences no head can be "broad" (3.8 nats needs n > e^3.8 = 45 tokens in every sequence)."""
+    short sequences no head can be "broad" (3.8 nats needs a geometric-mean length over e^3.8 = 45 tokens)."""
     thresholds = CLARK_THRESHOLDS if thresholds is None else thresholds
     rows = [(_LABEL_NAMES.get(metric, metric), metric, value, entropy_ceiling if metric == "entropy" else 1.0) for metric, value in thresholds.items()]
     table = pd.DataFrame(rows, columns=["label", "metric", "threshold", "corpus_max"])

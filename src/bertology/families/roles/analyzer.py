@@ -179,11 +179,14 @@ class HeadRoles(Analyzer):
 
 
 def role_shares(roles: pd.DataFrame, by_layer: bool = False) -> pd.DataFrame:
-    """Share of heads holding each summary role (overall, or per layer)."""
-    rows = roles[roles.role.isin(SUMMARY_ROLES)]
+    """Share of the tested heads holding each summary role (overall, or per layer): ``share`` over the ``tested`` heads
+    (a head seen in fewer than ``min_sample`` sequences is no evidence either way); NaN where no head was tested."""
+    rows = roles[roles.role.isin(SUMMARY_ROLES)].assign(tested=lambda table: table.p.notna())
     keys = ["layer", "role"] if by_layer else ["role"]
-    shares = rows.groupby(keys, sort=False).has_role.mean().rename("share").reset_index()
-    return shares
+    grouped = rows.groupby(keys, sort=False)
+    shares = pd.DataFrame({"held": grouped.has_role.sum(), "tested": grouped.tested.sum()})
+    shares["share"] = np.where(shares.tested > 0, shares.held / shares.tested.where(shares.tested > 0, 1), np.nan)
+    return shares.reset_index()[[*keys, "share", "tested"]]
 
 
 def role_colocation(roles: pd.DataFrame) -> pd.DataFrame:

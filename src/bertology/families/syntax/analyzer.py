@@ -70,7 +70,7 @@ class RelationHeads(Analyzer):
     ``baselines()``: ``relation, offset, accuracy, n``; ``best()``: one row per relation with the
     best head and direction (and every head tied with it), a bootstrap 95% interval over
     sentences, the best offset baseline, and a one-sided paired bootstrap p-value (head better than
-    baseline), corrected across relations with statsmodels' ``multipletests``.
+    baseline), corrected across the tested relations (at least ``min_dependents``) with statsmodels' ``multipletests``.
     """
 
     name = "syntax"
