@@ -67,6 +67,11 @@ def test_an_interrupted_run_resumes_to_the_same_model(tiny_bert_dir, sst_like, t
     finetune(task, tmp_path / "resumed2", max_steps=1, **settings)
     with pytest.raises(BertologyError, match="checkpoint of a run with other settings"):
         finetune(task, tmp_path / "resumed2", **{**settings, "learning_rate": 5e-4})
+    # the same settings on other data (issue 25: a resume never mixes two data sets)
+    changed = load_task(sst_like)
+    changed.train[0] = type(changed.train[0])(text=changed.train[0].text + " again", label=changed.train[0].label, source=changed.train[0].source)
+    with pytest.raises(BertologyError, match="other settings, data or starting weights"):
+        finetune(changed, tmp_path / "resumed2", **settings)
 
 
 def test_dev_label_unknown_to_training_names_file_and_line(sst_like):

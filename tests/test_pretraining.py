@@ -248,3 +248,13 @@ def test_a_damaged_tokenizer_beside_the_training_state_is_refused_in_one_line(in
     (state.parent / "tokenizer.json").write_text(text)
     with pytest.raises(StateError, match=rf"^{state.parent}: cannot read the tokenizer saved with the training state \(.*\); delete {state.parent} to start over$"):
         pretrain(books, tmp_path / "run", steps=12, save_every=5, **SMALL)
+
+
+def test_a_resume_on_an_edited_corpus_is_refused_in_one_line(tmp_path):
+    """Issue 25: the training state's settings named the corpus files, not their contents."""
+    books = write_books(tmp_path / "books")
+    pretrain(books, tmp_path / "run", steps=12, save_every=5, max_steps=5, **SMALL)
+    (books / "book0.txt").write_bytes((books / "book0.txt").read_bytes() + b"\r\nOne more sentence was added to this book.\r\n")
+    with pytest.raises(BertologyError, match="other settings or another corpus") as error:
+        pretrain(books, tmp_path / "run", steps=12, save_every=5, **SMALL)
+    assert "\n" not in str(error.value)

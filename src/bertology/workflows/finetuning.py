@@ -17,6 +17,7 @@ correlation (CoLA), each against the majority-class baseline (the most frequent 
 
 from __future__ import annotations
 
+import json
 import math
 import pickle
 import random
@@ -139,6 +140,19 @@ class FinetuneSettings:
     weight_decay: float = 0.01
     max_train_examples: int | None = None
     seed: int = 0
+    data: str = ""  # sha256 of the task's examples (texts and labels, both splits): a resume never mixes two data sets
+    weights: str = ""  # sha256 of the starting model's weight files (a local folder; a hub name stands for itself)
+
+
+def task_digest(task: TaskData) -> str:
+    """sha256 of every example of ``task`` (both splits: text, pair and label, in order)."""
+    import hashlib
+
+    combined = hashlib.sha256()
+    for split, examples in (("train", task.train), ("dev", task.dev)):
+        for example in examples:
+            combined.update(json.dumps([split, example.text, example.text_pair, example.label]).encode("utf-8") + b"\n")
+    return combined.hexdigest()
 
 
 def encode_examples(tokenizer, examples: list[Example], label_ids: dict[str, int], max_length: int) -> list[dict]:
@@ -379,7 +393,10 @@ def finetune(
     """
     out = Path(out)
     source = str(default_model_path()) if model is None else str(model)
-    settings = FinetuneSettings(source, task.name, max_length, batch_size, epochs, learning_rate, warmup, weight_decay, max_train_examples, seed)
+    from bertology.core.digests import folder_weights_digest
+
+    settings = FinetuneSettings(source, task.name, max_length, batch_size, epochs, learning_rate, warmup, weight_decay, max_train_examples, seed,
+                                data=task_digest(task), weights=folder_weights_digest(Path(source)) if Path(source).is_dir() else source)
     torch_device = resolve_device(device)
     random.seed(seed)
     np.random.seed(seed)
@@ -415,7 +432,8 @@ def finetune(
         # Loaded on the CPU: RNG states must stay CPU tensors; load_state_dict moves the rest to the model's device.
         state = load_training_state(checkpoint / "state.pt")
         if state.get("settings") != asdict(settings):
-            raise BertologyError(f"{checkpoint}: a checkpoint of a run with other settings is there; use another --out or delete it")
+            raise BertologyError(f"{checkpoint}: a checkpoint of a run with other settings, data or starting weights is there; "
+                                 "use another --out or delete it")
         if state["step"] > total_steps:
             raise StateError(checkpoint / "state.pt", f"step {state['step']} is past the run's {total_steps} steps; delete {checkpoint} to start over")
         finite_array(state["losses"], "losses", checkpoint / "state.pt", shape=(state["step"],))  # one per step

@@ -40,6 +40,7 @@ from transformers import BertConfig, BertForPreTraining, BertTokenizerFast, Data
 from transformers.utils import logging as hf_logging
 
 from bertology.core.corpora import numbered_lines
+from bertology.core.digests import file_digest
 from bertology.core.errors import BertologyError, CorpusError, StateError
 from bertology.workflows.finetuning import check_generator_state, load_training_state, random_states, resume_training, save_training_state
 from bertology.core.models import quiet_transformers, resolve_device
@@ -73,6 +74,7 @@ class PretrainSettings:
     checkpoints: int = 12
     validation_share: float = 0.02
     seed: int = 0
+    corpus_sha256: list[str] | None = None  # each corpus file's content: a resume never trains on an edited corpus
 
 
 def corpus_files(paths: list[str | Path]) -> list[Path]:
@@ -319,7 +321,8 @@ def pretrain(
     started = time.perf_counter()
     files = corpus_files([corpus] if isinstance(corpus, (str, Path)) else list(corpus))
     settings = PretrainSettings([str(f) for f in files], vocab_size, layers, heads, hidden, intermediate or 4 * hidden, max_length,
-                                batch_size, steps, learning_rate, warmup, weight_decay, mask_probability, checkpoints, validation_share, seed)
+                                batch_size, steps, learning_rate, warmup, weight_decay, mask_probability, checkpoints, validation_share, seed,
+                                corpus_sha256=[file_digest(Path(f), {}) for f in files])
     torch_device = resolve_device(device)
     hf_logging.disable_progress_bar()
     torch.manual_seed(seed)
@@ -330,7 +333,7 @@ def pretrain(
     if state is None:
         shutil.rmtree(training, ignore_errors=True)  # a start that never saved a state: nothing to resume
     elif state.get("settings") != asdict(settings):
-        raise BertologyError(f"{state_folder}: the training state of a run with other settings is there; use another --out or delete it")
+        raise BertologyError(f"{state_folder}: the training state of a run with other settings or another corpus is there; use another --out or delete it")
     else:
         check_pretraining_state(state_folder / "state.pt", state, steps)
     documents = documents_for_pairs(read_documents(files))
