@@ -280,3 +280,13 @@ def test_a_window_of_many_small_batches_resumes_past_sort_window_batches(interru
     assert resume.checked_local_progress(progress, stats, total=100, window_size=64) == progress
     with pytest.raises(BertologyError, match="batches_done = 65 is out of range"):
         resume.checked_local_progress({**progress, "batches_done": 65}, stats, total=100, window_size=64)
+
+
+@pytest.mark.parametrize("seconds", [10**400, float("nan"), "1.5", True])
+def test_a_saved_number_past_the_float_range_or_of_another_kind_is_refused(seconds):
+    """Found by the fuzz: a saved time of 10**400 reached numpy's isfinite, which raised a TypeError."""
+    from bertology.core.engine import RunStats
+
+    saved = RunStats(seconds=seconds)
+    with pytest.raises(BertologyError, match="should be a finite number"):
+        states.check_like(saved, RunStats(), "the saved stats")

@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -76,7 +75,7 @@ class Resume:
             raise StateError(where, str(exc)) from None
         for name in ("sequences", "tokens", "truncated", "skipped", "batches"):
             whole_number(getattr(stats, name), f"stats.{name}", where)
-        if not np.isfinite(stats.seconds) or stats.seconds < 0 or not all(isinstance(s, str) for s in stats.skipped_sources):
+        if stats.seconds < 0 or not all(isinstance(s, str) for s in stats.skipped_sources):  # seconds: a finite number (check_like)
             raise StateError(where, "the saved stats are damaged (time or skipped sources)")
         if not all(isinstance(k, int) and not isinstance(k, bool) and 0 <= k < len(analyzers) and isinstance(message, str)
                    for k, message in stats.failed.items()):

@@ -137,7 +137,13 @@ def decode(data, arrays):
 
 
 def _number(value) -> bool:
-    return isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_))
+    """A finite real number a float can hold (a bool is none)."""
+    if not isinstance(value, (int, float, np.number)) or isinstance(value, (bool, np.bool_, np.complexfloating)):
+        return False
+    try:
+        return bool(np.isfinite(float(value)))
+    except OverflowError:  # an int past the float range
+        return False
 
 
 def check_like(saved, fresh, where: str = "state") -> None:
@@ -157,7 +163,7 @@ def check_like(saved, fresh, where: str = "state") -> None:
         return
     if _number(fresh):
         if not _number(saved):
-            raise BertologyError(f"refused: {where} should be a number, not a {type(saved).__name__}")
+            raise BertologyError(f"refused: {where} should be a finite number, not {str(saved)[:40]}")
         return
     if isinstance(fresh, (np.ndarray, torch.Tensor)):
         if type(saved) is not type(fresh) or saved.dtype != fresh.dtype or saved.ndim != fresh.ndim:
