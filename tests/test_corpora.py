@@ -36,9 +36,10 @@ def test_text_skips_blank_lines_and_strips_bom_and_crlf(tmp_path):
     assert examples[1].source == "c.txt:4"
 
 
-def test_invalid_utf8_names_the_line(tmp_path):
-    path = write(tmp_path, "bad.txt", b"good\nalso good\nbad \xff byte\n", mode="wb")
-    with pytest.raises(CorpusError, match=r"bad\.txt:3: invalid UTF-8"):
+@pytest.mark.parametrize("end", [b"\n", b"\r"], ids=["lf", "cr-only"])
+def test_invalid_utf8_names_the_line(tmp_path, end):
+    path = write(tmp_path, "bad.txt", end.join([b"good", b"also good", b"bad \xff byte", b""]), mode="wb")
+    with pytest.raises(CorpusError, match=r"bad\.txt:3: invalid UTF-8 at byte 4 of the line"):
         list(read_text(path))
 
 
@@ -57,12 +58,6 @@ def test_cr_lf_cr_and_lf_mixed_each_end_one_line(tmp_path):
 def test_a_line_end_where_the_file_is_read_in_two_parts_ends_one_line(tmp_path, before, end):
     path = write(tmp_path, "long.txt", b"x" * before + end + b"y" + end, mode="wb")
     assert [(len(e.text), e.line) for e in read_text(path)] == [(before, 1), (1, 2)]
-
-
-def test_invalid_utf8_after_cr_only_line_ends_names_its_line(tmp_path):
-    path = write(tmp_path, "bad.txt", b"good\ralso good\rbad \xff byte\r", mode="wb")
-    with pytest.raises(CorpusError, match=r"bad\.txt:3: invalid UTF-8 at byte 4 of the line"):
-        list(read_text(path))
 
 
 def test_glue_and_conllu_with_cr_only_line_ends(tmp_path):
