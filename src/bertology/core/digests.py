@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from bertology.core.errors import StateError
+from bertology.core.runfolder import atomic_write
 from bertology.core.safeload import read_json
 
 #: How many files' digests the cache keeps (the most recently hashed): a bound on its size.
@@ -29,7 +31,7 @@ def _read_cache(path: Path) -> dict:
     """The cache's entries; a missing or damaged cache is empty (it only saves time: every entry is checked before use)."""
     try:
         entries = read_json(path)
-    except Exception:  # noqa: BLE001 - a damaged cache is recomputed, never believed
+    except StateError:  # missing or damaged: recomputed, never believed
         return {}
     return entries if isinstance(entries, dict) else {}
 
@@ -38,10 +40,7 @@ def _write_cache(path: Path, entries: dict) -> None:
     """Write the cache atomically; a place that cannot be written only costs the next run a hash."""
     kept = dict(list(entries.items())[-CACHE_ENTRIES:])
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.part")
-        partial.write_text(json.dumps(kept), encoding="utf-8")
-        os.replace(partial, path)
+        atomic_write(path, lambda partial: partial.write_text(json.dumps(kept), encoding="utf-8"))
     except OSError:
         pass
 

@@ -182,14 +182,21 @@ def _unlock(folder: Path, handle: int) -> None:
         os.close(handle)
 
 
+def _manifest(folder: Path) -> dict:
+    """``folder``'s ``manifest.json`` as a dict; empty where there is none or it is not a JSON object."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
 def _is_run_folder(folder: Path) -> bool:
     """Marked, or written before the marker existed (its manifest names bertology's version)."""
     if (folder / MARKER).is_file():
         return True
-    try:
-        return "bertology" in json.loads((folder / "manifest.json").read_text()).get("versions", {})
-    except (OSError, ValueError, AttributeError):
-        return False
+    versions = _manifest(folder).get("versions")
+    return isinstance(versions, dict) and "bertology" in versions
 
 
 def _nested_run_folder(folder: Path) -> Path | None:
@@ -232,10 +239,7 @@ def _existing_paths(values) -> list[tuple[object, Path]]:
 def finished_run(folder: Path) -> bool:
     """Whether ``folder`` holds a finished run (its manifest says ``complete``): work kept beside it (track's parts) is
     then a cache of that run, not unfinished work."""
-    try:
-        return json.loads((folder / "manifest.json").read_text(encoding="utf-8")).get("status") == "complete"
-    except (OSError, ValueError, AttributeError, RecursionError):
-        return False
+    return _manifest(folder).get("status") == "complete"
 
 
 def _unfinished_work(folder: Path, work: str | None) -> str | None:
