@@ -62,11 +62,11 @@ def in_process(corpus: Path, device: str) -> dict:
     import cloudpickle
 
     import bertology
-    from bertology.api import _choose_families, _family_settings
     from bertology.core import states
     from bertology.core.corpora import open_corpus
     from bertology.core.engine import Engine
     from bertology.core.models import load_model
+    from bertology.studies.analyze.analysis import _choose_families, _family_settings
 
     texts = corpus.read_text(encoding="utf-8").splitlines()
     started = time.perf_counter()

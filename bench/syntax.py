@@ -15,11 +15,11 @@ import json
 import time
 from pathlib import Path
 
-from bertology.families.profile.analyzer import GeneralProfile
-from bertology.families.syntax.analyzer import RelationHeads
 from bertology.core.corpora import Corpus
 from bertology.core.engine import Engine
 from bertology.core.models import load_model
+from bertology.families.profile.analyzer import GeneralProfile
+from bertology.families.syntax.analyzer import RelationHeads
 from bertology.families.syntax.probes import ProbeData, cross_validate
 
 EWT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud_english_ewt" / "en_ewt-ud-test.conllu"

@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModel
 
-from bertology.families.profile.analyzer import GeneralProfile, HeadDistance
 from bertology.core.corpora import Corpus
 from bertology.core.engine import Engine, RunStats
 from bertology.core.models import default_model_path, load_model
+from bertology.families.profile.analyzer import GeneralProfile, HeadDistance
 
 EWT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud_english_ewt" / "en_ewt-ud-test.conllu"
 

@@ -43,7 +43,7 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     from bertology.core.models import load_model
-    from bertology.viewer import attention_view
+    from bertology.studies.view.viewer import attention_view
 
     print(f"load average: {os.getloadavg()[0]:.2f} (torch and chromium share these {os.cpu_count()} cores)")
     text = " ".join(["the quick brown fox jumps over the lazy dog ."] * 60)

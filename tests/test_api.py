@@ -4,11 +4,11 @@ import json
 
 import numpy as np
 import pytest
+from test_runfolder import snapshot
 
 import bertology
-from bertology.families.profile.analyzer import PROFILE_METRICS
 from bertology.core.errors import BertologyError
-from test_runfolder import snapshot
+from bertology.families.profile.analyzer import PROFILE_METRICS
 
 SENTENCES = [
     "The old lighthouse keeper climbed the stairs every evening.",

@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import TEXTS, tiny_examples
+from test_contract import CONTRACT_SETTINGS
 
 import bertology
 from bertology.core import states
@@ -19,8 +21,6 @@ from bertology.core.models import load_model
 from bertology.core.parsing import spacy_trees
 from bertology.families import registered
 from bertology.families.profile.analyzer import GeneralProfile
-from conftest import TEXTS, tiny_examples
-from test_contract import CONTRACT_SETTINGS
 
 TABLES = ("heads", "layers", "head_labels", "head_distance", "roles", "role_shares", "patterns", "patterns_by_layer", "rollout", "mixing",
           "syntax", "syntax_best", "syntax_baselines")
@@ -101,7 +101,7 @@ def test_ray_tables_equal_local_ones_across_shards_and_workers(tiny_bert_dir, sh
 
 def test_track_runs_one_checkpoint_per_ray_task(tiny_bert_dir, tmp_path):
     pytest.importorskip("ray")
-    from bertology.workflows.dynamics import track
+    from bertology.studies.track.dynamics import track
 
     for name in ("step-0", "step-10"):
         shutil.copytree(tiny_bert_dir, tmp_path / name)
@@ -230,7 +230,7 @@ def test_run_local_without_resume_is_the_engine_run(tiny_bert):
 
 def test_compare_on_ray_equals_compare_here(tiny_bert_dir, tmp_path):
     pytest.importorskip("ray")
-    from bertology.workflows.comparison import compare
+    from bertology.studies.compare.comparison import compare
 
     changed = tmp_path / "changed"
     shutil.copytree(tiny_bert_dir, changed)

@@ -7,9 +7,9 @@ import sys
 
 import pandas as pd
 import pytest
+from conftest import TEXTS
 
 from bertology.families.profile.analyzer import PROFILE_METRICS
-from conftest import TEXTS
 
 
 def bertology(*args, cwd=None):

@@ -4,13 +4,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import tiny_examples
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from bertology.workflows.comparison import HeadSimilarity, compare, map_cosine
 from bertology.core.errors import BertologyError
 from bertology.core.models import load_model
 from bertology.core.testing import check_analyzer
-from conftest import tiny_examples
+from bertology.studies.compare.comparison import HeadSimilarity, compare, map_cosine
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_the_layer_view_sets_both_models_probes_side_by_side(tiny_bert_dir, shar
     """A model compared with itself on real trees: the same probe accuracy on both sides, no change, attention identical;
     each side's probes equal the layers family's own run of that model."""
     import bertology
-    from bertology.workflows.comparison import compare
+    from bertology.studies.compare.comparison import compare
 
     corpus = shared_data / "ud_english_ewt" / "en_ewt-ud-test.conllu"
     result = compare(tiny_bert_dir, tiny_bert_dir, corpus, limit=60, progress=False, out=tmp_path / "cmp", probe_sentences=60)
@@ -94,7 +94,7 @@ def test_the_layer_view_sets_both_models_probes_side_by_side(tiny_bert_dir, shar
 
 
 def test_the_layer_view_on_too_few_sentences_is_a_one_line_error(tiny_bert_dir, shared_data, tmp_path):
-    from bertology.workflows.comparison import compare
+    from bertology.studies.compare.comparison import compare
 
     corpus = shared_data / "ud_english_ewt" / "en_ewt-ud-test.conllu"
     with pytest.raises(BertologyError, match="layer probes need at least 10 sentences"):

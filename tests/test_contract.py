@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import tiny_examples
 
 from bertology.core.analyzer import Analyzer
 from bertology.core.corpora import Corpus
@@ -16,7 +17,6 @@ from bertology.core.testing import check_analyzer
 from bertology.families import registered
 from bertology.families.patterns.analyzer import PATTERNS, HeadPatterns
 from bertology.families.profile.analyzer import GeneralProfile, HeadDistance, LayerPeaks
-from conftest import tiny_examples
 
 #: Settings that keep contract runs small and exercise the statistics (an option of any family by these names).
 CONTRACT_SETTINGS = {"bootstrap": 200, "head_distance_sample": 0.7, "tau": 1.0, "seed": 3, "correction": "fdr_bh", "punct": "upos", "parser": "gold"}
@@ -72,7 +72,7 @@ def test_every_analyzer_is_registered_here():
             yield sub
             yield from subclasses(sub)
 
-    import bertology.workflows.comparison  # noqa: F401  (registers the comparison analyzers)
+    import bertology.studies.compare.comparison  # noqa: F401  (registers the comparison analyzers)
 
     names = {cls.name for cls in subclasses(Analyzer) if cls.__module__.startswith("bertology.")}
     built = {factory().name for factory in ANALYZERS.values()} | set(COVERED_ELSEWHERE)

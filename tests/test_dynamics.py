@@ -3,10 +3,14 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import TEXTS
+from test_pretraining import SMALL, write_books
 
-from bertology.workflows import dynamics
 from bertology.core.corpora import Example
-from bertology.workflows.dynamics import (
+from bertology.core.errors import BertologyError, StateError
+from bertology.studies.pretrain.pretraining import pretrain
+from bertology.studies.track import dynamics
+from bertology.studies.track.dynamics import (
     TRACK_COLUMNS,
     checkpoint_step,
     crossing_steps,
@@ -18,10 +22,6 @@ from bertology.workflows.dynamics import (
     parse_steps,
     track,
 )
-from bertology.core.errors import BertologyError, StateError
-from bertology.workflows.pretraining import pretrain
-from conftest import TEXTS
-from test_pretraining import SMALL, write_books
 
 
 def test_checkpoint_steps_come_from_marker_files_or_names(tmp_path):
@@ -362,7 +362,6 @@ def test_parts_of_an_unfinished_track_with_other_settings_or_weights_are_refused
     import shutil
 
     from safetensors.torch import load_file, save_file
-
     from test_runfolder import snapshot
 
     out, examples = saved_parts

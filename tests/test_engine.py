@@ -3,10 +3,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_examples
 
 from bertology.core.corpora import Example
 from bertology.core.engine import Engine, RunStats
-from conftest import tiny_examples
 
 
 class Collect:
@@ -98,8 +98,8 @@ def test_roberta_pairs_mark_both_separators(tiny_roberta):
 def test_every_family_loads_from_a_folder_and_runs(family, tiny_bert_dir, tmp_path):
     import transformers as tf
 
-    from bertology.families.profile.analyzer import GeneralProfile
     from bertology.core.models import load_model
+    from bertology.families.profile.analyzer import GeneralProfile
 
     tokenizer = tf.AutoTokenizer.from_pretrained(tiny_bert_dir)
     configs = {

@@ -5,12 +5,14 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_runfolder import snapshot
 from transformers import PreTrainedTokenizerBase
 
 from bertology.core.errors import BertologyError, CorpusError, ModelError, StateError
-from bertology.workflows.finetuning import TaskData, finetune, load_task, random_states, restore_random_states, task_metrics
 from bertology.core.models import load_model
-from test_runfolder import snapshot
+from bertology.core.tasks import TaskData, load_task, task_metrics
+from bertology.core.training import random_states, restore_random_states
+from bertology.studies.finetune.finetuning import finetune
 
 SENTENCES = ["the cat sat.", "the dog ran.", "a cat and a dog.", "where is the dog?", "we saw the cat.", "the big red house.",
              "the small tree.", "they ran fast.", "you saw a cat here.", "the dog is under the table.", "it is here.", "we ran slowly."]

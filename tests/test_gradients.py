@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import TEXTS
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM, BertTokenizerFast
 
 from bertology.core.corpora import Example
@@ -15,9 +16,8 @@ from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import ModelError
 from bertology.core.hooks import Hooks
 from bertology.core.models import load_model
-from bertology.workflows.finetuning import load_task
-from bertology.workflows.gradients import GRADIENT_TARGETS, AttentionGradients, attention_gradients, masked_positions
-from conftest import TEXTS
+from bertology.core.tasks import load_task
+from bertology.studies.gradients.gradients import GRADIENT_TARGETS, AttentionGradients, attention_gradients, masked_positions
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,10 @@ import torch
 
 from bertology.core.corpora import Example
 from bertology.core.errors import BertologyError, CorpusError
-from bertology.workflows.finetuning import TaskData, load_task
 from bertology.core.hooks import Hooks
-from bertology.workflows.importance import (
+from bertology.core.interventions import HeadGates, Intervention
+from bertology.core.tasks import TaskData, load_task
+from bertology.studies.heads.importance import (
     GradientImportance,
     LeaveOneOut,
     ablation_table,
@@ -22,7 +23,6 @@ from bertology.workflows.importance import (
     pruning_curve,
     study_heads,
 )
-from bertology.workflows.interventions import HeadGates, Intervention
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_gradient_importance_agrees_with_finite_differences(task_model, rows):
 
 
 def _batch(task_model, encoded):
-    from bertology.workflows.finetuning import collate_rows
+    from bertology.core.tasks import collate_rows
 
     return collate_rows(task_model.tokenizer, encoded, task_model.device)
 

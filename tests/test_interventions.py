@@ -5,7 +5,7 @@ import transformers as tf
 
 from bertology.core.errors import ModelError
 from bertology.core.hooks import ATTN_IMPLEMENTATION, Hooks, register_attention
-from bertology.workflows.interventions import Intervention, LayerReplay, attach_variants, layer_modules, prune_heads, reads_first_token_only
+from bertology.core.interventions import Intervention, LayerReplay, attach_variants, layer_modules, prune_heads, reads_first_token_only
 
 FAMILIES = {
     "bert": lambda: tf.BertConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4),

@@ -7,11 +7,11 @@ import urllib.request
 
 import numpy as np
 import pytest
+from conftest import TEXTS
 
 from bertology.core.corpora import Corpus, Example
 from bertology.core.errors import BertologyError, CorpusError
-from bertology.labelling import LabelServer, MapToLabel, choose_maps, saved_labels
-from conftest import TEXTS
+from bertology.studies.label.labelling import LabelServer, MapToLabel, choose_maps, saved_labels
 
 
 @pytest.fixture

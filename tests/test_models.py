@@ -85,13 +85,14 @@ PICKLE_REFUSED = ("only pickle weights (pytorch_model.bin), which bertology neve
 
 
 def _finetune(folder, tmp_path):
-    from bertology.workflows.finetuning import TaskData, finetune
+    from bertology.core.tasks import TaskData
+    from bertology.studies.finetune.finetuning import finetune
 
     finetune(TaskData("sst2", ("accuracy",), ("0", "1"), [], []), tmp_path / "out", model=folder, device="cpu")
 
 
 def _task_model(folder, tmp_path):
-    from bertology.workflows.importance import load_task_model
+    from bertology.core.tasks import load_task_model
 
     load_task_model(folder, device="cpu")
 

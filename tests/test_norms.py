@@ -13,7 +13,6 @@ from bertology.core.hooks import HOOK_POINTS, Hooks
 from bertology.core.models import load_model
 from bertology.core.norms import norm_shares, parse_weighting
 
-
 #: Parameter names of each layout: value projection, output projection, post-attention layer norm, as a function of the layer.
 PARAMETERS = {
     "bert": lambda l: (f"encoder.layer.{l}.attention.self.value", f"encoder.layer.{l}.attention.output.dense", f"encoder.layer.{l}.attention.output.LayerNorm"),

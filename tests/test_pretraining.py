@@ -6,14 +6,14 @@ import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
-
-from bertology.workflows.dynamics import checkpoint_step
-from bertology.core.errors import BertologyError, CorpusError, StateError
-from bertology.core.models import load_model
-from bertology.workflows.pretraining import checkpoint_steps, documents_for_pairs, make_instances, pretrain, split_documents, unigram_cross_entropy
-from bertology.reports import dynamics as reports
 from test_finetuning import Planted
 from test_runfolder import snapshot
+
+from bertology.core.errors import BertologyError, CorpusError, StateError
+from bertology.core.models import load_model
+from bertology.studies.pretrain import report as reports
+from bertology.studies.pretrain.pretraining import checkpoint_steps, documents_for_pairs, make_instances, pretrain, split_documents, unigram_cross_entropy
+from bertology.studies.track.dynamics import checkpoint_step
 
 SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the rabbit"]
 VERBS = ["sat on", "looked at", "ran to", "thought about", "walked past"]

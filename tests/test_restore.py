@@ -11,9 +11,8 @@ from transformers import BertForSequenceClassification, BertModel, BertTokenizer
 
 from bertology.core.errors import BertologyError
 from bertology.core.models import load_model
-from bertology.workflows.finetuning import load_task, task_metrics
-from bertology.workflows.importance import load_task_model
-from bertology.workflows.restore import Restorer, encoder_units, recorded_base, restore_layers
+from bertology.core.tasks import load_task, load_task_model, task_metrics
+from bertology.studies.restore.restore import Restorer, encoder_units, recorded_base, restore_layers
 
 
 @pytest.fixture(scope="module")

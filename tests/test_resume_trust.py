@@ -6,13 +6,13 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import TEXTS
+from test_backends import _interrupt_after
 
 import bertology
 from bertology.core import states
 from bertology.core.errors import BertologyError
 from bertology.core.runfolder import RunFolder, check_out, claims_out
-from conftest import TEXTS
-from test_backends import _interrupt_after
 
 OPTIONS = dict(batch_size=2, progress=False, view=False, analyses=["profile", "roles"], checkpoint_every=2)
 SENTENCES = [f"{text} number {k}." for k in range(3) for text in TEXTS]
@@ -78,7 +78,8 @@ def test_an_analysis_into_a_folder_holding_a_finetuning_checkpoint_is_refused(ti
 
 
 def test_a_finetuning_into_a_folder_holding_an_unfinished_analysis_is_refused(interrupted, tmp_path, cat_task, tiny_bert_dir):
-    from bertology.workflows.finetuning import finetune, load_task
+    from bertology.core.tasks import load_task
+    from bertology.studies.finetune.finetuning import finetune
 
     out = _copy(interrupted, tmp_path)
     before = snapshot(out)

@@ -315,7 +315,7 @@ def test_a_rerun_into_a_folder_named_like_an_option_is_no_input(tmp_path, monkey
 
 
 def test_track_refuses_an_out_that_holds_its_checkpoints_before_reading_them(tmp_path):
-    from bertology.workflows.dynamics import track
+    from bertology.studies.track.dynamics import track
 
     pretrained = make_run(tmp_path / "pt", **{"pretraining.json": "{}"})
     step = pretrained / "checkpoints" / "step-000000"
@@ -392,7 +392,7 @@ def test_a_claimed_new_folder_that_stays_empty_is_removed(tmp_path):
 
 
 def test_track_resumes_from_the_parts_it_keeps_inside_its_own_out(tiny_bert_dir, tmp_path, monkeypatch):
-    from bertology.workflows import dynamics
+    from bertology.studies.track import dynamics
 
     series = [shutil.copytree(tiny_bert_dir, tmp_path / "series" / f"step-{step}") for step in (0, 10)]
     settings = dict(out=tmp_path / "track", bootstrap=100, device="cpu", progress=False)

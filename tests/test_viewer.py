@@ -7,10 +7,9 @@ import time
 
 import numpy as np
 import pytest
-
 from scipy.spatial.distance import jensenshannon
 
-from bertology.viewer import AttentionView, attention_view, distinctive_head, head_labels
+from bertology.studies.view.viewer import AttentionView, attention_view, distinctive_head, head_labels
 
 INJECTION = '<script>alert(1)</script> "><img src=x onerror=alert(1)>'
 

@@ -18,8 +18,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Analysis": "bertology.api",
     "analyze": "bertology.api",
-    "AttentionView": "bertology.viewer",
-    "attention_view": "bertology.viewer",
+    "AttentionView": "bertology.studies.view.viewer",
+    "attention_view": "bertology.studies.view.viewer",
     "Batch": "bertology.core.engine",
     "Engine": "bertology.core.engine",
     "BertologyError": "bertology.core.errors",
@@ -34,9 +34,9 @@ _EXPORTS = {
     "FamilyResult": "bertology.families",
     "Option": "bertology.families",
     "register_family": "bertology.families",
-    "Track": "bertology.workflows.dynamics",
-    "track": "bertology.workflows.dynamics",
-    "pretrain": "bertology.workflows.pretraining",
+    "Track": "bertology.studies.track.dynamics",
+    "track": "bertology.studies.track.dynamics",
+    "pretrain": "bertology.studies.pretrain.pretraining",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import gold_example
 from transformers import AutoModel, AutoTokenizer
 
 import bertology
@@ -14,7 +15,6 @@ from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, CorpusError
 from bertology.families.classes import default_classes, parse_class, parse_classes
 from bertology.families.classes.analyzer import ClassAttention
-from conftest import gold_example
 
 # Sentences with gold words, UPOS tags and (flat) trees written here; "not" and "never" are negation words.
 SENTENCES = [

@@ -10,15 +10,15 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import gold_example
 from transformers import AutoModel, AutoTokenizer
 
 import bertology
 from bertology.core.corpora import Example
 from bertology.core.engine import Engine
-from bertology.families.layers.analyzer import LayerSentence, WordVectors
 from bertology.families import FamilyResult, get_family
+from bertology.families.layers.analyzer import LayerSentence, WordVectors
 from bertology.families.layers.probes import control_labels, expected_layer_running_max, probe_layers, probe_summary
-from conftest import gold_example
 
 TAGS = ("NOUN", "VERB", "DET", "ADJ")
 

@@ -3,12 +3,12 @@ The ratios themselves are checked against numpy from each architecture's weights
 
 import numpy as np
 import pytest
+from conftest import tiny_examples
 
 import bertology
 from bertology.core.engine import Engine, RunStats
 from bertology.core.norms import MIXING_RATIOS
 from bertology.families.mixing.analyzer import ContextMixing
-from conftest import tiny_examples
 
 
 def test_the_analyzer_averages_tokens_then_sequences(tiny_bert):

@@ -114,10 +114,11 @@ def test_block_feature_averages_over_the_non_special_queries_only():
 
 
 def test_pattern_examples_do_not_depend_on_the_file_name(tiny_bert):
-    from bertology.families.patterns.analyzer import HeadPatterns
+    from conftest import TEXTS
+
     from bertology.core.corpora import Example
     from bertology.core.engine import Engine
-    from conftest import TEXTS
+    from bertology.families.patterns.analyzer import HeadPatterns
 
     def kept(folder):
         analyzer = HeadPatterns(examples_per_class=2, seed=3)
@@ -151,11 +152,12 @@ def test_examples_are_distinct_heads_each_with_its_smallest_hash_and_its_tokens(
     """Issue 26: a class's examples are maps of distinct heads (not one head four times), the same as the brute force
     (keep every head's smallest-hash map, then the heads with the smallest), with the tokens of the map's rows and columns,
     kept as plain data that a state stores."""
+    from conftest import TEXTS
+
     from bertology.core.corpora import Example
     from bertology.core.engine import Engine
     from bertology.core.states import decode, encode
     from bertology.families.patterns.analyzer import HeadPatterns
-    from conftest import TEXTS
 
     examples = [Example(text, source=f"c:{line}") for line, text in enumerate(TEXTS * 3, 1)]
 
@@ -210,7 +212,7 @@ def test_the_summary_gives_each_class_share_of_all_maps_and_the_majority_counts(
     import pandas as pd
 
     from bertology.families import FamilyResult, get_family
-    from bertology.reports.views import combine_views
+    from bertology.studies.analyze.views import combine_views
 
     overall = {"vertical": 0.5, "diagonal": 0.125, "vertical+diagonal": 0.0, "block": 0.0, "heterogeneous": 0.375}
     by_layer = pd.DataFrame([(layer, pattern, share) for layer in (0, 1, -1) for pattern, share in overall.items()], columns=["layer", "pattern", "share"])
@@ -226,9 +228,10 @@ def test_the_summary_gives_each_class_share_of_all_maps_and_the_majority_counts(
 
 
 def test_the_summary_of_a_run_matches_its_tables(tiny_bert):
+    from conftest import tiny_examples
+
     from bertology.api import analyze
     from bertology.families import get_family
-    from conftest import tiny_examples
 
     result = analyze(tiny_bert, tiny_examples(), analyses=["patterns"], progress=False, view=False)
     [line] = get_family("patterns").summary(result.results["patterns"])

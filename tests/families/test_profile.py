@@ -6,8 +6,7 @@ import pytest
 import torch
 from scipy.spatial.distance import jensenshannon
 
-from bertology.families.profile.analyzer import PROFILE_METRICS, clark_labels, profile_metrics
-from bertology.families.profile.analyzer import pairwise_js
+from bertology.families.profile.analyzer import PROFILE_METRICS, clark_labels, pairwise_js, profile_metrics
 
 
 def by_hand(a: np.ndarray, cls: list[int], sep: list[int], punct: list[int]) -> dict:
@@ -113,9 +112,9 @@ def test_clark_labels_apply_the_thresholds():
 def test_layer_peaks_bootstrap_by_hand():
     from types import SimpleNamespace
 
-    from bertology.families.profile.analyzer import LayerPeaks
     from bertology.core.corpora import Example
     from bertology.core.stats import bootstrap_weights
+    from bertology.families.profile.analyzer import LayerPeaks
 
     rng = np.random.default_rng(1)
     flags = [([0], [3], [2]), ([0], [3, 6], [5]), ([0], [4], [1])]
@@ -180,9 +179,9 @@ PUNCT_WEIGHTS = {"[CLS]": 0.25, ";": 0.1, "!": 0.2, ",": 0.3, ".": 0.15}
 def test_punct_set_upos_or_clark_on_a_hand_made_map(tiny_bert, punct, expected):
     import dataclasses
 
-    from bertology.families.profile.analyzer import GeneralProfile
     from bertology.core.corpora import Example
     from bertology.core.engine import Engine, RunStats
+    from bertology.families.profile.analyzer import GeneralProfile
 
     engine = Engine(tiny_bert, progress=False, punct=punct)
     (items,) = list(engine.batches(engine.encode(enumerate([Example(PUNCT_TEXT)]), RunStats())))
@@ -248,10 +247,11 @@ def test_peak_layers_interval_is_the_95_percent_percentile_interval():
 
 
 def test_head_distance_sample_does_not_depend_on_the_file_name(tiny_bert):
-    from bertology.families.profile.analyzer import HeadDistance
+    from conftest import TEXTS
+
     from bertology.core.corpora import Example
     from bertology.core.engine import Engine
-    from conftest import TEXTS
+    from bertology.families.profile.analyzer import HeadDistance
 
     def matrix(name):
         analyzer = HeadDistance(sample=0.5, seed=1)
@@ -288,7 +288,7 @@ def test_heatmaps_share_one_scale_for_the_shares_and_keep_their_own_for_entropy_
     """Issue 26: [SEP] (max 0.18) must not look as hot as [CLS] (0.8): the six shares of attention are drawn on one
     0-1 scale with one colour bar; entropy and distance keep their own bars, labelled with their units."""
     from bertology.families.profile.report import METRIC_UNITS, SHARE_METRICS, metric_heatmaps
-    from bertology.reports.figures import METRIC_TITLES
+    from bertology.render.figures import METRIC_TITLES
 
     rng = np.random.default_rng(0)
     rows = [(layer, head, metric, rng.uniform(0, 0.8 if metric == "cls" else 0.18 if metric in SHARE_METRICS else 4.0))

@@ -7,9 +7,9 @@ import torch
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from bertology.families.roles.analyzer import HeadRoles, role_colocation, role_scores, role_shares, sieve_mean, syntactic_scores
 from bertology.core.corpora import Example
 from bertology.core.engine import Batch
+from bertology.families.roles.analyzer import HeadRoles, role_colocation, role_scores, role_shares, sieve_mean, syntactic_scores
 
 
 def single(n):
@@ -388,7 +388,7 @@ def test_the_summary_counts_tested_heads_only_and_names_the_strongest_tested_hea
 
 def test_the_summary_of_two_views_says_which_view_each_line_is_of():
     from bertology.families import FamilyResult, get_family
-    from bertology.reports.views import combine_views
+    from bertology.studies.analyze.views import combine_views
 
     second = roles_table().assign(has_role=False)
     combined = combine_views({"attention": FamilyResult(tables={"roles": roles_table()}, extras={"role_tau": 2.0}),
@@ -401,9 +401,10 @@ def test_the_summary_of_two_views_says_which_view_each_line_is_of():
 
 def test_the_summary_of_a_run_matches_its_table(tiny_bert):
     """A real run at the run's own tau: the printed count and the strongest head are the table's."""
+    from conftest import tiny_examples
+
     from bertology.api import analyze
     from bertology.families import get_family
-    from conftest import tiny_examples
 
     result = analyze(tiny_bert, tiny_examples(), analyses=["roles"], tau=1.0, progress=False, view=False)
     lines = {line.split(":")[0]: line for line in get_family("roles").summary(result.results["roles"])}

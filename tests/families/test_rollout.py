@@ -2,10 +2,10 @@
 
 import numpy as np
 import torch
+from conftest import tiny_examples
 
 from bertology.core.engine import Engine, RunStats
 from bertology.families.rollout.analyzer import ROLLOUT_ROWS, ROLLOUT_TARGETS, AttentionRollout, rollout
-from conftest import tiny_examples
 
 
 def numpy_rollout(maps):

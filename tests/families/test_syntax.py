@@ -5,10 +5,10 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-from bertology.families.syntax.analyzer import OFFSETS, RelationHeads
 from bertology.core.corpora import Example
 from bertology.core.engine import Engine, RunStats
 from bertology.core.stats import bootstrap_weights
+from bertology.families.syntax.analyzer import OFFSETS, RelationHeads
 
 # "the cat sat on the mat ." with UD-style heads (1-based, 0 = root)
 WORDS = ("the", "cat", "sat", "on", "the", "mat", ".")

@@ -190,9 +190,10 @@ def test_bad_label_lines_name_their_line(tmp_path, line, message):
 def labels_file(path, model, count=40):
     """Labels written here for the tiny model: each head's class is what the rules say of its map, so training must
     reproduce the rules (a model with fixed random weights has no hand labels to offer)."""
+    from conftest import PAIRS, TEXTS
+
     from bertology.core.engine import Engine
     from bertology.families.patterns.analyzer import RuleClassifier
-    from conftest import TEXTS, PAIRS
 
     engine = Engine(model, progress=False)
     lines = []

@@ -11,11 +11,11 @@ import re
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from test_labelling import VALID_LABEL, hand_maps, post_label
 
 from bertology.core.corpora import GLUE_LAYOUTS, PATTERN_LABELS, Corpus, json_records, prepare_jsonl_append, read_labels
 from bertology.core.errors import CorpusError
-from bertology.labelling import MAX_LABEL_BYTES, LabelServer
-from test_labelling import VALID_LABEL, hand_maps, post_label
+from bertology.studies.label.labelling import MAX_LABEL_BYTES, LabelServer
 
 # No example database (it would be written into the checkout); a fixture's folder is reused by every example.
 FUZZ = settings(deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tiny_examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -22,7 +23,6 @@ from bertology.core.backends import Resume
 from bertology.core.engine import Engine
 from bertology.core.errors import BertologyError
 from bertology.families import registered
-from conftest import tiny_examples
 from fuzz.documents import changed, paths
 
 FUZZ = settings(deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -20,20 +20,20 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import TEXTS, gold_example
+from families.test_trained_patterns import classifier_document
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from test_runfolder import snapshot
 from transformers import BertConfig, BertForSequenceClassification, get_linear_schedule_with_warmup
 
 from bertology.core.errors import BertologyError
+from bertology.core.training import load_training_state, random_states, resume_training, save_training_state
 from bertology.families.patterns.analyzer import PATTERNS
 from bertology.families.patterns.trained import TrainedClassifier
-from bertology.workflows.dynamics import MAX_STEP, _load_part, checkpoint_step, hypothesis_verdict, track
-from bertology.workflows.finetuning import load_training_state, random_states, resume_training, save_training_state
-from conftest import TEXTS, gold_example
-from families.test_trained_patterns import classifier_document
+from bertology.studies.track.dynamics import MAX_STEP, _load_part, checkpoint_step, hypothesis_verdict, track
 from fuzz.documents import DELETE, changed, paths
-from test_runfolder import snapshot
 
 # No example database (it would be written into the checkout); the test's folder is reused by every example.
 FUZZ = settings(deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

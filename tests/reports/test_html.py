@@ -2,7 +2,7 @@ import pandas as pd
 
 from bertology.core.runfolder import RunFolder
 from bertology.families.profile.report import metric_heatmaps
-from bertology.reports import Figure, Report, Section
+from bertology.render.html import Figure, Report, Section
 
 
 def test_report_embeds_figures_and_escapes_text(tmp_path):

@@ -4,12 +4,12 @@ section that sets them side by side."""
 
 import pandas as pd
 import pytest
+from conftest import TEXTS
 
 import bertology
 from bertology.core.engine import Engine
 from bertology.families import FamilyResult
-from bertology.reports.views import combine_views, disagreements
-from conftest import TEXTS
+from bertology.studies.analyze.views import combine_views, disagreements
 
 READ_THE_MAPS = ["profile", "roles", "patterns", "rollout"]
 

@@ -194,7 +194,7 @@ class PassWorker:
 
         self.engine = engine(model)
         if compare_with is not None:  # `compare`: the same batches through a second model
-            from bertology.workflows.comparison import CompareEngine
+            from bertology.core.paired import CompareEngine
 
             self.engine = CompareEngine(self.engine, engine(compare_with))
 

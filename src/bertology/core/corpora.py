@@ -580,3 +580,16 @@ def open_corpus(corpus, format: str = "auto", limit: int | None = None) -> tuple
     examples = [item if isinstance(item, Example) else Example(str(item)) for item in corpus]
     examples = examples[:limit] if limit is not None else examples
     return examples, {"name": "in-memory", "path": None, "format": "examples", "sha256": None}
+
+
+def has_trees(examples: Corpus | list[Example]) -> bool:
+    """Whether a corpus comes with dependency trees (CoNLL-U, or examples that carry them)."""
+    if isinstance(examples, Corpus):
+        return examples.format == "conllu"
+    return any(example.has_tree for example in examples)
+
+
+def has_frames(examples: Corpus | list[Example]) -> bool:
+    if isinstance(examples, Corpus):
+        return examples.format == "frames"
+    return any(example.frames for example in examples)

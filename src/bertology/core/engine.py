@@ -403,7 +403,7 @@ class Engine:
         """Stream ``examples`` through the model once and update every analyzer with every batch.
 
         ``step`` turns a batch's items into what the analyzers receive (default :meth:`run_batch`;
-        a :class:`~bertology.workflows.comparison.CompareEngine` runs two models there). ``weightings[k]`` is the
+        a :class:`~bertology.studies.compare.comparison.CompareEngine` runs two models there). ``weightings[k]`` is the
         view of attention analyzer k receives (default: the weights for every analyzer); the norms are computed
         once per batch where any analyzer asks for them, and so are the mixing ratios where an analyzer's
         ``needs`` names ``"mixing"``, and the layers' outputs where it names ``"hidden_states"``. With ``isolate``, an

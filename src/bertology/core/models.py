@@ -17,9 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import logging as hf_logging
-from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel,
-                          PreTrainedTokenizerBase)
 
 from bertology.core.errors import ModelError
 from bertology.core.hooks import ATTN_IMPLEMENTATION, register_attention

@@ -26,19 +26,23 @@ so and it is left as ``<out>.old-<random>``.
 
 from __future__ import annotations
 
+import datetime as dt
 import fcntl
 import functools
 import inspect
 import json
 import os
+import platform
 import secrets
 import shutil
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
@@ -49,11 +53,6 @@ MARKER = ".bertology-run"
 LOCK = ".bertology-lock"
 #: Text cells starting with these run as formulas in spreadsheets (OWASP, CSV injection).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-#: Arguments :func:`claims_out` never takes for input paths: the command line as recorded, and options whose
-#: values are words (``analyses=["roles"]`` with ``out="roles"`` is a rerun, not an input inside ``out``).
-NOT_INPUTS = frozenset({"command", "analyses", "include", "exclude", "format", "parser", "device", "punct", "overflow", "normalise",
-                        "intervention", "correction", "importance_split", "heatmap_relation", "weighting", "backend", "address",
-                        "workers", "checkpoint_every"})
 
 
 #: The folders inside ``out`` where a command keeps work it resumes, with what they hold: a run of another command
@@ -395,15 +394,17 @@ def claim(out: str | Path, inputs=(), work: str | None = None) -> Iterator[_Clai
                 _release(held)
 
 
-def claims_out(function: Callable | None = None, *, work: str | None = None) -> Callable:
+def claims_out(function: Callable | None = None, *, work: str | None = None, words: tuple[str, ...] = ()) -> Callable:
     """Decorate a function with an ``out`` argument: ``out`` (unless None) is claimed before it runs, for the whole call.
 
     Every other argument (``**options`` included) that is a str or a path (or a list, tuple or dict of them) naming an
     existing path, or holding one after a separator (``NAME=words:FILE``), is an input of the run (:func:`check_out`),
-    except those in :data:`NOT_INPUTS`. ``work``: the folder of :data:`WORK_FOLDERS` the function resumes from
-    (``@claims_out(work="checkpoint")``); ``out`` holding any other one is refused."""
+    except ``command`` (the command line as recorded) and the arguments named in ``words``: those whose values are words
+    (``analyses=["roles"]`` with ``out="roles"`` is a rerun, not an input inside ``out``). ``work``: the folder of
+    :data:`WORK_FOLDERS` the function resumes from (``@claims_out(work="checkpoint")``); ``out`` holding any other one is refused."""
     if function is None:
-        return functools.partial(claims_out, work=work)
+        return functools.partial(claims_out, work=work, words=words)
+    not_inputs = {"out", "command", *words}
     signature = inspect.signature(function)
     keywords = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
 
@@ -414,7 +415,7 @@ def claims_out(function: Callable | None = None, *, work: str | None = None) -> 
         out = arguments.get("out")
         if out is None:
             return function(*args, **kwargs)
-        inputs = [value for name, value in arguments.items() if name != "out" and name not in NOT_INPUTS]
+        inputs = [value for name, value in arguments.items() if name not in not_inputs]
         with claim(out, inputs, work):
             return function(*args, **kwargs)
 
@@ -508,3 +509,30 @@ class RunFolder:
             return atomic_write(self.path / f"{name}.png", lambda p: figure.savefig(p, format="png", dpi=110, bbox_inches="tight", pil_kwargs=_PNG))
         finally:
             plt.close(figure)
+
+
+#: The packages whose versions every manifest records.
+_VERSIONED = ("bertology", "torch", "transformers", "tokenizers", "numpy", "pandas", "scipy", "scikit-learn", "statsmodels", "spacy")
+
+
+def package_versions() -> dict[str, str]:
+    """Python's version and each of :data:`_VERSIONED`'s ("not installed" where missing)."""
+    versions = {"python": platform.python_version()}
+    for name in _VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def finish(folder: RunFolder, manifest: dict, *, report: str | None = None, status: str = "complete", command: list[str] | None = None,
+           keep: tuple[str, ...] = ()) -> Path:
+    """The one way every run ends: write ``report.html`` (the rendered ``report``, where the run has one) and
+    ``manifest.json`` (``status``, the command line, the run's own facts in ``manifest``, package versions and the
+    finishing time), then swap the folder in whole (:meth:`RunFolder.commit`, carrying ``keep`` over); returns ``out``."""
+    if report is not None:
+        folder.write_text("report.html", report)
+    folder.write_json("manifest.json", {"status": status, "command": command if command is not None else sys.argv, **manifest,
+                                        "versions": package_versions(), "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+    return folder.commit(keep=keep)

@@ -21,6 +21,7 @@ import torch
 
 from bertology.core.errors import BertologyError, StateError
 from bertology.core.safeload import field, read_json, read_npz
+from bertology.core.trusted import trusted_modules
 
 #: The form of analyzers' states: part of every resume fingerprint, raised whenever an analyzer's attributes change
 #: (a state of another form is refused as another run's, never half-believed). 2: pattern examples keep their tokens.
@@ -59,15 +60,11 @@ def encode(value, arrays: dict[str, np.ndarray]):
     raise TypeError(f"cannot store a {type(value).__name__} without pickle")
 
 
-def _allowed_modules() -> set[str]:
-    from bertology.families import registered
-
-    return {type(family).__module__ for family in registered().values()}
 
 
 def _class(name: str):
     module_name, _, qualname = name.partition(":")
-    if not (module_name == "bertology" or module_name.startswith("bertology.") or module_name in _allowed_modules()):
+    if not (module_name == "bertology" or module_name.startswith("bertology.") or module_name in trusted_modules):
         raise BertologyError(f"refused: a state names the class {name}, which is neither bertology's nor a registered family's")
     try:
         module = sys.modules.get(module_name) or importlib.import_module(module_name)

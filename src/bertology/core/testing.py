@@ -26,7 +26,7 @@ def _runner(model: LoadedModel, compare_with: LoadedModel | None):
         analyzer = make_analyzer()
         engine = Engine(model, batch_size=batch_size, progress=False)
         if compare_with is not None:
-            from bertology.workflows.comparison import CompareEngine
+            from bertology.core.paired import CompareEngine
 
             engine = CompareEngine(engine, Engine(compare_with, batch_size=batch_size, progress=False))
         engine.run(examples, [analyzer])
@@ -54,7 +54,7 @@ def check_analyzer(make_analyzer: Callable[[], Analyzer], model: LoadedModel, ex
 
     The tolerances absorb the float rounding that padding causes in a float32 model; with a
     float64 model much tighter ones hold. With ``compare_with``, the analyzer is a comparison
-    analyzer fed by a :class:`~bertology.workflows.comparison.CompareEngine` of the two models.
+    analyzer fed by a :class:`~bertology.studies.compare.comparison.CompareEngine` of the two models.
     """
     _run = _runner(model, compare_with)
     examples = list(examples)

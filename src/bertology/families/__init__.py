@@ -16,57 +16,25 @@ from __future__ import annotations
 import importlib
 import keyword
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from bertology.core.errors import BertologyError
+from bertology.core.options import ANALYSIS, Option
+from bertology.core.trusted import trust_module
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from bertology.core.analyzer import Analyzer
     from bertology.core.engine import Engine
-    from bertology.reports.html import Section
     from bertology.core.runfolder import RunFolder
+    from bertology.render.html import Section
 
 #: The families bertology ships, in report order.
 BUILTIN_FAMILIES = ("profile", "roles", "patterns", "syntax", "classes", "frames", "layers", "rollout", "mixing")
-#: Keywords of ``analyze()`` itself: no family option may take these names.
-COMMON_SETTINGS = frozenset({
-    "model", "corpus", "analyses", "format", "parser", "spacy_pipeline", "out", "batch_size", "max_length", "limit", "overflow",
-    "device", "seed", "punct", "correction", "min_sample", "trust_remote_code", "view", "progress", "command", "weighting",
-    "backend", "workers", "address", "checkpoint_every",
-})
-
-
-@dataclass(frozen=True)
-class Option:
-    """One setting of a family: the API keyword ``name`` (CLI flag ``--name-with-dashes``), its default and help.
-
-    ``type``: the CLI's type (default: the default's type); ``parse`` turns the CLI's text into the
-    API's value (a structured option); ``minimum``/``maximum`` bound a number; ``flag`` overrides the
-    CLI's flag (``"--probe/--no-probe"``); ``multiple``: the flag may be given several times, and ``parse``
-    receives the list of its texts.
-    """
-
-    name: str
-    default: Any
-    help: str
-    type: type | None = None
-    parse: Callable[[str], Any] | None = None
-    minimum: float | None = None
-    maximum: float | None = None
-    flag: str | None = None
-    multiple: bool = False
-
-    @property
-    def cli_flag(self) -> str:
-        return self.flag or "--" + self.name.replace("_", "-")
-
-    @property
-    def cli_type(self) -> type:
-        if self.parse is not None:
-            return str
-        return self.type or (type(self.default) if self.default is not None else str)
+#: Names no family option may take: the settings of the pass that every analysis command shares (its flags), and the other
+#: keywords of ``analyze()`` (a test checks that these are exactly its keywords, with the CLI's quiet and skip_long).
+COMMON_SETTINGS = frozenset({option.name for option in ANALYSIS} | {"analyses", "include", "exclude", "overflow", "view", "progress", "command"})
 
 
 @dataclass
@@ -176,6 +144,7 @@ def register_family(family: Family, *, replace: bool = False) -> Family:
             raise BertologyError(f"family {name!r}: option {option.name!r} is one of analyze()'s own settings")
         if option.name in taken:
             raise BertologyError(f"family {name!r}: option {option.name!r} belongs to family {taken[option.name]!r} already")
+    trust_module(type(family).__module__)  # its analyzers' states may be resumed
     _registry[name] = family
     return family
 
@@ -195,3 +164,8 @@ def get_family(name: str) -> Family:
         raise BertologyError(f"unknown analysis {name!r}: choose from {', '.join(known)}")
     return known[name]
 
+
+
+def family_option(family: str, name: str) -> Option:
+    """Family ``family``'s option ``name``: a study that runs the family's analyzers offers it as it is (``track``'s ``--tau``)."""
+    return next(option for option in get_family(family).options if option.name == name)

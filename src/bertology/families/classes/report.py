@@ -7,8 +7,8 @@ import math
 import pandas as pd
 
 from bertology.core.runfolder import RunFolder
-from bertology.reports.figures import head_grid, plt
-from bertology.reports.html import Figure, Section
+from bertology.render.figures import head_grid, plt
+from bertology.render.html import Figure, Section
 
 
 def top_heads(table: pd.DataFrame, k: int) -> pd.DataFrame:

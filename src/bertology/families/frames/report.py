@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 
 from bertology.core.runfolder import RunFolder
-from bertology.reports.figures import head_grid, head_grid_size, plt
-from bertology.reports.html import Figure, Section
+from bertology.render.figures import head_grid, head_grid_size, plt
+from bertology.render.html import Figure, Section
 
 
 def frame_heatmaps(table: pd.DataFrame):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 
 from bertology.core.runfolder import RunFolder
-from bertology.reports.figures import plt
-from bertology.reports.html import Figure, Section
+from bertology.render.figures import plt
+from bertology.render.html import Figure, Section
 
 TASK_TITLES = {"upos": "UPOS tag", "deprel": "dependency relation"}
 

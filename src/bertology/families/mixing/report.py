@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 
 from bertology.core.runfolder import RunFolder
-from bertology.reports.figures import layer_lines, plt
-from bertology.reports.html import Figure, Section
+from bertology.render.figures import layer_lines, plt
+from bertology.render.html import Figure, Section
 
 RATIO_TITLES = {"attn": "attention alone (Attn-N)", "attn_res": "with the residual (AttnRes-N)",
                 "attn_res_ln": "with the residual and the layer norm (AttnResLn-N)"}

@@ -5,11 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bertology.reports.figures import plt
-
 from bertology.core.runfolder import RunFolder
-from bertology.reports.html import Figure, Section
-
+from bertology.render.figures import plt
+from bertology.render.html import Figure, Section
 
 PATTERN_COLOURS = {"vertical": "tab:red", "diagonal": "tab:green", "vertical+diagonal": "tab:olive", "block": "tab:blue", "heterogeneous": "tab:gray"}
 

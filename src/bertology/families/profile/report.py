@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bertology.reports.figures import METRIC_TITLES, plt
-
 from bertology.core.runfolder import RunFolder
 from bertology.families.profile.analyzer import CLARK_THRESHOLDS, PROFILE_METRICS
-from bertology.reports.html import Figure, Section
+from bertology.render.figures import METRIC_TITLES, plt
+from bertology.render.html import Figure, Section
 
 _PUNCT_SETS = {"upos": "every token that is only punctuation (Unicode category P*; --punct upos)",
                "clark": "the tokens '.' and ',' only, as in Clark et al.'s code (--punct clark)"}

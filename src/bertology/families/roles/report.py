@@ -6,12 +6,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 
-from bertology.reports.figures import plt
-
 from bertology.core.runfolder import RunFolder
 from bertology.families.roles.analyzer import SUMMARY_ROLES, role_colocation, role_shares
-from bertology.reports.html import Figure, Section
-
+from bertology.render.figures import plt
+from bertology.render.html import Figure, Section
 
 ROLE_COLOURS = {"local": "tab:green", "delimiter": "tab:red", "cls": "tab:orange", "sep": "tab:purple", "block": "tab:blue", "syntactic": "tab:brown"}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 
 from bertology.core.runfolder import RunFolder
-from bertology.reports.figures import layer_lines, plt
-from bertology.reports.html import Figure, Section
+from bertology.render.figures import layer_lines, plt
+from bertology.render.html import Figure, Section
 
 TARGET_TITLES = {"cls": "input [CLS]", "sep": "input [SEP]", "punct": "input punctuation", "self": "its own input token"}
 ROW_TITLES = {"cls_row": "the [CLS] position", "all": "every position (mean)"}
@@ -16,7 +16,7 @@ CLS_ROW_TITLES = {**TARGET_TITLES, "self": "its own input token (= input [CLS] h
 
 def rollout_by_layer(table: pd.DataFrame):
     """Rolled-out attention to each target after each layer: the [CLS] row and every row, with 95% intervals; each line
-    with its own marker and line style (:func:`~bertology.reports.figures.layer_lines`), so lines that coincide both show."""
+    with its own marker and line style (:func:`~bertology.render.figures.layer_lines`), so lines that coincide both show."""
     figure, axes = plt.subplots(1, 2, figsize=(10.0, 3.6), sharey=True)
     for axis, row in zip(axes, ROW_TITLES):
         layer_lines(axis, table[table.row == row], "target", CLS_ROW_TITLES if row == "cls_row" else TARGET_TITLES)

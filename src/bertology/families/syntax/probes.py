@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from bertology.core.analyzer import Analyzer
-from bertology.families.syntax.analyzer import OFFSETS
 from bertology.core.engine import Batch
 from bertology.core.stats import keyed_rng, sequence_key
+from bertology.families.syntax.analyzer import OFFSETS
 
 VARIANTS = ("attn", "attn+emb")
 

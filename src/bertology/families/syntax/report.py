@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bertology.reports.figures import plt
-
 from bertology.core.runfolder import RunFolder
-from bertology.reports.html import Figure, Section
+from bertology.render.figures import plt
+from bertology.render.html import Figure, Section
 
 MAX_TIES_SHOWN = 6  # the report lists this many tied heads per relation; syntax_best.csv lists them all
 

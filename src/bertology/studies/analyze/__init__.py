@@ -1,0 +1,97 @@
+"""``bertology analyze``: every analysis family over a corpus in one pass (:func:`~bertology.studies.analyze.analysis.analyze`),
+and ``bertology NAME`` for each family with a command. The options are the shared pass settings
+(:data:`bertology.core.options.ANALYSIS`), a ``--F/--no-F`` switch per family, and the families' own options, all from the
+two registries.
+"""
+
+from __future__ import annotations
+
+from bertology.core.options import ANALYSIS, Option
+from bertology.families import Family, registered
+from bertology.studies import Study, default_out, register_study
+
+
+def _report_line(result) -> str:
+    return f"report: {(result.out / 'report.html').resolve()}"
+
+
+class Analyze(Study):
+    """Families run by a command: ``switches`` are switched on and off by ``--F/--no-F`` (``analyze``); without switches
+    the command runs ``families`` (a one-family command)."""
+
+    name = "analyze"
+    title = ("Run the analysis families over a corpus in one pass (by default the profile, roles and patterns, plus syntax when the "
+             "corpus has trees); write a run folder with report.html.")
+
+    def families(self) -> list[Family]:
+        return list(registered().values())
+
+    def switched(self) -> list[Family]:
+        return self.families()
+
+    @property
+    def options(self) -> tuple[Option, ...]:
+        families = self.families()
+        corpus_flag = families[0].corpus_flag if len(families) == 1 else None
+        shared = tuple(option.but(flag=f"{option.cli_flag} {corpus_flag}") if option.name == "corpus" and corpus_flag else option
+                       for option in ANALYSIS)
+        switches = tuple(
+            Option(f"run_{family.name}", None, f"{family.title} [default: "
+                   f"{'on' if family.default and not family.needs_trees else 'on when the corpus has trees' if family.default else 'off'}]",
+                   type=bool, flag=f"--{family.name}/--no-{family.name}")
+            for family in self.switched())
+        return shared + switches + tuple(option for family in families for option in family.options)
+
+    def run(self, settings: dict, command: list[str] | None = None):
+        from bertology.studies.analyze.analysis import analyze
+
+        settings = dict(settings)
+        switches = {family.name: settings.pop(f"run_{family.name}") for family in self.switched()}
+        declared = {option.name: option for family in self.families() for option in family.options}
+        given = {name: option.parse(settings[name]) if option.parse is not None else settings[name] for name, option in declared.items()
+                 if settings[name] != option.default and not (option.multiple and not settings[name])}
+        for name in declared:
+            settings.pop(name)
+        quiet, skip_long = settings.pop("quiet"), settings.pop("skip_long")
+        settings["out"] = settings["out"] or default_out(self.name, settings["model"], settings["corpus"])
+        if not self.switched():
+            settings["analyses"] = [family.name for family in self.families()]
+        return analyze(settings.pop("model"), settings.pop("corpus"), overflow="skip" if skip_long else "truncate", progress=not quiet,
+                       command=command, include=[name for name, on in switches.items() if on],
+                       exclude=[name for name, on in switches.items() if on is False], **settings, **given)
+
+    def summary(self, result, settings: dict) -> list[str]:
+        stats = result.stats
+        lines = [f"{stats.sequences} sequences ({stats.truncated} truncated, {stats.skipped} skipped as too long) in {stats.seconds:.1f} s"]
+        registry = registered()
+        for name, family_result in result.results.items():
+            lines += registry[name].summary(family_result)
+        lines += [f"warning: {warning}" for warning in result.warnings]
+        return [*lines, _report_line(result)]
+
+    def failed(self, result) -> str | None:
+        if not result.failures:
+            return None
+        failed = "; ".join(f"{family} failed: {message}" for family, message in result.failures.items())
+        return f"{failed}; the other analyses are saved in {result.out.resolve()}"
+
+
+class FamilyCommand(Analyze):
+    """``bertology NAME``: one family on its own, with its options."""
+
+    def __init__(self, family: Family):
+        self.family = family
+        self.name = family.name
+        self.title = family.title
+
+    def families(self) -> list[Family]:
+        return [self.family]
+
+    def switched(self) -> list[Family]:
+        return []
+
+
+register_study(Analyze())
+for _family in registered().values():
+    if _family.command:
+        register_study(FamilyCommand(_family))

@@ -1,0 +1,113 @@
+"""Several views of attention in one run: attention weights beside Kobayashi et al.'s (2020) norm shares.
+
+:func:`combine_views` folds each view's results of a family into one, whose tables carry a ``weighting``
+column; :func:`views_section` sets every family's headline quantities per layer (:meth:`Family.by_layer`)
+side by side and says where the views disagree most. Names no family: it asks the registry.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bertology.core.norms import WEIGHTING_TITLES
+from bertology.core.runfolder import RunFolder
+from bertology.families import FamilyResult, get_family
+from bertology.render.html import Figure, Section
+
+#: How many of the largest disagreements the section lists.
+TOP_DISAGREEMENTS = 8
+
+
+def combine_views(finished: dict[str, FamilyResult]) -> FamilyResult:
+    """One family's results under each view (``weighting`` -> result, in the run's order) as one result.
+
+    Tables: every view's rows, with a first column ``weighting``. Documents and in-memory extras: the first
+    view's under their own names (a document records its ``weighting``), the others' as ``NAME_<weighting>``.
+    """
+    views = list(finished)
+    combined = FamilyResult()
+    for name in finished[views[0]].tables:
+        combined.tables[name] = pd.concat([finished[view].tables[name].assign(weighting=view) for view in views], ignore_index=True)
+        combined.tables[name].insert(0, "weighting", combined.tables[name].pop("weighting"))
+    for view in views:
+        suffix = "" if view == views[0] else f"_{view}"
+        for name, document in finished[view].documents.items():
+            combined.documents[name + suffix] = {"weighting": view, **document}
+        for name, extra in finished[view].extras.items():
+            combined.extras[name + suffix] = extra
+    return combined
+
+
+def by_layer_across_views(by_view: dict[str, dict[str, FamilyResult]]) -> pd.DataFrame:
+    """``weighting, family, quantity, layer, value``: each family's :meth:`~bertology.families.Family.by_layer` under each view."""
+    frames = []
+    for weighting, results in by_view.items():
+        for name, result in results.items():
+            family = get_family(name)
+            table = family.by_layer(result) if family.weighted else None
+            if table is not None and len(table):
+                frames.append(table.assign(weighting=weighting, family=name))
+    if not frames:
+        return pd.DataFrame(columns=["weighting", "family", "quantity", "layer", "value"])
+    return pd.concat(frames, ignore_index=True)[["weighting", "family", "quantity", "layer", "value"]]
+
+
+def disagreements(table: pd.DataFrame, views: list[str] | None = None) -> pd.DataFrame:
+    """Per ``family, quantity, layer``: each view's value and ``difference`` (second view minus first; ``views`` in the run's
+    order, by default as the table lists them), largest ``|difference|`` first."""
+    views = views or list(dict.fromkeys(table.weighting))
+    wide = table.pivot_table(index=["family", "quantity", "layer"], columns="weighting", values="value", sort=False)[views].reset_index()
+    wide.columns.name = None
+    wide["difference"] = wide[views[1]] - wide[views[0]]
+    return wide.reindex(wide["difference"].abs().sort_values(ascending=False, kind="stable").index).reset_index(drop=True)
+
+
+def views_figure(table: pd.DataFrame, views: list[str]):
+    """One panel per family: each headline quantity by layer, a colour per quantity, solid for the first view and dashed for the second."""
+    from bertology.render.figures import plt
+
+    families = list(dict.fromkeys(table.family))
+    figure, axes = plt.subplots(1, len(families), figsize=(4.4 * len(families), 4.2), squeeze=False)
+    styles = dict(zip(views, ("-o", "--s")))
+    short = [WEIGHTING_TITLES[view].split(" (")[0] for view in views]
+    for axis, family in zip(axes[0], families):
+        rows = table[table.family == family]
+        for colour, (quantity, lines) in enumerate(rows.groupby("quantity", sort=False)):
+            for weighting, line in lines.groupby("weighting", sort=False):
+                axis.plot(line.layer, line.value, styles[weighting], color=f"C{colour % 10}", markersize=3,
+                          label=quantity if weighting == views[0] else None)
+        axis.set_title(f"{family} (solid: {short[0]}, dashed: {short[1]})", fontsize=8)
+        axis.set_xlabel("layer (0-based)", fontsize=8)
+        axis.tick_params(labelsize=7)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=6)
+    figure.tight_layout()
+    return figure
+
+
+def views_section(folder: RunFolder, by_view: dict[str, dict[str, FamilyResult]], views: list[str]) -> Section:
+    """Write ``views_by_layer`` and its figure; return the report section that compares the ``views`` (in the run's order)."""
+    section = Section(
+        title="Attention weights beside norm shares",
+        intro=("Kobayashi et al. (2020): a head adds a[i, j] f(x_j) to token i, and heads that put their weight on [CLS] or [SEP] "
+               "often mix in little, because f of those tokens is small. Norm shares w[i, j] = ||a[i, j] f(x_j)|| / "
+               "sum_k ||a[i, k] f(x_k)|| are a distribution like the weights; every analysis above ran on both "
+               "(every table has a weighting column). Per layer, each family's headline quantities under "
+               f"{' and '.join(WEIGHTING_TITLES[view] for view in views)} (views_by_layer.csv)."),
+    )
+    table = by_layer_across_views(by_view)
+    if table.empty or len(views) < 2:
+        section.notes.append("No family reported per-layer quantities under both views.")
+        return section
+    folder.write_table("views_by_layer", table)
+    section.figures.append(Figure(folder.write_figure("views_by_layer", views_figure(table, views)),
+                                  f"Each family's headline quantities by layer (0-based): solid, {WEIGHTING_TITLES[views[0]]}; "
+                                  f"dashed, {WEIGHTING_TITLES[views[1]]}."))
+    ranked = disagreements(table, views)
+    top = ranked.iloc[0]
+    first, second = views[0], views[1]
+    section.notes.append(
+        f"The views disagree most on {top.quantity} ({top.family}) in layer {int(top.layer)}: {top[first]:.3f} under "
+        f"{WEIGHTING_TITLES[first]}, {top[second]:.3f} under {WEIGHTING_TITLES[second]}.")
+    section.tables.append((f"The {TOP_DISAGREEMENTS} largest differences ({second} minus {first})", ranked.head(TOP_DISAGREEMENTS)))
+    return section

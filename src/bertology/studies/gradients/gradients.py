@@ -1,0 +1,201 @@
+"""[SEP] as a no-op (Clark et al. 2019, section 3.2; docs/methods.md#sep-as-a-no-op).
+
+Per layer, the mean attention to [SEP] (and to [CLS], punctuation and every key) beside the mean magnitude of the
+gradient of the loss with respect to those attention weights, ``|dL/da[i, j]|``: high attention with a small gradient
+means that attending to the token changes little, the "no-op" reading of Clark et al.'s Figure 3.
+
+- The loss: the masked-LM loss, with a share (15%) of each sequence's non-special pieces replaced by the mask token,
+  chosen by a generator keyed by the sequence and the seed (:func:`~bertology.core.stats.keyed_rng`), the mean
+  cross-entropy over them; or, for a sequence classifier and a task (``--task``), the cross-entropy of the gold label.
+  Each sequence's own loss is differentiated (the batch's loss is their sum).
+- The gradient: the attention weights are taken at the ``pattern`` hook point, and ``dL/da`` is the derivative of the loss
+  along every path from them (through the later layers' attention too), with the model in eval mode.
+- Per sequence, layer and token set K: attention ``(1/(H n)) sum_h sum_i sum_{j in K} a[h, i, j]`` (docs/methods.md#head-profile,
+  averaged over heads), and gradient ``(1/(H n |K|)) sum_h sum_i sum_{j in K} |dL/da[h, i, j]|``, the mean magnitude per
+  weight to K; ``all`` (every key) is the reference a set's gradient is small or large against. Then the mean over
+  sequences with 95% intervals.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from bertology.core.corpora import open_corpus
+from bertology.core.engine import Encoded, Engine, RunStats
+from bertology.core.errors import BertologyError
+from bertology.core.hooks import Hooks
+from bertology.core.models import LoadedModel, load_model
+from bertology.core.runfolder import RunFolder, claims_out, finish
+from bertology.core.stats import RunningMoments, keyed_rng, sequence_key
+
+#: The key sets whose attention and gradient are measured; ``all`` is every real key.
+GRADIENT_TARGETS = ("sep", "cls", "punct", "all")
+TARGET_TITLES = {"sep": "[SEP]", "cls": "[CLS]", "punct": "punctuation", "all": "every token"}
+
+
+def masked_positions(item: Encoded, share: float, seed: int) -> np.ndarray:
+    """The pieces to mask in one sequence: ``max(1, round(share * m))`` of its ``m`` non-special pieces, drawn
+    without replacement from a generator keyed by the sequence."""
+    candidates = np.array([p for p, segment in enumerate(item.sequence_ids) if segment is not None])
+    if len(candidates) == 0:
+        return candidates
+    count = max(1, int(round(share * len(candidates))))
+    return np.sort(keyed_rng(seed, "mask", *sequence_key(item.example)).choice(candidates, size=count, replace=False))
+
+
+def keep_patterns(hooks: Hooks, patterns: list[torch.Tensor]) -> Hooks:
+    """Keep each layer's weights from the ``pattern`` hook point in ``patterns``, still in the graph, so that
+    ``torch.autograd.grad(loss, patterns)`` is ``dL/da`` along every path, later layers' attention included."""
+    return hooks.add("pattern", lambda layer, pattern: patterns.append(pattern))
+
+
+class AttentionGradients:
+    """Mean attention and mean ``|dL/da|`` to [SEP], [CLS], punctuation and every key, per layer (see the module docstring).
+
+    ``labels`` (a classifier's task): the gold label index of each example, by its position in the corpus; without
+    it, the loss is the masked-LM loss with ``mask_share`` of the pieces masked.
+    """
+
+    def __init__(self, engine: Engine, *, mask_share: float = 0.15, seed: int = 0, labels: dict[int, int] | None = None):
+        self.engine, self.mask_share, self.seed, self.labels = engine, mask_share, seed, labels
+        self.moments = RunningMoments((engine.model.num_layers, len(GRADIENT_TARGETS), 2))
+
+    def update(self, items: list[Encoded]) -> None:
+        engine, model = self.engine, self.engine.model
+        tensors = engine.collate(items)
+        input_ids, mask = tensors["input_ids"].clone(), tensors["mask"]
+        if self.labels is None:
+            targets = torch.full_like(input_ids, -100)
+            mask_id = model.tokenizer.mask_token_id
+            if mask_id is None:
+                raise BertologyError(f"{model.name}: the tokenizer has no mask token for the masked-LM loss")
+            for b, item in enumerate(items):
+                chosen = torch.as_tensor(masked_positions(item, self.mask_share, self.seed), dtype=torch.long, device=input_ids.device)
+                targets[b, chosen] = input_ids[b, chosen]
+                input_ids[b, chosen] = mask_id
+        inputs = engine.model_inputs(tensors, input_ids)
+        patterns: list[torch.Tensor] = []
+        with torch.enable_grad(), keep_patterns(Hooks(), patterns).attach(model.model):
+            logits = model.model(**inputs).logits
+            if self.labels is None:  # each sequence's mean cross-entropy over its masked pieces, summed over sequences
+                losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+                loss = (losses.sum(dim=1) / (targets != -100).sum(dim=1).clamp(min=1)).sum()
+            else:
+                gold = torch.tensor([self.labels[item.index] for item in items], device=logits.device)
+                loss = torch.nn.functional.cross_entropy(logits, gold, reduction="sum")
+            gradients = torch.autograd.grad(loss, patterns)
+        attentions = torch.stack([pattern.detach() for pattern in patterns]).double()  # [layer, batch, head, n, n]
+        magnitudes = torch.stack(gradients).abs().double()
+        real = mask.double()
+        original = tensors["input_ids"]  # the token sets are the input's, masked pieces included
+        sets = {"sep": (original == model.sep_token_id) & mask, "cls": (original == model.cls_token_id) & mask,
+                "punct": engine.punctuation(original) & mask, "all": mask}
+        heads, n = attentions.shape[2], real.sum(dim=1)
+        rows = []
+        for name in GRADIENT_TARGETS:
+            keys = sets[name].double()
+            weight = torch.einsum("lbhij,bi,bj->lb", attentions, real, keys) / (heads * n)
+            size = keys.sum(dim=1)
+            gradient = torch.einsum("lbhij,bi,bj->lb", magnitudes, real, keys) / (heads * n * size)
+            gradient = torch.where(size > 0, gradient, torch.nan)
+            weight = torch.where(size > 0, weight, torch.nan)
+            rows.append(torch.stack([weight, gradient], dim=-1))  # [layer, batch, 2]
+        self.moments.push(torch.stack(rows, dim=1).permute(2, 0, 1, 3).cpu().numpy())  # [batch, layer, target, 2]
+
+    def result(self) -> pd.DataFrame:
+        """``layer, target, attention, attention_ci_low, attention_ci_high, gradient, gradient_ci_low, gradient_ci_high, n``."""
+        means, (low, high) = self.moments.means(), self.moments.interval()
+        layer, target = np.indices(means.shape[:2])
+        table = pd.DataFrame({"layer": layer.ravel(), "target": np.array(GRADIENT_TARGETS)[target.ravel()]})
+        for k, quantity in enumerate(("attention", "gradient")):
+            table[quantity] = means[..., k].ravel()
+            table[f"{quantity}_ci_low"] = low[..., k].ravel()
+            table[f"{quantity}_ci_high"] = high[..., k].ravel()
+        table["n"] = self.moments.count[..., 1].ravel().astype(np.int64)
+        return table
+
+
+@dataclass
+class GradientStudy:
+    """The result of :func:`attention_gradients`: the ``gradients`` table and what the run folder needs."""
+
+    gradients: pd.DataFrame
+    model: dict
+    corpus: dict
+    stats: RunStats
+    settings: dict
+
+    @claims_out
+    def save(self, out, command: list[str] | None = None):
+        """Write ``gradients.csv``/``.parquet``, the figure, ``report.html`` and ``manifest.json``, replacing ``out`` whole."""
+        from bertology.render.html import Report
+        from bertology.studies.gradients.report import gradients_section
+
+        folder = RunFolder(out)
+        folder.write_table("gradients", self.gradients)
+        section = gradients_section(folder, self.gradients, self.settings["loss"])
+        stats = self.stats.as_dict()
+        summary = {"model": self.model["name"], "corpus": f"{self.corpus['name']} ({self.corpus['format']})", "loss": self.settings["loss"],
+                   "sequences": stats["sequences"], "truncated": stats["truncated"], "time": f"{stats['seconds']} s"}
+        report = Report(f"bertology: attention and its gradient, {self.model['name']}", summary, [section]).render()
+        return finish(folder, {"model": self.model, "corpus": self.corpus, "settings": self.settings, "stats": stats}, report=report, command=command) / "report.html"
+
+
+@claims_out(words=("format", "punct", "device"))
+def attention_gradients(model=None, corpus=None, *, task=None, format: str = "auto", out=None, batch_size: int = 16,
+                        max_length: int | None = None, limit: int | None = None, mask_share: float = 0.15, punct: str = "upos",
+                        seed: int = 0, device: str = "auto", trust_remote_code: bool = False, progress: bool = True,
+                        command: list[str] | None = None) -> GradientStudy:
+    """Attention to [SEP], [CLS] and punctuation per layer beside the gradient of the loss with respect to it.
+
+    ``model``: a model with a masked-LM head (hub name, folder or :class:`~bertology.core.models.LoadedModel`;
+    one without is refused in one line), or with ``task`` (a :class:`~bertology.studies.finetune.finetuning.TaskData`) a
+    sequence classifier, whose loss is the cross-entropy of the task's gold labels on its dev examples (then
+    ``corpus`` must be None). ``mask_share``: the share of pieces masked for the masked-LM loss.
+    """
+    if not 0 < mask_share <= 1:
+        raise BertologyError(f"--mask-share must be in (0, 1], not {mask_share}")
+    if task is not None:
+        if corpus is not None:
+            raise BertologyError("--task brings its own dev examples: give --task or --corpus, not both")
+        examples, corpus_info = task.dev, {"name": f"{task.name} dev", "path": None, "format": "task", "sha256": None}
+        examples = examples[:limit] if limit is not None else examples
+    else:
+        examples, corpus_info = open_corpus(corpus, format, limit)
+    examples = list(examples)
+    if not examples:
+        raise BertologyError("the corpus has no examples")
+    corpus_info["examples"] = len(examples)
+    head = "classifier" if task is not None else "masked-lm"
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, trust_remote_code=trust_remote_code, head=head)
+    labels = None
+    if task is not None:
+        names = [str(loaded.model.config.id2label[i]) for i in range(loaded.model.config.num_labels)]
+        if sorted(names) != sorted(task.labels):
+            raise BertologyError(f"{loaded.name}: its labels {names} are not the task's {list(task.labels)}: was it fine-tuned on {task.name}?")
+        labels = {index: names.index(example.label) for index, example in enumerate(examples)}
+    engine = Engine(loaded, batch_size=batch_size, max_length=max_length, progress=False, punct=punct)
+    study = AttentionGradients(engine, mask_share=mask_share, seed=seed, labels=labels)
+    stats = RunStats()
+    started = time.perf_counter()
+    with tqdm(total=len(examples), unit="seq", desc="attention gradients", disable=not progress) as bar:
+        for items in engine.batches(engine.encode(enumerate(examples), stats)):
+            study.update(items)
+            stats.sequences += len(items)
+            stats.tokens += sum(len(item) for item in items)
+            stats.batches += 1
+            bar.update(len(items))
+    stats.seconds = time.perf_counter() - started
+    result = GradientStudy(study.result(), loaded.info(), corpus_info, stats,
+                           {"loss": f"{task.name} cross-entropy" if task is not None else f"masked LM ({mask_share:.0%} of pieces masked)",
+                            "batch_size": batch_size, "max_length": engine.max_length, "mask_share": mask_share, "punct": punct, "seed": seed,
+                            "limit": limit, "device": device})
+    if out is not None:
+        result.save(out, command=command)
+    return result

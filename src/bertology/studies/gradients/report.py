@@ -1,0 +1,44 @@
+"""The figure and report section of ``bertology gradients`` (Clark et al. 2019, Figure 3). Layers are numbered from 0."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bertology.core.runfolder import RunFolder
+from bertology.render.figures import layer_lines, plt
+from bertology.render.html import Figure, Section
+from bertology.studies.gradients.gradients import TARGET_TITLES
+
+
+def gradients_by_layer(table: pd.DataFrame):
+    """Left: mean attention to each token set by layer; right: the mean |dL/da| of those weights (log scale)."""
+    figure, axes = plt.subplots(1, 2, figsize=(10.0, 3.6))
+    weights = table[table.target != "all"].rename(columns={"attention": "value", "attention_ci_low": "ci_low", "attention_ci_high": "ci_high"})
+    layer_lines(axes[0], weights, "target", TARGET_TITLES)
+    axes[0].set_ylabel("mean attention")
+    axes[0].set_title("attention to the token set")
+    gradients = table.rename(columns={"gradient": "value", "gradient_ci_low": "ci_low", "gradient_ci_high": "ci_high"})
+    layer_lines(axes[1], gradients, "target", TARGET_TITLES)
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("mean |dL/da| per weight")
+    axes[1].set_title("gradient of the loss w.r.t. those weights")
+    axes[1].legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def gradients_section(folder: RunFolder, table: pd.DataFrame, loss: str) -> Section:
+    """Write the figure into ``folder`` and return the report section."""
+    section = Section(
+        title="Attention to [SEP] and its gradient",
+        intro=(f"Clark et al. (2019, section 3.2): per layer, the mean attention to [SEP], [CLS] and punctuation beside the mean "
+               f"magnitude of the gradient of the loss ({loss}) with respect to each of those attention weights, with 95% intervals "
+               "over sequences (gradients.csv). Where attention to [SEP] is high but its gradient is small next to every "
+               "token's, attending to [SEP] changes little: a no-op."),
+    )
+    section.figures.append(Figure(folder.write_figure("gradients_by_layer", gradients_by_layer(table)),
+                                  "Mean attention (left) and mean |dL/da| per weight (right, log scale) by layer (0-based), with 95% intervals."))
+    wide = table.pivot(index="layer", columns="target", values=["attention", "gradient"])
+    wide.columns = [f"{quantity} {TARGET_TITLES[target]}" for quantity, target in wide.columns]
+    section.tables.append(("Attention and gradient per layer", wide.reset_index()))
+    return section

@@ -1,0 +1,122 @@
+"""The report section of ``ablate``, ``importance`` and ``prune``: which heads matter for the task."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from bertology.core.runfolder import RunFolder
+from bertology.render.figures import head_grid, head_grid_size, plt
+from bertology.render.html import Figure, Section
+
+NORMALISED = {"layer": "divided by its layer's l2 norm", "global": "min-max scaled over all heads",
+              "layer+global": "divided by its layer's l2 norm, then min-max scaled over all heads", "none": "not normalised"}
+
+
+def heads_within(pruning: pd.DataFrame, metric: str, unpruned: float, tolerance: float = 0.01) -> int:
+    """The most heads pruned on the curve before the metric first drops by more than ``tolerance``."""
+    rows = pruning[pruning.metric == metric].sort_values("heads_pruned")
+    kept = 0
+    for row in rows.itertuples():
+        if row.value < unpruned - tolerance:
+            break
+        kept = int(row.heads_pruned)
+    return kept
+
+
+def importance_section(folder: RunFolder, study) -> Section:
+    metric = next(iter(study.baseline))
+    unpruned = study.baseline[metric]
+    measured = ""
+    if study.importance is not None:
+        split, normalised = study.settings["importance_split"], NORMALISED[study.settings["normalise"]]
+        measured = f"Measured on {study.importance_examples} {split} examples; importance_normalised is {normalised}. "
+    section = Section(
+        title="Which heads matter",
+        intro=(
+            f"{study.task}, {study.examples} dev examples; {metric} with no intervention: {unpruned:.4f}. "
+            "Leave-one-out (ablation.csv): the metric with one head, or one whole layer (head -1), disabled, its change with a "
+            "paired bootstrap 95% interval over examples and a two-sided p, FDR-corrected across heads and layers (p_adj). "
+            "Importance (importance.csv, Michel et al. 2019): E|dL/d xi_h| for a gate xi_h on each head's output, the absolute gradient "
+            f"per example averaged over examples. {measured}"
+            "Pruning (pruning.csv): mask the least important heads by normalised importance step by step, recomputing the importance each time."
+        ),
+    )
+    if study.ablation is not None:
+        section.figures.append(Figure(folder.write_figure("ablation_heatmap", ablation_heatmap(study.ablation, metric)),
+                                      "Change of the metric when each head or layer is disabled (points); * p_adj < 0.05."))
+        rows = study.ablation[study.ablation.metric == metric]
+        significant = rows[(rows.p_adj < 0.05) & (rows["head"] >= 0)].sort_values("delta")
+        section.tables.append(("Heads whose removal changes the metric significantly (p_adj < 0.05)", significant))
+        section.tables.append(("Whole layers disabled", rows[rows["head"] < 0]))
+        if rows.p.isna().all():
+            section.notes.append("No p-value: the dev set has fewer examples than --min-sample, too few for a test; no head or layer "
+                                 "is called significant, and the changes describe these examples only.")
+    if study.importance is not None:
+        section.figures.append(Figure(folder.write_figure("importance_heatmap", importance_heatmap(study.importance)),
+                                      f"Head importance ({NORMALISED[study.settings['normalise']]})."))
+    if study.pruning is not None:
+        section.figures.append(Figure(folder.write_figure("pruning_curve", pruning_curve(study.pruning, metric, unpruned)),
+                                      "The metric against the share of heads pruned."))
+        section.notes.append(f"{heads_within(study.pruning, metric, unpruned)} heads can be pruned before {metric} first drops by more than 1 point.")
+    if study.pruned is not None:
+        pruned = study.pruned
+        section.notes.append(
+            f"Pruned physically to {pruned['heads_kept']} heads ({pruned['parameters_pruned']:,} of {pruned['parameters_full']:,} parameters), "
+            f"saved to {pruned['model']}: {metric} {pruned['metric_pruned'][metric]:.4f} (full: {pruned['metric_full'][metric]:.4f}); "
+            f"{pruned['speedup']:.2f}x as fast on these examples ({pruned['seconds_full']:.2f} s -> {pruned['seconds_pruned']:.2f} s, best of {pruned['repeats']})."
+        )
+    return section
+
+
+def ablation_heatmap(ablation: pd.DataFrame, metric: str):
+    """Layer x head change of the task metric when each head (and, last column, the whole layer) is disabled.
+
+    Blue: removing it helps; red: it hurts. A star marks an FDR-corrected p < 0.05.
+    """
+    rows = ablation[ablation.metric == metric].copy()
+    rows["column"] = rows["head"].where(rows["head"] >= 0, rows["head"].max() + 1)
+    delta = rows.pivot(index="layer", columns="column", values="delta")
+    significant = rows.pivot(index="layer", columns="column", values="p_adj") < 0.05
+    limit = max(float(np.nanmax(np.abs(delta.values))), 1e-6)
+    figure, axis = plt.subplots(figsize=(0.55 * delta.shape[1] + 2.8, 0.5 * delta.shape[0] + 1.8))
+    image = axis.imshow(100 * delta.values, aspect="auto", cmap="RdBu", vmin=-100 * limit, vmax=100 * limit)
+    for (i, j), value in np.ndenumerate(delta.values):
+        star = "*" if significant.values[i, j] else ""
+        colour = "white" if abs(value) > 0.6 * limit else "black"
+        axis.text(j, i, f"{100 * value:+.1f}{star}", ha="center", va="center", fontsize=6, color=colour)
+    axis.axvline(delta.shape[1] - 1.5, color="black", linewidth=1)
+    axis.set_xticks(range(delta.shape[1]), [*map(str, delta.columns[:-1]), "layer"])
+    axis.set_yticks(range(delta.shape[0]), delta.index)
+    axis.set_xlabel("head disabled (0-based); last column: the whole layer")
+    axis.set_ylabel("layer (0-based)")
+    intervention = rows.intervention.iloc[0]
+    axis.set_title(f"change of {metric} (points) with the head {'masked' if intervention == 'mask' else 'made uniform'}; * p_adj < 0.05", fontsize=9)
+    plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04, label="points")
+    figure.tight_layout()
+    return figure
+
+
+def importance_heatmap(importance: pd.DataFrame):
+    """Michel et al.'s head importance, normalised per layer."""
+    grid = importance.pivot(index="layer", columns="head", values="importance_normalised")
+    figure, axis = plt.subplots(figsize=head_grid_size(grid))
+    head_grid(axis, grid, "head importance E|dL/d xi| (normalised per layer)", vmin=0)
+    figure.tight_layout()
+    return figure
+
+
+def pruning_curve(pruning: pd.DataFrame, metric: str, unpruned: float):
+    """Michel et al.'s figure: the task metric against the share of heads pruned, the unpruned model as a line."""
+    rows = pruning[pruning.metric == metric]
+    figure, axis = plt.subplots(figsize=(5.8, 3.6))
+    axis.plot(100 * rows.share_pruned, rows.value, marker="o", label="pruned by importance")
+    axis.axhline(unpruned, color="black", linestyle="--", linewidth=1, label="unpruned")
+    axis.axhline(unpruned - 0.01, color="grey", linestyle=":", linewidth=1, label="1 point below")
+    axis.set_xlabel("heads pruned (%)")
+    axis.set_ylabel(metric)
+    axis.set_title("iterative pruning (Michel et al. 2019)", fontsize=9)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure

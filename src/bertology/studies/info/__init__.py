@@ -1,0 +1,27 @@
+"""``bertology info``: a model's facts (architecture, layers, heads, special tokens, maximum length) as JSON."""
+
+from __future__ import annotations
+
+import json
+
+from bertology.core.options import MODEL
+from bertology.studies import Study, register_study
+
+
+class Info(Study):
+    name = "info"
+    title = "Print the model's facts: architecture, layers, heads, special tokens, maximum length."
+    options = MODEL
+    writes = "nothing"
+    report = False
+
+    def run(self, settings: dict, command: list[str] | None = None) -> dict:
+        from bertology.core.models import load_model
+
+        return load_model(settings["model"], device=settings["device"], trust_remote_code=settings["trust_remote_code"]).info()
+
+    def summary(self, info: dict, settings: dict) -> list[str]:
+        return [json.dumps(info, indent=2)]
+
+
+register_study(Info())

@@ -1,0 +1,48 @@
+"""``bertology pretrain``: pre-train a small BERT from scratch with log-spaced checkpoints
+(:func:`~bertology.studies.pretrain.pretraining.pretrain`), the series ``bertology track`` follows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bertology.core.options import MODEL, RUN, Option, pick
+from bertology.studies import Study, register_study
+
+
+class Pretrain(Study):
+    name = "pretrain"
+    title = "Pre-train a small BERT from scratch (masked LM + next sentence) with log-spaced checkpoints; rerun to resume."
+    options = (
+        Option("corpus", None, "Text files, or folders of .txt files (one document per file; blank lines end paragraphs).", type=Path,
+               argument=True, multiple=True, required=True),
+        RUN[0].but(default=Path("runs/pretrain"), help="Run folder: checkpoints/step-NNNNNN model folders, loss curve, report."),
+        Option("vocab_size", 8000, "WordPiece vocabulary size.", minimum=100),
+        Option("layers", 4, "Transformer layers.", minimum=1),
+        Option("heads", 8, "Attention heads per layer.", minimum=1),
+        Option("hidden", 256, "Hidden size.", minimum=8),
+        Option("max_length", 128, "Pieces per instance (and the model's position limit).", minimum=16),
+        Option("batch_size", 32, "Instances per batch.", minimum=1),
+        Option("steps", 1500, "Training steps.", minimum=1),
+        Option("learning_rate", 1e-3, "Peak learning rate of AdamW."),
+        Option("checkpoints", 12, "Checkpoints saved, log-spaced, step 0 included.", minimum=2),
+        *pick(RUN, "seed", "quiet"),
+        *pick(MODEL, "device"),
+    )
+    outputs = ("loss", "checkpoints")
+
+    def run(self, settings: dict, command: list[str] | None = None):
+        from bertology.studies.pretrain.pretraining import pretrain
+
+        s = settings
+        return pretrain(s["corpus"], s["out"], vocab_size=s["vocab_size"], layers=s["layers"], heads=s["heads"], hidden=s["hidden"],
+                        max_length=s["max_length"], batch_size=s["batch_size"], steps=s["steps"], learning_rate=s["learning_rate"],
+                        checkpoints=s["checkpoints"], seed=s["seed"], device=s["device"], progress=not s["quiet"], command=command)
+
+    def summary(self, summary: dict, settings: dict) -> list[str]:
+        out = Path(settings["out"])
+        return [f"{summary['steps']} steps in {summary['seconds']:.0f} s: validation masked-LM loss {summary['val_mlm_loss']:.3f} "
+                f"(unigram baseline {summary['unigram_cross_entropy']:.3f}), next-sentence accuracy {summary['val_nsp_accuracy']:.3f}",
+                f"checkpoints: {(out / 'checkpoints').resolve()}", f"report: {(out / 'report.html').resolve()}"]
+
+
+register_study(Pretrain())

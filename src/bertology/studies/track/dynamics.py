@@ -1,0 +1,561 @@
+"""Training dynamics: head behaviour tracked over checkpoints, and a verdict on the learning-curve hypothesis.
+
+The hypothesis (docs/methods.md#track-and-the-learning-curve-verdict): heads pass through phases, over depth and over
+pre-training. Broad and [CLS] attention come early, [SEP] and dependency relations in the middle,
+punctuation deep. :func:`track` runs the general profile (Clark et al. 2019), the role tests
+(Pande et al. 2021) and, with trees, the syntactic heads over a series of checkpoints on one
+corpus, and :func:`hypothesis_verdict` tests two claims:
+
+1. **Depth** (final checkpoint): with ``m_l`` the mean over sequences of layer l's attention to a
+   token set (a sequence's layer value is the mean of its heads), the layer ``argmax_l m_l`` of
+   [CLS] is below that of [SEP], which is below that of punctuation. Uncertainty: the Poisson
+   bootstrap over sequences (:class:`~bertology.families.profile.analyzer.LayerPeaks`); the statistic is the
+   share of replicates in which the whole order holds.
+2. **Training** (two or more checkpoints): each pattern's strength at step s is
+   ``max_l m_l(s)``. A pattern emerges if its final strength exceeds its strength at the first
+   checkpoint; it has emerged at the step where it first covers half of that rise,
+   ``first + (final - first) / 2`` (a random network already attends uniformly, so "half its final
+   value" is measured above that starting point), interpolated linearly in ``ln(1 + step)``
+   between checkpoints. The order [CLS] before [SEP] before punctuation is tested on paired
+   replicates (the same sequence weights at every checkpoint). With trees, the mean over relations
+   of the best head's accuracy (Clark et al.'s syntactic heads) is tracked the same way.
+
+A claim is **supported** when the order holds in the data and in at least 95% of the
+replicates, **contradicted** when it holds in at most 5% of them, and **inconclusive** otherwise.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import torch
+
+from bertology.core.backends import BACKENDS, map_on_ray
+from bertology.core.corpora import open_corpus
+from bertology.core.engine import Engine
+from bertology.core.errors import BertologyError, StateError
+from bertology.core.models import DEFAULT_MODEL, load_model
+from bertology.core.parsing import spacy_trees
+from bertology.core.runfolder import RunFolder, atomic_write, claims_out, finish, finished_run
+from bertology.core.safeload import field as document_field
+from bertology.core.safeload import parse_json, read_json, read_npz, whole_number
+from bertology.families.profile.analyzer import PEAK_METRICS, GeneralProfile, LayerPeaks, peak_layers
+from bertology.families.roles.analyzer import HeadRoles
+from bertology.families.syntax.analyzer import RelationHeads
+
+LEVEL = 0.95
+METRIC_NAMES = {"cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation", "syntax": "dependency relations (best head per relation)"}
+TRACK_COLUMNS = ["step", "checkpoint", "layer", "head", "metric", "value", "ci_low", "ci_high"]
+TRACK_LAYER_COLUMNS = ["step", "checkpoint", "layer", "metric", "value", "ci_low", "ci_high"]
+#: The largest training step bertology takes from a checkpoint (steps are kept as 64-bit integers).
+MAX_STEP = 2**63 - 1
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The training step of a checkpoint: its ``pretraining_step.json`` (written by ``bertology pretrain``),
+    its ``trainer_state.json`` (Hugging Face Trainer: ``global_step``), else its name.
+
+    Names end in ``checkpoint-N`` (Trainer), ``step-N``, ``step_N``, ``stepN`` (Pythia's revisions) or
+    ``step_Nk`` (MultiBERTs; k = thousands).
+
+    >>> checkpoint_step("google/multiberts-seed_0-step_20k"), checkpoint_step("runs/pt/checkpoints/step-001500")
+    (20000, 1500)
+    >>> checkpoint_step("runs/finetune/checkpoint-500"), checkpoint_step("pythia-70m/revision=step1000")
+    (500, 1000)
+    """
+    for marker, key in (("pretraining_step.json", "step"), ("trainer_state.json", "global_step")):
+        path = Path(name) / marker
+        if path.is_file():
+            return whole_number(document_field(read_json(path), key, int, path), key, path, high=MAX_STEP)
+    match = re.search(r"(?:step|checkpoint)[-_]?(\d+)(k?)$", str(name).rstrip("/").split("/")[-1], flags=re.IGNORECASE)
+    if match is None:
+        return None
+    return int(match.group(1)) * (1000 if match.group(2) else 1)
+
+
+def parse_steps(text: str) -> list[int]:
+    """``--steps 0,500,1000`` -> ``[0, 500, 1000]``."""
+    steps = []
+    for item in text.split(","):
+        if not re.fullmatch(r"[0-9]{1,19}", item.strip()) or int(item) > MAX_STEP:  # MAX_STEP has 19 digits
+            raise BertologyError(f"--steps: {item.strip()!r} is not a whole number of steps (give e.g. --steps 0,500,1000)")
+        steps.append(int(item))
+    return steps
+
+
+def find_checkpoints(directory: str | Path) -> list[str]:
+    """Model folders (with ``config.json``) directly in ``directory`` or in its ``checkpoints/`` folder."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise BertologyError(f"{directory}: no such folder of checkpoints")
+    for folder in (directory / "checkpoints", directory):
+        found = sorted(str(path.parent) for path in folder.glob("*/config.json"))
+        if found:
+            return found
+    raise BertologyError(f"{directory}: no model folders (sub-folders with config.json) in it or in its checkpoints/ folder")
+
+
+def ordered_checkpoints(checkpoints: list[str], steps: list[int] | None = None) -> list[tuple[int | None, str]]:
+    """``(step, checkpoint)`` pairs in training order.
+
+    ``steps``: one per checkpoint, in the same order; else every checkpoint must tell its step
+    (:func:`checkpoint_step`) unless there is only one (step None).
+    """
+    if not checkpoints:
+        raise BertologyError("no checkpoints given: pass model folders or hub names, or --checkpoints DIR")
+    if steps is not None and len(steps) != len(checkpoints):
+        raise BertologyError(f"--steps: {len(steps)} given for {len(checkpoints)} checkpoints; give one step per checkpoint, in the same order")
+    if steps is None:
+        steps = [checkpoint_step(c) for c in checkpoints]
+    if len(checkpoints) == 1:
+        return [(steps[0], checkpoints[0])]
+    unknown = [c for c, s in zip(checkpoints, steps) if s is None]
+    if unknown:
+        raise BertologyError(f"{unknown[0]}: cannot tell its training step (name it like checkpoint-500, step-1500 or step_20k, or give --steps)")
+    if len(set(steps)) < len(steps):
+        raise BertologyError("two checkpoints have the same training step")
+    return sorted(zip(steps, checkpoints))
+
+
+def _json_value(value):
+    """Plain Python values for verdict.json: NaN (a pattern that never rises) becomes null."""
+    if isinstance(value, (float, np.floating)):
+        return None if np.isnan(value) else float(value)
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _decide(holds: bool, probability: float) -> str:
+    if holds and probability >= LEVEL:
+        return "supported"
+    if probability <= 1 - LEVEL:
+        return "contradicted"
+    return "inconclusive"
+
+
+def _in_order(values: np.ndarray) -> np.ndarray:
+    """``values [..., k]`` -> True where ``values[..., 0] < values[..., 1] < ...`` (NaN never in order)."""
+    return np.all(np.diff(values, axis=-1) > 0, axis=-1)
+
+
+def depth_verdict(means: np.ndarray, step: int | None = None, checkpoint: str | None = None) -> dict:
+    """Claim 1 from ``means [1 + B, layer, metric]`` (:data:`PEAK_METRICS`; row 0 is the data)."""
+    peaks = peak_layers(means)
+    replicate_peaks = means[1:].argmax(axis=1)
+    holds = bool(_in_order(peaks.peak_layer.to_numpy()))
+    probability = float(_in_order(replicate_peaks).mean())
+    pairwise = {f"{a}<{b}": float((replicate_peaks[:, i] < replicate_peaks[:, i + 1]).mean())
+                for i, (a, b) in enumerate(zip(PEAK_METRICS, PEAK_METRICS[1:]))}
+    verdict = _decide(holds, probability)
+    where = ", ".join(
+        f"{METRIC_NAMES[r.metric]} peaks in layer {r.peak_layer} (95% interval {r.ci_low:.0f}-{r.ci_high:.0f}, mean attention {means[0, r.peak_layer, k]:.3f})"
+        for k, r in enumerate(peaks.itertuples())
+    )
+    return {
+        "claim": "In the final model the layer where [CLS] attention peaks is below the layer where [SEP] peaks, which is below the layer where punctuation peaks.",
+        "step": step,
+        "checkpoint": checkpoint,
+        "peaks": {r.metric: {"layer": int(r.peak_layer), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high), "agreement": float(r.agreement),
+                             "value": float(means[0, r.peak_layer, k])} for k, r in enumerate(peaks.itertuples())},
+        "layer_means": {metric: means[0, :, k].round(4).tolist() for k, metric in enumerate(PEAK_METRICS)},
+        "order_holds": holds,
+        "probability": probability,
+        "pairwise_probability": pairwise,
+        "replicates": int(len(means) - 1),
+        "verdict": verdict,
+        "statement": f"{where} (layers 0-based). The order [CLS] < [SEP] < punctuation holds in {probability:.1%} of "
+                     f"{len(means) - 1} bootstrap replicates over sequences: {verdict}.",
+    }
+
+
+def crossing_steps(steps: np.ndarray, strength: np.ndarray) -> np.ndarray:
+    """Where each series first covers half of its rise, interpolated in ``ln(1 + step)``.
+
+    ``strength [checkpoint, ...]`` -> ``[...]`` steps; NaN where the series does not rise
+    (final <= first).
+    """
+    first, final = strength[0], strength[-1]
+    target = first + 0.5 * (final - first)
+    rises = final > first
+    above = strength >= target[None]
+    k = np.where(rises, above.argmax(axis=0), 1)  # the first checkpoint at or above the target (never 0 when it rises)
+    before = np.take_along_axis(strength, (k - 1)[None], axis=0)[0]
+    after = np.take_along_axis(strength, k[None], axis=0)[0]
+    x = np.log1p(steps.astype(np.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.clip((target - before) / (after - before), 0.0, 1.0)
+    crossed = np.expm1(x[k - 1] + share * (x[k] - x[k - 1]))
+    return np.where(rises, crossed, np.nan)
+
+
+def emergence_verdict(steps: list[int], strength: np.ndarray, metrics: tuple[str, ...]) -> tuple[dict, pd.DataFrame]:
+    """Claim 2 from ``strength [checkpoint, 1 + B, metric]``; the first three metrics are :data:`PEAK_METRICS`.
+
+    Returns the verdict and a table ``metric, first, final, emerges, half_step, ci_low, ci_high, bracket_low, bracket_high``.
+    """
+    steps_array = np.asarray(steps)
+    crossed = crossing_steps(steps_array, strength)  # [1 + B, metric]
+    rows = []
+    for k, metric in enumerate(metrics):
+        point = crossed[0, k]
+        low, high = (np.nanpercentile(crossed[1:, k], [2.5, 97.5]) if np.isfinite(crossed[1:, k]).any() else (np.nan, np.nan))
+        # the checkpoint at or after the crossing (rounded: exp(log(s)) may land a hair above a checkpoint's own step)
+        after = int(np.searchsorted(steps_array, round(float(point), 6))) if np.isfinite(point) else None
+        rows.append({"metric": metric, "first": float(strength[0, 0, k]), "final": float(strength[-1, 0, k]), "emerges": bool(np.isfinite(point)),
+                     "half_step": float(point), "ci_low": float(low), "ci_high": float(high),
+                     "bracket_low": int(steps_array[after - 1]) if after else None, "bracket_high": int(steps_array[after]) if after else None})
+    table = pd.DataFrame(rows)
+    main = crossed[:, : len(PEAK_METRICS)]
+    holds = bool(_in_order(main[0]))
+    probability = float(_in_order(main[1:]).mean())
+    verdict = _decide(holds, probability)
+
+    def describe(row) -> str:
+        name = METRIC_NAMES[row.metric]
+        if not row.emerges:
+            return f"{name} does not rise ({row.first:.3f} at step {steps[0]}, {row.final:.3f} at step {steps[-1]})"
+        return (f"{name} rises from {row.first:.3f} to {row.final:.3f} and crosses half of that rise at step {row.half_step:.0f} "
+                f"(between checkpoints {row.bracket_low:.0f} and {row.bracket_high:.0f}; 95% interval {row.ci_low:.0f}-{row.ci_high:.0f})")
+
+    result = {
+        "claim": "Over training, [CLS] attention emerges before [SEP] attention, which emerges before attention to punctuation.",
+        "steps": [int(s) for s in steps],
+        "strength": "max over layers of the layer mean; emerged = the step where it first covers half of its rise from the first checkpoint",
+        "patterns": {row.metric: {k: _json_value(v) for k, v in row._asdict().items() if k not in ("Index", "metric")} for row in table.itertuples()},
+        "order_holds": holds,
+        "probability": probability,
+        "replicates": int(strength.shape[1] - 1),
+        "verdict": verdict,
+        "statement": "; ".join(describe(row) for row in table.itertuples())
+                     + f". The order [CLS] < [SEP] < punctuation holds in {probability:.1%} of {strength.shape[1] - 1} paired bootstrap replicates: {verdict}.",
+    }
+    if "syntax" in metrics:
+        k = metrics.index("syntax")
+        between = _in_order(np.stack([crossed[1:, 0], crossed[1:, k], crossed[1:, 2]], axis=-1))
+        result["syntax_between_cls_and_punct_probability"] = float(between.mean())
+        result["statement"] += f" Dependency heads emerge between [CLS] and punctuation in {between.mean():.1%} of the replicates."
+    return result, table
+
+
+def hypothesis_verdict(steps: list[int], checkpoints: list[str], means: np.ndarray, syntax: np.ndarray | None = None) -> tuple[dict, pd.DataFrame | None]:
+    """Both claims from ``means [checkpoint, 1 + B, layer, metric]`` and optionally ``syntax [checkpoint, 1 + B]``."""
+    verdict = {"depth": depth_verdict(means[-1], step=steps[-1], checkpoint=checkpoints[-1])}
+    if len(steps) < 2:
+        verdict["training"] = {"verdict": "not applicable", "statement": "One checkpoint: there is no training series to order (depth only)."}
+        return verdict, None
+    strength = means.max(axis=2)  # [checkpoint, 1 + B, metric]
+    metrics = PEAK_METRICS
+    if syntax is not None:
+        strength = np.concatenate([strength, syntax[..., None]], axis=-1)
+        metrics = (*PEAK_METRICS, "syntax")
+    verdict["training"], table = emergence_verdict(steps, strength, metrics)
+    return verdict, table
+
+
+@dataclass
+class CheckpointResult:
+    """What :func:`track` keeps of one checkpoint (each is saved as soon as it is computed)."""
+
+    step: int | None  # None: a single checkpoint whose step is unknown (an empty cell in the tables)
+    checkpoint: str
+    rows: pd.DataFrame  # TRACK_COLUMNS
+    layers: pd.DataFrame  # step, checkpoint, layer, metric, value, ci_low, ci_high
+    means: np.ndarray  # [1 + B, layer, metric] of PEAK_METRICS
+    syntax: np.ndarray | None  # [1 + B]: mean over relations of the best head's accuracy
+
+
+@dataclass
+class Track:
+    """The result of :func:`track`: tidy tables over checkpoints and the verdict on the hypothesis.
+
+    ``table``: ``step, checkpoint, layer, head, metric, value, ci_low, ci_high`` (profile metrics
+    per head; ``role:<role>`` mean sieve scores; ``syntax:<relation>`` for the best head of each
+    relation). ``layers``: profile metrics per layer. ``peaks``: where [CLS]/[SEP]/punctuation peak
+    at each checkpoint. ``emergence``: claim 2's table (None for one checkpoint).
+    """
+
+    results: list[CheckpointResult]
+    corpus: dict
+    settings: dict
+    verdict: dict
+    emergence: pd.DataFrame | None
+    started: str
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list[int | None]:
+        return [r.step for r in self.results]
+
+    @property
+    def table(self) -> pd.DataFrame:
+        return pd.concat([r.rows for r in self.results], ignore_index=True)
+
+    @property
+    def layers(self) -> pd.DataFrame:
+        return pd.concat([r.layers for r in self.results], ignore_index=True)
+
+    @property
+    def peaks(self) -> pd.DataFrame:
+        return pd.concat([peak_layers(r.means).assign(step=r.step, checkpoint=r.checkpoint) for r in self.results], ignore_index=True)
+
+    def syntax_series(self) -> pd.DataFrame | None:
+        """``step, value, ci_low, ci_high``: mean over relations of the best head's accuracy, with its bootstrap interval."""
+        if any(r.syntax is None for r in self.results):
+            return None
+        rows = [(r.step, r.syntax[0], *np.nanpercentile(r.syntax[1:], [2.5, 97.5])) for r in self.results]
+        return pd.DataFrame(rows, columns=["step", "value", "ci_low", "ci_high"])
+
+    def strength(self) -> pd.DataFrame:
+        """``step, metric, value``: each pattern's strength (max over layers of the layer mean; syntax: the mean best-head accuracy)."""
+        rows = [(r.step, metric, float(r.means[0, :, k].max())) for r in self.results for k, metric in enumerate(PEAK_METRICS)]
+        rows += [(r.step, "syntax", float(r.syntax[0])) for r in self.results if r.syntax is not None]
+        return pd.DataFrame(rows, columns=["step", "metric", "value"])
+
+    @claims_out(work="parts")
+    def save(self, out: str | Path, command: list[str] | None = None) -> Path:
+        """Write ``track.csv``/``.parquet``, ``track_layers``, ``peaks``, ``emergence``, ``verdict.json``, figures, ``report.html``
+        (replacing ``out`` whole, its saved ``parts/`` kept)."""
+        from bertology.studies.track.report import track_report
+
+        folder = RunFolder(out)
+        folder.write_table("track", self.table)
+        folder.write_table("track_layers", self.layers)
+        folder.write_table("peaks", self.peaks)
+        if self.emergence is not None:
+            folder.write_table("emergence", self.emergence)
+        folder.write_json("verdict.json", self.verdict)
+        manifest = {"corpus": self.corpus, "settings": self.settings, "checkpoints": [{"step": r.step, "checkpoint": r.checkpoint} for r in self.results],
+                    "started": self.started, "warnings": self.warnings}
+        return finish(folder, manifest, report=track_report(folder, self), command=command, keep=("parts",)) / "report.html"
+
+
+def _part_name(checkpoint: str) -> str:
+    """A file name for one checkpoint's part: readable, and unique by a hash of the checkpoint."""
+    readable = re.sub(r"[^A-Za-z0-9_-]+", "_", checkpoint.rstrip("/"))[-60:]
+    return f"{readable}-{hashlib.blake2b(checkpoint.encode(), digest_size=4).hexdigest()}"
+
+
+def _damaged_part(path: Path, marker: Path, what: str) -> StateError:
+    """The one-line refusal of a damaged part: the file, what is wrong, and that deleting the part's ``marker`` (``.npz``)
+    computes the checkpoint again."""
+    return StateError(path, f"{what}; delete {marker} to compute this checkpoint again")
+
+
+def _part_key(settings_key: str, checkpoint: str) -> str:
+    """What a checkpoint's part must have been computed with to be used: the run's corpus and settings, and the
+    checkpoint's weights (a content hash of a local folder's weight files, cached; a hub name stands for itself)."""
+    from bertology.core.digests import folder_weights_digest
+
+    weights = folder_weights_digest(Path(checkpoint)) if Path(checkpoint).is_dir() else checkpoint
+    return json.dumps({"settings": json.loads(settings_key), "weights": weights}, sort_keys=True)
+
+
+def _load_part(parts: Path, name: str, key: str, replicates: int, finished: bool) -> CheckpointResult | None:
+    """The saved part ``name``: None when there is none, or when it was computed with other settings or weights (``key``)
+    in a run that finished (``finished``); in an unfinished run such a part is refused, never overwritten.
+
+    It is checked before use: the ``.npz``'s arrays (``meta`` naming this part's checkpoint and a whole-number or null step;
+    ``means [replicates, layer, metric]`` and ``syntax [replicates]`` or empty, shares in [0, 1], NaN only in bootstrap
+    replicates) and the two tables (their columns, this checkpoint's rows, of the layers of ``means``); a damaged part is
+    refused (:func:`_damaged_part`).
+    """
+    marker = parts / f"{name}.npz"
+    if not marker.is_file():
+        return None
+    try:
+        arrays = read_npz(marker)
+    except StateError as exc:
+        raise _damaged_part(marker, marker, exc.message) from None
+    for member, kind in (("key", "U"), ("meta", "U"), ("means", "f"), ("syntax", "f")):
+        if member not in arrays:
+            raise _damaged_part(marker, marker, f"no array {member!r} in it")
+        if arrays[member].dtype.kind != kind or (kind == "U") != (arrays[member].ndim == 0):
+            raise _damaged_part(marker, marker, f"{member!r} is a {arrays[member].dtype} array of shape {arrays[member].shape}, not what bertology writes")
+    if str(arrays["key"]) != key:
+        if finished:
+            return None
+        raise StateError(marker, "a part of an unfinished track run with other settings, corpus or weights: run that command again "
+                                 f"to finish it, or give another --out (delete {parts} to start over)")
+    try:
+        meta = parse_json(str(arrays["meta"]), marker)
+        checkpoint = document_field(meta, "checkpoint", str, marker)
+        step = document_field(meta, "step", (int, type(None)), marker)
+        step = None if step is None else whole_number(step, "step", marker, high=MAX_STEP)
+    except StateError as exc:
+        raise _damaged_part(marker, marker, f"its 'meta' is damaged: {exc.message}") from None
+    if _part_name(checkpoint) != name:
+        raise _damaged_part(marker, marker, f"it is the part of another checkpoint ({checkpoint[:80]!r})")
+    means = _part_shares(arrays["means"], "means", (replicates, None, len(PEAK_METRICS)), marker)
+    syntax = _part_shares(arrays["syntax"], "syntax", (replicates,), marker) if arrays["syntax"].size else None
+    tables = []
+    for kind, columns in (("rows", TRACK_COLUMNS), ("layers", TRACK_LAYER_COLUMNS)):
+        tables.append(_part_table(parts / f"{name}.{kind}.parquet", columns, step, checkpoint, marker))
+        if set(tables[-1]["layer"]) != set(range(means.shape[1])):
+            raise _damaged_part(marker, marker, f"'means' has {means.shape[1]} layers, not those of {name}.{kind}.parquet")
+    return CheckpointResult(step, checkpoint, *tables, means, syntax)
+
+
+def _part_shares(values: np.ndarray, member: str, shape: tuple, marker: Path) -> np.ndarray:
+    """A part's array ``values``, refused unless of ``shape`` (None: any size but 0) and shares in [0, 1], NaN only past
+    row 0 (a bootstrap replicate that drew no sequence)."""
+    if values.ndim != len(shape) or any(got == 0 or want not in (None, got) for got, want in zip(values.shape, shape)):
+        wanted = ", ".join("any" if want is None else str(want) for want in shape)
+        raise _damaged_part(marker, marker, f"{member!r} has shape {values.shape}, expected ({wanted})")
+    known = values[~np.isnan(values)]
+    if not np.isfinite(values[0]).all() or not ((known >= 0) & (known <= 1 + 1e-4)).all():
+        raise _damaged_part(marker, marker, f"{member!r} holds values that are not shares in [0, 1] (or NaN in its first row)")
+    return values
+
+
+def _part_table(path: Path, columns: list[str], step: int | None, checkpoint: str, marker: Path) -> pd.DataFrame:
+    """A part's table, refused unless readable, with ``columns`` (numbers, but for step, checkpoint and the metric's name)
+    and only rows of ``step`` and ``checkpoint``."""
+    try:
+        table = pd.read_parquet(path)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise _damaged_part(path, marker, f"cannot read it as a table ({' '.join(str(exc).split())[:120]})") from None
+    if list(table.columns) != columns:
+        raise _damaged_part(path, marker, f"its columns are {', '.join(map(str, table.columns))[:120]}, not {', '.join(columns)}")
+    for column in columns:
+        if column in ("step", "checkpoint"):  # checked below
+            continue
+        holds_its_kind = pd.api.types.is_string_dtype if column == "metric" else pd.api.types.is_numeric_dtype
+        if not holds_its_kind(table[column]):
+            raise _damaged_part(path, marker, f"its column {column!r} holds {table[column].dtype} values, not what bertology writes")
+    steps = table["step"].isna() if step is None else table["step"] == step
+    if not (steps & (table["checkpoint"] == checkpoint)).all():
+        raise _damaged_part(path, marker, "it holds rows of another step or checkpoint")
+    return table
+
+
+def _save_part(parts: Path, name: str, key: str, result: CheckpointResult) -> None:
+    """One checkpoint's results, written before the next checkpoint starts; the ``.npz``, written last, marks the part complete."""
+    atomic_write(parts / f"{name}.rows.parquet", lambda p: result.rows.to_parquet(p, index=False))
+    atomic_write(parts / f"{name}.layers.parquet", lambda p: result.layers.to_parquet(p, index=False))
+    meta = json.dumps({"step": result.step, "checkpoint": result.checkpoint})
+    syntax = result.syntax if result.syntax is not None else np.array([])
+
+    def write(path: Path) -> None:
+        with path.open("wb") as handle:
+            np.savez(handle, key=key, meta=meta, means=result.means, syntax=syntax)
+
+    atomic_write(parts / f"{name}.npz", write)
+
+
+def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_trees: bool, settings: dict, progress: bool,
+                        source: str | None = None, device: str | None = None) -> CheckpointResult:
+    """One checkpoint's profile, roles and syntax. On a Ray task, ``source`` is where to load it from (the folder's absolute
+    path) and ``device`` the task's own."""
+    source = source or checkpoint
+    loaded = load_model(None if source in ("default", DEFAULT_MODEL) else source, device=device or settings["device"],
+                        trust_remote_code=settings["trust_remote_code"])
+    torch.manual_seed(settings["seed"])
+    engine = Engine(loaded, batch_size=settings["batch_size"], max_length=settings["max_length"], progress=progress, punct=settings["punct"])
+    profile, peaks = GeneralProfile(), LayerPeaks(bootstrap=settings["bootstrap"], seed=settings["seed"])
+    roles = HeadRoles(tau=settings["tau"])
+    relations = RelationHeads(bootstrap=settings["bootstrap"], seed=settings["seed"]) if with_trees else None
+    analyzers = [profile, peaks, roles] + ([relations] if relations is not None else [])
+    stats = engine.run(examples, analyzers, total=len(examples), desc=Path(checkpoint).name)
+    if stats.sequences == 0:
+        raise BertologyError(f"{checkpoint}: every sequence was longer than {engine.max_length} pieces and skipped")
+    heads = profile.result()
+    role_rows = roles.result().rename(columns={"mean": "value"}).assign(metric=lambda t: "role:" + t.role)
+    frames = [heads, role_rows]
+    syntax = None
+    if relations is not None:
+        best = relations.best(min_dependents=settings["min_dependents"])
+        frames.append(best.rename(columns={"accuracy": "value"}).assign(metric=lambda t: "syntax:" + t.relation))
+        syntax = relations.best_accuracy_replicates(settings["min_dependents"])
+        syntax = syntax if np.isfinite(syntax[0]) else None  # no relation has enough dependents
+    rows = pd.concat([frame.assign(step=step, checkpoint=checkpoint)[TRACK_COLUMNS] for frame in frames], ignore_index=True)
+    layers = profile.layers().assign(step=step, checkpoint=checkpoint)[TRACK_LAYER_COLUMNS]
+    return CheckpointResult(step, checkpoint, rows, layers, peaks.replicate_means(), syntax)
+
+
+@claims_out(work="parts", words=("format", "parser", "punct", "device", "backend", "address"))
+def track(
+    checkpoints: list[str],
+    corpus=None,
+    *,
+    format: str = "auto",
+    parser: str | None = None,
+    out: str | Path | None = None,
+    batch_size: int = 32,
+    max_length: int | None = None,
+    limit: int | None = None,
+    bootstrap: int = 1000,
+    tau: float = 3.0,
+    min_dependents: int = 25,
+    punct: str = "upos",
+    seed: int = 0,
+    device: str = "auto",
+    trust_remote_code: bool = False,
+    progress: bool = True,
+    command: list[str] | None = None,
+    steps: list[int] | None = None,
+    backend: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+) -> Track:
+    """Profile, roles and (with trees) syntactic heads of every checkpoint on one corpus, and the verdict.
+
+    ``checkpoints``: model folders or hub names (``"default"`` or ``"all-MiniLM-L6-v2"``: the bundled model),
+    ordered by ``steps`` (one per checkpoint, in the same order) or by the step each one tells
+    (:func:`checkpoint_step`). ``corpus`` as in
+    :func:`bertology.analyze` (trees from CoNLL-U or ``parser="spacy"`` add syntax). With ``out``,
+    each checkpoint's results are saved under ``out/parts`` as soon as they exist (a rerun skips
+    them) and the run folder is written at the end. ``punct``: the punctuation set, as in :func:`bertology.analyze`.
+    ``backend="ray"``: one checkpoint per Ray task across the cluster (``workers``, ``address`` as in
+    :func:`bertology.analyze`); each part is saved as its task finishes.
+    """
+    if backend not in BACKENDS:
+        raise BertologyError(f"unknown backend {backend!r}: use local or ray")
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    series = ordered_checkpoints([str(c) for c in checkpoints], steps)
+    source, corpus_info = open_corpus(corpus, format, limit)
+    examples = list(spacy_trees(source) if parser == "spacy" else source)
+    if not examples:
+        raise BertologyError("the corpus has no examples")
+    with_trees = any(example.has_tree for example in examples)
+    settings = {"batch_size": batch_size, "max_length": max_length, "limit": limit, "bootstrap": bootstrap, "tau": tau,
+                "min_dependents": min_dependents, "punct": punct, "seed": seed, "device": device, "trust_remote_code": trust_remote_code,
+                "parser": parser or ("gold" if with_trees else None)}
+    key = json.dumps({"corpus": corpus_info.get("sha256"), "examples": len(examples), **{k: v for k, v in settings.items() if k != "device"}}, sort_keys=True)
+    parts = Path(out) / "parts" if out is not None else None
+    finished = parts is not None and finished_run(Path(out))
+    keys = {checkpoint: _part_key(key, checkpoint) for _, checkpoint in series} if parts is not None else {}
+    results = [_load_part(parts, _part_name(checkpoint), keys[checkpoint], 1 + bootstrap, finished) if parts is not None else None
+               for _, checkpoint in series]
+    todo = [k for k, (step, _) in enumerate(series) if results[k] is None or results[k].step != step]
+
+    def keep(k: int, result: CheckpointResult) -> None:
+        results[k] = result
+        if parts is not None:
+            _save_part(parts, _part_name(series[k][1]), keys[series[k][1]], result)
+
+    if backend == "ray" and todo:
+        jobs = [(step, checkpoint, examples, with_trees, settings, False, str(Path(checkpoint).resolve()) if Path(checkpoint).exists() else checkpoint)
+                for step, checkpoint in (series[k] for k in todo)]
+        for index, result in map_on_ray(_analyze_checkpoint, jobs, device=device, workers=workers, address=address):
+            keep(todo[index], result)
+    else:
+        for k in todo:
+            keep(k, _analyze_checkpoint(*series[k], examples, with_trees, settings, progress))
+    shapes = {r.means.shape for r in results}
+    if len(shapes) > 1:
+        raise BertologyError("the checkpoints differ in depth: a series must share one architecture")
+    steps = [r.step for r in results]
+    syntax = np.stack([r.syntax for r in results]) if with_trees and all(r.syntax is not None for r in results) else None
+    verdict, emergence = hypothesis_verdict(steps, [r.checkpoint for r in results], np.stack([r.means for r in results]), syntax)
+    corpus_info["examples"] = len(examples)
+    result = Track(results, corpus_info, settings, verdict, emergence, started)
+    if out is not None:
+        result.save(out, command=command)
+    return result

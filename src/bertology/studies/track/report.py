@@ -1,0 +1,130 @@
+"""The report page of ``bertology track``: head roles over checkpoints and the verdict on the learning-curve hypothesis."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bertology.core.runfolder import RunFolder
+from bertology.render.figures import METRIC_TITLES, log_step_axis, plt
+from bertology.render.html import Figure, Report, Section
+
+
+def track_report(folder: RunFolder, track) -> str:
+    """The verdict on the learning-curve hypothesis and the figures of a ``bertology track`` run."""
+    depth, training = track.verdict["depth"], track.verdict["training"]
+    section = Section(
+        title="The learning-curve hypothesis",
+        intro=(
+            "Claim: heads pass through phases over depth and over pre-training: [CLS] (and broad) attention early, [SEP] and dependency "
+            "relations in the middle, punctuation deep (docs/methods.md#track-and-the-learning-curve-verdict). Attention to a token set follows Clark et al. (2019); "
+            "intervals come from a Poisson bootstrap over sequences, paired across checkpoints. A claim is supported when its order "
+            "holds in the data and in at least 95% of the replicates, contradicted when it holds in at most 5%."
+        ),
+    )
+    section.notes.append(f"Depth ({depth['checkpoint']}): {depth['statement']}")
+    section.notes.append(f"Training: {training['statement']}")
+    peaks = folder.write_figure("peak_layers", peak_layers_by_metric(depth["layer_means"], depth["peaks"]))
+    section.figures.append(Figure(peaks, "Final checkpoint: the layer mean of each pattern; the star marks its peak, the bar its 95% bootstrap interval."))
+    section.tables.append(("Where each pattern peaks, per checkpoint (peak_layers; interval: 2.5th-97.5th percentile of the replicates)",
+                           track.peaks[["step", "metric", "peak_layer", "ci_low", "ci_high", "agreement"]]))
+    if len(track.results) > 1:
+        heatmaps = folder.write_figure("layer_by_step", layer_by_step_heatmaps(track.layers))
+        section.figures.append(Figure(heatmaps, "Attention to [CLS], [SEP] and punctuation per layer (rows) at each checkpoint (columns)."))
+        curves = folder.write_figure("emergence", emergence_curves(track.strength(), track.emergence))
+        section.figures.append(Figure(curves, "Left: each pattern's strength (max over layers of the layer mean). Right: the patterns that rise, as a share of their rise; dotted: where each crosses half."))
+        section.tables.append(("When each pattern emerges (emergence.csv)", track.emergence))
+        series = track.syntax_series()
+        if series is not None:
+            best = track.table[track.table.metric.str.startswith("syntax:")]
+            largest = [m for m in dict.fromkeys(best.metric) if m != "syntax:all"][:6]  # rows come by number of dependents, most first
+            section.figures.append(Figure(folder.write_figure("syntax_by_step", syntax_by_step(series, best, largest)),
+                                          "Best syntactic head's accuracy: the mean over relations with at least --min-dependents dependents, and single relations."))
+    report = Report(
+        title="bertology: head roles over training",
+        summary={
+            "checkpoints": ", ".join("step unknown" if r.step is None else str(r.step) for r in track.results),
+            "final checkpoint": track.results[-1].checkpoint,
+            "corpus": f"{track.corpus['name']} ({track.corpus['examples']} examples)",
+            "bootstrap replicates": track.settings["bootstrap"],
+            "depth claim": depth["verdict"],
+            "training claim": training["verdict"],
+            "started": track.started,
+        },
+        sections=[section],
+    )
+    return report.render()
+
+
+def layer_by_step_heatmaps(layers: pd.DataFrame, metrics=("cls", "sep", "punct")):
+    """One heatmap per metric: layer (rows) x checkpoint step (columns, in order), the layer mean."""
+    figure, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.6), squeeze=False)
+    for axis, metric in zip(axes[0], metrics):
+        grid = layers[layers.metric == metric].pivot(index="layer", columns="step", values="value")
+        image = axis.imshow(grid.values, aspect="auto", cmap="viridis", origin="lower")
+        axis.set_xticks(range(grid.shape[1]), [str(s) for s in grid.columns], rotation=60, fontsize=7)
+        axis.set_yticks(range(grid.shape[0]), grid.index)
+        axis.set_xlabel("checkpoint (training step)")
+        axis.set_ylabel("layer (0-based)")
+        axis.set_title(METRIC_TITLES[metric])
+        plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+    figure.tight_layout()
+    return figure
+
+
+def emergence_curves(strength: pd.DataFrame, emergence: pd.DataFrame):
+    """Left: each pattern's strength against step. Right: the patterns that rise, as a share of their rise, with the half-way crossings."""
+    figure, (raw, scaled) = plt.subplots(1, 2, figsize=(12, 4.0))
+    for k, (metric, rows) in enumerate(strength.groupby("metric", sort=False)):
+        color, label = f"C{k}", METRIC_TITLES.get(metric, metric)
+        x = rows.step.clip(lower=1)
+        raw.plot(x, rows.value, "o-", color=color, label=label)
+        first, final = rows.value.iloc[0], rows.value.iloc[-1]
+        crossing = emergence[emergence.metric == metric].half_step.iloc[0]
+        if final > first:
+            scaled.plot(x, (rows.value - first) / (final - first), "o-", color=color, label=f"{label} ({first:.3f} -> {final:.3f})")
+            scaled.axvline(max(crossing, 1), color=color, linestyle=":", alpha=0.8)
+    scaled.axhline(0.5, color="black", linestyle="--", linewidth=0.8, label="half of the rise")
+    raw.set_ylabel("strength (max over layers of the layer mean)")
+    raw.set_title("each pattern's strength")
+    scaled.set_ylabel("share of the rise from the first checkpoint")
+    scaled.set_title("patterns that rise; dotted: where each crosses half")
+    log_step_axis(raw)
+    log_step_axis(scaled)
+    figure.tight_layout()
+    return figure
+
+
+def syntax_by_step(series: pd.DataFrame, best: pd.DataFrame, relations: list[str]):
+    """Best syntactic-head accuracy against step: the mean over relations with its bootstrap band, and the given relations' best heads."""
+    figure, axis = plt.subplots(figsize=(7.5, 4.0))
+    x = series.step.clip(lower=1)
+    axis.fill_between(x, series.ci_low, series.ci_high, color="black", alpha=0.15)
+    axis.plot(x, series.value, "o-", color="black", linewidth=2, label="mean over relations (95% bootstrap band)")
+    for metric in relations:
+        rows = best[best.metric == metric].sort_values("step")
+        axis.plot(rows.step.clip(lower=1), rows.value, ".-", alpha=0.7, label=metric.removeprefix("syntax:"))
+    axis.set_ylim(0, 1)
+    axis.set_ylabel("accuracy of the best head")
+    axis.set_title("best syntactic head per relation over training")
+    log_step_axis(axis)
+    figure.tight_layout()
+    return figure
+
+
+def peak_layers_by_metric(layer_means: dict, peaks: dict):
+    """The final model's layer means of attention to [CLS], [SEP] and punctuation, peaks marked with their bootstrap interval."""
+    figure, axis = plt.subplots(figsize=(6.5, 3.8))
+    for k, (metric, values) in enumerate(layer_means.items()):
+        color = f"C{k}"
+        axis.plot(range(len(values)), values, "o-", color=color, label=METRIC_TITLES[metric])
+        peak = peaks[metric]
+        axis.errorbar([peak["layer"]], [peak["value"]], xerr=[[peak["layer"] - peak["ci_low"]], [peak["ci_high"] - peak["layer"]]],
+                      fmt="*", markersize=14, color=color, capsize=4)
+    axis.set_xlabel("layer (0-based)")
+    axis.set_ylabel("mean attention (layer mean over heads)")
+    axis.set_title("where each pattern peaks (star: peak, bar: 95% bootstrap interval)")
+    axis.set_xticks(range(len(next(iter(layer_means.values())))))
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,41 @@
+"""``bertology view``: an interactive attention viewer (head view and model view) as one self-contained HTML page
+(:mod:`~bertology.studies.view.viewer`); ``bertology analyze`` links one from its report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bertology.core.options import CORPUS, MODEL, Option, pick
+from bertology.studies import Study, register_study
+
+
+class View(Study):
+    name = "view"
+    title = "Write an interactive attention viewer (head view and model view) as one self-contained HTML page."
+    options = (
+        Option("text", None, "The text to look at.", type=str, argument=True, required=True),
+        Option("pair", None, "A second text (sentence B).", type=str),
+        *pick(MODEL, "model"),
+        Option("out", Path("view.html"), "The page to write.", flag="--out -o"),
+        Option("run", None, "A run folder whose roles and patterns label the heads.", type=Path),
+        Option("top_k", None, "Keep each row's K largest weights (0: all) [default: all up to 128 tokens, else 20].", type=int, minimum=0),
+        *pick(CORPUS, "max_length"), *pick(MODEL, "device", "trust_remote_code"),
+    )
+    writes = "file"
+    report = False
+
+    def run(self, settings: dict, command: list[str] | None = None):
+        from bertology.core.models import load_model
+        from bertology.core.runfolder import check_file_out
+        from bertology.studies.view.viewer import attention_view
+
+        s = settings
+        check_file_out(s["out"])
+        loaded = load_model(s["model"], device=s["device"], trust_remote_code=s["trust_remote_code"])
+        return attention_view(s["text"], s["pair"], model=loaded, run=s["run"], top_k=s["top_k"], max_length=s["max_length"]).save(s["out"])
+
+    def summary(self, page: Path, settings: dict) -> list[str]:
+        return [f"viewer: {page.resolve()} ({page.stat().st_size / 1024:.0f} KiB)"]
+
+
+register_study(View())

@@ -1,0 +1,17 @@
+"""The report's link to the attention viewer: a layer x head grid, each cell opening that head."""
+
+from __future__ import annotations
+
+from bertology.render.html import Section
+
+
+def viewer_section(view, href: str = "viewer.html") -> Section:
+    section = Section(
+        title="Attention viewer",
+        intro=(f"viewer.html shows every head's attention on the corpus's first example ({len(view.tokens)} tokens): "
+               "a head view with lines from each token to those it attends, and a model view of every head. "
+               "Click a head below to open it there."),
+    )
+    layers, heads = view.attention.shape[:2]
+    section.head_links = (href, layers, heads)
+    return section
