@@ -1,12 +1,12 @@
 # Two entry points, both idempotent:
 #   make run   - set up .venv and run `bertology analyze` on the bundled model and sample corpus
-#   make test  - set up .venv (with test extras) and run the whole test suite
+#   make test  - set up .venv (with test extras), check the layering and style (make lint), run the whole test suite
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= runs/sample
 
-.PHONY: run test setup chromium clean
+.PHONY: run test lint setup chromium clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,12 @@ chromium:
 run: setup
 	$(BIN)/bertology analyze --out $(OUT)
 
-test: setup chromium
+# The layering (core < render < families < studies < api/cli) and the style, import order included; then every test.
+lint: setup
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/ruff check src tests bench tools
+
+test: lint chromium
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -13,10 +13,11 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 from pathlib import Path  # noqa: E402
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
-from transformers import BertConfig, BertModel, BertTokenizerFast, RobertaConfig, RobertaModel, RobertaTokenizerFast  # noqa: E402
+from transformers import BertConfig, BertForMaskedLM, BertModel, BertTokenizerFast, RobertaConfig, RobertaModel, RobertaTokenizerFast  # noqa: E402
 
 from bertology.core.corpora import Example  # noqa: E402
 from bertology.core.models import load_model  # noqa: E402
@@ -196,3 +197,58 @@ def browser():
         launched = playwright.chromium.launch(executable_path=binary, args=["--no-sandbox", "--disable-gpu"])
         yield launched
         launched.close()
+
+
+SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the rabbit"]
+
+
+VERBS = ["sat on", "looked at", "ran to", "thought about", "walked past"]
+
+
+OBJECTS = ["the mat", "the house", "a tree", "the river", "her book"]
+
+
+def write_books(folder, books: int = 2, paragraphs: int = 30, seed: int = 0):
+    """Plain-text 'books' of generated sentences, wrapped like Gutenberg text (CRLF, blank lines between paragraphs)."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for book in range(books):
+        lines = []
+        for _ in range(paragraphs):
+            sentences = [f"{rng.choice(SUBJECTS).capitalize()} {rng.choice(VERBS)} {rng.choice(OBJECTS)}{rng.choice(['.', '!', ', and it rained.'])}"
+                         for _ in range(rng.integers(2, 6))]
+            text = " ".join(sentences)
+            lines += [text[i : i + 60] for i in range(0, len(text), 60)] + [""]
+        (folder / f"book{book}.txt").write_bytes("\r\n".join(lines).encode())
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_mlm_dir(tiny_bert_dir, tmp_path_factory):
+    """A 2-layer, 4-head random BERT with its masked-LM head, and the tiny tokenizer."""
+    folder = tmp_path_factory.mktemp("tiny-mlm")
+    tokenizer = BertTokenizerFast.from_pretrained(tiny_bert_dir)
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(3)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                        max_position_embeddings=64)
+    BertForMaskedLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def treebank(tmp_path_factory):
+    """A small CoNLL-U file (trees from spaCy over the test sentences, written as UD would)."""
+    from bertology.core.corpora import Example
+    from bertology.core.parsing import spacy_trees
+
+    blocks = []
+    for number, example in enumerate(spacy_trees([Example(t) for t in TEXTS * 2]), start=1):
+        lines = [f"# sent_id = {number}", f"# text = {example.text}"]
+        for i, (word, (a, b), head, relation) in enumerate(zip(example.words, example.word_spans, example.heads, example.relations), start=1):
+            space = "_" if b < len(example.text) and example.text[b] == " " or b == len(example.text) else "SpaceAfter=No"
+            lines.append(f"{i}\t{word}\t_\t_\t_\t_\t{head}\t{relation}\t_\t{space}")
+        blocks.append("\n".join(lines))
+    path = tmp_path_factory.mktemp("treebank") / "tiny.conllu"
+    path.write_text("\n\n".join(blocks) + "\n\n")
+    return path

@@ -74,24 +74,6 @@ def test_info_prints_model_facts(tiny_roberta_dir):
     assert (info["layers"], info["heads"], info["cls_token"], info["sep_token"]) == (2, 4, "<s>", "</s>")
 
 
-@pytest.fixture(scope="module")
-def treebank(tmp_path_factory):
-    """A small CoNLL-U file (trees from spaCy over the test sentences, written as UD would)."""
-    from bertology.core.corpora import Example
-    from bertology.core.parsing import spacy_trees
-
-    blocks = []
-    for number, example in enumerate(spacy_trees([Example(t) for t in TEXTS * 2]), start=1):
-        lines = [f"# sent_id = {number}", f"# text = {example.text}"]
-        for i, (word, (a, b), head, relation) in enumerate(zip(example.words, example.word_spans, example.heads, example.relations), start=1):
-            space = "_" if b < len(example.text) and example.text[b] == " " or b == len(example.text) else "SpaceAfter=No"
-            lines.append(f"{i}\t{word}\t_\t_\t_\t_\t{head}\t{relation}\t_\t{space}")
-        blocks.append("\n".join(lines))
-    path = tmp_path_factory.mktemp("treebank") / "tiny.conllu"
-    path.write_text("\n\n".join(blocks) + "\n\n")
-    return path
-
-
 def test_syntax_writes_tables_probe_and_report(tiny_bert_dir, treebank, tmp_path):
     out = tmp_path / "syntax"
     result = bertology("syntax", "--corpus", treebank, "--model", tiny_bert_dir, "--out", out, "--bootstrap", 100,
@@ -194,7 +176,7 @@ def test_ablate_needs_a_classifier_and_says_so_in_one_line(tiny_bert_dir, cat_ta
 
 
 def test_pretrain_then_track_the_checkpoints(corpus, tmp_path):
-    from test_pretraining import write_books
+    from conftest import write_books
 
     books = write_books(tmp_path / "books")
     result = bertology("pretrain", books, "--out", tmp_path / "pt", "--steps", 12, "--vocab-size", 120, "--layers", 2, "--heads", 2,

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 from conftest import TEXTS
-from test_backends import _interrupt_after
+from core.test_backends import _interrupt_after
 
 import bertology
 from bertology.core import states

@@ -13,13 +13,6 @@ from bertology.core.errors import BertologyError
 from bertology.core.options import Option
 from bertology.studies import Study, registered_studies
 
-app = typer.Typer(
-    help="What every attention head of a BERT-like encoder does, and how sure we can be of it.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
 
 def _parameter(option: Option) -> inspect.Parameter:
     """An :class:`~bertology.core.options.Option` as a typer argument or option."""
@@ -38,8 +31,8 @@ def _parameter(option: Option) -> inspect.Parameter:
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-def _command(study: Study) -> None:
-    """Register ``bertology NAME``: run the study with the values given, print its summary, and fail as it says."""
+def _command(app: typer.Typer, study: Study) -> None:
+    """Add ``bertology NAME`` to ``app``: run the study with the values given, print its summary, and fail as it says."""
 
     def command(**settings) -> None:
         result = study.run(settings, command=sys.argv)
@@ -54,8 +47,17 @@ def _command(study: Study) -> None:
     app.command(study.name.replace("_", "-"))(command)
 
 
-for _study in registered_studies().values():
-    _command(_study)
+def build_app() -> typer.Typer:
+    """The command line of every study registered now (a study registered after ``bertology.cli`` was imported gets its
+    command in a new app)."""
+    app = typer.Typer(help="What every attention head of a BERT-like encoder does, and how sure we can be of it.", no_args_is_help=True,
+                      add_completion=False, pretty_exceptions_enable=False)
+    for study in registered_studies().values():
+        _command(app, study)
+    return app
+
+
+app = build_app()
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import re
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from test_labelling import VALID_LABEL, hand_maps, post_label
+from studies.label.test_labelling import VALID_LABEL, hand_maps, post_label
 
 from bertology.core.corpora import GLUE_LAYOUTS, PATTERN_LABELS, Corpus, json_records, prepare_jsonl_append, read_labels
 from bertology.core.errors import CorpusError

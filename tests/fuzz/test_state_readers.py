@@ -21,11 +21,11 @@ import pandas as pd
 import pytest
 import torch
 from conftest import TEXTS, gold_example
-from families.test_trained_patterns import classifier_document
+from core.test_runfolder import snapshot
+from families.patterns.test_trained_patterns import classifier_document
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from test_runfolder import snapshot
 from transformers import BertConfig, BertForSequenceClassification, get_linear_schedule_with_warmup
 
 from bertology.core.errors import BertologyError

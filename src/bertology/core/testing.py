@@ -48,33 +48,83 @@ def assert_same_result(expected: pd.DataFrame, actual: pd.DataFrame, what: str, 
         raise AssertionError(f"analyzer contract broken: {what}\n{exc}") from None
 
 
+class AnalyzerContract:
+    """The analyzer contract as named checks, in the idiom of scikit-learn's ``parametrize_with_checks``: each rule of
+    the module docstring is one method ``check_NAME`` (listed in :data:`ANALYZER_CHECKS`), so that a test suite can give each
+    rule its own test id. The run over all examples in one batch, which every rule compares against, is made once.
+
+    The tolerances absorb the float rounding that padding causes in a float32 model; with a float64 model much tighter
+    ones hold. With ``compare_with``, the analyzer is a comparison analyzer fed by a
+    :class:`~bertology.core.paired.CompareEngine` of the two models.
+    """
+
+    def __init__(self, make_analyzer: Callable[[], Analyzer], model: LoadedModel, examples: Sequence[Example], seed: int = 0,
+                 rtol: float = 1e-4, atol: float = 1e-6, compare_with: LoadedModel | None = None):
+        self.make_analyzer, self.seed, self.rtol, self.atol = make_analyzer, seed, rtol, atol
+        self.examples = list(examples)
+        if len(self.examples) < 4:
+            raise ValueError("the analyzer contract needs at least 4 examples")
+        self._run = _runner(model, compare_with)
+        self._whole: Analyzer | None = None
+
+    def run(self, examples: Sequence[Example], batch_size: int) -> Analyzer:
+        return self._run(self.make_analyzer, examples, batch_size)
+
+    @property
+    def whole(self) -> Analyzer:
+        """The analyzer after one run over every example in one batch."""
+        if self._whole is None:
+            self._whole = self.run(self.examples, len(self.examples))
+        return self._whole
+
+    def same(self, actual: pd.DataFrame, what: str) -> None:
+        assert_same_result(self.whole.result(), actual, what, self.rtol, self.atol)
+
+    def check_result_is_not_empty(self) -> None:
+        if self.whole.result().empty:
+            raise AssertionError("analyzer contract broken: the result of a run over data is empty")
+
+    def check_batch_size_1(self) -> None:
+        self.same(self.run(self.examples, 1).result(), "batch size 1 differs from one batch")
+
+    def check_batch_size_3(self) -> None:
+        self.same(self.run(self.examples, 3).result(), "batch size 3 differs from one batch")
+
+    def check_order(self) -> None:
+        shuffled = self.examples[:]
+        random.Random(self.seed).shuffle(shuffled)
+        self.same(self.run(shuffled, 2).result(), "shuffled order differs")
+
+    def check_merge_of_halves(self) -> None:
+        half = len(self.examples) // 2
+        first, second = self.run(self.examples[:half], 2), self.run(self.examples[half:], 3)
+        self.same(first.merge(second).result(), "merge of two halves differs from the whole")
+
+    def check_merge_with_empty(self) -> None:
+        self.same(self.run(self.examples, 2).merge(self.make_analyzer()).result(), "merging an empty analyzer changed the result")
+
+    def check_merge_into_empty(self) -> None:
+        self.same(self.make_analyzer().merge(self.run(self.examples, 2)).result(), "merging into an empty analyzer differs")
+
+    def check_pickling(self) -> None:
+        self.same(pickle.loads(pickle.dumps(self.whole)).result(), "pickling changed the result")
+
+    def check_same_seed_same_result(self) -> None:
+        again = self.run(self.examples, len(self.examples)).result()
+        try:
+            pd.testing.assert_frame_equal(_canonical(self.whole.result()), _canonical(again), check_exact=True)
+        except AssertionError as exc:
+            raise AssertionError(f"analyzer contract broken: the same seed gave another result\n{exc}") from None
+
+
+#: The rules of the analyzer contract, by name, in the order :func:`check_analyzer` runs them.
+ANALYZER_CHECKS = tuple(name.removeprefix("check_") for name in vars(AnalyzerContract) if name.startswith("check_"))
+
+
 def check_analyzer(make_analyzer: Callable[[], Analyzer], model: LoadedModel, examples: Sequence[Example], seed: int = 0,
                    rtol: float = 1e-4, atol: float = 1e-6, compare_with: LoadedModel | None = None) -> None:
-    """Assert the analyzer contract (see the module docstring); raises AssertionError naming the broken rule.
-
-    The tolerances absorb the float rounding that padding causes in a float32 model; with a
-    float64 model much tighter ones hold. With ``compare_with``, the analyzer is a comparison
-    analyzer fed by a :class:`~bertology.studies.compare.comparison.CompareEngine` of the two models.
-    """
-    _run = _runner(model, compare_with)
-    examples = list(examples)
-    if len(examples) < 4:
-        raise ValueError("check_analyzer needs at least 4 examples")
-    whole = _run(make_analyzer, examples, batch_size=len(examples))
-    expected = whole.result()
-    if expected.empty:
-        raise AssertionError("analyzer contract broken: the result of a run over data is empty")
-    for batch_size in (1, 3):
-        actual = _run(make_analyzer, examples, batch_size).result()
-        assert_same_result(expected, actual, f"batch size {batch_size} differs from one batch", rtol, atol)
-    shuffled = examples[:]
-    random.Random(seed).shuffle(shuffled)
-    assert_same_result(expected, _run(make_analyzer, shuffled, 2).result(), "shuffled order differs", rtol, atol)
-    half = len(examples) // 2
-    first, second = _run(make_analyzer, examples[:half], 2), _run(make_analyzer, examples[half:], 3)
-    assert_same_result(expected, first.merge(second).result(), "merge of two halves differs from the whole", rtol, atol)
-    assert_same_result(expected, _run(make_analyzer, examples, 2).merge(make_analyzer()).result(), "merging an empty analyzer changed the result", rtol, atol)
-    assert_same_result(expected, make_analyzer().merge(_run(make_analyzer, examples, 2)).result(), "merging into an empty analyzer differs", rtol, atol)
-    assert_same_result(expected, pickle.loads(pickle.dumps(whole)).result(), "pickling changed the result", rtol, atol)
-    again = _run(make_analyzer, examples, batch_size=len(examples)).result()
-    pd.testing.assert_frame_equal(_canonical(expected), _canonical(again), check_exact=True)
+    """Assert every rule of the analyzer contract (see the module docstring and :class:`AnalyzerContract`); raises
+    AssertionError naming the first broken rule."""
+    contract = AnalyzerContract(make_analyzer, model, examples, seed, rtol, atol, compare_with)
+    for name in ANALYZER_CHECKS:
+        getattr(contract, f"check_{name}")()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import keyword
+import pkgutil
 import re
 from pathlib import Path
 from typing import Any, ClassVar
@@ -23,8 +24,9 @@ from typing import Any, ClassVar
 from bertology.core.errors import BertologyError
 from bertology.core.options import Option
 
-#: The study rooms bertology ships, in the order of ``bertology --help``.
-BUILTIN_STUDIES = ("analyze", "finetune", "pretrain", "track", "compare", "heads", "restore", "gradients", "label", "view", "info")
+#: The room whose commands ``bertology --help`` lists first (the analysis families' own follow it); the other rooms, every
+#: package in this folder, follow in alphabetical order: adding a study is adding its folder.
+FIRST_ROOM = "analyze"
 #: What a study's command writes: a run folder (whole, with ``manifest.json``), one file, or nothing.
 WRITES = ("folder", "file", "nothing")
 
@@ -97,8 +99,9 @@ def register_study(study: Study, *, replace: bool = False) -> Study:
 
 def registered_studies() -> dict[str, Study]:
     """Every registered study by command name: bertology's own first (in the order of ``--help``), then the users'."""
-    for room in BUILTIN_STUDIES:
-        importlib.import_module(f"bertology.studies.{room}")
+    rooms = sorted((module.name for module in pkgutil.iter_modules(__path__) if module.ispkg), key=lambda room: (room != FIRST_ROOM, room))
+    for room in rooms:
+        importlib.import_module(f"{__name__}.{room}")
     return dict(_registry)
 
 

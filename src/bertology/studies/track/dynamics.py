@@ -9,7 +9,7 @@ corpus, and :func:`hypothesis_verdict` tests two claims:
 1. **Depth** (final checkpoint): with ``m_l`` the mean over sequences of layer l's attention to a
    token set (a sequence's layer value is the mean of its heads), the layer ``argmax_l m_l`` of
    [CLS] is below that of [SEP], which is below that of punctuation. Uncertainty: the Poisson
-   bootstrap over sequences (:class:`~bertology.families.profile.analyzer.LayerPeaks`); the statistic is the
+   bootstrap over sequences (:class:`~bertology.studies.track.peaks.LayerPeaks`); the statistic is the
    share of replicates in which the whole order holds.
 2. **Training** (two or more checkpoints): each pattern's strength at step s is
    ``max_l m_l(s)``. A pattern emerges if its final strength exceeds its strength at the first
@@ -47,9 +47,10 @@ from bertology.core.parsing import spacy_trees
 from bertology.core.runfolder import RunFolder, atomic_write, claims_out, finish, finished_run
 from bertology.core.safeload import field as document_field
 from bertology.core.safeload import parse_json, read_json, read_npz, whole_number
-from bertology.families.profile.analyzer import PEAK_METRICS, GeneralProfile, LayerPeaks, peak_layers
+from bertology.families.profile.analyzer import GeneralProfile
 from bertology.families.roles.analyzer import HeadRoles
 from bertology.families.syntax.analyzer import RelationHeads
+from bertology.studies.track.peaks import PEAK_METRICS, LayerPeaks, peak_layers
 
 LEVEL = 0.95
 METRIC_NAMES = {"cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation", "syntax": "dependency relations (best head per relation)"}

@@ -1,5 +1,5 @@
-"""Every analyzer passes the same contract (bertology.testing.check_analyzer): every registered family's
-analyzers automatically, and the workflows' own."""
+"""Every analyzer passes the same contract (bertology.core.testing), each rule its own test id: every registered family's
+analyzers automatically, and the studies' own."""
 
 import dataclasses
 from importlib import resources
@@ -13,10 +13,11 @@ from bertology.core.analyzer import Analyzer
 from bertology.core.corpora import Corpus
 from bertology.core.models import load_model
 from bertology.core.parsing import spacy_trees
-from bertology.core.testing import check_analyzer
+from bertology.core.testing import ANALYZER_CHECKS, AnalyzerContract, check_analyzer
 from bertology.families import registered
 from bertology.families.patterns.analyzer import PATTERNS, HeadPatterns
-from bertology.families.profile.analyzer import GeneralProfile, HeadDistance, LayerPeaks
+from bertology.families.profile.analyzer import GeneralProfile, HeadDistance
+from bertology.studies.track.peaks import LayerPeaks
 
 #: Settings that keep contract runs small and exercise the statistics (an option of any family by these names).
 CONTRACT_SETTINGS = {"bootstrap": 200, "head_distance_sample": 0.7, "tau": 1.0, "seed": 3, "correction": "fdr_bh", "punct": "upos", "parser": "gold"}
@@ -79,14 +80,25 @@ def test_every_analyzer_is_registered_here():
     assert names <= built, f"analyzers without a contract test: {names - built}"
 
 
-@pytest.mark.parametrize("name", ANALYZERS)
-def test_contract(name, bert64):
-    check_analyzer(ANALYZERS[name], bert64, examples_for(name), rtol=1e-9, atol=1e-12)
+@pytest.fixture(scope="module")
+def contracts(bert64, roberta64):
+    """``(model, analyzer)`` -> its contract, made once per module: the one-batch run every rule compares against is shared."""
+    made = {}
+
+    def contract(model: str, name: str) -> AnalyzerContract:
+        if (model, name) not in made:
+            loaded = {"bert": bert64, "roberta": roberta64}[model]
+            made[model, name] = AnalyzerContract(ANALYZERS[name], loaded, examples_for(name), rtol=1e-9, atol=1e-12)
+        return made[model, name]
+
+    return contract
 
 
+@pytest.mark.parametrize("check", ANALYZER_CHECKS)
 @pytest.mark.parametrize("name", ANALYZERS)
-def test_contract_roberta(name, roberta64):
-    check_analyzer(ANALYZERS[name], roberta64, examples_for(name), rtol=1e-9, atol=1e-12)
+@pytest.mark.parametrize("model", ["bert", "roberta"])
+def test_contract(model, name, check, contracts):
+    getattr(contracts(model, name), f"check_{check}")()
 
 
 class OrderDependent(GeneralProfile):

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import TEXTS
-from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM, BertTokenizerFast
+from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 from bertology.core.corpora import Example
 from bertology.core.engine import Engine, RunStats
@@ -18,19 +18,6 @@ from bertology.core.hooks import Hooks
 from bertology.core.models import load_model
 from bertology.core.tasks import load_task
 from bertology.studies.gradients.gradients import GRADIENT_TARGETS, AttentionGradients, attention_gradients, masked_positions
-
-
-@pytest.fixture(scope="module")
-def tiny_mlm_dir(tiny_bert_dir, tmp_path_factory):
-    """A 2-layer, 4-head random BERT with its masked-LM head, and the tiny tokenizer."""
-    folder = tmp_path_factory.mktemp("tiny-mlm")
-    tokenizer = BertTokenizerFast.from_pretrained(tiny_bert_dir)
-    tokenizer.save_pretrained(folder)
-    torch.manual_seed(3)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                        max_position_embeddings=64)
-    BertForMaskedLM(config).save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")

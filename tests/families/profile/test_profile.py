@@ -114,7 +114,7 @@ def test_layer_peaks_bootstrap_by_hand():
 
     from bertology.core.corpora import Example
     from bertology.core.stats import bootstrap_weights
-    from bertology.families.profile.analyzer import LayerPeaks
+    from bertology.studies.track.peaks import LayerPeaks
 
     rng = np.random.default_rng(1)
     flags = [([0], [3], [2]), ([0], [3, 6], [5]), ([0], [4], [1])]
@@ -232,7 +232,7 @@ def test_punct_reaches_the_engine_from_the_api_and_the_command_line(tiny_bert, t
 
 
 def test_peak_layers_interval_is_the_95_percent_percentile_interval():
-    from bertology.families.profile.analyzer import peak_layers
+    from bertology.studies.track.peaks import peak_layers
 
     # 40 replicates of one metric over 5 layers: the peak is layer 0 once, 1 twice, 2 in 34, 3 twice, 4 once
     peaks = [0] + [1] * 2 + [2] * 34 + [3] * 2 + [4]

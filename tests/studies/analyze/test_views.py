@@ -98,9 +98,9 @@ def test_disagreements_rank_by_the_absolute_difference():
 
 
 def test_a_layout_without_known_blocks_leaves_mixing_out_and_refuses_norms(tiny_bert, monkeypatch):
-    import bertology.api
+    import bertology.studies.analyze.analysis as analysis
 
-    monkeypatch.setattr(bertology.api, "BLOCK_LAYOUTS", frozenset({"roberta"}))  # as if bertology did not know BERT's blocks
+    monkeypatch.setattr(analysis, "BLOCK_LAYOUTS", frozenset({"roberta"}))  # as if bertology did not know BERT's blocks
     monkeypatch.setattr("bertology.core.models.BERT_LAYOUT", frozenset({"roberta"}))
     result = bertology.analyze(tiny_bert, TEXTS, progress=False, view=False, analyses=None)
     assert "mixing" not in result.results and "rollout" in result.results

@@ -231,7 +231,7 @@ def test_a_role_labels_do_not_depend_on_other_roles_in_the_run():
     roles._shape = (2, 4)
     roles._push("local", local)
     alone = roles.test().set_index(["layer", "head"])
-    p = [stats.ttest_1samp(local[:, l, h], 3.0, alternative="greater").pvalue for l in range(2) for h in range(4)]
+    p = [stats.ttest_1samp(local[:, layer, h], 3.0, alternative="greater").pvalue for layer in range(2) for h in range(4)]
     reject, adjusted, _, _ = multipletests(p, alpha=0.05, method="fdr_bh")
     np.testing.assert_allclose(alone.p_adj, adjusted)
     assert alone.has_role.tolist() == reject.tolist()

@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import TEXTS, tiny_examples
-from test_contract import CONTRACT_SETTINGS
 
 import bertology
 from bertology.core import states
@@ -21,6 +20,7 @@ from bertology.core.models import load_model
 from bertology.core.parsing import spacy_trees
 from bertology.families import registered
 from bertology.families.profile.analyzer import GeneralProfile
+from core.test_contract import CONTRACT_SETTINGS
 
 TABLES = ("heads", "layers", "head_labels", "head_distance", "roles", "role_shares", "patterns", "patterns_by_layer", "rollout", "mixing",
           "syntax", "syntax_best", "syntax_baselines")

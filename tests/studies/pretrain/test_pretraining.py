@@ -5,35 +5,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import write_books
+from core.test_runfolder import snapshot
 from safetensors.torch import load_file
-from test_finetuning import Planted
-from test_runfolder import snapshot
 
 from bertology.core.errors import BertologyError, CorpusError, StateError
 from bertology.core.models import load_model
 from bertology.studies.pretrain import report as reports
 from bertology.studies.pretrain.pretraining import checkpoint_steps, documents_for_pairs, make_instances, pretrain, split_documents, unigram_cross_entropy
 from bertology.studies.track.dynamics import checkpoint_step
-
-SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the rabbit"]
-VERBS = ["sat on", "looked at", "ran to", "thought about", "walked past"]
-OBJECTS = ["the mat", "the house", "a tree", "the river", "her book"]
-
-
-def write_books(folder, books: int = 2, paragraphs: int = 30, seed: int = 0):
-    """Plain-text 'books' of generated sentences, wrapped like Gutenberg text (CRLF, blank lines between paragraphs)."""
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    for book in range(books):
-        lines = []
-        for _ in range(paragraphs):
-            sentences = [f"{rng.choice(SUBJECTS).capitalize()} {rng.choice(VERBS)} {rng.choice(OBJECTS)}{rng.choice(['.', '!', ', and it rained.'])}"
-                         for _ in range(rng.integers(2, 6))]
-            text = " ".join(sentences)
-            lines += [text[i : i + 60] for i in range(0, len(text), 60)] + [""]
-        (folder / f"book{book}.txt").write_bytes("\r\n".join(lines).encode())
-    return folder
-
+from studies.finetune.test_finetuning import Planted
 
 SMALL = dict(vocab_size=120, layers=2, heads=2, hidden=32, max_length=32, batch_size=8, learning_rate=3e-3, checkpoints=4, device="cpu", progress=False)
 

@@ -15,9 +15,9 @@ from bertology.core.norms import norm_shares, parse_weighting
 
 #: Parameter names of each layout: value projection, output projection, post-attention layer norm, as a function of the layer.
 PARAMETERS = {
-    "bert": lambda l: (f"encoder.layer.{l}.attention.self.value", f"encoder.layer.{l}.attention.output.dense", f"encoder.layer.{l}.attention.output.LayerNorm"),
-    "distilbert": lambda l: (f"transformer.layer.{l}.attention.v_lin", f"transformer.layer.{l}.attention.out_lin", f"transformer.layer.{l}.sa_layer_norm"),
-    "albert": lambda l: ("encoder.albert_layer_groups.0.albert_layers.0.attention.value", "encoder.albert_layer_groups.0.albert_layers.0.attention.dense",
+    "bert": lambda layer: (f"encoder.layer.{layer}.attention.self.value", f"encoder.layer.{layer}.attention.output.dense", f"encoder.layer.{layer}.attention.output.LayerNorm"),
+    "distilbert": lambda layer: (f"transformer.layer.{layer}.attention.v_lin", f"transformer.layer.{layer}.attention.out_lin", f"transformer.layer.{layer}.sa_layer_norm"),
+    "albert": lambda layer: ("encoder.albert_layer_groups.0.albert_layers.0.attention.value", "encoder.albert_layer_groups.0.albert_layers.0.attention.dense",
                          "encoder.albert_layer_groups.0.albert_layers.0.attention.LayerNorm"),
 }
 PARAMETERS["roberta"] = PARAMETERS["electra"] = PARAMETERS["bert"]
@@ -53,10 +53,10 @@ def _reference(name, reference, state, items):
         with torch.no_grad():
             output = reference(**inputs, output_attentions=True, output_hidden_states=True)
         layers = []
-        for l, maps in enumerate(output.attentions):
-            value, dense, norm = PARAMETERS[name](l)
+        for layer, maps in enumerate(output.attentions):
+            value, dense, norm = PARAMETERS[name](layer)
             a = maps[0].numpy()  # [head, n, n]
-            x = output.hidden_states[l][0].numpy()  # [n, hidden]: the layer's input and its residual
+            x = output.hidden_states[layer][0].numpy()  # [n, hidden]: the layer's input and its residual
             v = (x @ state[f"{value}.weight"].T + state[f"{value}.bias"]).reshape(len(x), heads, -1)  # x W_V + b_V
             w_o = state[f"{dense}.weight"]
             d = v.shape[-1]
@@ -93,11 +93,11 @@ def test_norm_shares_and_mixing_ratios_match_numpy_from_the_weights(layout):
     assert batch.attentions.shape[0] == len(expected[0])
     for b, layers in enumerate(expected):
         n = len(items[b])
-        for l, numbers in enumerate(layers):
-            np.testing.assert_allclose(batch.attentions[l, b, :, :n, :n].numpy(), numbers["maps"], atol=1e-12)
-            np.testing.assert_allclose(batch.key_norms[l, b, :, :n].numpy(), numbers["norms"], rtol=1e-10)
-            np.testing.assert_allclose(norm_view.attentions[l, b, :, :n, :n].numpy(), numbers["shares"], atol=1e-12)
-            np.testing.assert_allclose(batch.mixing[l, b, :n].numpy(), numbers["mixing"], atol=1e-10)
+        for layer, numbers in enumerate(layers):
+            np.testing.assert_allclose(batch.attentions[layer, b, :, :n, :n].numpy(), numbers["maps"], atol=1e-12)
+            np.testing.assert_allclose(batch.key_norms[layer, b, :, :n].numpy(), numbers["norms"], rtol=1e-10)
+            np.testing.assert_allclose(norm_view.attentions[layer, b, :, :n, :n].numpy(), numbers["shares"], atol=1e-12)
+            np.testing.assert_allclose(batch.mixing[layer, b, :n].numpy(), numbers["mixing"], atol=1e-10)
         assert not norm_view.attentions[:, b, :, n:, :].any()  # padding queries stay zero
         assert not batch.mixing[:, b, n:].any()
 
@@ -177,6 +177,6 @@ def test_on_the_bundled_model_and_real_sentences_norms_and_mixing_match_numpy(sh
     norm_view = batch.weighted("norm")
     for b, layers in enumerate(_reference("bert", reference, state, items)):
         n = len(items[b])
-        for l, numbers in enumerate(layers):
-            np.testing.assert_allclose(norm_view.attentions[l, b, :, :n, :n].numpy(), numbers["shares"], atol=1e-10)
-            np.testing.assert_allclose(batch.mixing[l, b, :n].numpy(), numbers["mixing"], atol=1e-10)
+        for layer, numbers in enumerate(layers):
+            np.testing.assert_allclose(norm_view.attentions[layer, b, :, :n, :n].numpy(), numbers["shares"], atol=1e-10)
+            np.testing.assert_allclose(batch.mixing[layer, b, :n].numpy(), numbers["mixing"], atol=1e-10)

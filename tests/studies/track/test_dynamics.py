@@ -3,8 +3,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import TEXTS
-from test_pretraining import SMALL, write_books
+from conftest import TEXTS, write_books
 
 from bertology.core.corpora import Example
 from bertology.core.errors import BertologyError, StateError
@@ -22,6 +21,7 @@ from bertology.studies.track.dynamics import (
     parse_steps,
     track,
 )
+from studies.pretrain.test_pretraining import SMALL
 
 
 def test_checkpoint_steps_come_from_marker_files_or_names(tmp_path):
@@ -361,8 +361,8 @@ def test_parts_of_an_unfinished_track_with_other_settings_or_weights_are_refused
     """Issue 25: a rerun with other settings overwrote an unfinished run's parts; the parts now carry the weights' hash too."""
     import shutil
 
+    from core.test_runfolder import snapshot
     from safetensors.torch import load_file, save_file
-    from test_runfolder import snapshot
 
     out, examples = saved_parts
     model = tmp_path / "model"

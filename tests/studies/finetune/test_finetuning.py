@@ -4,8 +4,8 @@ import random
 import numpy as np
 import pytest
 import torch
+from core.test_runfolder import snapshot
 from safetensors.torch import load_file
-from test_runfolder import snapshot
 from transformers import PreTrainedTokenizerBase
 
 from bertology.core.errors import BertologyError, CorpusError, ModelError, StateError

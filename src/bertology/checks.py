@@ -1,0 +1,208 @@
+"""The contracts of families and studies as named checks, in the idiom of scikit-learn's ``parametrize_with_checks``:
+each rule is one function ``check_NAME`` listed in :data:`FAMILY_CHECKS` or :data:`STUDY_CHECKS`, so that a test suite
+gives every registered family and study each rule as its own test id (``tests/test_checks.py``). The analyzer contract's
+rules are :data:`bertology.core.testing.ANALYZER_CHECKS`. A user's own family or study runs the same checks.
+
+Family rules: the tables and documents a run writes are exactly those the family declares (``outputs``, plus
+``optional_outputs`` where the run asks for them), each written as files; its report section renders on a full result
+and on an empty one (every table without rows, as a corpus where nothing qualifies gives); and its options round-trip from
+its command line to ``analyze()``'s keywords.
+
+Study rules: its command's ``--help`` answers without importing anything heavy; a run writes its folder whole, with a
+``manifest.json`` that says ``complete``, its declared tables and, where it has one, ``report.html``; and a run that fails
+before its folder is swapped in leaves the previous run as it was, with nothing of its own beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from unittest import mock
+
+import pandas as pd
+
+from bertology.core.options import Option
+from bertology.core.runfolder import RunFolder
+from bertology.families import Family, FamilyResult
+from bertology.render.html import Report
+from bertology.studies import Study
+
+#: Top-level packages whose import ``--help`` must not pay for.
+HEAVY_PACKAGES = ("torch", "transformers", "numpy", "pandas", "scipy", "sklearn", "statsmodels", "matplotlib", "spacy", "ray", "pyarrow")
+
+
+def run_family(family: Family, model, examples, out: Path, **settings):
+    """Run ``family`` alone over ``examples`` into ``out`` (no viewer, no progress bar); the settings go to ``analyze()``."""
+    from bertology.studies.analyze.analysis import analyze
+
+    own = {option.name for option in family.options}
+    return analyze(model, examples, analyses=[family.name], out=out, view=False, progress=False,
+                   **{name: value for name, value in settings.items() if name in own or name not in _family_option_names()})
+
+
+def _family_option_names() -> set[str]:
+    from bertology.families import registered
+
+    return {option.name for family in registered().values() for option in family.options}
+
+
+def check_tables_declared(family: Family, analysis) -> None:
+    """The tables and documents written are among those declared, every one of ``outputs`` is written, and each is on disk."""
+    result = analysis.results[family.name]
+    written = set(result.tables) | set(result.documents)
+    undeclared = written - set(family.outputs) - set(family.optional_outputs)
+    assert not undeclared, f"family {family.name} writes tables it does not declare: {sorted(undeclared)}"
+    missing = set(family.outputs) - written
+    assert not missing, f"family {family.name} declares outputs it did not write: {sorted(missing)}"
+    files = {path.name for path in Path(analysis.out).iterdir()}
+    for name in result.tables:
+        assert {f"{name}.csv", f"{name}.parquet"} <= files, f"family {family.name}: table {name} is not in the run folder"
+    for name in result.documents:
+        assert f"{name}.json" in files, f"family {family.name}: document {name} is not in the run folder"
+
+
+def _renders(family: Family, result: FamilyResult, settings: dict, folder_path: Path) -> None:
+    with RunFolder(folder_path) as folder:
+        section = family.section(folder, result, settings)
+        if section is not None:
+            page = Report(title=family.name, summary={}, sections=[section]).render()
+            assert section.title.split(" — ")[0][:40] in page or "&" in section.title, f"family {family.name}: its section is not on the page"
+        family.summary(result)
+        family.overview(result)
+        family.by_layer(result)
+
+
+def check_section_renders_full(family: Family, analysis, folder: Path) -> None:
+    """The section, the summary lines and the overview come from the run's own result."""
+    _renders(family, analysis.by_view["attention"][family.name], analysis.settings, folder)
+
+
+def check_section_renders_empty(family: Family, analysis, folder: Path) -> None:
+    """The same from a result whose every table has its columns but no rows (a corpus where nothing qualifies)."""
+    full = analysis.by_view["attention"][family.name]
+    empty = FamilyResult(tables={name: table.iloc[:0] for name, table in full.tables.items()}, documents=dict(full.documents),
+                         extras={name: value.iloc[:0] if isinstance(value, pd.DataFrame) else value for name, value in full.extras.items()})
+    _renders(family, empty, analysis.settings, folder)
+
+
+def _probe_value(option: Option):
+    """A value other than the default to give on the command line, as text, and the value ``analyze()`` should then get;
+    None where no such value can be made up (a word from a list the option knows, a structured option)."""
+    if option.multiple or option.parse is not None:
+        return None
+    if option.cli_type is bool:
+        flipped = not option.default
+        positive, _, negative = (option.flag or f"--{option.name.replace('_', '-')}/--no-{option.name.replace('_', '-')}").partition("/")
+        return [positive if flipped else negative], flipped
+    if option.cli_type is int:
+        value = (option.default if option.default is not None else int(option.minimum or 1)) + 1
+        if option.maximum is not None and value > option.maximum:
+            value = int(option.maximum) - 1
+        return [option.cli_flag.split()[0], str(value)], value
+    if option.cli_type is float:
+        base = option.default if option.default is not None else (option.minimum or 1.0)
+        value = base / 2 if option.minimum is None or base / 2 >= option.minimum else base
+        if value == option.default and option.maximum is not None:
+            value = (base + option.maximum) / 2
+        return [option.cli_flag.split()[0], repr(value)], value
+    return None
+
+
+def check_options_round_trip(family: Family) -> None:
+    """Each option given on the family's command line reaches ``analyze()`` as the API's value; left out, it is not sent."""
+    from typer.testing import CliRunner
+
+    from bertology.cli import app
+
+    runner = CliRunner()
+    for option in family.options:
+        probe = _probe_value(option)
+        with mock.patch("bertology.studies.analyze.analysis.analyze") as analyze:
+            analyze.return_value.failures = {}
+            analyze.return_value.results = {}
+            analyze.return_value.warnings = []
+            outcome = runner.invoke(app, [family.name, *(probe[0] if probe else []), "--out", "unused"], catch_exceptions=False)
+        assert outcome.exit_code == 0, f"family {family.name}: option {option.name}: the command failed: {outcome.output}"
+        assert analyze.call_count == 1, f"family {family.name}: option {option.name}: the command did not run analyze()"
+        keywords = analyze.call_args.kwargs
+        if probe is None:
+            assert option.name not in keywords, f"family {family.name}: option {option.name} was sent though left at its default"
+        else:
+            assert keywords.get(option.name) == probe[1], (
+                f"family {family.name}: option {option.name} given as {probe[0]} reached analyze() as {keywords.get(option.name)!r}, not {probe[1]!r}")
+
+
+#: The family rules, by name.
+FAMILY_CHECKS: dict[str, Callable] = {
+    "tables_declared": check_tables_declared,
+    "section_renders_full": check_section_renders_full,
+    "section_renders_empty": check_section_renders_empty,
+    "options_round_trip": check_options_round_trip,
+}
+
+
+def check_help_imports_nothing_heavy(study: Study) -> None:
+    """``bertology NAME --help`` answers without importing any of :data:`HEAVY_PACKAGES` (run in a fresh interpreter)."""
+    script = ("import sys\nsys.argv = ['bertology', %r, '--help']\nfrom bertology.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+              "print('\\nIMPORTED ' + ' '.join(sorted({name.split('.')[0] for name in sys.modules})))") % study.name.replace("_", "-")
+    outcome = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert outcome.returncode == 0, f"study {study.name}: --help failed: {outcome.stderr[-2000:]}"
+    assert "Usage:" in outcome.stdout, f"study {study.name}: --help printed no usage"
+    imported = set(outcome.stdout.rsplit("IMPORTED ", 1)[1].split())
+    heavy = sorted(imported & set(HEAVY_PACKAGES))
+    assert not heavy, f"study {study.name}: --help imports {', '.join(heavy)}"
+
+
+def settings_with_defaults(study: Study, given: dict) -> dict:
+    """Every option of ``study`` by name: the given value, else its default."""
+    unknown = set(given) - {option.name for option in study.options}
+    assert not unknown, f"study {study.name} has no options {sorted(unknown)}"
+    return {option.name: given.get(option.name, option.default) for option in study.options}
+
+
+def check_folder_written_whole(study: Study, given: dict) -> None:
+    """A run into ``given["out"]`` writes the folder with ``manifest.json`` (``complete``), every declared table and, where the
+    study has one, ``report.html``; only declared tables; nothing left beside it."""
+    out = Path(given["out"])
+    study.run(settings_with_defaults(study, given), command=["check"])
+    files = {path.name for path in out.iterdir()}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "complete", f"study {study.name}: the manifest says {manifest['status']}"
+    assert manifest["command"] == ["check"] and "versions" in manifest and "finished" in manifest, f"study {study.name}: the manifest lacks its facts"
+    for name in study.outputs:
+        assert {f"{name}.csv", f"{name}.parquet"} <= files, f"study {study.name}: declared table {name} is not written"
+    tables = {name.removesuffix(".parquet") for name in files if name.endswith(".parquet")}
+    undeclared = tables - set(study.outputs) - set(study.optional_outputs)
+    assert not undeclared, f"study {study.name} writes tables it does not declare: {sorted(undeclared)}"
+    assert ("report.html" in files) == study.report, f"study {study.name}: report.html {'missing' if study.report else 'written'}"
+    beside = [path.name for path in out.parent.iterdir() if path.name.startswith(f"{out.name}.")]
+    assert not beside, f"study {study.name} left {beside} beside its run folder"
+
+
+def check_failed_run_keeps_previous(study: Study, given: dict) -> None:
+    """Run once, then again with the swap failing (a full disk): the previous run stays as it was, nothing beside it."""
+    out = Path(given["out"])
+    study.run(settings_with_defaults(study, given), command=["check"])
+    before = {path.relative_to(out): path.read_bytes() for path in sorted(out.rglob("*")) if path.is_file() and path.name != ".bertology-lock"}
+    with mock.patch.object(RunFolder, "commit", side_effect=OSError(28, "No space left on device")):
+        try:
+            study.run(settings_with_defaults(study, given), command=["check"])
+        except OSError:
+            pass
+        else:
+            raise AssertionError(f"study {study.name}: the run did not fail when its folder could not be swapped in")
+    after = {path.relative_to(out): path.read_bytes() for path in sorted(out.rglob("*")) if path.is_file() and path.name != ".bertology-lock"}
+    assert after == before, f"study {study.name}: a failed run changed the previous one ({sorted(set(after) ^ set(before)) or 'contents'})"
+    beside = [path.name for path in out.parent.iterdir() if path.name.startswith(f"{out.name}.")]
+    assert not beside, f"study {study.name}: a failed run left {beside} beside the run folder"
+
+
+#: The study rules, by name; the last two need the study's small inputs (``given``).
+STUDY_CHECKS: dict[str, Callable] = {
+    "help_imports_nothing_heavy": check_help_imports_nothing_heavy,
+    "folder_written_whole": check_folder_written_whole,
+    "failed_run_keeps_previous": check_failed_run_keeps_previous,
+}
