@@ -37,14 +37,15 @@ class Mutation:
     tests: tuple[str, ...]
 
 
-PROFILE_TESTS = ("tests/families/test_profile.py",)
-ROLE_TESTS = ("tests/families/test_roles.py",)
-SYNTAX_TESTS = ("tests/families/test_syntax.py",)
-PATTERN_TESTS = ("tests/families/test_patterns.py",)
-STATS_TESTS = ("tests/test_stats.py",)
-ALIGNMENT_TESTS = ("tests/test_alignment.py",)
-IMPORTANCE_TESTS = ("tests/test_importance.py",)
-DYNAMICS_TESTS = ("tests/test_dynamics.py",)
+PROFILE_TESTS = ("tests/families/profile/test_profile.py",)
+ROLE_TESTS = ("tests/families/roles/test_roles.py",)
+SYNTAX_TESTS = ("tests/families/syntax/test_syntax.py",)
+PATTERN_TESTS = ("tests/families/patterns/test_patterns.py",)
+STATS_TESTS = ("tests/core/test_stats.py",)
+ALIGNMENT_TESTS = ("tests/core/test_alignment.py",)
+IMPORTANCE_TESTS = ("tests/studies/heads/test_importance.py",)
+DYNAMICS_TESTS = ("tests/studies/track/test_dynamics.py",)
+PEAK_TESTS = ("tests/studies/track/test_peaks.py",)
 
 PROFILE = f"{PACKAGE}/families/profile/analyzer.py"
 ROLES = f"{PACKAGE}/families/roles/analyzer.py"
@@ -53,21 +54,24 @@ PATTERNS = f"{PACKAGE}/families/patterns/analyzer.py"
 STATS = f"{PACKAGE}/core/stats.py"
 ALIGNMENT = f"{PACKAGE}/core/alignment.py"
 MODELS = f"{PACKAGE}/core/models.py"
-IMPORTANCE = f"{PACKAGE}/workflows/importance.py"
-DYNAMICS = f"{PACKAGE}/workflows/dynamics.py"
+IMPORTANCE = f"{PACKAGE}/studies/heads/importance.py"
+DYNAMICS = f"{PACKAGE}/studies/track/dynamics.py"
+PEAKS = f"{PACKAGE}/studies/track/peaks.py"
 
 MUTATIONS = [
     # Clark et al.'s profile (METHODS.md section 1)
     Mutation("profile: entropy smoothing 1e-3 instead of 1e-4", PROFILE, "ENTROPY_SMOOTHING = 1e-4", "ENTROPY_SMOOTHING = 1e-3", PROFILE_TESTS),
-    Mutation("profile: entropy of the unsmoothed map", PROFILE, "-torch.special.xlogy(smoothed, smoothed)", "-torch.special.xlogy(attention, attention)", PROFILE_TESTS),
-    Mutation("profile: previous token on the wrong diagonal", PROFILE, '"prev": attention.diagonal(offset=-1', '"prev": attention.diagonal(offset=1', PROFILE_TESTS),
+    Mutation("profile: entropy of the unsmoothed map", PROFILE, "-torch.special.xlogy(smoothed, smoothed)", "-torch.special.xlogy(attention, attention)",
+             PROFILE_TESTS),
+    Mutation("profile: previous token on the wrong diagonal", PROFILE, '"prev": attention.diagonal(offset=-1', '"prev": attention.diagonal(offset=1',
+             PROFILE_TESTS),
     Mutation("profile: signed distance", PROFILE, "gap = (positions[:, None] - positions[None, :]).abs().to(dtype)",
              "gap = (positions[:, None] - positions[None, :]).to(dtype)", PROFILE_TESTS),
     Mutation("profile: attention FROM the token set instead of TO it", PROFILE, '"...bhij,bj->...bh"', '"...bhij,bi->...bh"', PROFILE_TESTS),
-    Mutation("profile: layer peaks interval 90% instead of 95%", PROFILE, "np.nanpercentile(means[1:], [2.5, 97.5], axis=0)",
-             "np.nanpercentile(means[1:], [5, 95], axis=0)", PROFILE_TESTS),
-    Mutation("profile: peak-layer interval 90% instead of 95%", PROFILE, "np.percentile(peaks[1:], [2.5, 97.5], axis=0)",
-             "np.percentile(peaks[1:], [5, 95], axis=0)", PROFILE_TESTS + DYNAMICS_TESTS),
+    Mutation("track: layer peaks interval 90% instead of 95%", PEAKS, "np.nanpercentile(means[1:], [2.5, 97.5], axis=0)",
+             "np.nanpercentile(means[1:], [5, 95], axis=0)", PEAK_TESTS),
+    Mutation("track: peak-layer interval 90% instead of 95%", PEAKS, "np.percentile(peaks[1:], [2.5, 97.5], axis=0)",
+             "np.percentile(peaks[1:], [5, 95], axis=0)", PEAK_TESTS + DYNAMICS_TESTS),
     Mutation("punctuation: Clark's set misses the comma", MODELS, '_CLARK_PUNCT = (".", ",")', '_CLARK_PUNCT = (".",)', PROFILE_TESTS),
     Mutation("punctuation: upos set is ASCII punctuation only (string.punctuation)", MODELS,
              'return bool(piece) and all(unicodedata.category(ch).startswith("P") for ch in piece)',
@@ -128,7 +132,8 @@ MUTATIONS = [
     Mutation("patterns: mixed rule against the wrong threshold", PATTERNS, "(vertical + diagonal >= t.mixed_total)", "(vertical + diagonal >= t.mixed_min)",
              PATTERN_TESTS),
     # Michel et al.'s importance (METHODS.md section 6)
-    Mutation("importance: signed instead of absolute gradient", IMPORTANCE, "total += gradient.abs().sum(1)", "total += gradient.sum(1).abs()", IMPORTANCE_TESTS),
+    Mutation("importance: signed instead of absolute gradient", IMPORTANCE, "total += gradient.abs().sum(1)", "total += gradient.sum(1).abs()",
+             IMPORTANCE_TESTS),
     Mutation("importance: l2 norm over the wrong axis", IMPORTANCE, "norms = np.linalg.norm(importance, axis=1, keepdims=True)",
              "norms = np.linalg.norm(importance, axis=0, keepdims=True)", IMPORTANCE_TESTS),
     Mutation("importance: pruning ranks raw importance", IMPORTANCE, "importance = normalise_importance(scorer.attribute(importance_rows, mask), normalise)",

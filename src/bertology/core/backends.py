@@ -2,7 +2,8 @@
 
 ``local``: :meth:`Engine.run` over the corpus in this process. ``ray``: the corpus is cut into shards of
 ``batch_size * sort_window`` examples (the engine's own windows, so that a shard forms the same batches as a local
-run, unless ``overflow="skip"`` leaves examples out of a window); an :class:`ray.util.ActorPool` of :class:`PassWorker` actors (one model each, loaded once, on its own
+run, unless ``overflow="skip"`` leaves examples out of a window); an :class:`ray.util.ActorPool` of :class:`PassWorker`
+actors (one model each, loaded once, on its own
 GPU where the cluster has GPUs) runs each shard through the engine with fresh analyzers and sends them back;
 the driver folds them in with the analyzers' own ``merge``. Either way the run folder is written the same way,
 and the tables agree to float rounding: analyzers pass the contract of :mod:`bertology.core.testing`, and every

@@ -55,6 +55,12 @@ def pick(group: tuple[Option, ...], *names: str) -> tuple[Option, ...]:
     return tuple(by_name[name] for name in names)
 
 
+#: The fewest observations (sequences, sentences, dev examples) a test needs before bertology reports its p-value: below
+#: it a test decides nothing, so its p, corrected p and verdict are left empty (option ``min_sample``; syntax relations
+#: use their own ``min_dependents``, 25). Ten: a t-test on fewer rests on its normality assumption alone.
+MIN_SAMPLE = 10
+
+
 # The option groups commands share, each declared once (help and defaults included).
 
 #: The model a command loads.
@@ -96,7 +102,7 @@ RAY = (
 TESTS = (
     Option("correction", "fdr_bh", "Multiple-testing correction (statsmodels: fdr_bh, bonferroni, holm, ...): within each role over its heads, "
            "across relations for syntax."),
-    Option("min_sample", 10, "Fewest observations (sequences, sentences, dev examples) a test needs: below it no p-value and no verdict are "
+    Option("min_sample", MIN_SAMPLE, "Fewest observations (sequences, sentences, dev examples) a test needs: below it no p-value and no verdict are "
            "reported, and the report folds such rows away.", minimum=2),
 )
 #: The settings of ``bertology.analyze``'s one pass that every family shares (the CLI's analysis commands take them all).

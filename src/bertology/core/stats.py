@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from bertology.core import options
+
 
 class RunningMoments:
     """Count, mean and sum of squared deviations of observations, per cell of an array.
@@ -77,10 +79,8 @@ def merge_moments(mine: RunningMoments | None, theirs: RunningMoments | None) ->
     return theirs if mine is None else mine.merge(theirs)
 
 
-#: The fewest observations (sequences, sentences, dev examples) a test needs before bertology reports its p-value: below
-#: it a test decides nothing, so its p, corrected p and verdict are left empty (option ``min_sample``; syntax relations
-#: use their own ``min_dependents``, 25). Ten: a t-test on fewer rests on its normality assumption alone.
-MIN_SAMPLE = 10
+#: The fewest observations a test needs (declared with its option, :data:`bertology.core.options.MIN_SAMPLE`).
+MIN_SAMPLE = options.MIN_SAMPLE
 
 
 def withheld(p, n, min_sample: int):

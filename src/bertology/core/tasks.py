@@ -92,7 +92,8 @@ def load_task(folder: str | Path | None = None, *, train: str | Path | None = No
         train_examples, dev_examples = list(read_table(train, layouts[0])), list(read_table(dev, layouts[1]))
         key = train.parent.name.lower()
         if key not in GLUE_TASKS:
-            raise BertologyError(f"{train.parent}: not a GLUE task folder bertology knows ({', '.join(GLUE_TASKS)}); name the columns with --text-column and --label-column")
+            raise BertologyError(f"{train.parent}: not a GLUE task folder bertology knows ({', '.join(GLUE_TASKS)}); "
+                                 "name the columns with --text-column and --label-column")
         name, metrics, positive = GLUE_TASKS[key]
     labels = tuple(sorted({e.label for e in train_examples if e.label}))
     if len(labels) < 2:

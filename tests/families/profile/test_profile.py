@@ -109,52 +109,6 @@ def test_clark_labels_apply_the_thresholds():
     assert clark_labels(heads, {"prev": 0.4}).label.tolist() == ["prev"]
 
 
-def test_layer_peaks_bootstrap_by_hand():
-    from types import SimpleNamespace
-
-    from bertology.core.corpora import Example
-    from bertology.core.stats import bootstrap_weights
-    from bertology.studies.track.peaks import LayerPeaks
-
-    rng = np.random.default_rng(1)
-    flags = [([0], [3], [2]), ([0], [3, 6], [5]), ([0], [4], [1])]
-    lengths = [4, 7, 5]
-    # maps[b][layer][head]
-    maps = [[[rng.dirichlet(np.full(n, 0.4), size=n) for _ in range(2)] for _ in range(3)] for n in lengths]
-    examples = [Example(f"sequence {b}", source=f"s:{b}") for b in range(3)]
-    per_layer = []
-    for layer in range(3):
-        heads = []
-        for head in range(2):
-            attention, m = padded_batch([maps[b][layer][head] for b in range(3)], flags)
-            heads.append(attention)
-        per_layer.append(torch.cat(heads, dim=1))
-    batch = SimpleNamespace(attentions=torch.stack(per_layer), mask=m["mask"], cls_mask=m["cls"], sep_mask=m["sep"], punct_mask=m["punct"], examples=examples)
-    peaks = LayerPeaks(bootstrap=30, seed=2)
-    peaks.update(batch)
-
-    # by hand: a sequence's layer value is the mean over heads; replicate r weights sequence b by w_b[r]
-    values = np.array([[[np.mean([by_hand(maps[b][layer][head], *flags[b])[metric] for head in range(2)]) for metric in ("cls", "sep", "punct")]
-                        for layer in range(3)] for b in range(3)])  # [sequence, layer, metric]
-    weights = np.stack([bootstrap_weights(2, 30, e) for e in examples])  # [sequence, 1 + B]
-    with np.errstate(invalid="ignore"):  # a replicate that drew no sequence has no mean
-        expected = np.einsum("br,blm->rlm", weights, values) / weights.sum(axis=0)[:, None, None]
-    np.testing.assert_allclose(peaks.replicate_means(), expected, rtol=1e-10)
-    table = peaks.result()
-    np.testing.assert_allclose(table.value, values.mean(axis=0).ravel(), rtol=1e-10)
-    found = peaks.peaks().set_index("metric")
-    for k, metric in enumerate(("cls", "sep", "punct")):
-        assert found.loc[metric, "peak_layer"] == values.mean(axis=0)[:, k].argmax()
-        assert found.loc[metric, "agreement"] == pytest.approx(np.mean(expected[1:, :, k].argmax(axis=1) == values.mean(axis=0)[:, k].argmax()))
-    # 95% percentile intervals of the replicates (a 90% interval would take the 5th and 95th)
-    low, high = np.nanpercentile(expected[1:], [2.5, 97.5], axis=0)  # [layer, metric]; NaN: a replicate that drew no sequence
-    np.testing.assert_allclose(table.ci_low, low.ravel(), rtol=1e-10)
-    np.testing.assert_allclose(table.ci_high, high.ravel(), rtol=1e-10)
-    peak_low, peak_high = np.percentile(expected[1:].argmax(axis=1), [2.5, 97.5], axis=0)
-    np.testing.assert_array_equal(found.loc[["cls", "sep", "punct"], "ci_low"], peak_low)
-    np.testing.assert_array_equal(found.loc[["cls", "sep", "punct"], "ci_high"], peak_high)
-
-
 @pytest.mark.parametrize("piece, upos, clark", [
     (".", True, True), (",", True, True), ("\u0120.", True, True), ("##,", True, True), (";", True, False), ("!", True, False),
     ("...", True, False), ("\u2581,", True, True), ("a.", False, False), ("", False, False),
@@ -229,21 +183,6 @@ def test_punct_reaches_the_engine_from_the_api_and_the_command_line(tiny_bert, t
     assert outcome.exit_code == 0, outcome.output
     assert json.loads((out / "manifest.json").read_text())["settings"]["punct"] == "clark"
     assert "(--punct clark)" in (out / "report.html").read_text()
-
-
-def test_peak_layers_interval_is_the_95_percent_percentile_interval():
-    from bertology.studies.track.peaks import peak_layers
-
-    # 40 replicates of one metric over 5 layers: the peak is layer 0 once, 1 twice, 2 in 34, 3 twice, 4 once
-    peaks = [0] + [1] * 2 + [2] * 34 + [3] * 2 + [4]
-    means = np.zeros((41, 5, 1))
-    means[0, 2, 0] = 1.0  # the data peaks at layer 2
-    for r, layer in enumerate(peaks, start=1):
-        means[r, layer, 0] = 1.0
-    row = peak_layers(means, metrics=("cls",)).iloc[0]
-    # linear interpolation at rank (B - 1) q / 100 of the sorted peaks: 0.975 -> 0 + 0.975 (1 - 0); 38.025 -> 3 + 0.025 (4 - 3)
-    assert (row.peak_layer, row.ci_low, row.ci_high) == (2, pytest.approx(0.975, abs=1e-12), pytest.approx(3.025, abs=1e-12))
-    assert row.agreement == 34 / 40  # a 90% interval would be (1, 3)
 
 
 def test_head_distance_sample_does_not_depend_on_the_file_name(tiny_bert):

@@ -19,7 +19,8 @@ SENTENCES = [
 
 
 def test_end_to_end_on_the_bundled_minilm(minilm, tmp_path):
-    result = bertology.analyze(minilm, SENTENCES + [bertology.Example("A man plays guitar.", "Someone makes music.")], out=tmp_path, progress=False, head_distance_sample=1.0)
+    result = bertology.analyze(minilm, SENTENCES + [bertology.Example("A man plays guitar.", "Someone makes music.")], out=tmp_path, progress=False,
+                               head_distance_sample=1.0)
     heads = result.heads
     assert len(heads) == 6 * 12 * len(PROFILE_METRICS)
     assert (heads.n == 5).all()
@@ -154,3 +155,21 @@ def test_a_figure_that_fails_loses_nothing_else(tiny_bert, tmp_path, monkeypatch
     assert (out / "rollout.csv").is_file() and (out / "heads.csv").is_file()
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "partial" and "its report section" in (out / "report.html").read_text()
+
+
+def test_analyze_takes_exactly_the_shared_settings_with_the_defaults_their_options_declare():
+    """One declaration (bertology.core.options.ANALYSIS) for the CLI's flags, the names no family option may take, and
+    analyze()'s keywords: a keyword added to one and not the others fails here."""
+    import inspect
+
+    from bertology.core.options import ANALYSIS
+    from bertology.families import COMMON_SETTINGS
+    from bertology.studies.analyze.analysis import analyze
+
+    parameters = inspect.signature(analyze).parameters
+    keywords = {name for name, parameter in parameters.items() if parameter.kind is not parameter.VAR_KEYWORD}
+    cli_only = {"quiet", "skip_long"}  # the API's progress and overflow
+    assert keywords == COMMON_SETTINGS - cli_only
+    for option in ANALYSIS:
+        if option.name not in cli_only:
+            assert parameters[option.name].default == option.default, option.name

@@ -72,7 +72,8 @@ class Layers(Family):
         from bertology.families.layers.probes import probe_layers, probe_summary
 
         settings = context.settings
-        table = probe_layers(kept_sentences(analyzers["vectors"], context.warnings, "--probe-sentences"), settings["probe_tasks"], test_share=settings["probe_test_share"], bootstrap=settings["probe_bootstrap"],
+        table = probe_layers(kept_sentences(analyzers["vectors"], context.warnings, "--probe-sentences"), settings["probe_tasks"],
+                             test_share=settings["probe_test_share"], bootstrap=settings["probe_bootstrap"],
                              seed=settings["seed"], control_casefold=settings["control_casefold"])
         return FamilyResult(tables={"layer_probes": table, "layer_probe_summary": probe_summary(table)})
 

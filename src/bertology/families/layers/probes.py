@@ -1,7 +1,8 @@
 """Linear probes of every layer's word vectors, with Hewitt & Liang's control task (docs/methods.md#layer-probes).
 
 For each task (``upos``: the word's UPOS tag; ``deprel``: its relation to its head) and layer, a logistic regression
-(scikit-learn, L2 with ``C = 0.1``, at most 100 L-BFGS iterations, on standardised features) is trained on the words of a seeded 80% of the sentences and tested on the
+(scikit-learn, L2 with ``C = 0.1``, at most 100 L-BFGS iterations, on standardised features) is trained on the words of a
+seeded 80% of the sentences and tested on the
 other 20% (split by sentence, so no sentence is on both sides):
 
 - ``accuracy`` with a 95% percentile interval from a bootstrap over the test sentences;

@@ -108,7 +108,8 @@ class Patterns(Family):
         table = result.tables["pattern_training"].set_index(["method", "class"]).f1
         trained = table.loc["trained"]
         classes = [c for c in trained.index if not c.startswith("macro") and not math.isnan(trained[c])]  # the classes with labels
-        return lines + ["cross-validated F1 by class, trained (rules): " + ", ".join(f"{c} {table['trained', c]:.2f} ({table['rules', c]:.2f})" for c in classes)
+        return lines + ["cross-validated F1 by class, trained (rules): "
+                        + ", ".join(f"{c} {table['trained', c]:.2f} ({table['rules', c]:.2f})" for c in classes)
                         + "; classifier saved as classifier.json"]
 
     def by_layer(self, result):

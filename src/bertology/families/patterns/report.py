@@ -84,9 +84,11 @@ def patterns_section(folder: RunFolder, patterns: pd.DataFrame, by_layer: pd.Dat
             "head's majority class)."
         ),
     )
-    section.figures.append(Figure(folder.write_figure("patterns_by_layer", pattern_shares_by_layer(by_layer)), "Pattern shares per layer, and over all layers."))
+    section.figures.append(Figure(folder.write_figure("patterns_by_layer", pattern_shares_by_layer(by_layer)),
+                                  "Pattern shares per layer, and over all layers."))
     section.figures.append(Figure(folder.write_figure("patterns_grid", pattern_grid(patterns)), "Each head's majority pattern."))
-    section.figures.append(Figure(folder.write_figure("patterns_examples", pattern_thumbnails(examples)), "Example maps of each class, each from another head, drawn from the corpus."))
+    section.figures.append(Figure(folder.write_figure("patterns_examples", pattern_thumbnails(examples)),
+                                  "Example maps of each class, each from another head, drawn from the corpus."))
     wide = by_layer.assign(layer=by_layer.layer.map(lambda layer: "all" if layer == -1 else layer)).pivot(index="layer", columns="pattern", values="share")
     section.tables.append(("Pattern shares per layer", wide.reset_index()))
     if thresholds is not None:

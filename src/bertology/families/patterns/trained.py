@@ -131,7 +131,8 @@ def train_classifier(items: list[dict], folds: int = 5, seed: int = 0) -> tuple[
     """Cross-validate by text, fit on everything, and report against the rules.
 
     Returns ``training`` (per class: ``precision, recall, f1`` of the trained classifier out of fold and of the rules,
-    NaN for a class with no label, and the ``support``; and the macro F1 over the labelled classes), ``confusion`` (``method, label, predicted, count``) and the fitted classifier as a JSON-ready dict.
+    NaN for a class with no label, and the ``support``; and the macro F1 over the labelled classes), ``confusion``
+    (``method, label, predicted, count``) and the fitted classifier as a JSON-ready dict.
     """
     features = np.stack([item["features"] for item in items])
     labels = np.array([item["label"] for item in items])

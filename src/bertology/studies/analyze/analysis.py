@@ -229,7 +229,8 @@ def analyze(
     ``options`` lists them with their defaults and help); a setting of a family that does not run is
     refused. ``correction`` is the multiple-testing method (statsmodels' ``multipletests``) of every
     family that tests, and ``min_sample`` the fewest observations (sequences, sentences) a test needs before its p-value
-    and verdict are reported (docs/methods.md#statistics-conventions; syntax relations use ``min_dependents``); ``punct`` the punctuation set: ``upos`` (every punctuation-only piece) or
+    and verdict are reported (docs/methods.md#statistics-conventions; syntax relations use ``min_dependents``); ``punct`` the
+    punctuation set: ``upos`` (every punctuation-only piece) or
     ``clark`` (the pieces "." and "," only, as in Clark et al.'s code; docs/methods.md#head-profile).
     ``weighting``: the view of attention every family reads, ``"attention"`` (the weights), ``"norm"``
     (Kobayashi et al. 2020's norm shares, docs/methods.md#norms-and-mixing) or both (``"attention,norm"``), in one pass.

@@ -103,7 +103,8 @@ class Side(Analyzer):
 
 def profile_delta(heads_a: pd.DataFrame, heads_b: pd.DataFrame) -> pd.DataFrame:
     """``layer, head, metric, value_a, value_b, delta`` (delta = b - a) from two general profiles."""
-    merged = heads_a[["layer", "head", "metric", "value"]].merge(heads_b[["layer", "head", "metric", "value"]], on=["layer", "head", "metric"], suffixes=("_a", "_b"))
+    merged = heads_a[["layer", "head", "metric", "value"]].merge(heads_b[["layer", "head", "metric", "value"]], on=["layer", "head", "metric"],
+                                                                    suffixes=("_a", "_b"))
     merged["delta"] = merged.value_b - merged.value_a
     return merged
 

@@ -36,7 +36,6 @@ from bertology.core.stats import RunningMoments, keyed_rng, sequence_key
 
 #: The key sets whose attention and gradient are measured; ``all`` is every real key.
 GRADIENT_TARGETS = ("sep", "cls", "punct", "all")
-TARGET_TITLES = {"sep": "[SEP]", "cls": "[CLS]", "punct": "punctuation", "all": "every token"}
 
 
 def masked_positions(item: Encoded, share: float, seed: int) -> np.ndarray:
@@ -144,7 +143,8 @@ class GradientStudy:
         summary = {"model": self.model["name"], "corpus": f"{self.corpus['name']} ({self.corpus['format']})", "loss": self.settings["loss"],
                    "sequences": stats["sequences"], "truncated": stats["truncated"], "time": f"{stats['seconds']} s"}
         report = Report(f"bertology: attention and its gradient, {self.model['name']}", summary, [section]).render()
-        return finish(folder, {"model": self.model, "corpus": self.corpus, "settings": self.settings, "stats": stats}, report=report, command=command) / "report.html"
+        manifest = {"model": self.model, "corpus": self.corpus, "settings": self.settings, "stats": stats}
+        return finish(folder, manifest, report=report, command=command) / "report.html"
 
 
 @claims_out(words=("format", "punct", "device"))

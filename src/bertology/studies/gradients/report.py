@@ -7,7 +7,9 @@ import pandas as pd
 from bertology.core.runfolder import RunFolder
 from bertology.render.figures import layer_lines, plt
 from bertology.render.html import Figure, Section
-from bertology.studies.gradients.gradients import TARGET_TITLES
+
+#: How each target of :data:`~bertology.studies.gradients.gradients.GRADIENT_TARGETS` reads in the figure and table.
+TARGET_TITLES = {"sep": "[SEP]", "cls": "[CLS]", "punct": "punctuation", "all": "every token"}
 
 
 def gradients_by_layer(table: pd.DataFrame):

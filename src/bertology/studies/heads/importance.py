@@ -35,6 +35,7 @@ from bertology.core.interventions import INTERVENTIONS, HeadGates, Intervention,
 from bertology.core.runfolder import claims_out
 from bertology.core.stats import MIN_SAMPLE, corrected, paired_bootstrap
 from bertology.core.tasks import TaskData, TaskModel, collate_rows, length_batches, load_task_model, positive_index, seeded_subset, task_score
+from bertology.studies import get_study
 
 
 def _variants(kind: str, layer: int, num_heads: int) -> list[Intervention]:
@@ -316,9 +317,14 @@ class HeadStudy:
                            "baseline": self.baseline, "settings": self.settings}, report=report, command=command) / "report.html"
 
 
-ABLATE_DEFAULTS = {"intervention": "mask", "bootstrap": 10000, "correction": "fdr_bh", "min_sample": MIN_SAMPLE}
-IMPORTANCE_DEFAULTS = {"importance_split": "train", "importance_examples": 1000, "normalise": "layer"}
-PRUNE_DEFAULTS = {"step": 0.1, "prune_to": None}
+def _defaults(command: str, names: tuple[str, ...]) -> dict:
+    """The defaults of ``names`` as the study's command ``command`` declares them (one declaration for the API and the CLI)."""
+    return {option.name: option.default for option in get_study(command).options if option.name in names}
+
+
+ABLATE_DEFAULTS = _defaults("ablate", ("intervention", "bootstrap", "correction", "min_sample"))
+IMPORTANCE_DEFAULTS = _defaults("importance", ("importance_split", "importance_examples", "normalise"))
+PRUNE_DEFAULTS = _defaults("prune", ("step", "prune_to"))
 
 
 def _applying(given: dict, defaults: dict, applies: bool, where: str) -> dict:

@@ -64,7 +64,8 @@ def importance_section(folder: RunFolder, study) -> Section:
         section.notes.append(
             f"Pruned physically to {pruned['heads_kept']} heads ({pruned['parameters_pruned']:,} of {pruned['parameters_full']:,} parameters), "
             f"saved to {pruned['model']}: {metric} {pruned['metric_pruned'][metric]:.4f} (full: {pruned['metric_full'][metric]:.4f}); "
-            f"{pruned['speedup']:.2f}x as fast on these examples ({pruned['seconds_full']:.2f} s -> {pruned['seconds_pruned']:.2f} s, best of {pruned['repeats']})."
+            f"{pruned['speedup']:.2f}x as fast on these examples ({pruned['seconds_full']:.2f} s -> {pruned['seconds_pruned']:.2f} s, "
+            f"best of {pruned['repeats']})."
         )
     return section
 

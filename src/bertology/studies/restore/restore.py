@@ -156,7 +156,8 @@ def restore_layers(model: str | Path, task: TaskData, *, base: str | Path | None
     columns = ["kind", "layer", "metric", "value", "delta", "ci_low", "ci_high", "p", "p_adj"]
     study = RestoreStudy(pd.concat(tables, ignore_index=True)[columns], task_score(task, gold, fine_tuned_logits), pretrained.name, task_model.info(),
                          task.name, len(rows), {"base": str(base), "max_dev_examples": max_dev_examples, "bootstrap": bootstrap,
-                                                "correction": correction, "min_sample": min_sample, "batch_size": batch_size, "max_length": max_length, "seed": seed,
+                                                "correction": correction, "min_sample": min_sample, "batch_size": batch_size,
+                                                "max_length": max_length, "seed": seed,
                                                 "device": str(task_model.device)}, warnings)
     if out is not None:
         study.save(out, command=command)

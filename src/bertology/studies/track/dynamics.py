@@ -160,7 +160,8 @@ def depth_verdict(means: np.ndarray, step: int | None = None, checkpoint: str | 
         for k, r in enumerate(peaks.itertuples())
     )
     return {
-        "claim": "In the final model the layer where [CLS] attention peaks is below the layer where [SEP] peaks, which is below the layer where punctuation peaks.",
+        "claim": "In the final model the layer where [CLS] attention peaks is below the layer where [SEP] peaks, "
+                 "which is below the layer where punctuation peaks.",
         "step": step,
         "checkpoint": checkpoint,
         "peaks": {r.metric: {"layer": int(r.peak_layer), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high), "agreement": float(r.agreement),

@@ -16,7 +16,8 @@ def track_report(folder: RunFolder, track) -> str:
         title="The learning-curve hypothesis",
         intro=(
             "Claim: heads pass through phases over depth and over pre-training: [CLS] (and broad) attention early, [SEP] and dependency "
-            "relations in the middle, punctuation deep (docs/methods.md#track-and-the-learning-curve-verdict). Attention to a token set follows Clark et al. (2019); "
+            "relations in the middle, punctuation deep (docs/methods.md#track-and-the-learning-curve-verdict). "
+            "Attention to a token set follows Clark et al. (2019); "
             "intervals come from a Poisson bootstrap over sequences, paired across checkpoints. A claim is supported when its order "
             "holds in the data and in at least 95% of the replicates, contradicted when it holds in at most 5%."
         ),
@@ -31,14 +32,16 @@ def track_report(folder: RunFolder, track) -> str:
         heatmaps = folder.write_figure("layer_by_step", layer_by_step_heatmaps(track.layers))
         section.figures.append(Figure(heatmaps, "Attention to [CLS], [SEP] and punctuation per layer (rows) at each checkpoint (columns)."))
         curves = folder.write_figure("emergence", emergence_curves(track.strength(), track.emergence))
-        section.figures.append(Figure(curves, "Left: each pattern's strength (max over layers of the layer mean). Right: the patterns that rise, as a share of their rise; dotted: where each crosses half."))
+        section.figures.append(Figure(curves, "Left: each pattern's strength (max over layers of the layer mean). Right: the patterns that rise, "
+                                              "as a share of their rise; dotted: where each crosses half."))
         section.tables.append(("When each pattern emerges (emergence.csv)", track.emergence))
         series = track.syntax_series()
         if series is not None:
             best = track.table[track.table.metric.str.startswith("syntax:")]
             largest = [m for m in dict.fromkeys(best.metric) if m != "syntax:all"][:6]  # rows come by number of dependents, most first
             section.figures.append(Figure(folder.write_figure("syntax_by_step", syntax_by_step(series, best, largest)),
-                                          "Best syntactic head's accuracy: the mean over relations with at least --min-dependents dependents, and single relations."))
+                                          "Best syntactic head's accuracy: the mean over relations with at least --min-dependents dependents, "
+                                          "and single relations."))
     report = Report(
         title="bertology: head roles over training",
         summary={
