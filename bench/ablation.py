@@ -67,7 +67,8 @@ def main() -> None:
     print(f"{len(rows)} examples, {variants} variants ({task_model.num_layers} layers x ({task_model.num_heads} heads + whole layer)), best of {args.repeats}")
     print(f"(a) naive, one forward pass per variant:        {best['naive']:7.2f} s")
     print(f"(b) reuse of the layers below:                  {best['reuse']:7.2f} s  ratio (b)/(a) = {best['reuse'] / best['naive']:.3f}")
-    print(f"(c) reuse + first token only in the last layer: {best['reuse+first']:7.2f} s  ratio (c)/(a) = {best['reuse+first'] / best['naive']:.3f}  (target <= 0.6)")
+    print(f"(c) reuse + first token only in the last layer: {best['reuse+first']:7.2f} s  "
+          f"ratio (c)/(a) = {best['reuse+first'] / best['naive']:.3f}  (target <= 0.6)")
     print(json.dumps({"examples": len(rows), "variants": variants, **{f"{k}_seconds": round(v, 2) for k, v in best.items()},
                       "ratio_reuse": round(best["reuse"] / best["naive"], 3), "ratio_reuse_first_token": round(best["reuse+first"] / best["naive"], 3)}))
 

@@ -226,7 +226,8 @@ def main() -> int:
     measured = [entry for name, entry in figures["processes"].items() if name != baseline_label]
     worst = max(measured, key=lambda entry: entry["ratio_median"])
     print(f"\nworst median ratio to the torch import: {worst['ratio_median']:.2f} (target <= {TARGET}); "
-          f"helps that import a heavy package: {sum(1 for entry in measured if entry['heavy_imports'] and not isinstance(entry['heavy_imports'], str))} of {len(measured)}")
+          f"helps that import a heavy package: "
+          f"{sum(1 for entry in measured if entry['heavy_imports'] and not isinstance(entry['heavy_imports'], str))} of {len(measured)}")
     if args.importtime:
         importtime(args.top)
     print(json.dumps(figures))

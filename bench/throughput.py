@@ -107,7 +107,8 @@ def main() -> None:
     if not args.skip_memory:
         small, large = peak_memory(args.sentences // 4, args.device), peak_memory(args.sentences, args.device)
         figures.update(peak_rss_mib_quarter=round(small, 1), peak_rss_mib_full=round(large, 1), memory_ratio=round(large / small, 3))
-        print(f"peak RSS, {args.sentences // 4} sentences: {small:7.1f} MiB; {args.sentences} sentences: {large:7.1f} MiB; ratio {large / small:.3f} (target <= 1.10)")
+        print(f"peak RSS, {args.sentences // 4} sentences: {small:7.1f} MiB; {args.sentences} sentences: {large:7.1f} MiB; "
+              f"ratio {large / small:.3f} (target <= 1.10)")
     print(json.dumps(figures))
 
 

@@ -80,10 +80,12 @@ def tiny_roberta_dir(tmp_path_factory) -> Path:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(TEXTS * 5, trainer)
     bpe.post_processor = processors.RobertaProcessing(("</s>", bpe.token_to_id("</s>")), ("<s>", bpe.token_to_id("<s>")), trim_offsets=True)
-    tokenizer = RobertaTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>", pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
+    tokenizer = RobertaTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>", pad_token="<pad>",
+                                     unk_token="<unk>", mask_token="<mask>")
     tokenizer.save_pretrained(folder)
     torch.manual_seed(0)
     config = RobertaConfig(

@@ -26,7 +26,8 @@ def corpus(tmp_path_factory):
 
 def test_analyze_writes_a_complete_run_folder(tiny_bert_dir, corpus, tmp_path):
     out = tmp_path / "run"
-    result = bertology("analyze", "--model", tiny_bert_dir, "--corpus", corpus, "--out", out, "--batch-size", 3, "--head-distance-sample", 1, "--device", "cpu", "--quiet")
+    result = bertology("analyze", "--model", tiny_bert_dir, "--corpus", corpus, "--out", out, "--batch-size", 3, "--head-distance-sample", 1,
+                       "--device", "cpu", "--quiet")
     assert result.returncode == 0, result.stderr
     assert f"report: {(out / 'report.html').resolve()}" in result.stdout
     heads = pd.read_csv(out / "heads.csv")
@@ -211,7 +212,8 @@ def test_out_is_refused_before_any_input_is_read(command, tmp_path):
     taken.write_text("not a folder\n")
     args = [arg.format(missing=tmp_path / "missing") for arg in command] + ["--out", str(taken)]
     result = CliRunner().invoke(app, args)
-    assert isinstance(result.exception, BertologyError) and str(result.exception) == f"{taken}: is a file, not a folder; give a new folder or an earlier run folder"
+    assert isinstance(result.exception, BertologyError) and str(result.exception) == (
+        f"{taken}: is a file, not a folder; give a new folder or an earlier run folder")
 
 
 def test_a_failing_analysis_keeps_the_others_and_exits_non_zero(tiny_bert_dir, treebank, tmp_path):

@@ -140,7 +140,8 @@ def test_table_without_a_named_column_names_the_header(tmp_path):
     [
         ("SST-2", 872, False, "it 's a charming and often affecting journey ."),
         ("MRPC", 408, True, "He said the foodservice pie business doesn't fit the company's long-term growth strategy."),
-        ("RTE", 277, True, "Dana Reeve, the widow of the actor Christopher Reeve, has died of lung cancer at age 44, according to the Christopher Reeve Foundation."),
+        ("RTE", 277, True, "Dana Reeve, the widow of the actor Christopher Reeve, has died of lung cancer at age 44, "
+                           "according to the Christopher Reeve Foundation."),
         ("CoLA", 1043, False, "The sailors rode the breeze clear of the rocks."),
     ],
 )

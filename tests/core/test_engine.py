@@ -104,9 +104,12 @@ def test_every_family_loads_from_a_folder_and_runs(family, tiny_bert_dir, tmp_pa
     tokenizer = tf.AutoTokenizer.from_pretrained(tiny_bert_dir)
     configs = {
         "distilbert": tf.DistilBertConfig(vocab_size=len(tokenizer), dim=32, hidden_dim=64, n_layers=3, n_heads=4, max_position_embeddings=64),
-        "albert": tf.AlbertConfig(vocab_size=len(tokenizer), embedding_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=64),
-        "electra": tf.ElectraConfig(vocab_size=len(tokenizer), embedding_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=64),
-        "bert": tf.BertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=64),
+        "albert": tf.AlbertConfig(vocab_size=len(tokenizer), embedding_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                  num_attention_heads=4, max_position_embeddings=64),
+        "electra": tf.ElectraConfig(vocab_size=len(tokenizer), embedding_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                    num_attention_heads=4, max_position_embeddings=64),
+        "bert": tf.BertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                              max_position_embeddings=64),
     }
     tf.AutoModel.from_config(configs[family]).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)

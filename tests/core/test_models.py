@@ -17,7 +17,8 @@ def test_roberta_special_tokens_come_from_the_tokenizer(tiny_roberta):
     assert tiny_roberta.max_length == 64  # 66 positions minus RoBERTa's padding offset
 
 
-@pytest.mark.parametrize("piece, expected", [(".", True), ("##.", True), ("\u0120,", True), ("\u2581?", True), ("...", True), ("\u00bf", True), ("a", False), ("##s", False), ("$", False), ("", False), ("\u0120", False)])
+@pytest.mark.parametrize("piece, expected", [(".", True), ("##.", True), ("\u0120,", True), ("\u2581?", True), ("...", True), ("\u00bf", True),
+                                             ("a", False), ("##s", False), ("$", False), ("", False), ("\u0120", False)])
 def test_punctuation_is_unicode_category_p_without_markers(piece, expected):
     assert is_punctuation(piece) is expected
 

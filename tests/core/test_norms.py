@@ -15,8 +15,10 @@ from bertology.core.norms import norm_shares, parse_weighting
 
 #: Parameter names of each layout: value projection, output projection, post-attention layer norm, as a function of the layer.
 PARAMETERS = {
-    "bert": lambda layer: (f"encoder.layer.{layer}.attention.self.value", f"encoder.layer.{layer}.attention.output.dense", f"encoder.layer.{layer}.attention.output.LayerNorm"),
-    "distilbert": lambda layer: (f"transformer.layer.{layer}.attention.v_lin", f"transformer.layer.{layer}.attention.out_lin", f"transformer.layer.{layer}.sa_layer_norm"),
+    "bert": lambda layer: (f"encoder.layer.{layer}.attention.self.value", f"encoder.layer.{layer}.attention.output.dense",
+                           f"encoder.layer.{layer}.attention.output.LayerNorm"),
+    "distilbert": lambda layer: (f"transformer.layer.{layer}.attention.v_lin", f"transformer.layer.{layer}.attention.out_lin",
+                                 f"transformer.layer.{layer}.sa_layer_norm"),
     "albert": lambda layer: ("encoder.albert_layer_groups.0.albert_layers.0.attention.value", "encoder.albert_layer_groups.0.albert_layers.0.attention.dense",
                          "encoder.albert_layer_groups.0.albert_layers.0.attention.LayerNorm"),
 }

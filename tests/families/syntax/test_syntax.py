@@ -401,6 +401,7 @@ def test_the_summary_of_two_views_names_each_view(tiny_bert):
     best = result.syntax_best
     for view, name in (("attention", "attention weights"), ("norm", "norm shares")):
         rows = best[(best.weighting == view) & ~best.few.astype(bool)]
-        assert f"[{name}] syntactic heads: {int(rows.significant.sum())} of {len(rows)} tested relations" in lines[[line.startswith(f"[{name}] syntactic") for line in lines].index(True)]
+        assert f"[{name}] syntactic heads: {int(rows.significant.sum())} of {len(rows)} tested relations" in lines[
+            [line.startswith(f"[{name}] syntactic") for line in lines].index(True)]
         top = rows.iloc[0]
         assert f"[{name}]   all ({int(top.n)} dependents): {int(top.layer)}-{int(top['head'])} {top.direction} {top.accuracy:.3f}" in "\n".join(lines)

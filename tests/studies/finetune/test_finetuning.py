@@ -38,7 +38,8 @@ def test_metrics_by_hand():
     assert values["f1"] == pytest.approx(2 / 3)  # tp 2, fp 1, fn 1
     cola = TaskData("cola", ("matthews_correlation",), ("0", "1"), [], [])
     tp, tn, fp, fn = 2, 1, 1, 1
-    assert task_metrics(cola, gold, predicted)["matthews_correlation"] == pytest.approx((tp * tn - fp * fn) / math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)))
+    assert task_metrics(cola, gold, predicted)["matthews_correlation"] == pytest.approx(
+        (tp * tn - fp * fn) / math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)))
 
 
 def test_fine_tuning_lowers_the_loss_and_writes_a_usable_model(tiny_bert_dir, sst_like, tmp_path):
@@ -200,12 +201,14 @@ def first_weight(state):
 
 
 STATE_DAMAGE = [  # (what changes, what the refusal says)
-    (lambda s: s["model"].update({first_weight(s): torch.zeros(3)}), "model['bert.embeddings.word_embeddings.weight'] must be a torch.float32 tensor of shape [68, 32]"),
+    (lambda s: s["model"].update({first_weight(s): torch.zeros(3)}),
+     "model['bert.embeddings.word_embeddings.weight'] must be a torch.float32 tensor of shape [68, 32]"),
     (lambda s: s["model"][first_weight(s)].__setitem__((0, 0), math.nan), "model['bert.embeddings.word_embeddings.weight'] holds NaN or infinite values"),
     (lambda s: s["model"].pop("classifier.bias"), "model lacks 'classifier.bias'"),
     (lambda s: s["model"].update(extra=torch.zeros(1)), "model has an unexpected key 'extra'"),
     (lambda s: s["model"].update({first_weight(s): s["model"][first_weight(s)].double()}), "must be a torch.float32 tensor"),
-    (lambda s: s["optimizer"]["state"][0].update(exp_avg=torch.zeros(2, 2)), "optimizer['state'][0]['exp_avg'] must be a torch.float32 tensor of shape [68, 32]"),
+    (lambda s: s["optimizer"]["state"][0].update(exp_avg=torch.zeros(2, 2)),
+     "optimizer['state'][0]['exp_avg'] must be a torch.float32 tensor of shape [68, 32]"),
     (lambda s: s["optimizer"]["state"][0]["exp_avg_sq"].__setitem__((0, 0), -1.0), "optimizer['state'][0] holds a negative step or second moment"),
     (lambda s: s["optimizer"]["state"].update({999: s["optimizer"]["state"][0]}), "optimizer['state'] holds a state for '999', which is none of the model's"),
     (lambda s: s["optimizer"]["param_groups"][0].update(lr="fast"), "optimizer['param_groups'][0]['lr'] must be a finite float, not a str"),

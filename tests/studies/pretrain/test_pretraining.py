@@ -227,7 +227,8 @@ def test_a_damaged_tokenizer_beside_the_training_state_is_refused_in_one_line(in
     shutil.copytree(run, tmp_path / "run")
     [state] = (tmp_path / "run").rglob("state.pt")
     (state.parent / "tokenizer.json").write_text(text)
-    with pytest.raises(StateError, match=rf"^{state.parent}: cannot read the tokenizer saved with the training state \(.*\); delete {state.parent} to start over$"):
+    with pytest.raises(StateError,
+                       match=rf"^{state.parent}: cannot read the tokenizer saved with the training state \(.*\); delete {state.parent} to start over$"):
         pretrain(books, tmp_path / "run", steps=12, save_every=5, **SMALL)
 
 

@@ -139,7 +139,8 @@ def test_track_command_reads_trainer_checkpoints_and_explicit_steps(tiny_bert_di
     assert wrong.stderr.strip().splitlines() == ["error: --steps: 1 given for 2 checkpoints; give one step per checkpoint, in the same order"]
     with_folder = bertology("track", "--checkpoints", trainer, "--steps", "1,2", "--corpus", corpus, "--out", tmp_path / "t4")
     assert with_folder.returncode == 2
-    assert with_folder.stderr.strip().splitlines() == ["error: --steps goes with checkpoints given as arguments (one step each, in the same order), not with --checkpoints DIR"]
+    assert with_folder.stderr.strip().splitlines() == [
+        "error: --steps goes with checkpoints given as arguments (one step each, in the same order), not with --checkpoints DIR"]
 
 
 def replicates(data: np.ndarray, noise: float, count: int = 400, seed: int = 0) -> np.ndarray:
