@@ -302,8 +302,12 @@ def test_an_out_that_is_or_holds_an_input_is_refused(tmp_path):
 
 
 def test_a_rerun_into_a_folder_named_like_an_option_is_no_input(tmp_path, monkeypatch):
-    @claims_out
+    @claims_out(words=("analyses", "parser", "device"))
     def work(model=None, *, out=None, analyses=None, parser=None, device="auto", command=None):
+        return "ran"
+
+    @claims_out
+    def undeclared(model=None, *, out=None, analyses=None, command=None):
         return "ran"
 
     monkeypatch.chdir(tmp_path)
@@ -312,6 +316,10 @@ def test_a_rerun_into_a_folder_named_like_an_option_is_no_input(tmp_path, monkey
     assert work(out="roles", analyses=["roles"]) == "ran"
     assert work(out="spacy", parser="spacy") == "ran"
     assert work(out="cpu", device="cpu") == "ran"
+    # an argument not declared a word is read as a path: the same rerun is then refused, the folder kept
+    with pytest.raises(BertologyError, match="roles: is the input roles"):
+        undeclared(out="roles", analyses=["roles"])
+    assert (tmp_path / "roles" / "report.html").read_text() == "earlier"
 
 
 def test_track_refuses_an_out_that_holds_its_checkpoints_before_reading_them(tmp_path):
