@@ -5,6 +5,7 @@ Nothing is downloaded: the hub is switched off for the whole test session.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -17,7 +18,16 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
-from transformers import BertConfig, BertForMaskedLM, BertModel, BertTokenizerFast, RobertaConfig, RobertaModel, RobertaTokenizerFast  # noqa: E402
+from transformers import (  # noqa: E402
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertModel,
+    BertTokenizerFast,
+    RobertaConfig,
+    RobertaModel,
+    RobertaTokenizerFast,
+)
 
 from bertology.core.corpora import Example  # noqa: E402
 from bertology.core.models import load_model  # noqa: E402
@@ -254,3 +264,19 @@ def treebank(tmp_path_factory):
     path = tmp_path_factory.mktemp("treebank") / "tiny.conllu"
     path.write_text("\n\n".join(blocks) + "\n\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def tuned_dir(tiny_bert_dir, tmp_path_factory):
+    """A classifier whose encoder started from the tiny BERT and then moved (noise on every weight), as fine-tuning does;
+    its metrics.json names the tiny BERT as its pre-trained model, as `bertology finetune` writes it."""
+    folder = tmp_path_factory.mktemp("tuned")
+    torch.manual_seed(5)
+    model = BertForSequenceClassification.from_pretrained(tiny_bert_dir, num_labels=2, id2label={0: "0", 1: "1"}, label2id={"0": 0, "1": 1})
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    model.save_pretrained(folder)
+    BertTokenizerFast.from_pretrained(tiny_bert_dir).save_pretrained(folder)
+    (folder / "metrics.json").write_text(json.dumps({"model": str(tiny_bert_dir)}))
+    return folder

@@ -16,7 +16,8 @@ from bertology.studies import registered_studies
 
 FRAMES_EXAMPLE = Path(str(resources.files("bertology") / "data" / "frames_example.jsonl"))
 #: Settings that keep the families' runs small (each given to the families that have such an option).
-SMALL = {"bootstrap": 200, "tau": 1.0, "seed": 3, "probe_folds": 2, "probe_epochs": 2, "head_distance_sample": 0.5, "probe_sentences": 50}
+SMALL = {"bootstrap": 200, "tau": 1.0, "seed": 3, "probe_folds": 2, "probe_epochs": 2, "head_distance_sample": 0.5, "probe_sentences": 50,
+         "probe_tasks": "deprel"}  # the test treebank has relations, no UPOS
 FAMILIES = list(registered())
 STUDIES = list(registered_studies())
 
@@ -57,7 +58,7 @@ def test_family(name, check, family_runs, tmp_path):
 
 
 @pytest.fixture
-def study_inputs(tiny_bert_dir, tiny_classifier_dir, tiny_mlm_dir, treebank, cat_task, tmp_path):
+def study_inputs(tiny_bert_dir, tiny_classifier_dir, tiny_mlm_dir, tuned_dir, treebank, cat_task, tmp_path):
     """Each study's small inputs (its options by name), its run folder inside ``tmp_path``."""
     from conftest import write_books
 
@@ -81,7 +82,7 @@ def study_inputs(tiny_bert_dir, tiny_classifier_dir, tiny_mlm_dir, treebank, cat
         "ablate": {**task, "bootstrap": 200, "max_examples": 12},
         "importance": {**task, "importance_examples": 12},
         "prune": {**task, "importance_examples": 12, "max_examples": 12, "step": 0.25},
-        "restore": {**task, "base": str(tiny_bert_dir), "bootstrap": 200, "max_dev_examples": 12},
+        "restore": {**task, "model": str(tuned_dir), "bootstrap": 200, "max_dev_examples": 12},
         "gradients": {"model": str(tiny_mlm_dir), "corpus": text, "out": out, "quiet": True, "device": "cpu"},
     }
 

@@ -16,10 +16,12 @@ before its folder is swapped in leaves the previous run as it was, with nothing 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import pandas as pd
@@ -50,18 +52,22 @@ def _family_option_names() -> set[str]:
 
 
 def check_tables_declared(family: Family, analysis) -> None:
-    """The tables and documents written are among those declared, every one of ``outputs`` is written, and each is on disk."""
-    result = analysis.results[family.name]
-    written = set(result.tables) | set(result.documents)
+    """The tables and documents in the run folder of the family run alone (its section's derived tables too) are among
+    those declared, every one of ``outputs`` is there, and those the result holds are written."""
+    files = {path.name for path in Path(analysis.out).iterdir()}
+    written = {name.removesuffix(".parquet") for name in files if name.endswith(".parquet")}
+    written |= {name.removesuffix(".json") for name in files if name.endswith(".json")} - {"manifest"}
     undeclared = written - set(family.outputs) - set(family.optional_outputs)
     assert not undeclared, f"family {family.name} writes tables it does not declare: {sorted(undeclared)}"
     missing = set(family.outputs) - written
     assert not missing, f"family {family.name} declares outputs it did not write: {sorted(missing)}"
-    files = {path.name for path in Path(analysis.out).iterdir()}
+    result = analysis.results[family.name]
     for name in result.tables:
         assert {f"{name}.csv", f"{name}.parquet"} <= files, f"family {family.name}: table {name} is not in the run folder"
     for name in result.documents:
         assert f"{name}.json" in files, f"family {family.name}: document {name} is not in the run folder"
+    kept = set(result.extras) - set(family.in_memory)
+    assert not kept, f"family {family.name} keeps results in memory it does not declare: {sorted(kept)}"
 
 
 def _renders(family: Family, result: FamilyResult, settings: dict, folder_path: Path) -> None:
@@ -111,6 +117,11 @@ def _probe_value(option: Option):
     return None
 
 
+#: What the options check's stand-in for ``analyze()`` returns: a run of nothing, for the command's summary lines.
+_NOTHING_RUN = SimpleNamespace(stats=SimpleNamespace(sequences=0, truncated=0, skipped=0, seconds=0.0), results={}, warnings=[], failures={},
+                               out=Path("unused"))
+
+
 def check_options_round_trip(family: Family) -> None:
     """Each option given on the family's command line reaches ``analyze()`` as the API's value; left out, it is not sent."""
     from typer.testing import CliRunner
@@ -120,10 +131,7 @@ def check_options_round_trip(family: Family) -> None:
     runner = CliRunner()
     for option in family.options:
         probe = _probe_value(option)
-        with mock.patch("bertology.studies.analyze.analysis.analyze") as analyze:
-            analyze.return_value.failures = {}
-            analyze.return_value.results = {}
-            analyze.return_value.warnings = []
+        with mock.patch("bertology.studies.analyze.analysis.analyze", return_value=_NOTHING_RUN) as analyze:
             outcome = runner.invoke(app, [family.name, *(probe[0] if probe else []), "--out", "unused"], catch_exceptions=False)
         assert outcome.exit_code == 0, f"family {family.name}: option {option.name}: the command failed: {outcome.output}"
         assert analyze.call_count == 1, f"family {family.name}: option {option.name}: the command did not run analyze()"
@@ -172,8 +180,8 @@ def check_folder_written_whole(study: Study, given: dict) -> None:
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "complete", f"study {study.name}: the manifest says {manifest['status']}"
     assert manifest["command"] == ["check"] and "versions" in manifest and "finished" in manifest, f"study {study.name}: the manifest lacks its facts"
-    for name in study.outputs:
-        assert {f"{name}.csv", f"{name}.parquet"} <= files, f"study {study.name}: declared table {name} is not written"
+    for name in study.outputs:  # a table (CSV and Parquet) or a document (JSON)
+        assert {f"{name}.csv", f"{name}.parquet"} <= files or f"{name}.json" in files, f"study {study.name}: declared output {name} is not written"
     tables = {name.removesuffix(".parquet") for name in files if name.endswith(".parquet")}
     undeclared = tables - set(study.outputs) - set(study.optional_outputs)
     assert not undeclared, f"study {study.name} writes tables it does not declare: {sorted(undeclared)}"
@@ -182,19 +190,34 @@ def check_folder_written_whole(study: Study, given: dict) -> None:
     assert not beside, f"study {study.name} left {beside} beside its run folder"
 
 
+def _files(out: Path, work: str | None) -> dict:
+    """Every file of the run folder with its bytes, but the lock and the study's own work folder (resumable work it
+    writes into ``out`` as it goes, by design)."""
+    return {path.relative_to(out): path.read_bytes() for path in sorted(out.rglob("*"))
+            if path.is_file() and path.name != ".bertology-lock" and path.relative_to(out).parts[0] != work}
+
+
 def check_failed_run_keeps_previous(study: Study, given: dict) -> None:
-    """Run once, then again with the swap failing (a full disk): the previous run stays as it was, nothing beside it."""
+    """Run once, then again with the swap of the new folder for the old failing (a full disk at the rename): the previous
+    run stays as it was, file for file (the study's ``work`` folder aside), and nothing is left beside it."""
     out = Path(given["out"])
     study.run(settings_with_defaults(study, given), command=["check"])
-    before = {path.relative_to(out): path.read_bytes() for path in sorted(out.rglob("*")) if path.is_file() and path.name != ".bertology-lock"}
-    with mock.patch.object(RunFolder, "commit", side_effect=OSError(28, "No space left on device")):
+    before = _files(out, study.work)
+    rename = os.rename
+
+    def full_disk(source, target):
+        if ".tmp-" in Path(source).name:  # the staging folder swapped in as out
+            raise OSError(28, "No space left on device")
+        rename(source, target)
+
+    with mock.patch("bertology.core.runfolder.os.rename", side_effect=full_disk):
         try:
             study.run(settings_with_defaults(study, given), command=["check"])
         except OSError:
             pass
         else:
             raise AssertionError(f"study {study.name}: the run did not fail when its folder could not be swapped in")
-    after = {path.relative_to(out): path.read_bytes() for path in sorted(out.rglob("*")) if path.is_file() and path.name != ".bertology-lock"}
+    after = _files(out, study.work)
     assert after == before, f"study {study.name}: a failed run changed the previous one ({sorted(set(after) ^ set(before)) or 'contents'})"
     beside = [path.name for path in out.parent.iterdir() if path.name.startswith(f"{out.name}.")]
     assert not beside, f"study {study.name}: a failed run left {beside} beside the run folder"

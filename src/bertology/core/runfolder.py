@@ -473,8 +473,10 @@ class RunFolder:
             except BaseException:
                 os.rename(old, out)
                 raise
-        except BaseException:
+        except BaseException as error:
             os.close(handover)
+            if self._own is not None:  # its own claim: the staging folder goes, the previous run stays as it was
+                self._own.__exit__(type(error), error, error.__traceback__)
             raise
         self._claim.staging = None
         previous, self._claim.lock = self._claim.lock, handover

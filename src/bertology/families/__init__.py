@@ -72,8 +72,9 @@ class Family:
     """An analysis family (see the module docstring). Subclasses set the class attributes and implement
     :meth:`analyzers` and :meth:`finish`; :meth:`section` draws the figures and returns the report section.
 
-    ``outputs``: the tables and documents every run writes; ``optional_outputs``: those only some runs write (the trained
-    classifier's, with hand labels); ``default``: ``analyze`` runs it unless told otherwise; ``needs_trees``: it needs dependency trees
+    ``outputs``: the tables and documents every run writes (its report section's derived tables too);
+    ``optional_outputs``: those only some runs write (the trained classifier's, with hand labels); ``in_memory``: results
+    kept for figures and notebooks, not written (``extras``); ``default``: ``analyze`` runs it unless told otherwise; ``needs_trees``: it needs dependency trees
     (CoNLL-U, or ``parser="spacy"``) and runs by default only where there are trees; ``command``: the
     CLI gets a ``bertology NAME`` command for it; ``weighted``: its analyzers read the attention maps, so
     it runs once per view of attention the run asks for (``weighting="attention,norm"``); a family that
@@ -89,6 +90,7 @@ class Family:
     options: ClassVar[tuple[Option, ...]] = ()
     outputs: ClassVar[tuple[str, ...]] = ()
     optional_outputs: ClassVar[tuple[str, ...]] = ()
+    in_memory: ClassVar[tuple[str, ...]] = ()
     default: ClassVar[bool] = True
     needs_trees: ClassVar[bool] = False
     command: ClassVar[bool] = True

@@ -38,6 +38,12 @@ class Section:
     head_links: tuple[str, int, int] | None = None  # (page, layers, heads): a grid of links to page#layer=L&head=H
 
 
+def without_rows(section: Section, *tables: str) -> Section:
+    """``section`` with a note that its tables have no rows on this corpus (nothing qualified): nothing to draw, no claim."""
+    section.notes.append(f"No rows in {', '.join(tables)} on this corpus: nothing to draw and no claim to make.")
+    return section
+
+
 def _table_html(table: pd.DataFrame) -> Markup:
     # pandas escapes cell text by default (escape=True). A pivoted table's column-axis name would
     # otherwise show as an extra, empty column.

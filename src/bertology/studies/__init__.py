@@ -36,7 +36,8 @@ class Study:
 
     ``outputs``: the tables (``NAME.csv`` and ``NAME.parquet``) a run always writes; ``optional_outputs``: those it
     writes only when asked (``prune --prune-to``) or when the data allow (``track``'s emergence needs three
-    checkpoints); ``writes``: one of :data:`WRITES`; ``report``: the run folder holds ``report.html``.
+    checkpoints); ``writes``: one of :data:`WRITES`; ``report``: the run folder holds ``report.html``; ``work``: the folder
+    inside ``out`` where a run keeps the work it resumes from as it goes (:data:`bertology.core.runfolder.WORK_FOLDERS`).
     """
 
     name: ClassVar[str]
@@ -46,6 +47,7 @@ class Study:
     optional_outputs: ClassVar[tuple[str, ...]] = ()
     writes: ClassVar[str] = "folder"
     report: ClassVar[bool] = True
+    work: ClassVar[str | None] = None
 
     def run(self, settings: dict, command: list[str] | None = None) -> Any:
         """Do the work with ``settings`` (every option by name, the given value or its default) and write the output;

@@ -1,6 +1,5 @@
 """Layers restored after fine-tuning (the Primer, section 6.3; METHODS.md section 9)."""
 
-import json
 import subprocess
 import sys
 
@@ -13,22 +12,6 @@ from bertology.core.errors import BertologyError
 from bertology.core.models import load_model
 from bertology.core.tasks import load_task, load_task_model, task_metrics
 from bertology.studies.restore.restore import Restorer, encoder_units, recorded_base, restore_layers
-
-
-@pytest.fixture(scope="module")
-def tuned_dir(tiny_bert_dir, tmp_path_factory):
-    """A classifier whose encoder started from the tiny BERT and then moved (noise on every weight), as fine-tuning does;
-    its metrics.json names the tiny BERT as its pre-trained model, as `bertology finetune` writes it."""
-    folder = tmp_path_factory.mktemp("tuned")
-    torch.manual_seed(5)
-    model = BertForSequenceClassification.from_pretrained(tiny_bert_dir, num_labels=2, id2label={0: "0", 1: "1"}, label2id={"0": 0, "1": 1})
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.05 * torch.randn_like(parameter))
-    model.save_pretrained(folder)
-    BertTokenizerFast.from_pretrained(tiny_bert_dir).save_pretrained(folder)
-    (folder / "metrics.json").write_text(json.dumps({"model": str(tiny_bert_dir)}))
-    return folder
 
 
 def test_encoder_units_name_the_embeddings_and_each_layer():

@@ -6,7 +6,7 @@ import pandas as pd
 
 from bertology.core.runfolder import RunFolder
 from bertology.render.figures import plt
-from bertology.render.html import Figure, Section
+from bertology.render.html import Figure, Section, without_rows
 
 TASK_TITLES = {"upos": "UPOS tag", "deprel": "dependency relation"}
 
@@ -57,6 +57,8 @@ def layers_section(folder: RunFolder, table: pd.DataFrame, summary: pd.DataFrame
                "layers below, a one-probe-per-layer variant of Tenney et al.'s (2019) expected layer (docs/methods.md). "
                "The Primer reports syntax most prominent in the middle layers (layer_probes.csv)."),
     )
+    if table.empty:
+        return without_rows(section, "layer_probes.csv")
     section.figures.append(Figure(folder.write_figure("layer_probes", probes_by_layer(table)),
                                   "Probe accuracy (95% intervals), control-task accuracy and selectivity by layer."))
     section.tables.append(("Best layer, most selective layer and expected layer per task", with_intervals(summary, table)))

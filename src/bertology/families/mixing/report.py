@@ -6,7 +6,7 @@ import pandas as pd
 
 from bertology.core.runfolder import RunFolder
 from bertology.render.figures import layer_lines, plt
-from bertology.render.html import Figure, Section
+from bertology.render.html import Figure, Section, without_rows
 
 RATIO_TITLES = {"attn": "attention alone (Attn-N)", "attn_res": "with the residual (AttnRes-N)",
                 "attn_res_ln": "with the residual and the layer norm (AttnResLn-N)"}
@@ -33,6 +33,8 @@ def mixing_section(folder: RunFolder, table: pd.DataFrame) -> Section:
                "averaged over tokens and sequences with 95% intervals (mixing.csv). The paper finds BERT mixes far less "
                "than the weights suggest once the residual and the layer norm are counted."),
     )
+    if table.empty:
+        return without_rows(section, "mixing.csv")
     section.figures.append(Figure(folder.write_figure("mixing_by_layer", mixing_by_layer(table)),
                                   "Context-mixing ratios by layer (0-based), mean over sequences with 95% intervals."))
     wide = table.pivot(index="layer", columns="ratio", values="value")[list(RATIO_TITLES)].reset_index()

@@ -46,7 +46,9 @@ class Patterns(Family):
         Option("classifier", None, "A pattern classifier trained on hand labels (classifier.json from `bertology patterns --train`) instead of the rules.",
                type=Path),
     )
-    outputs = ("patterns", "patterns_by_layer", "pattern_examples", "pattern_training", "pattern_confusion", "classifier")
+    outputs = ("patterns", "patterns_by_layer")
+    optional_outputs = ("pattern_training", "pattern_confusion", "classifier")
+    in_memory = ("pattern_examples",)
 
     def prepare(self, settings):
         from bertology.families.patterns.trained import TrainedClassifier

@@ -8,7 +8,7 @@ import pandas as pd
 from bertology.core.runfolder import RunFolder
 from bertology.families.profile.analyzer import CLARK_THRESHOLDS, PROFILE_METRICS
 from bertology.render.figures import METRIC_TITLES, plt
-from bertology.render.html import Figure, Section
+from bertology.render.html import Figure, Section, without_rows
 
 _PUNCT_SETS = {"upos": "every token that is only punctuation (Unicode category P*; --punct upos)",
                "clark": "the tokens '.' and ',' only, as in Clark et al.'s code (--punct clark)"}
@@ -118,6 +118,8 @@ def profile_section(
             f"averaged over sequences with 95% intervals (heads.csv). Punctuation: {_PUNCT_SETS[punct]}."
         ),
     )
+    if heads.empty:
+        return without_rows(section, "heads.csv")
     special = folder.write_figure("special_tokens_by_layer", special_by_layer(heads))
     section.figures.append(Figure(special, "Attention to [CLS], [SEP] and punctuation by layer: dots are heads, the line is the layer mean."))
     grid = folder.write_figure("heatmaps", metric_heatmaps(heads, PROFILE_METRICS))

@@ -20,7 +20,8 @@ class Roles(Family):
         Option("tau", 3.0, "Role test threshold: a head holds a role if its mean sieve score is significantly above tau."),
         Option("role_window", 2, "Half-width of the local role's window.", minimum=1),
     )
-    outputs = ("roles", "role_shares")
+    outputs = ("roles", "role_shares", "role_shares_by_layer", "role_colocation")
+    in_memory = ("role_tau",)
 
     def analyzers(self, settings):
         from bertology.families.roles.analyzer import HeadRoles

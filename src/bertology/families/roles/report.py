@@ -9,7 +9,7 @@ from matplotlib.colors import TwoSlopeNorm
 from bertology.core.runfolder import RunFolder
 from bertology.families.roles.analyzer import SUMMARY_ROLES, role_colocation, role_shares
 from bertology.render.figures import plt
-from bertology.render.html import Figure, Section
+from bertology.render.html import Figure, Section, without_rows
 
 ROLE_COLOURS = {"local": "tab:green", "delimiter": "tab:red", "cls": "tab:orange", "sep": "tab:purple", "block": "tab:blue", "syntactic": "tab:brown"}
 
@@ -101,6 +101,9 @@ def roles_section(folder: RunFolder, roles: pd.DataFrame, shares_by_tau: pd.Data
     )
     by_layer = role_shares(roles, by_layer=True)
     folder.write_table("role_shares_by_layer", by_layer)
+    if roles.empty:
+        folder.write_table("role_colocation", pd.DataFrame(columns=["role"]))
+        return without_rows(section, "roles.csv")
     colocation = role_colocation(roles)
     folder.write_table("role_colocation", colocation.reset_index(names="role"))
     section.figures.append(Figure(folder.write_figure("roles_by_layer", role_shares_by_layer(by_layer, tau)), "Share of heads holding each role, per layer."))

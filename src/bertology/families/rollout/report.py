@@ -6,7 +6,7 @@ import pandas as pd
 
 from bertology.core.runfolder import RunFolder
 from bertology.render.figures import layer_lines, plt
-from bertology.render.html import Figure, Section
+from bertology.render.html import Figure, Section, without_rows
 
 TARGET_TITLES = {"cls": "input [CLS]", "sep": "input [SEP]", "punct": "input punctuation", "self": "its own input token"}
 ROW_TITLES = {"cls_row": "the [CLS] position", "all": "every position (mean)"}
@@ -35,6 +35,8 @@ def rollout_section(folder: RunFolder, table: pd.DataFrame) -> Section:
                "is how much input token j reaches position i after layer l (the residual counted as half). The profile of "
                "[CLS]'s rolled-out attention says which inputs the [CLS] vector is built from, layer by layer (rollout.csv)."),
     )
+    if table.empty:
+        return without_rows(section, "rollout.csv")
     section.figures.append(Figure(folder.write_figure("rollout_by_layer", rollout_by_layer(table)),
                                   "Rolled-out attention to [CLS], [SEP], punctuation and the token itself by layer (0-based), with 95% intervals."))
     cls_row = table[table.row == "cls_row"].pivot(index="layer", columns="target", values="value")[list(TARGET_TITLES)].reset_index()

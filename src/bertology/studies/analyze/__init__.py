@@ -20,11 +20,22 @@ class Analyze(Study):
     the command runs ``families`` (a one-family command)."""
 
     name = "analyze"
+    work = "resume"
     title = ("Run the analysis families over a corpus in one pass (by default the profile, roles and patterns, plus syntax when the "
              "corpus has trees); write a run folder with report.html.")
 
     def families(self) -> list[Family]:
         return list(registered().values())
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """A one-family command writes its family's tables; ``analyze`` writes those of the families that apply to the corpus."""
+        families = self.families()
+        return families[0].outputs if len(families) == 1 else ()
+
+    @property
+    def optional_outputs(self) -> tuple[str, ...]:
+        return tuple(name for family in self.families() for name in (*family.outputs, *family.optional_outputs))
 
     def switched(self) -> list[Family]:
         return self.families()

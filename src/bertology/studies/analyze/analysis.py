@@ -80,7 +80,7 @@ class Analysis:
         for result in self.__dict__.get("results", {}).values():
             if name in result:
                 return result.get(name)
-        if any(name in family.outputs for family in registered().values()):
+        if any(name in (*family.outputs, *family.optional_outputs, *family.in_memory) for family in registered().values()):
             return None
         raise AttributeError(f"{type(self).__name__!r} has no table or attribute {name!r}")
 

@@ -27,6 +27,7 @@ class Finetune(Study):
         *pick(MODEL, "device", "trust_remote_code"),
     )
     report = False
+    work = "checkpoint"
 
     def run(self, settings: dict, command: list[str] | None = None):
         from bertology.core.runfolder import check_out

@@ -29,6 +29,7 @@ class Pretrain(Study):
         *pick(MODEL, "device"),
     )
     outputs = ("loss", "checkpoints")
+    work = "training"
 
     def run(self, settings: dict, command: list[str] | None = None):
         from bertology.studies.pretrain.pretraining import pretrain

@@ -27,6 +27,7 @@ class Track(Study):
     )
     outputs = ("track", "track_layers", "peaks")
     optional_outputs = ("emergence",)
+    work = "parts"
 
     def run(self, settings: dict, command: list[str] | None = None):
         from bertology.core.models import DEFAULT_MODEL
