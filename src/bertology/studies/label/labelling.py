@@ -153,7 +153,7 @@ class LabelServer:
                           "label": self.labels.get(item.key)} for item in self.maps]}
 
     def page(self) -> str:
-        assets = resources.files("bertology.render") / "templates"
+        assets = resources.files("bertology.studies.label") / "templates"
         return (assets / "label.html").read_text(encoding="utf-8").replace("/*SCRIPT*/", (assets / "label.js").read_text(encoding="utf-8"))
 
     def _handler(self):

@@ -128,8 +128,8 @@ class AttentionView:
     def html(self) -> str:
         """The standalone page."""
         script = json.dumps(self.payload()).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-        environment = Environment(loader=PackageLoader("bertology", "render/templates"), autoescape=select_autoescape(["j2", "html"]))
-        assets = resources.files("bertology.render") / "templates"
+        environment = Environment(loader=PackageLoader("bertology", "studies/view/templates"), autoescape=select_autoescape(["j2", "html"]))
+        assets = resources.files("bertology.studies.view") / "templates"
         return environment.get_template("viewer.html.j2").render(
             view=self, data=Markup(script), script=Markup((assets / "viewer.js").read_text(encoding="utf-8")),
             style=Markup((assets / "viewer.css").read_text(encoding="utf-8")),
