@@ -34,7 +34,6 @@ import hashlib
 import io
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 

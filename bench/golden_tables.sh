@@ -10,7 +10,10 @@
 # unless `import bertology` resolves inside CHECKOUT/src. Every command runs in a fixed work folder (GOLDEN_WORK,
 # default /tmp/bertology-golden-work, emptied first) with relative --out paths, so that no table depends on where
 # the checkout or OUTDIR is. One bertology process at a time, --device cpu --seed 0 --quiet, hub offline,
-# OMP/MKL threads fixed (GOLDEN_THREADS, default 2), PYTHONHASHSEED=0, a private XDG_CACHE_HOME (weight digests).
+# OMP/MKL/OpenBLAS threads fixed (GOLDEN_THREADS, default 1: float results can depend on the thread count, and on
+# this 2-core machine one thread is as fast for the model passes and 3-4x faster for the sklearn layer probes, which
+# crawl when their BLAS threads share the cores with anything else), PYTHONHASHSEED=0 (GOLDEN_HASHSEED), a private XDG_CACHE_HOME
+# (weight digests). OUTDIR/settings.txt records the threads and hash seed and is compared like the tables.
 #
 # Inputs (copied into the work folder; their sha256 go into OUTDIR/inputs.sha256, which is compared too) come from
 # ../shared/data beside this script's repository (GOLDEN_SHARED_DATA to point elsewhere):
@@ -55,8 +58,9 @@ WORK=${GOLDEN_WORK:-/tmp/bertology-golden-work}
 # The environment every command runs in.
 export PYTHONPATH="$CHECKOUT/src"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
-export PYTHONHASHSEED=0
-export OMP_NUM_THREADS=${GOLDEN_THREADS:-2} MKL_NUM_THREADS=${GOLDEN_THREADS:-2}
+export PYTHONHASHSEED=${GOLDEN_HASHSEED:-0}  # "random" to look for hash-order dependence
+THREADS=${GOLDEN_THREADS:-1}
+export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS
 export XDG_CACHE_HOME="$WORK/.cache" MPLCONFIGDIR="$WORK/.matplotlib"
 export PYTHONWARNINGS=ignore
 
@@ -87,6 +91,7 @@ esac
     echo "threads: OMP_NUM_THREADS=$OMP_NUM_THREADS; work folder: $WORK; shared data: $SHARED"
     echo "date: $(date -u +%FT%TZ)"
 } > "$OUTDIR/_meta/env.txt"
+printf 'threads=%s\nPYTHONHASHSEED=%s\n' "$THREADS" "$PYTHONHASHSEED" > "$OUTDIR/settings.txt"
 cat "$OUTDIR/_meta/env.txt"
 
 # ---- inputs ----
