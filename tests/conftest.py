@@ -280,3 +280,23 @@ def tuned_dir(tiny_bert_dir, tmp_path_factory):
     BertTokenizerFast.from_pretrained(tiny_bert_dir).save_pretrained(folder)
     (folder / "metrics.json").write_text(json.dumps({"model": str(tiny_bert_dir)}))
     return folder
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_example(section: str) -> str:
+    """The first Python block of the README's section titled ``section`` (``## Your own analysis``)."""
+    import re
+
+    text = README.read_text()
+    return re.search(r"```python\n(.*?)```", text[text.index(f"## {section}"):], re.S).group(1)
+
+
+def run_offline(code: str, cwd: Path):
+    """Run ``code`` in a fresh interpreter in ``cwd``, the hub switched off and no PATH: as a user would paste it."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": ""})

@@ -1,27 +1,17 @@
 """The README's "Your own analysis" example runs as it stands, and its family behaves like bertology's own."""
 
 import json
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import readme_example, run_offline
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def readme_example() -> str:
-    text = README.read_text()
-    section = text[text.index("## Your own analysis"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+SECTION = "Your own analysis"
 
 
 def test_the_readme_example_runs_and_its_table_and_section_land_in_the_run_folder(tmp_path):
-    result = subprocess.run([sys.executable, "-c", readme_example()], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                            env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": ""})
+    result = run_offline(readme_example(SECTION), tmp_path)
     assert result.returncode == 0, result.stderr
     out = tmp_path / "runs" / "first-piece"
     table = pd.read_csv(out / "first_piece.csv")
@@ -39,7 +29,7 @@ def test_a_registered_family_runs_in_the_same_pass_and_matches_a_computation_by_
     from bertology.core.engine import Engine
 
     namespace: dict = {}
-    code = readme_example()
+    code = readme_example(SECTION)
     exec(code[: code.index("bertology.register_family(")], namespace)
     monkeypatch.setattr(registry, "_registry", dict(registry.registered()))  # registered for this test only
     bertology.register_family(namespace["FirstPiece"]())

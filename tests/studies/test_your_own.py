@@ -2,28 +2,18 @@
 touched) gets its command, writes its folder through the one finish, and passes every check bertology's own studies pass."""
 
 import json
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import readme_example, run_offline
 
 from bertology.checks import STUDY_CHECKS
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def readme_example() -> str:
-    text = README.read_text()
-    section = text[text.index("## Your own study"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+SECTION = "Your own study"
 
 
 def test_the_readme_study_runs_as_a_command_and_counts_the_pieces_the_tokenizer_makes(tmp_path):
-    result = subprocess.run([sys.executable, "-c", readme_example()], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                            env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": ""})
+    result = run_offline(readme_example(SECTION), tmp_path)
     assert result.returncode == 0, result.stderr
     out = tmp_path / "runs" / "pieces"
     table = pd.read_csv(out / "pieces.csv")
@@ -46,7 +36,7 @@ def pieces_study():
     from bertology import studies
 
     namespace = {}
-    exec(readme_example().split("\nregister_study(")[0], namespace)
+    exec(readme_example(SECTION).split("\nregister_study(")[0], namespace)
     study = studies.register_study(namespace["PieceCounts"]())
     yield study
     del studies._registry[study.name]
