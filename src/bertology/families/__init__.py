@@ -67,6 +67,11 @@ class FamilyContext:
     warnings: list[str]
     weighting: str = "attention"
 
+    @property
+    def progress(self) -> bool:
+        """Whether the run shows progress bars (a family's own long steps, such as fitting probes, show one too)."""
+        return self.engine.progress
+
 
 class Family:
     """An analysis family (see the module docstring). Subclasses set the class attributes and implement

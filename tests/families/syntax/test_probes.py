@@ -53,3 +53,11 @@ def test_evaluate_and_cross_validate_report_every_method():
     folds = cross_validate(data, folds=3, epochs=5)
     assert len(folds["folds"]) == 3 and sum(run["test_sentences"] for run in folds["folds"]) == 30
     assert folds["uas"]["attn"] > folds["uas"]["right_branching"]
+
+
+def test_the_parsing_probe_shows_its_progress_when_asked(capsys):
+    sentences = synthetic(count=12)
+    cross_validate(sentences, folds=3, epochs=1, seed=0, progress=True)
+    assert "parsing probe" in capsys.readouterr().err
+    cross_validate(sentences, folds=3, epochs=1, seed=0)
+    assert "parsing probe" not in capsys.readouterr().err

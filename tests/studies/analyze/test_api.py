@@ -173,3 +173,17 @@ def test_analyze_takes_exactly_the_shared_settings_with_the_defaults_their_optio
     for option in ANALYSIS:
         if option.name not in cli_only:
             assert parameters[option.name].default == option.default, option.name
+
+
+def test_every_phase_of_a_run_is_timed_in_the_manifest_and_the_report(tiny_bert, tmp_path):
+    import json
+
+    from bertology.api import analyze
+
+    out = tmp_path / "run"
+    result = analyze(tiny_bert, ["The cat sat on the mat.", "A dog ran fast."] * 6, analyses=["profile", "roles"], out=out, progress=False)
+    phases = json.loads((out / "manifest.json").read_text())["phases"]
+    assert list(phases) == ["load", "pass", "finish:profile", "finish:roles", "viewer", "report"]
+    assert all(isinstance(seconds, float) and seconds >= 0 for seconds in phases.values())
+    assert phases["pass"] == round(result.stats.seconds, 2)
+    assert "finish:roles" in (out / "report.html").read_text()

@@ -74,7 +74,7 @@ class Layers(Family):
         settings = context.settings
         table = probe_layers(kept_sentences(analyzers["vectors"], context.warnings, "--probe-sentences"), settings["probe_tasks"],
                              test_share=settings["probe_test_share"], bootstrap=settings["probe_bootstrap"],
-                             seed=settings["seed"], control_casefold=settings["control_casefold"])
+                             seed=settings["seed"], control_casefold=settings["control_casefold"], progress=context.progress)
         return FamilyResult(tables={"layer_probes": table, "layer_probe_summary": probe_summary(table)})
 
     def section(self, folder, result, settings):

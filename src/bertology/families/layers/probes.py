@@ -42,6 +42,7 @@ import pandas as pd
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
+from tqdm.auto import tqdm
 
 from bertology.core.errors import BertologyError
 from bertology.core.stats import keyed_rng
@@ -98,9 +99,10 @@ def bootstrap_accuracy(correct: np.ndarray, sentence_of_word: np.ndarray, senten
 
 
 def probe_layers(sentences: Sequence[LayerSentence], tasks: Sequence[str] = PROBE_TASKS, *, test_share: float = 0.2, bootstrap: int = 1000,
-                 seed: int = 0, control_casefold: bool = False) -> pd.DataFrame:
+                 seed: int = 0, control_casefold: bool = False, progress: bool = False) -> pd.DataFrame:
     """The ``layer_probes`` table (see the module docstring): one row per layer and task. ``control_casefold``: the
-    control task's word types are casefolded forms (default: forms as written, as in Hewitt & Liang)."""
+    control task's word types are casefolded forms (default: forms as written, as in Hewitt & Liang); ``progress``: a bar
+    over the tasks' layers."""
     train_ids, test_ids = split_sentences(len(sentences), test_share, seed)
     sides = {}
     for name, ids in (("train", train_ids), ("test", test_ids)):
@@ -113,22 +115,24 @@ def probe_layers(sentences: Sequence[LayerSentence], tasks: Sequence[str] = PROB
         }
     train, test = sides["train"], sides["test"]
     rows = []
-    for task in tasks:
-        distribution = Counter(train["labels"][task])
-        if len(distribution) < 2:
-            raise BertologyError(f"the {task} probe needs at least two labels among its training words, not only {sorted(distribution)}")
-        majority_label = max(sorted(distribution), key=distribution.__getitem__)
-        control_train = control_labels(train["forms"], distribution, task, seed, casefold=control_casefold)
-        control_test = control_labels(test["forms"], distribution, task, seed, casefold=control_casefold)
-        for layer in range(train["vectors"].shape[0]):
-            train_x, test_x = train["vectors"][layer].astype(np.float32), test["vectors"][layer].astype(np.float32)
-            correct = fit_and_score(train_x, train["labels"][task], test_x, test["labels"][task], seed)
-            control = fit_and_score(train_x, control_train, test_x, control_test, seed)
-            low, high = bootstrap_accuracy(correct, test["sentence"], len(test_ids), bootstrap, seed)
-            rows.append({"layer": layer, "task": task, "accuracy": correct.mean(), "ci_low": low, "ci_high": high,
-                         "control_accuracy": control.mean(), "selectivity": correct.mean() - control.mean(),
-                         "majority": float(np.mean(test["labels"][task] == majority_label)), "n_train": len(train["forms"]),
-                         "n_test": len(test["forms"])})
+    with tqdm(total=len(tasks) * train["vectors"].shape[0], unit="probe", desc="layer probes", disable=not progress) as bar:
+        for task in tasks:
+            distribution = Counter(train["labels"][task])
+            if len(distribution) < 2:
+                raise BertologyError(f"the {task} probe needs at least two labels among its training words, not only {sorted(distribution)}")
+            majority_label = max(sorted(distribution), key=distribution.__getitem__)
+            control_train = control_labels(train["forms"], distribution, task, seed, casefold=control_casefold)
+            control_test = control_labels(test["forms"], distribution, task, seed, casefold=control_casefold)
+            for layer in range(train["vectors"].shape[0]):
+                train_x, test_x = train["vectors"][layer].astype(np.float32), test["vectors"][layer].astype(np.float32)
+                correct = fit_and_score(train_x, train["labels"][task], test_x, test["labels"][task], seed)
+                control = fit_and_score(train_x, control_train, test_x, control_test, seed)
+                low, high = bootstrap_accuracy(correct, test["sentence"], len(test_ids), bootstrap, seed)
+                rows.append({"layer": layer, "task": task, "accuracy": correct.mean(), "ci_low": low, "ci_high": high,
+                             "control_accuracy": control.mean(), "selectivity": correct.mean() - control.mean(),
+                             "majority": float(np.mean(test["labels"][task] == majority_label)), "n_train": len(train["forms"]),
+                             "n_test": len(test["forms"])})
+                bar.update(1)
     return pd.DataFrame(rows, columns=PROBE_COLUMNS)
 
 

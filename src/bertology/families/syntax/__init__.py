@@ -48,7 +48,9 @@ class Syntax(Family):
         return analyzers
 
     def finish(self, analyzers, context):
-        from bertology.families.syntax.probes import ProbeData, cross_validate, evaluate
+        from tqdm.auto import tqdm
+
+        from bertology.families.syntax.probes import VARIANTS, ProbeData, cross_validate, evaluate
 
         settings, relations = context.settings, analyzers["relations"]
         syntax = relations.result()
@@ -66,10 +68,11 @@ class Syntax(Family):
         if test_corpus is not None:
             test_data = ProbeData()
             context.engine.run(test_corpus, [test_data], weightings=[context.weighting])
-            result.documents["probe"] = {"evaluation": f"trained on {context.corpus['name']}, tested on {test_corpus.name}",
-                                         **evaluate(sentences, test_data.ordered(), epochs=epochs, seed=seed)}
+            with tqdm(total=len(VARIANTS), unit="probe", desc="parsing probe", disable=not context.progress) as bar:
+                probe = evaluate(sentences, test_data.ordered(), epochs=epochs, seed=seed, bar=bar)
+            result.documents["probe"] = {"evaluation": f"trained on {context.corpus['name']}, tested on {test_corpus.name}", **probe}
         elif len(sentences) >= 2 * folds:
-            result.documents["probe"] = cross_validate(sentences, folds=folds, epochs=epochs, seed=seed)
+            result.documents["probe"] = cross_validate(sentences, folds=folds, epochs=epochs, seed=seed, progress=context.progress)
         else:
             context.warnings.append(f"parsing probe skipped: {len(sentences)} sentences are too few for {folds}-fold cross-validation")
         return result

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from bertology.core.analyzer import Analyzer
 from bertology.core.engine import Batch
@@ -193,23 +194,29 @@ def baseline_uas(sentences: Sequence[ProbeSentence], offset: int) -> float:
     return correct / sum(len(s.heads) for s in sentences)
 
 
-def evaluate(train: Sequence[ProbeSentence], test: Sequence[ProbeSentence], epochs: int = 30, seed: int = 0) -> dict:
-    """UAS on ``test`` of both probe variants trained on ``train``, and of the baselines."""
+def evaluate(train: Sequence[ProbeSentence], test: Sequence[ProbeSentence], epochs: int = 30, seed: int = 0, bar: tqdm | None = None) -> dict:
+    """UAS on ``test`` of both probe variants trained on ``train``, and of the baselines; ``bar`` advances by one per variant."""
     best_offset = max(OFFSETS, key=lambda k: baseline_uas(train, k))
-    scores = {variant: probe_uas(train_probe(train, variant, epochs=epochs, seed=seed), test) for variant in VARIANTS}
+    scores = {}
+    for variant in VARIANTS:
+        scores[variant] = probe_uas(train_probe(train, variant, epochs=epochs, seed=seed), test)
+        if bar is not None:
+            bar.update(1)
     scores.update(right_branching=baseline_uas(test, 1), left_branching=baseline_uas(test, -1), best_offset=baseline_uas(test, best_offset))
     return {"uas": scores, "best_offset": best_offset, "train_sentences": len(train), "test_sentences": len(test)}
 
 
-def cross_validate(sentences: Sequence[ProbeSentence], folds: int = 5, epochs: int = 30, seed: int = 0) -> dict:
-    """k-fold cross-validation over sentences (each sentence's fold is fixed by a hash of its key)."""
+def cross_validate(sentences: Sequence[ProbeSentence], folds: int = 5, epochs: int = 30, seed: int = 0, progress: bool = False) -> dict:
+    """k-fold cross-validation over sentences (each sentence's fold is fixed by a hash of its key); ``progress``: a bar
+    over the folds' probes."""
     fold_of = np.array([keyed_rng(seed, "fold", s.key).integers(folds) for s in sentences])
     runs = []
-    for fold in range(folds):
-        train = [s for s, f in zip(sentences, fold_of) if f != fold]
-        test = [s for s, f in zip(sentences, fold_of) if f == fold]
-        if train and test:
-            runs.append(evaluate(train, test, epochs=epochs, seed=seed))
+    with tqdm(total=folds * len(VARIANTS), unit="probe", desc="parsing probe", disable=not progress) as bar:
+        for fold in range(folds):
+            train = [s for s, f in zip(sentences, fold_of) if f != fold]
+            test = [s for s, f in zip(sentences, fold_of) if f == fold]
+            if train and test:
+                runs.append(evaluate(train, test, epochs=epochs, seed=seed, bar=bar))
     names = runs[0]["uas"].keys()
     return {
         "evaluation": f"{folds}-fold cross-validation over sentences",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, is_dataclass
 from html import escape
@@ -71,6 +72,9 @@ class Analysis:
     warnings: list[str] = field(default_factory=list)
     view: AttentionView | None = None
     failures: dict[str, str] = field(default_factory=dict)
+    #: Seconds of each phase of the run: ``load`` (the model), ``pass``, ``finish:FAMILY`` (tests, probes), ``viewer``,
+    #: ``report`` (figures, sections and page); in the manifest and the report.
+    phases: dict[str, float] = field(default_factory=dict)
     #: Each view of attention's own results (``weighting`` -> family -> result), for the report's sections.
     by_view: dict[str, dict[str, FamilyResult]] = field(default_factory=dict)
 
@@ -99,6 +103,7 @@ class Analysis:
             "max length": self.settings["max_length"],
             "device": self.model["device"],
             "time": f"{stats['seconds']} s ({stats['sequences_per_second']} sequences/s)",
+            **({"phases": ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.phases.items())} if self.phases else {}),
             "started": self.started,
             **({"failed": "; ".join(f"{family}: {message}" for family, message in self.failures.items())} if self.failures else {}),
         }
@@ -107,6 +112,7 @@ class Analysis:
     def save(self, out: str | Path, command: list[str] | None = None) -> Path:
         """Write every family's tables, figures and report section, ``report.html`` and ``manifest.json`` to ``out``,
         replacing it whole; returns the report path."""
+        began = time.perf_counter()
         folder = RunFolder(out)
         sections = []
         for name, result in self.results.items():
@@ -136,10 +142,12 @@ class Analysis:
             self.view.labels = head_labels(folder.path)
             self.view.save(folder.path / "viewer.html")
             sections.append(viewer_section(self.view))
+        self.phases["report"] = round(time.perf_counter() - began, 2)  # the page's rendering itself is a few milliseconds
         report = Report(title=f"bertology: {self.model['name']} on {self.corpus['name']}", summary=self.summary(), sections=sections)
         manifest = {"failures": self.failures, "model": self.model, "corpus": self.corpus,
                     "settings": {name: _json_setting(value) for name, value in self.settings.items()}, "seed": self.settings["seed"],
-                    "stats": self.stats.as_dict(), "skipped_sources": self.stats.skipped_sources, "started": self.started, "warnings": self.warnings}
+                    "stats": self.stats.as_dict(), "phases": self.phases, "skipped_sources": self.stats.skipped_sources, "started": self.started,
+                    "warnings": self.warnings}
         self.out = finish(folder, manifest, report=report.render(), status="partial" if self.failures else "complete", command=command)
         return self.out / "report.html"
 
@@ -285,7 +293,9 @@ def analyze(
     if total == 0:
         raise BertologyError("the corpus has no examples")
     corpus_info["examples"] = total
+    began = time.perf_counter()
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, trust_remote_code=trust_remote_code)
+    phases = {"load": round(time.perf_counter() - began, 2)}
     if loaded.model.config.model_type not in BLOCK_LAYOUTS:  # norms and mixing need to know where W_O and the layer norm are
         if "norm" in views:
             attention_blocks(loaded.model)  # its one-line error names the layouts it knows
@@ -328,13 +338,16 @@ def analyze(
     if stats.sequences == 0:
         raise BertologyError(f"every sequence was longer than {engine.max_length} pieces and skipped: raise --max-length or truncate")
 
-    analysis = Analysis(model=loaded.info(), corpus=corpus_info, stats=stats, settings=settings, started=started, warnings=late_warnings)
+    phases["pass"] = round(stats.seconds, 2)
+    analysis = Analysis(model=loaded.info(), corpus=corpus_info, stats=stats, settings=settings, started=started, warnings=late_warnings,
+                        phases=phases)
     for position, message in stats.failed.items():  # an analyzer that failed during the pass takes its family out
         analysis.failures.setdefault(fed[position][0], message)
     for family in chosen:
         if family.name in analysis.failures:
             continue
         warnings: list[str] = []
+        began = time.perf_counter()
         try:
             finished = {weighting: family.finish(analyzers[family.name, weighting], FamilyContext(settings, engine, corpus_info, warnings, weighting))
                         for weighting in family_views[family.name]}
@@ -346,11 +359,14 @@ def analyze(
             # Tables say their view in a weighting column whenever the run reads more than the plain weights.
             analysis.results[family.name] = combine_views(finished) if family.weighted and views != ["attention"] else finished[family_views[family.name][0]]
             analysis.warnings.extend(dict.fromkeys(warnings))
+        phases[f"finish:{family.name}"] = round(time.perf_counter() - began, 2)
     if len(analysis.failures) == len(chosen):  # nothing left worth a run folder
         raise BertologyError("; ".join(analysis.failures.values()))
     if view:
+        began = time.perf_counter()
         first = next(iter(examples))
         analysis.view = attention_view(first.text, first.text_pair, model=loaded, max_length=engine.max_length)
+        phases["viewer"] = round(time.perf_counter() - began, 2)
     if out is not None:
         analysis.save(out, command=command)
     return analysis

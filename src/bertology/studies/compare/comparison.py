@@ -173,7 +173,7 @@ def comparison_of_layers(engines: Sequence[Engine], examples, similarity_layers:
     for side, engine in zip("AB", engines):
         vectors = WordVectors(max_sentences=probe_sentences)
         engine.run(examples, [vectors], desc=f"layer vectors of {side}")
-        tables.append(probe_layers(kept_sentences(vectors, warnings, "--probe-sentences"), seed=seed).assign(model=side))
+        tables.append(probe_layers(kept_sentences(vectors, warnings, "--probe-sentences"), seed=seed, progress=engine.progress).assign(model=side))
     probes = pd.concat(tables, ignore_index=True)
     wide = probes.pivot(index=["layer", "task"], columns="model", values=["accuracy", "selectivity"])
     wide.columns = [f"{quantity}_{side.lower()}" for quantity, side in wide.columns]
