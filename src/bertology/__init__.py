@@ -34,6 +34,8 @@ _EXPORTS = {
     "FamilyResult": "bertology.families",
     "Option": "bertology.families",
     "register_family": "bertology.families",
+    "Study": "bertology.studies",
+    "register_study": "bertology.studies",
     "Track": "bertology.studies.track.dynamics",
     "track": "bertology.studies.track.dynamics",
     "pretrain": "bertology.studies.pretrain.pretraining",

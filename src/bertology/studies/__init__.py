@@ -51,7 +51,8 @@ class Study:
 
     def run(self, settings: dict, command: list[str] | None = None) -> Any:
         """Do the work with ``settings`` (every option by name, the given value or its default) and write the output;
-        return the result :meth:`summary` and :meth:`written` read."""
+        return the result :meth:`summary` reads. Where ``out`` was left out, the study puts the folder it chose in
+        ``settings["out"]``; ``command`` is the command line the manifest records."""
         raise NotImplementedError
 
     def summary(self, result: Any, settings: dict) -> list[str]:

@@ -11,10 +11,6 @@ from bertology.families import Family, registered
 from bertology.studies import Study, default_out, register_study
 
 
-def _report_line(result) -> str:
-    return f"report: {(result.out / 'report.html').resolve()}"
-
-
 class Analyze(Study):
     """Families run by a command: ``switches`` are switched on and off by ``--F/--no-F`` (``analyze``); without switches
     the command runs ``families`` (a one-family command)."""
@@ -78,7 +74,7 @@ class Analyze(Study):
         for name, family_result in result.results.items():
             lines += registry[name].summary(family_result)
         lines += [f"warning: {warning}" for warning in result.warnings]
-        return [*lines, _report_line(result)]
+        return [*lines, f"report: {(result.out / 'report.html').resolve()}"]
 
     def failed(self, result) -> str | None:
         if not result.failures:
