@@ -73,7 +73,7 @@ def in_process(corpus: Path, device: str) -> dict:
     loaded = load_model(None, device=device)
     load_seconds = time.perf_counter() - started
     examples, _ = open_corpus(texts, "auto", None)
-    families = _choose_families(None, (), (), False, "bench")
+    families = _choose_families(None, (), (), False, False, "bench")
     settings = {"seed": 0, "punct": "upos", "correction": "fdr_bh", **_family_settings(families, {})}
     engine = Engine(loaded, progress=False)
     shards, stats = [], []
