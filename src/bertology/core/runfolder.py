@@ -508,7 +508,11 @@ class RunFolder:
         import matplotlib.pyplot as plt
 
         try:
-            return atomic_write(self.path / f"{name}.png", lambda p: figure.savefig(p, format="png", dpi=110, bbox_inches="tight", pil_kwargs=_PNG))
+            # Laid out by the figure's own layout engine (tight, unless it has one) within its one draw; bbox_inches="tight"
+            # would draw every figure twice, once to measure and once to save.
+            if figure.get_layout_engine() is None:
+                figure.set_layout_engine("tight")
+            return atomic_write(self.path / f"{name}.png", lambda p: figure.savefig(p, format="png", dpi=110, pil_kwargs=_PNG))
         finally:
             plt.close(figure)
 

@@ -34,7 +34,7 @@ def class_heatmaps(table: pd.DataFrame, names: list[str]):
         head_grid(axis, grid, f"{name}: attention / share of words", cmap="magma", vmin=0)
     for axis in list(axes.flat)[len(names):]:
         axis.axis("off")
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 

@@ -18,7 +18,7 @@ def frame_heatmaps(table: pd.DataFrame):
     head_grid(axes[0], score, "max attention between target and core element", vmin=0, vmax=1)
     bound = max(float(abs(difference.values).max()), 1e-9) if difference.notna().any().any() else 1.0
     head_grid(axes[1], difference, "score minus position-matched random pairs", cmap="RdBu_r", vmin=-bound, vmax=bound)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 

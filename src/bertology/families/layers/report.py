@@ -33,7 +33,7 @@ def probes_by_layer(table: pd.DataFrame, by: str | None = None):
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel("test accuracy")
     axes[0][-1].legend(fontsize=7)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 

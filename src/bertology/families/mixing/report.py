@@ -20,7 +20,7 @@ def mixing_by_layer(table: pd.DataFrame):
     axis.set_ylim(0, 1)
     axis.set_title("share of each token's update that comes from other tokens")
     axis.legend(fontsize=8)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 

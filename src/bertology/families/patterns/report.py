@@ -26,7 +26,7 @@ def pattern_shares_by_layer(by_layer: pd.DataFrame):
     axis.set_ylabel("share of maps")
     axis.set_title("attention pattern classes per layer (Kovaleva et al.)")
     axis.legend(fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 
@@ -46,7 +46,7 @@ def pattern_grid(patterns: pd.DataFrame):
     axis.set_title("majority pattern of each head")
     handles = [plt.Rectangle((0, 0), 1, 1, color=PATTERN_COLOURS[n]) for n in names]
     axis.legend(handles, names, fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 
@@ -116,7 +116,7 @@ def confusion_figure(confusion: pd.DataFrame):
         axis.set_xlabel("predicted")
         axis.set_ylabel("hand label")
         axis.set_title("trained classifier (out of fold)" if method == "trained" else "rules")
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 

@@ -30,7 +30,7 @@ def special_by_layer(heads: pd.DataFrame, metrics=("cls", "sep", "punct")):
         axis.grid(alpha=0.3)
     np.atleast_1d(axes)[0].set_ylabel("average attention")
     np.atleast_1d(axes)[0].legend(loc="upper left", fontsize=8)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 
@@ -86,7 +86,7 @@ def head_map_figure(embedding: pd.DataFrame):
     axis.set_yticks([])
     axis.legend(title="layer (0-based)", fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
     axis.set_title("heads by Jensen-Shannon distance (MDS); labels layer-head, where they fit")
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     renderer = figure.canvas.get_renderer()
     centre = embedding[["x", "y"]].mean()
     kept = []

@@ -30,7 +30,7 @@ def role_shares_by_layer(shares: pd.DataFrame, tau: float):
     axis.set_title(f"heads holding each role (one-sided t-test, tau = {tau:g}, corrected)")
     axis.legend(fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
     axis.grid(axis="y", alpha=0.3)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 
@@ -44,7 +44,7 @@ def role_colocation_heatmap(matrix: pd.DataFrame):
         axis.text(j, i, int(value), ha="center", va="center", fontsize=8, color="black" if value < matrix.values.max() / 2 else "white")
     axis.set_title("heads holding both roles")
     plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 

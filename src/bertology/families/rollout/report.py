@@ -23,7 +23,7 @@ def rollout_by_layer(table: pd.DataFrame):
         axis.set_title(f"rolled out from {ROW_TITLES[row]}")
     axes[0].set_ylabel("rolled-out attention")
     axes[0].legend(fontsize=8)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 

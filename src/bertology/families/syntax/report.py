@@ -33,7 +33,7 @@ def best_heads_vs_baseline(best: pd.DataFrame, top: int = 15):
     axis.set_title("best head per relation (layer-head, 0-based; * beats the baseline after correction)")
     axis.legend(fontsize=8, loc="upper right")
     axis.grid(axis="y", alpha=0.3)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 
@@ -52,7 +52,7 @@ def relation_heatmap(syntax: pd.DataFrame, relation: str):
         axis.set_ylabel("layer (0-based)")
         axis.set_title(f"{relation}: {direction} (n={int(rows.n.iloc[0])})")
         plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 

@@ -81,7 +81,7 @@ def views_figure(table: pd.DataFrame, views: list[str]):
         axis.tick_params(labelsize=7)
         axis.grid(alpha=0.3)
         axis.legend(fontsize=6)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 

@@ -60,7 +60,7 @@ def similarity_heatmap(similarity: pd.DataFrame, name_a: str, name_b: str):
     axis.set_ylabel("layer (0-based)")
     axis.set_title(f"cosine similarity of attention maps\n{name_a} vs {name_b}", fontsize=9)
     plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 
@@ -73,5 +73,5 @@ def similarity_by_layer(layers: pd.DataFrame):
     axis.set_ylabel("mean cosine similarity")
     axis.set_title("how much each layer's attention changed (1 = unchanged)")
     axis.grid(alpha=0.3)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure

@@ -25,7 +25,7 @@ def gradients_by_layer(table: pd.DataFrame):
     axes[1].set_ylabel("mean |dL/da| per weight")
     axes[1].set_title("gradient of the loss w.r.t. those weights")
     axes[1].legend(fontsize=8)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 

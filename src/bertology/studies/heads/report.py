@@ -94,7 +94,7 @@ def ablation_heatmap(ablation: pd.DataFrame, metric: str):
     intervention = rows.intervention.iloc[0]
     axis.set_title(f"change of {metric} (points) with the head {'masked' if intervention == 'mask' else 'made uniform'}; * p_adj < 0.05", fontsize=9)
     plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04, label="points")
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 
@@ -103,7 +103,7 @@ def importance_heatmap(importance: pd.DataFrame):
     grid = importance.pivot(index="layer", columns="head", values="importance_normalised")
     figure, axis = plt.subplots(figsize=head_grid_size(grid))
     head_grid(axis, grid, "head importance E|dL/d xi| (normalised per layer)", vmin=0)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 
@@ -119,5 +119,5 @@ def pruning_curve(pruning: pd.DataFrame, metric: str, unpruned: float):
     axis.set_title("iterative pruning (Michel et al. 2019)", fontsize=9)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure

@@ -33,7 +33,7 @@ def pretraining_curve(losses: pd.DataFrame, checkpoints: pd.DataFrame, unigram: 
     right.grid(alpha=0.3)
     lines = right.get_legend_handles_labels()[0] + accuracy.get_legend_handles_labels()[0]
     right.legend(lines, [line.get_label() for line in lines], fontsize=8, loc="lower left")
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 

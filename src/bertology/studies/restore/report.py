@@ -25,7 +25,7 @@ def restore_curves(table: pd.DataFrame, metric: str, fine_tuned: float):
     axis.set_title("restoring pre-trained weights after fine-tuning")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 

@@ -70,7 +70,7 @@ def layer_by_step_heatmaps(layers: pd.DataFrame, metrics=("cls", "sep", "punct")
         axis.set_ylabel("layer (0-based)")
         axis.set_title(METRIC_TITLES[metric])
         plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 
@@ -93,7 +93,7 @@ def emergence_curves(strength: pd.DataFrame, emergence: pd.DataFrame):
     scaled.set_title("patterns that rise; dotted: where each crosses half")
     log_step_axis(raw)
     log_step_axis(scaled)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 
@@ -110,7 +110,7 @@ def syntax_by_step(series: pd.DataFrame, best: pd.DataFrame, relations: list[str
     axis.set_ylabel("accuracy of the best head")
     axis.set_title("best syntactic head per relation over training")
     log_step_axis(axis)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 
@@ -129,5 +129,5 @@ def peak_layers_by_metric(layer_means: dict, peaks: dict):
     axis.set_xticks(range(len(next(iter(layer_means.values())))))
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    figure.tight_layout()
+    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
