@@ -29,7 +29,7 @@ from markupsafe import escape
 
 from bertology.core.options import Option
 from bertology.core.runfolder import RunFolder
-from bertology.families import Family, FamilyResult
+from bertology.families import COMMON_SETTINGS, Family, FamilyResult
 from bertology.render.html import Report
 from bertology.studies import Study
 
@@ -43,13 +43,7 @@ def run_family(family: Family, model, examples, out: Path, **settings):
 
     own = {option.name for option in family.options}
     return analyze(model, examples, analyses=[family.name], out=out, view=False, progress=False,
-                   **{name: value for name, value in settings.items() if name in own or name not in _family_option_names()})
-
-
-def _family_option_names() -> set[str]:
-    from bertology.families import registered
-
-    return {option.name for family in registered().values() for option in family.options}
+                   **{name: value for name, value in settings.items() if name in own or name in COMMON_SETTINGS})
 
 
 def check_tables_declared(family: Family, analysis) -> None:
@@ -187,8 +181,12 @@ def check_folder_written_whole(study: Study, given: dict) -> None:
     undeclared = tables - set(study.outputs) - set(study.optional_outputs)
     assert not undeclared, f"study {study.name} writes tables it does not declare: {sorted(undeclared)}"
     assert ("report.html" in files) == study.report, f"study {study.name}: report.html {'missing' if study.report else 'written'}"
-    beside = [path.name for path in out.parent.iterdir() if path.name.startswith(f"{out.name}.")]
-    assert not beside, f"study {study.name} left {beside} beside its run folder"
+    assert not _beside(out), f"study {study.name} left {_beside(out)} beside its run folder"
+
+
+def _beside(out: Path) -> list[str]:
+    """What a run left beside its folder: a staging ``OUT.tmp-*`` or a previous ``OUT.old-*``."""
+    return [path.name for path in out.parent.iterdir() if path.name.startswith(f"{out.name}.")]
 
 
 def _files(out: Path, work: str | None) -> dict:
@@ -220,8 +218,7 @@ def check_failed_run_keeps_previous(study: Study, given: dict) -> None:
             raise AssertionError(f"study {study.name}: the run did not fail when its folder could not be swapped in")
     after = _files(out, study.work)
     assert after == before, f"study {study.name}: a failed run changed the previous one ({sorted(set(after) ^ set(before)) or 'contents'})"
-    beside = [path.name for path in out.parent.iterdir() if path.name.startswith(f"{out.name}.")]
-    assert not beside, f"study {study.name}: a failed run left {beside} beside the run folder"
+    assert not _beside(out), f"study {study.name}: a failed run left {_beside(out)} beside the run folder"
 
 
 #: The study rules, by name; the last two need the study's small inputs (``given``).

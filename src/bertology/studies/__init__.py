@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from bertology.core.errors import BertologyError
-from bertology.core.options import Option
+from bertology.core.options import TASK, Option
 
 #: The room whose commands ``bertology --help`` lists first (the analysis families' own follow it); the other rooms, every
 #: package in this folder, follow in alphabetical order: adding a study is adding its folder.
@@ -75,6 +75,17 @@ def default_out(command: str, model: str | None, corpus: str | Path | None) -> P
     corpus_name = Path(corpus).stem if corpus else "sample"
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{command}-{name}-{corpus_name}-{stamp}"
+
+
+def read_task(settings: dict, also: tuple = (), work: str | None = None):
+    """The task of a study's ``TASK`` options (:data:`bertology.core.options.TASK`), read after ``out`` is checked (when
+    given) against the task's files, the model and ``also``: replacing ``out`` must not delete an input."""
+    from bertology.core.runfolder import check_out
+    from bertology.core.tasks import load_task
+
+    if settings["out"] is not None:
+        check_out(settings["out"], inputs=(settings["task"], settings["train"], settings["dev"], settings["model"], *also), work=work)
+    return load_task(settings["task"], **{option.name: settings[option.name] for option in TASK if not option.argument})
 
 
 _registry: dict[str, Study] = {}

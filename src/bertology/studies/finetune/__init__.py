@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bertology.core.options import MODEL, RUN, TASK, Option, pick
-from bertology.studies import Study, model_label, register_study
+from bertology.studies import Study, model_label, read_task, register_study
 
 
 class Finetune(Study):
@@ -30,15 +30,10 @@ class Finetune(Study):
     work = "checkpoint"
 
     def run(self, settings: dict, command: list[str] | None = None):
-        from bertology.core.runfolder import check_out
-        from bertology.core.tasks import load_task
         from bertology.studies.finetune.finetuning import finetune
 
         s = settings
-        if s["out"] is not None:
-            check_out(s["out"], inputs=(s["task"], s["train"], s["dev"], s["model"]), work="checkpoint")  # before the task is read
-        data = load_task(s["task"], train=s["train"], dev=s["dev"], text_column=s["text_column"], text_pair_column=s["text_pair_column"],
-                         label_column=s["label_column"])
+        data = read_task(s, work="checkpoint")  # its own checkpoint in out resumes
         s["out"] = s["out"] or Path("runs") / f"finetune-{model_label(s['model'])}-{data.name}"
         metrics = finetune(data, s["out"], model=s["model"], max_length=s["max_length"], batch_size=s["batch_size"], epochs=s["epochs"],
                            learning_rate=s["learning_rate"], warmup=s["warmup"], max_train_examples=s["max_train_examples"], seed=s["seed"],

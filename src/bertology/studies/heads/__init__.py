@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bertology.core.options import CLASSIFIER, MODEL, RUN, TASK, TASK_BATCHES, TESTS, Option, pick
-from bertology.studies import Study, default_out, register_study
+from bertology.studies import Study, default_out, read_task, register_study
 
 MAX_EXAMPLES = Option("max_examples", None, "Evaluate on a seeded random subset of the dev split of this size.", type=int, minimum=1)
 IMPORTANCE = (
@@ -31,15 +31,10 @@ class HeadsCommand(Study):
     asks: dict
 
     def run(self, settings: dict, command: list[str] | None = None):
-        from bertology.core.runfolder import check_out
-        from bertology.core.tasks import load_task
         from bertology.studies.heads.importance import study_heads
 
-        s = dict(settings)
-        if s["out"] is not None:
-            check_out(s["out"], inputs=(s["task"], s["train"], s["dev"], s["model"]))  # before the task is read: replacing out must not delete an input
-        data = load_task(s.pop("task"), train=s.pop("train"), dev=s.pop("dev"), text_column=s.pop("text_column"),
-                         text_pair_column=s.pop("text_pair_column"), label_column=s.pop("label_column"))
+        data = read_task(settings)
+        s = {name: value for name, value in settings.items() if name not in {option.name for option in TASK}}
         settings["out"] = s.pop("out") or default_out(self.name, s["model"], data.name)
         quiet = s.pop("quiet")
         return data.name, study_heads(s.pop("model"), data, out=settings["out"], progress=not quiet, command=command, **self.asks, **s)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bertology.core.options import CLASSIFIER, MODEL, RUN, TASK, TASK_BATCHES, TESTS, Option, pick
-from bertology.studies import Study, default_out, register_study
+from bertology.studies import Study, default_out, read_task, register_study
 
 
 class Restore(Study):
@@ -25,15 +25,10 @@ class Restore(Study):
     outputs = ("restore",)
 
     def run(self, settings: dict, command: list[str] | None = None):
-        from bertology.core.runfolder import check_out
-        from bertology.core.tasks import load_task
         from bertology.studies.restore.restore import restore_layers
 
         s = settings
-        if s["out"] is not None:
-            check_out(s["out"], inputs=(s["task"], s["train"], s["dev"], s["model"], s["base"]))
-        data = load_task(s["task"], train=s["train"], dev=s["dev"], text_column=s["text_column"], text_pair_column=s["text_pair_column"],
-                         label_column=s["label_column"])
+        data = read_task(s, also=(s["base"],))
         s["out"] = s["out"] or default_out(self.name, s["model"], data.name)
         return data.name, restore_layers(s["model"], data, base=s["base"], max_dev_examples=s["max_dev_examples"], bootstrap=s["bootstrap"],
                                          correction=s["correction"], min_sample=s["min_sample"], batch_size=s["batch_size"],
