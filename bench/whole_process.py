@@ -59,7 +59,7 @@ def bare(args: argparse.Namespace) -> None:
     else:
         device = args.device
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModel.from_pretrained(args.model, attn_implementation="sdpa").to(device).eval()
+    model = AutoModel.from_pretrained(args.model, attn_implementation=args.attention).to(device).eval()
     config = model.config
     limits = [x for x in (getattr(config, "max_position_embeddings", None), tokenizer.model_max_length) if x is not None and x < 100_000]
     max_length = min(limits) if limits else 512
@@ -99,7 +99,8 @@ def bare(args: argparse.Namespace) -> None:
                 mask[row, :n] = 1
                 token_types[row, :n] = torch.tensor(ids["token_type_ids"][i])
                 tokens += n
-            model(input_ids=input_ids.to(device), attention_mask=mask.to(device), token_type_ids=token_types.to(device))
+            model(input_ids=input_ids.to(device), attention_mask=mask.to(device), token_type_ids=token_types.to(device),
+                  output_attentions=args.attention == "eager")
         if device.startswith("cuda"):
             torch.cuda.synchronize()
     finished = time.perf_counter()
@@ -199,6 +200,7 @@ def main() -> int:
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--corpus", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--attention", default="sdpa", choices=("sdpa", "eager"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare:
         bare(args)

@@ -125,15 +125,15 @@ def test_backend_ray_without_ray_is_one_line(monkeypatch, tmp_path):
 
 def _interrupt_after(monkeypatch, batches):
     calls = {"n": 0}
-    update = GeneralProfile.update
+    finish_batch = GeneralProfile.finish_batch  # the layer-by-layer pass ends each batch there
 
     def interrupted(self, batch):
         calls["n"] += 1
         if calls["n"] > batches:
             raise KeyboardInterrupt  # what Ctrl-C does in the middle of a pass
-        return update(self, batch)
+        return finish_batch(self, batch)
 
-    monkeypatch.setattr(GeneralProfile, "update", interrupted)
+    monkeypatch.setattr(GeneralProfile, "finish_batch", interrupted)
 
 
 def test_an_interrupted_analysis_resumes_and_ends_with_the_same_tables(tiny_bert_dir, tmp_path, monkeypatch, capsys):

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import pandas as pd
 
-from bertology.core.engine import Batch
+from bertology.core.engine import Batch, LayerMaps
 
 
 class Analyzer(ABC):
@@ -42,3 +42,27 @@ class Analyzer(ABC):
     def _check_mergeable(self, other: "Analyzer") -> None:
         if type(other) is not type(self):
             raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
+
+
+class LayerwiseAnalyzer(Analyzer):
+    """An analyzer that folds a batch one layer at a time, so that a pass need never hold every layer's maps.
+
+    In the engine's layer-by-layer pass, :meth:`update_layer` receives each layer's maps inside the forward pass (they
+    are released before the next layer runs) and :meth:`finish_batch` the batch once every layer has run (its
+    ``attentions`` then None). Per-layer results stay on the maps' device, reduced to a few numbers per sequence, until
+    :meth:`finish_batch` moves them to the host in one copy. :meth:`update` (a batch with every layer's maps) feeds the
+    same two methods, so both passes give the same result.
+    """
+
+    @abstractmethod
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        """Fold one layer's maps of ``batch`` (``maps.attention``: ``[batch, head, n, n]``) into the batch's pending results."""
+
+    @abstractmethod
+    def finish_batch(self, batch: Batch) -> None:
+        """Fold the batch's pending results (every layer seen) into the running summary."""
+
+    def update(self, batch: Batch) -> None:
+        for layer in range(batch.num_layers):
+            self.update_layer(batch, batch.layer_maps(layer))
+        self.finish_batch(batch)

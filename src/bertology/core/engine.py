@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -45,11 +46,6 @@ class Encoded:
         return len(self.input_ids)
 
 
-def same_sentence(segment_ids: torch.Tensor) -> torch.Tensor:
-    """``[batch, n, n]``: True where query and key are non-special pieces of the same sentence."""
-    return (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, :, None] >= 0)
-
-
 def is_pair(segment_ids: torch.Tensor) -> torch.Tensor:
     """``[batch]``: True for sentence pairs (some piece belongs to sentence B)."""
     return (segment_ids == 1).any(dim=1)
@@ -60,7 +56,9 @@ class Batch:
     """What every analyzer receives for one batch (tensors on the model's device).
 
     ``attentions[l, b, h, i, j]`` is head ``h`` of layer ``l``'s attention from query ``i`` to key
-    ``j`` of sequence ``b``; rows and columns of padding are zero. Masks are ``[batch, n]`` booleans.
+    ``j`` of sequence ``b``; rows and columns of padding are zero. In the layer-by-layer pass it is None: the
+    maps reach each :class:`~bertology.core.analyzer.LayerwiseAnalyzer` one layer at a time (:class:`LayerMaps`),
+    and the batch carries the rest. Masks are ``[batch, n]`` booleans.
     ``segment_ids`` is 0 or 1 for the pieces of sentence A or B and -1 for special tokens and padding.
 
     ``weighting`` says which view of attention ``attentions`` holds (:data:`~bertology.core.norms.WEIGHTINGS`):
@@ -77,12 +75,14 @@ class Batch:
     sep_mask: torch.Tensor
     punct_mask: torch.Tensor
     segment_ids: torch.Tensor
-    attentions: torch.Tensor
+    attentions: torch.Tensor | None
     embedding: torch.nn.Module | None = field(default=None, repr=False)
     weighting: str = "attention"
     key_norms: torch.Tensor | None = field(default=None, repr=False)
     mixing: torch.Tensor | None = field(default=None, repr=False)
     hidden_states: torch.Tensor | None = field(default=None, repr=False)
+    layer_count: int | None = None  # where there are no maps to count them from (the layer-by-layer pass)
+    head_count: int | None = None
     _word_maps: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
     _views: dict[str, "Batch"] = field(default_factory=dict, init=False, repr=False)
 
@@ -118,6 +118,28 @@ class Batch:
         return len(self.items)
 
     @property
+    def num_layers(self) -> int:
+        return self.layer_count if self.layer_count is not None else self.attentions.shape[0]
+
+    @property
+    def num_heads(self) -> int:
+        return self.head_count if self.head_count is not None else self.attentions.shape[2]
+
+    @cached_property
+    def any_pair(self) -> bool:
+        """Whether some sequence of the batch is a sentence pair (from the items: no copy from the device)."""
+        return any(segment == 1 for item in self.items for segment in item.sequence_ids)
+
+    @cached_property
+    def host_lengths(self) -> np.ndarray:
+        """Real tokens of each sequence, on the host (from the items: no copy from the device)."""
+        return np.array([len(item.input_ids) for item in self.items], dtype=np.int64)
+
+    def layer_maps(self, layer: int) -> "LayerMaps":
+        """Layer ``layer``'s maps of this (whole) batch, as the layer-by-layer pass hands them out."""
+        return LayerMaps(layer, self.attentions[layer], mixing=None if self.mixing is None else self.mixing[layer])
+
+    @property
     def lengths(self) -> torch.Tensor:
         return self.mask.sum(dim=1)
 
@@ -141,6 +163,34 @@ class Batch:
                 spans.append(default_word_spans(example.text_pair))
             result.append(align(item.offsets, item.sequence_ids, spans))
         return result
+
+
+@dataclass
+class LayerMaps:
+    """One layer's maps of a batch, handed to every :class:`~bertology.core.analyzer.LayerwiseAnalyzer` inside the
+    forward pass and released before the next layer runs, so a pass holds one layer's maps, not all of them.
+
+    ``attention[b, h, i, j]`` (``[batch, head, n, n]``, in the analyzer's view of attention, padding rows and columns
+    zero, on the model's device and in its dtype); ``mixing[b, i, r]`` the layer's context-mixing ratios where an
+    analyzer ``needs`` them. Analyzers of the same view share one object, so word-level maps are merged once.
+    """
+
+    layer: int
+    attention: torch.Tensor
+    mixing: torch.Tensor | None = None
+    _word_maps: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+
+    def word_attention(self, batch: Batch, b: int) -> torch.Tensor:
+        """Word-level attention ``[head, u, u]`` of sequence ``b`` at this layer (docs/methods.md#notation-and-word-level-attention)."""
+        if b not in self._word_maps:
+            n = int(batch.mask[b].sum())
+            self._word_maps[b] = to_word_level(self.attention[b, :, :n, :n], batch.alignments[b])
+        return self._word_maps[b]
+
+
+def is_layerwise(analyzer) -> bool:
+    """True for an analyzer that folds a batch one layer at a time (:class:`~bertology.core.analyzer.LayerwiseAnalyzer`)."""
+    return callable(getattr(analyzer, "update_layer", None)) and callable(getattr(analyzer, "finish_batch", None))
 
 
 @dataclass
@@ -199,6 +249,10 @@ class Engine:
         Cap on ``layers * batch * heads * n * n`` for one batch (bounds memory at long lengths).
     progress : bool
         Show a progress bar with sequences per second.
+    layerwise : bool
+        Where every analyzer of a run is a :class:`~bertology.core.analyzer.LayerwiseAnalyzer`, hand them each layer's maps
+        inside the forward pass and keep none (peak memory: one layer's maps); otherwise, or with False, every layer's maps
+        of a batch are stacked and each analyzer's ``update`` gets them all.
     punct : {"upos", "clark"}
         The punctuation set of ``Batch.punct_mask`` (:data:`~bertology.core.models.PUNCT_SETS`,
         docs/methods.md#head-profile), so every analyzer of a run measures attention to the same punctuation.
@@ -215,6 +269,7 @@ class Engine:
         max_attention_elements: int = 2**28,
         progress: bool = True,
         punct: str = "upos",
+        layerwise: bool = True,
     ):
         if punct not in PUNCT_SETS:
             raise BertologyError(f"unknown punctuation set {punct!r}: use {' or '.join(PUNCT_SETS)}")
@@ -230,6 +285,7 @@ class Engine:
         self.max_attention_elements = max_attention_elements
         self.progress = progress
         self.punct = punct
+        self.layerwise = layerwise
         table = model.punct_by_id if punct == "upos" else punctuation_table(model.tokenizer, punct)
         self._punct_by_id = torch.as_tensor(table, device=model.device)
 
@@ -335,20 +391,70 @@ class Engine:
         with torch.inference_mode(), hooks.attach(self.model.model):
             return self.model.model(**inputs)
 
-    def run_batch(self, items: list[Encoded], *, norms: bool = False, mixing: bool = False, hidden_states: bool = False) -> Batch:
+    def run_batch(self, items: list[Encoded], *, norms: bool = False, mixing: bool = False, hidden_states: bool = False,
+                  on_layer: Callable[[Batch, int, Callable[[str], LayerMaps]], object] | None = None) -> Batch:
         """Run the model on one batch and capture every layer's attention; with ``norms``, also every head's
         ``||f_h(x_j)||`` (for the ``norm`` view); with ``mixing``, every token's context-mixing ratios; with
-        ``hidden_states``, every layer's output."""
+        ``hidden_states``, every layer's output.
+
+        With ``on_layer``, the layer-by-layer pass: the maps are not kept. ``on_layer(batch, layer, maps)`` is called inside
+        the forward pass as soon as a layer's attention has run, with the batch (its masks and items, no maps) and ``maps(weighting)`` giving that layer's
+        :class:`LayerMaps` in a view (made once per layer and view); the layer's tensors are released when it returns,
+        and the batch comes back with ``attentions`` None."""
         tensors = self.collate(items)
+        mask, input_ids = tensors["mask"], tensors["input_ids"]
+        batch = Batch(
+            items=items,
+            input_ids=input_ids,
+            mask=mask,
+            cls_mask=(input_ids == self.model.cls_token_id) & mask,
+            sep_mask=(input_ids == self.model.sep_token_id) & mask,
+            punct_mask=self.punctuation(input_ids) & mask,
+            segment_ids=tensors["segment_ids"],
+            attentions=None,
+            layer_count=self.model.num_layers,
+            head_count=self.model.num_heads,
+            embedding=self.model.model.get_input_embeddings(),
+        )
+        # Zero the rows of padding queries: they are no query of the sequence (docs/methods.md#head-profile).
+        query_mask = mask[:, None, :, None]
         patterns: list[torch.Tensor] = []
-        values: list[torch.Tensor] = []
-        head_outputs: list[torch.Tensor] = []
+        key_norms: list[torch.Tensor] = []
+        ratios: list[torch.Tensor] = []
         layer_inputs: list[torch.Tensor] = []
-        hooks = Hooks().add("pattern", lambda layer, pattern: patterns.append(pattern))
+        current: dict[str, torch.Tensor] = {}
+
+        def end_of_layer(layer: int, head_output: torch.Tensor) -> None:
+            # Called at the layer's last hook point: its pattern has been used, so its padding rows are zeroed in place.
+            pattern = current.pop("pattern").masked_fill_(~query_mask, 0)
+            norm = transformed_norms(current["value"], self.blocks[layer].output) if norms else None
+            ratio = (mixing_ratios(pattern, current["value"], head_output, layer_inputs[layer], self.blocks[layer]) * mask[:, :, None]
+                     if mixing else None)
+            current.pop("value", None)
+            if on_layer is None:
+                patterns.append(pattern)
+                key_norms.append(norm)
+                ratios.append(ratio)
+                return
+            views: dict[str, LayerMaps] = {}
+
+            def maps(weighting: str) -> LayerMaps:
+                if weighting not in views:
+                    if weighting == "attention":
+                        views[weighting] = LayerMaps(layer, pattern, mixing=ratio)
+                    elif weighting == "norm" and norm is not None:
+                        views[weighting] = LayerMaps(layer, norm_shares(pattern, norm), mixing=ratio)
+                    else:
+                        raise ValueError(f"this pass has no {weighting!r} view (the engine computes the views its run asks for)")
+                return views[weighting]
+
+            on_layer(batch, layer, maps)
+
+        hooks = Hooks().add("pattern", lambda layer, pattern: current.__setitem__("pattern", pattern))
         if norms or mixing:
-            hooks.add("value", lambda layer, value: values.append(value))
-        if mixing:
-            hooks.add("head_output", lambda layer, output: head_outputs.append(output))
+            hooks.add("value", lambda layer, value: current.__setitem__("value", value))
+        hooks.add("head_output", end_of_layer)
+
         def keep_layer_input(module, args, kwargs):  # x, the attention's input and the residual
             layer_inputs.append(args[0] if args else kwargs["hidden_states"])
 
@@ -363,33 +469,13 @@ class Engine:
         finally:
             for handle in handles:
                 handle.remove()
-        mask = tensors["mask"]
-        float_mask = mask.to(patterns[0].dtype)
-        # Zero the rows of padding queries: they are no query of the sequence (docs/methods.md#head-profile).
-        attentions = torch.stack(patterns) * float_mask[None, :, None, :, None]
-        key_norms = ratios = None
-        with torch.inference_mode():
-            if norms:
-                key_norms = torch.stack([transformed_norms(value, self.blocks[layer].output) for layer, value in enumerate(values)])
-            if mixing:
-                ratios = torch.stack([mixing_ratios(attentions[layer], value, head_outputs[layer], layer_inputs[layer], self.blocks[layer])
-                                      for layer, value in enumerate(values)]) * float_mask[None, :, :, None]
-        input_ids = tensors["input_ids"]
-        return Batch(
-            items=items,
-            input_ids=input_ids,
-            mask=mask,
-            cls_mask=(input_ids == self.model.cls_token_id) & mask,
-            sep_mask=(input_ids == self.model.sep_token_id) & mask,
-            punct_mask=self.punctuation(input_ids) & mask,
-            segment_ids=tensors["segment_ids"],
-            attentions=attentions,
-            embedding=self.model.model.get_input_embeddings(),
-            key_norms=key_norms,
-            mixing=ratios,
-            hidden_states=(torch.stack([*layer_inputs, outputs.last_hidden_state]) if own_states else torch.stack(outputs.hidden_states))
-                          if hidden_states else None,
-        )
+        if on_layer is None:
+            batch.attentions = torch.stack(patterns)
+            batch.key_norms = torch.stack(key_norms) if norms else None
+            batch.mixing = torch.stack(ratios) if mixing else None
+        if hidden_states:
+            batch.hidden_states = torch.stack([*layer_inputs, outputs.last_hidden_state]) if own_states else torch.stack(outputs.hidden_states)
+        return batch
 
     @cached_property
     def blocks(self):
@@ -425,10 +511,25 @@ class Engine:
                 raise BertologyError(f"unknown weighting {weighting!r}: use {' or '.join(WEIGHTINGS)}")
         mixing = any("mixing" in getattr(analyzer, "needs", ()) for analyzer in analyzers)
         hidden_states = any("hidden_states" in getattr(analyzer, "needs", ()) for analyzer in analyzers)
+        layerwise = step is None and self.layerwise and all(is_layerwise(analyzer) for analyzer in analyzers)
         if step is None:
             step = partial(self.run_batch, norms="norm" in weightings, mixing=mixing, hidden_states=hidden_states)
         elif mixing or hidden_states or "norm" in weightings:
             raise BertologyError("norm weighting, mixing ratios and hidden states need the engine's own forward pass")
+
+        def feed(position: int, call: Callable[[], object]) -> None:
+            if position in stats.failed:
+                return
+            try:
+                call()
+            except Exception as exc:
+                if not isolate or len(stats.failed) == len(analyzers) - 1:
+                    raise
+                stats.failed[position] = one_line_error(exc)
+
+        def on_layer(batch: Batch, layer: int, maps: Callable[[str], LayerMaps]) -> None:
+            for position, analyzer in enumerate(analyzers):
+                feed(position, lambda: analyzer.update_layer(batch, maps(weightings[position])))
         stats = stats or RunStats()
         started = time.perf_counter() - stats.seconds
         encoded = self.encode(enumerate(examples, start), stats)
@@ -436,16 +537,14 @@ class Engine:
         with tqdm(total=total, initial=stats.sequences + stats.skipped, unit="seq", desc=desc, disable=not self.progress, smoothing=0.1) as bar:
             for window in self.windows(encoded):
                 for done, items in enumerate(window[skip_batches:], start=skip_batches + 1):
-                    batch = step(items)
-                    for position, analyzer in enumerate(analyzers):
-                        if position in stats.failed:
-                            continue
-                        try:
-                            analyzer.update(batch.weighted(weightings[position]) if weightings[position] != "attention" else batch)
-                        except Exception as exc:
-                            if not isolate or len(stats.failed) == len(analyzers) - 1:
-                                raise
-                            stats.failed[position] = one_line_error(exc)
+                    if layerwise:
+                        batch = step(items, on_layer=on_layer)
+                        for position, analyzer in enumerate(analyzers):
+                            feed(position, lambda: analyzer.finish_batch(batch))
+                    else:
+                        batch = step(items)
+                        for position, analyzer in enumerate(analyzers):
+                            feed(position, lambda: analyzer.update(batch.weighted(weightings[position]) if weightings[position] != "attention" else batch))
                     stats.sequences += len(items)
                     stats.tokens += sum(len(item) for item in items)
                     stats.batches += 1

@@ -4,6 +4,7 @@
 over ``examples`` several ways and asserts that the result does not depend on batch size or
 order, that ``merge`` of two halves equals one run over the whole, that merging an empty
 analyzer changes nothing, that the analyzer survives pickling (for shipping to cluster workers),
+that the layer-by-layer pass equals the one that stacks every layer's maps,
 and that the same seed gives the same result. Every analyzer in bertology must pass it.
 """
 
@@ -22,9 +23,9 @@ from bertology.core.models import LoadedModel
 
 
 def _runner(model: LoadedModel, compare_with: LoadedModel | None):
-    def run(make_analyzer: Callable[[], Analyzer], examples: Sequence[Example], batch_size: int) -> Analyzer:
+    def run(make_analyzer: Callable[[], Analyzer], examples: Sequence[Example], batch_size: int, layerwise: bool = True) -> Analyzer:
         analyzer = make_analyzer()
-        engine = Engine(model, batch_size=batch_size, progress=False)
+        engine = Engine(model, batch_size=batch_size, progress=False, layerwise=layerwise)
         if compare_with is not None:
             from bertology.core.paired import CompareEngine
 
@@ -67,8 +68,8 @@ class AnalyzerContract:
         self._run = _runner(model, compare_with)
         self._whole: Analyzer | None = None
 
-    def run(self, examples: Sequence[Example], batch_size: int) -> Analyzer:
-        return self._run(self.make_analyzer, examples, batch_size)
+    def run(self, examples: Sequence[Example], batch_size: int, layerwise: bool = True) -> Analyzer:
+        return self._run(self.make_analyzer, examples, batch_size, layerwise)
 
     @property
     def whole(self) -> Analyzer:
@@ -108,6 +109,12 @@ class AnalyzerContract:
 
     def check_pickling(self) -> None:
         self.same(pickle.loads(pickle.dumps(self.whole)).result(), "pickling changed the result")
+
+    def check_layer_by_layer(self) -> None:
+        """The layer-by-layer pass (each layer's maps handed over inside the forward pass) gives the table of the pass that
+        stacks every layer's maps, to float32 rounding; an analyzer that is not layerwise runs the stacked pass either way."""
+        stacked = self.run(self.examples, len(self.examples), layerwise=False).result()
+        assert_same_result(stacked, self.whole.result(), "the layer-by-layer pass differs from the stacked one", rtol=1e-6, atol=1e-9)
 
     def check_same_seed_same_result(self) -> None:
         again = self.run(self.examples, len(self.examples)).result()

@@ -104,15 +104,15 @@ def test_an_analyzer_failing_during_the_pass_loses_nothing_else(tiny_bert, tmp_p
     from bertology.families.roles.analyzer import HeadRoles
 
     calls = []
-    update = HeadRoles.update
+    finish_batch = HeadRoles.finish_batch  # the layer-by-layer pass ends each batch there
 
     def failing_update(self, batch):
         calls.append(len(batch.examples))
         if len(calls) == 2:
             raise RuntimeError("CUDA out of memory.\nTried to allocate 2 GiB")
-        update(self, batch)
+        finish_batch(self, batch)
 
-    monkeypatch.setattr(HeadRoles, "update", failing_update)
+    monkeypatch.setattr(HeadRoles, "finish_batch", failing_update)
     out = tmp_path / "run"
     result = bertology.analyze(tiny_bert, SENTENCES * 3, batch_size=4, out=out, progress=False, view=False, head_distance_sample=1.0)
     assert calls == [4, 4]  # left out of the rest of the pass

@@ -27,9 +27,9 @@ import pandas as pd
 import torch
 
 from bertology.core.alignment import WordAlignment, default_word_spans
-from bertology.core.analyzer import Analyzer
+from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.corpora import Example
-from bertology.core.engine import Batch
+from bertology.core.engine import Batch, LayerMaps
 from bertology.core.stats import RunningMoments, interval_frame, merge_moments
 
 #: What a class's words are chosen by: a UPOS tag, a dependency relation, a word list or a regular expression.
@@ -103,7 +103,7 @@ def class_units(example: Example, alignment: WordAlignment, classes: tuple[Token
     return members, int(aligned.sum())
 
 
-class ClassAttention(Analyzer):
+class ClassAttention(LayerwiseAnalyzer):
     """Per head and class: attention to the class's words from every query and from [CLS], against the class's
     share of words (see the module docstring)."""
 
@@ -113,34 +113,44 @@ class ClassAttention(Analyzer):
         self.classes = tuple(classes)
         self._attention: RunningMoments | None = None  # [layer, head, class, row]
         self._baseline = RunningMoments((len(self.classes),))
+        self._kept: list[tuple] = []  # the batch's sequences with a class: (sequence, members, present, words, [CLS] unit)
+        self._pending: list[torch.Tensor] = []  # one [sequence, head, class, row] per layer
 
-    def update(self, batch: Batch) -> None:
-        values, baselines = [], []
-        for b, example in enumerate(batch.examples):
-            alignment = batch.alignments[b]
-            members, words = class_units(example, alignment, self.classes)
-            present = members.sum(axis=0)
-            if words == 0 or not present.any():
-                continue
-            maps = batch.word_attention(b)  # [layer, head, u, u]
-            indicator = torch.as_tensor(members, dtype=maps.dtype, device=maps.device)
-            to_class = maps @ indicator  # [layer, head, u, class]: each query's attention to the class
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        if maps.layer == 0:
+            self._pending, self._kept = [], []
+            cls = batch.cls_mask.cpu().numpy()
+            for b, example in enumerate(batch.examples):
+                alignment = batch.alignments[b]
+                members, words = class_units(example, alignment, self.classes)
+                present = members.sum(axis=0)
+                if words == 0 or not present.any():
+                    continue
+                cls_pieces = np.flatnonzero(cls[b])
+                cls_unit = int(alignment.unit_of_piece[int(cls_pieces[0])]) if len(cls_pieces) else None
+                self._kept.append((b, members, present, words, cls_unit))
+        values = []  # per kept sequence: [head, class, row] at this layer
+        for b, members, _, _, cls_unit in self._kept:
+            word_maps = maps.word_attention(batch, b)  # [head, u, u]
+            indicator = torch.as_tensor(members, dtype=word_maps.dtype, device=word_maps.device)
+            to_class = word_maps @ indicator  # [head, u, class]: each query's attention to the class
             every = to_class.mean(dim=-2)
-            cls_pieces = torch.nonzero(batch.cls_mask[b]).flatten()
-            if len(cls_pieces):
-                cls_row = to_class[:, :, int(alignment.unit_of_piece[int(cls_pieces[0])])]
-            else:
-                cls_row = torch.full_like(every, torch.nan)
-            value = torch.stack([every, cls_row], dim=-1).double().cpu().numpy()
-            value[:, :, present == 0] = np.nan  # a sequence without the class says nothing of it
-            values.append(value)
-            baselines.append(np.where(present > 0, present / words, np.nan))
-        if not values:
+            cls_row = to_class[:, cls_unit] if cls_unit is not None else torch.full_like(every, torch.nan)
+            values.append(torch.stack([every, cls_row], dim=-1))
+        if values:
+            self._pending.append(torch.stack(values))
+
+    def finish_batch(self, batch: Batch) -> None:
+        if not self._kept:
             return
+        values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [sequence, layer, head, class, row]: one copy
+        self._pending = []
+        for value, (_, _, present, _, _) in zip(values, self._kept):
+            value[:, :, present == 0] = np.nan  # a sequence without the class says nothing of it
         if self._attention is None:
-            self._attention = RunningMoments(values[0].shape)
-        self._attention.push(np.stack(values))
-        self._baseline.push(np.stack(baselines))
+            self._attention = RunningMoments(values.shape[1:])
+        self._attention.push(values)
+        self._baseline.push(np.stack([np.where(present > 0, present / words, np.nan) for _, _, present, words, _ in self._kept]))
 
     def merge(self, other: "ClassAttention") -> "ClassAttention":
         self._check_mergeable(other)

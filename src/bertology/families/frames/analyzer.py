@@ -24,8 +24,8 @@ import pandas as pd
 import torch
 
 from bertology.core.alignment import default_word_spans
-from bertology.core.analyzer import Analyzer
-from bertology.core.engine import Batch, Encoded
+from bertology.core.analyzer import LayerwiseAnalyzer
+from bertology.core.engine import Batch, Encoded, LayerMaps
 from bertology.core.stats import MIN_SAMPLE, RunningMoments, keyed_rng, merge_moments, sequence_key, t_test_greater
 
 #: What is averaged over the pairs: the pair's score, its baseline's score, and the difference of the two.
@@ -71,7 +71,7 @@ def shifted_pair(text: str, target: tuple[int, int], element: tuple[int, int], r
     return moved(target_words), moved(element_words)
 
 
-class FrameHeads(Analyzer):
+class FrameHeads(LayerwiseAnalyzer):
     """Per head: Kovaleva et al.'s frame score, its position-matched random baseline and their difference (see the
     module docstring). ``result()``: ``layer, head, score, ci_low, ci_high, baseline, difference, t, p, n, pairs``."""
 
@@ -83,40 +83,53 @@ class FrameHeads(Analyzer):
         self._sentences: RunningMoments | None = None  # over sentences: [layer, head], the mean difference of their pairs
         self.pairs = 0
         self.matched = 0
+        self._pairs_of: list[tuple] = []  # the batch's sequences with frame pairs: (sequence, its pairs' pieces)
+        self._pending: list[torch.Tensor] = []  # one [pair, head, score/baseline/difference] per layer
 
-    def update(self, batch: Batch) -> None:
-        rows, differences = [], []
-        for b, (item, example) in enumerate(zip(batch.items, batch.examples)):
-            if not example.frames:
-                continue
-            n = int(batch.mask[b].sum())
-            maps = batch.attentions[:, b, :, :n, :n]
-            pairs = []  # (score, its baseline's score or None), [layer, head] each
-            for f, annotation in enumerate(example.frames):
-                target = span_pieces(item, annotation.target)
-                for name, span in annotation.elements:
-                    element = span_pieces(item, span)
-                    if not target or not element:
-                        continue  # cut by truncation
-                    shifted = shifted_pair(example.text, annotation.target, span, keyed_rng(self.seed, *sequence_key(example), f, name))
-                    pieces = None if shifted is None else (span_pieces(item, shifted[0]), span_pieces(item, shifted[1]))
-                    baseline = pair_score(maps, *pieces) if pieces is not None and pieces[0] and pieces[1] else None
-                    pairs.append((pair_score(maps, target, element), baseline))
-            if not pairs:
-                continue
-            matched = [(score, baseline) for score, baseline in pairs if baseline is not None]
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        if maps.layer == 0:
+            self._pending, self._pairs_of = [], []
+            for b, (item, example) in enumerate(zip(batch.items, batch.examples)):
+                pairs = []  # ((target, element) pieces, the shifted pair's pieces or None)
+                for f, annotation in enumerate(example.frames or ()):
+                    target = span_pieces(item, annotation.target)
+                    for name, span in annotation.elements:
+                        element = span_pieces(item, span)
+                        if not target or not element:
+                            continue  # cut by truncation
+                        shifted = shifted_pair(example.text, annotation.target, span, keyed_rng(self.seed, *sequence_key(example), f, name))
+                        pieces = None if shifted is None else (span_pieces(item, shifted[0]), span_pieces(item, shifted[1]))
+                        pairs.append(((target, element), pieces if pieces is not None and pieces[0] and pieces[1] else None))
+                if pairs:
+                    self._pairs_of.append((b, pairs))
+        scores = []  # per pair, in order: [score, baseline] of every head at this layer
+        for b, pairs in self._pairs_of:
+            n = int(batch.host_lengths[b])
+            sequence_maps = maps.attention[None, b, :, :n, :n]  # [1, head, n, n]
+            for pieces, shifted in pairs:
+                score = pair_score(sequence_maps, *pieces)[0]
+                baseline = pair_score(sequence_maps, *shifted)[0] if shifted is not None else torch.full_like(score, torch.nan)
+                scores.append(torch.stack([score, baseline, score - baseline], dim=-1))
+        if scores:
+            self._pending.append(torch.stack(scores))  # [pair, head, quantity]
+
+    def finish_batch(self, batch: Batch) -> None:
+        if not self._pairs_of:
+            return
+        rows = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [pair, layer, head, quantity]: one copy to the host
+        self._pending = []
+        differences, start = [], 0
+        for _, pairs in self._pairs_of:
+            sentence = rows[start : start + len(pairs)]
+            start += len(pairs)
+            matched = [k for k, (_, shifted) in enumerate(pairs) if shifted is not None]
             self.pairs += len(pairs)
             self.matched += len(matched)
-            for score, baseline in pairs:
-                baseline = baseline if baseline is not None else torch.full_like(score, torch.nan)
-                rows.append(torch.stack([score, baseline, score - baseline], dim=-1).double().cpu().numpy())
             if matched:
-                differences.append(torch.stack([score - baseline for score, baseline in matched]).double().mean(dim=0).cpu().numpy())
-        if not rows:
-            return
+                differences.append(sentence[matched, ..., 2].mean(axis=0))
         if self._pairs is None:
-            self._pairs, self._sentences = RunningMoments(rows[0].shape), RunningMoments(rows[0].shape[:2])
-        self._pairs.push(np.stack(rows))
+            self._pairs, self._sentences = RunningMoments(rows.shape[1:]), RunningMoments(rows.shape[1:3])
+        self._pairs.push(rows)
         if differences:
             self._sentences.push(np.stack(differences))
 

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bertology.core.analyzer import Analyzer
-from bertology.core.engine import Batch
+from bertology.core.analyzer import LayerwiseAnalyzer
+from bertology.core.engine import Batch, LayerMaps
 
 POOLINGS = ("first", "mean")
 
@@ -39,7 +39,7 @@ class LayerSentence:
     vectors: np.ndarray
 
 
-class WordVectors(Analyzer):
+class WordVectors(LayerwiseAnalyzer):
     """Every layer's word vectors of the first ``max_sentences`` sentences with trees (see the module docstring)."""
 
     name = "word_vectors"
@@ -52,7 +52,10 @@ class WordVectors(Analyzer):
         self.sentences: dict[tuple[int, str, str], LayerSentence] = {}
         self.seen = 0
 
-    def update(self, batch: Batch) -> None:
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        """Reads no maps: the layers' outputs come with the batch's end."""
+
+    def finish_batch(self, batch: Batch) -> None:
         for b, example in enumerate(batch.examples):
             if not example.has_tree:
                 continue
@@ -64,7 +67,7 @@ class WordVectors(Analyzer):
             key = sentence_key(example)
             if len(self.sentences) >= self.max_sentences and key > max(self.sentences):
                 continue
-            n = int(batch.lengths[b])
+            n = int(batch.host_lengths[b])
             shares = torch.as_tensor(alignment.assignment[units], dtype=batch.hidden_states.dtype, device=batch.hidden_states.device)
             if self.pooling == "first":
                 first = (shares > 0).to(torch.int8).argmax(dim=1)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from bertology.core.analyzer import Analyzer
-from bertology.core.engine import Batch
+from bertology.core.analyzer import LayerwiseAnalyzer
+from bertology.core.engine import Batch, LayerMaps
 from bertology.core.norms import MIXING_RATIOS
 from bertology.core.stats import RunningMoments, interval_frame, merge_moments
 
 
-class ContextMixing(Analyzer):
+class ContextMixing(LayerwiseAnalyzer):
     """Kobayashi et al.'s (2021) context-mixing ratios per layer (see the module docstring)."""
 
     name = "mixing"
@@ -25,11 +25,17 @@ class ContextMixing(Analyzer):
 
     def __init__(self) -> None:
         self._moments: RunningMoments | None = None
+        self._pending: list[torch.Tensor] = []  # one [batch, ratio] per layer
 
-    def update(self, batch: Batch) -> None:
-        real = batch.mask.to(batch.mixing.dtype)  # [batch, n]
-        per_sequence = torch.einsum("lbir,bi->blr", batch.mixing, real) / real.sum(dim=1)[:, None, None]
-        values = per_sequence.double().cpu().numpy()  # [batch, layer, ratio]
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        if maps.layer == 0:
+            self._pending = []
+        real = batch.mask.to(maps.mixing.dtype)  # [batch, n]
+        self._pending.append(torch.einsum("bir,bi->br", maps.mixing, real) / real.sum(dim=1)[:, None])  # [batch, ratio]
+
+    def finish_batch(self, batch: Batch) -> None:
+        values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, ratio]: one copy to the host
+        self._pending = []
         if self._moments is None:
             self._moments = RunningMoments(values.shape[1:])
         self._moments.push(values)

@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bertology.core.analyzer import Analyzer
-from bertology.core.engine import Batch, is_pair, same_sentence
+from bertology.core.analyzer import LayerwiseAnalyzer
+from bertology.core.engine import Batch, LayerMaps, is_pair
 from bertology.core.stats import keyed_rng, sequence_key
 
 PATTERNS = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
@@ -64,7 +64,10 @@ def pattern_features(attention: torch.Tensor, mask: torch.Tensor, special: torch
     special_mass = (column_mass * special[:, None].to(attention.dtype)).sum(-1)
     other = column_mass.masked_fill(special[:, None] | ~mask[:, None], 0.0).amax(-1)
     diagonal = (attention.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) + attention.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1)) / n
-    own = (attention * same_sentence(segment_ids)[:, None]).sum(-1)  # [batch, head, n]
+    # attention to the query's own sentence: one product with the sentences' indicator columns, then each query's own
+    sentences = torch.stack([segment_ids == 0, segment_ids == 1], dim=-1).to(attention.dtype)  # [batch, n, 2]
+    to_sentence = torch.matmul(attention, sentences[:, None])  # [batch, head, n, 2]
+    own = torch.where(segment_ids[:, None] == 0, to_sentence[..., 0], torch.where(segment_ids[:, None] == 1, to_sentence[..., 1], 0))
     queries = (segment_ids >= 0).to(attention.dtype)[:, None]
     block = (own * queries).sum(-1) / queries.sum(-1).clamp(min=1)
     return {"vertical": special_mass + other, "diagonal": diagonal, "block": torch.where(is_pair(segment_ids)[:, None], block, torch.nan)}
@@ -88,7 +91,7 @@ class RuleClassifier:
             ("vertical+diagonal", (vertical >= t.mixed_min) & (diagonal >= t.mixed_min) & (vertical + diagonal >= t.mixed_total)),
         ]
         for name, hit in rules:
-            result[hit] = PATTERNS.index(name)
+            result = torch.where(hit, PATTERNS.index(name), result)  # not result[hit] = ...: a boolean index waits for the device
         return result
 
 
@@ -119,7 +122,7 @@ def piece_texts(item, cls: np.ndarray, sep: np.ndarray) -> list[str]:
     return texts
 
 
-class HeadPatterns(Analyzer):
+class HeadPatterns(LayerwiseAnalyzer):
     """Class counts of every head's maps, and a few example maps per class for thumbnails.
 
     ``result()``: ``layer, head, pattern, share, n, majority``. Examples of a class are maps of ``examples_per_class``
@@ -138,28 +141,39 @@ class HeadPatterns(Analyzer):
         self.min_example_length, self.max_example_length = min_example_length, max_example_length
         self._counts: np.ndarray | None = None
         self._examples: dict[str, list[_Example]] = {p: [] for p in PATTERNS}
+        self._eligible: list[int] = []  # the batch's sequences short enough to give an example map
+        self._pending: list[torch.Tensor] = []  # this batch's classes so far, one [batch, head] per layer
+        self._pending_maps: list[torch.Tensor] = []  # the eligible sequences' maps, one [eligible, head, w, w] per layer
 
-    def update(self, batch: Batch) -> None:
-        num_layers, size, num_heads, width, _ = batch.attentions.shape
-        if self._counts is None:
-            self._counts = np.zeros((num_layers, num_heads, len(PATTERNS)), dtype=np.int64)
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        if maps.layer == 0:
+            self._pending, self._pending_maps = [], []
+            lengths = batch.host_lengths
+            self._eligible = [b for b in range(batch.size) if self.min_example_length <= lengths[b] <= self.max_example_length]
         special = batch.cls_mask | batch.sep_mask
-        # Every layer's heads side by side as the "heads" of one call: [batch, layer * head, n, n].
-        every_head = batch.attentions.permute(1, 0, 2, 3, 4).reshape(size, num_layers * num_heads, width, width)
-        classes = self.classifier.classify(every_head, batch.mask, special, batch.segment_ids)
-        classes = classes.reshape(size, num_layers, num_heads).permute(1, 0, 2).cpu().numpy()  # [layer, batch, head]
+        self._pending.append(self.classifier.classify(maps.attention, batch.mask, special, batch.segment_ids))  # [batch, head]
+        if self._eligible:  # the short sequences' maps, candidates for thumbnails (at most max_example_length square)
+            width = min(maps.attention.shape[-1], self.max_example_length)
+            self._pending_maps.append(maps.attention[self._eligible, :, :width, :width].half())
+
+    def finish_batch(self, batch: Batch) -> None:
+        classes = torch.stack(self._pending).cpu().numpy()  # [layer, batch, head]: one copy to the host
+        if self._counts is None:
+            self._counts = np.zeros((classes.shape[0], classes.shape[2], len(PATTERNS)), dtype=np.int64)
         for k in range(len(PATTERNS)):
             self._counts[..., k] += (classes == k).sum(axis=1)
-        self._keep_examples(batch, classes)
+        short_maps = torch.stack(self._pending_maps, dim=1).cpu().numpy() if self._pending_maps else None  # [eligible, layer, head, w, w]
+        self._pending, self._pending_maps = [], []
+        self._keep_examples(batch, classes, short_maps)
 
-    def _keep_examples(self, batch: Batch, classes: np.ndarray) -> None:
+    def _keep_examples(self, batch: Batch, classes: np.ndarray, short_maps: np.ndarray | None) -> None:
         num_layers, size, num_heads = classes.shape
         offsets = (_GOLDEN * np.arange(num_layers * num_heads)).reshape(num_layers, num_heads)
+        if not self._eligible:
+            return
         cls, sep = batch.cls_mask.cpu().numpy(), batch.sep_mask.cpu().numpy()
-        for b, example in enumerate(batch.examples):
-            n = int(batch.lengths[b])
-            if not self.min_example_length <= n <= self.max_example_length:
-                continue
+        for row, b in enumerate(self._eligible):
+            example, n = batch.examples[b], int(batch.host_lengths[b])
             keys = (keyed_rng(self.seed, *sequence_key(example)).random() + offsets) % 1.0
             tokens = piece_texts(batch.items[b], cls[b], sep[b])
             for k, pattern in enumerate(PATTERNS):
@@ -167,7 +181,7 @@ class HeadPatterns(Analyzer):
                 bound = -kept[0].key if len(kept) >= self.examples_per_class else np.inf  # the largest hash kept
                 for layer, head in zip(*np.nonzero((classes[:, b] == k) & (keys < bound))):
                     self._offer(kept, _Example(-float(keys[layer, head]), int(layer), int(head), example.source, example.text,
-                                               batch.attentions[layer, b, head, :n, :n].half().cpu().numpy(), tokens))
+                                               short_maps[row, layer, head, :n, :n], tokens))
 
     def _offer(self, kept: list[_Example], item: _Example) -> None:
         """Keep ``item`` in the heap ``kept`` if its head has no map there with a smaller hash and it is among the

@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bertology.core.analyzer import Analyzer
-from bertology.core.engine import Batch
+from bertology.core.analyzer import LayerwiseAnalyzer
+from bertology.core.engine import Batch, LayerMaps
 from bertology.core.stats import RunningMoments, interval_frame, keyed_rng, sequence_key
 
 PROFILE_METRICS = ("cls", "sep", "punct", "self", "prev", "next", "entropy", "cls_entropy", "distance")
@@ -47,10 +47,12 @@ def profile_metrics(
     sep_mask: torch.Tensor,
     punct_mask: torch.Tensor,
 ) -> torch.Tensor:
-    """The :data:`PROFILE_METRICS` of every head on every sequence.
+    """The :data:`PROFILE_METRICS` of every head on every sequence, in the maps' dtype on their device.
 
     ``attention`` is ``[batch, head, n, n]`` (one layer, padding rows and columns zero), the masks
-    are ``[batch, n]`` booleans. Returns ``[batch, head, len(PROFILE_METRICS)]``.
+    are ``[batch, n]`` booleans. Returns ``[batch, head, len(PROFILE_METRICS)]``. Each metric is one sweep over
+    the maps: the token sets through the column sums ``c[j] = sum_i a[i, j]`` (``(1/n) sum_{j in K} c[j]``), the
+    distance as one product with ``|i - j|``, the entropy as one smoothed copy.
     """
     dtype = attention.dtype
     real = mask.to(dtype)
@@ -59,26 +61,30 @@ def profile_metrics(
 
     positions = torch.arange(width, device=attention.device)
     gap = (positions[:, None] - positions[None, :]).abs().to(dtype)
-    smoothed = (1 - ENTROPY_SMOOTHING) * attention + (ENTROPY_SMOOTHING / n)[:, :, None, None] * real[:, None, None, :]
-    row_entropy = -torch.special.xlogy(smoothed, smoothed).sum(dim=-1) * real[:, None, :]  # [batch, head, n]
+    smoothed = attention * (1 - ENTROPY_SMOOTHING)
+    smoothed += (ENTROPY_SMOOTHING / n)[:, :, None, None] * real[:, None, None, :]
+    row_entropy = -torch.xlogy(smoothed, smoothed, out=smoothed).sum(dim=-1) * real[:, None, :]  # [batch, head, n]
+    del smoothed
     cls_position = cls_mask.to(torch.int8).argmax(dim=1)
     cls_entropy = row_entropy.gather(2, cls_position[:, None, None].expand(-1, attention.shape[1], 1))[..., 0]
     cls_entropy = torch.where(cls_mask.any(dim=1)[:, None], cls_entropy, torch.nan)
+    column_sums = attention.sum(dim=-2)  # [batch, head, n]
+    to_sets = torch.einsum("bhj,bjk->bhk", column_sums, torch.stack([cls_mask, sep_mask, punct_mask], dim=-1).to(dtype)) / n[..., None]
     columns = {
-        "cls": attention_to(attention, mask, cls_mask),
-        "sep": attention_to(attention, mask, sep_mask),
-        "punct": attention_to(attention, mask, punct_mask),
+        "cls": to_sets[..., 0],
+        "sep": to_sets[..., 1],
+        "punct": to_sets[..., 2],
         "self": attention.diagonal(dim1=-2, dim2=-1).sum(-1) / n,
         "prev": attention.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / n,
         "next": attention.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1) / n,
         "entropy": row_entropy.sum(-1) / n,
         "cls_entropy": cls_entropy,
-        "distance": (attention * gap).sum(dim=(-1, -2)) / n,
+        "distance": torch.matmul(attention.flatten(-2), gap.flatten()) / n,
     }
     return torch.stack([columns[name] for name in PROFILE_METRICS], dim=-1)
 
 
-class GeneralProfile(Analyzer):
+class GeneralProfile(LayerwiseAnalyzer):
     """Clark et al.'s general attention profile of every head (see the module docstring).
 
     :meth:`result` gives one row per ``layer, head, metric`` (0-based layer and head) with the mean
@@ -94,18 +100,21 @@ class GeneralProfile(Analyzer):
         self._layers: RunningMoments | None = None
         self._log_lengths = 0.0  # sum over sequences of ln n (n: the sequence's tokens), for the entropy's ceiling
         self._sequences = 0
+        self._pending: list[torch.Tensor] = []  # this batch's metrics so far, one [batch, head, metric] per layer
 
-    def update(self, batch: Batch) -> None:
-        num_layers, size, num_heads, width, _ = batch.attentions.shape
-        self._log_lengths += float(torch.log(batch.mask.sum(dim=-1).double()).sum())
-        self._sequences += size
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        if maps.layer == 0:
+            self._pending = []
+        self._pending.append(profile_metrics(maps.attention, batch.mask, batch.cls_mask, batch.sep_mask, batch.punct_mask))
+
+    def finish_batch(self, batch: Batch) -> None:
+        values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, head, metric]: one copy to the host
+        self._pending = []
+        self._log_lengths += float(np.log(batch.host_lengths).sum())
+        self._sequences += batch.size
         if self._heads is None:
-            self._heads = RunningMoments((num_layers, num_heads, len(PROFILE_METRICS)))
-            self._layers = RunningMoments((num_layers, len(PROFILE_METRICS)))
-        # Every layer's heads side by side as the "heads" of one call: [batch, layer * head, n, n].
-        every_head = batch.attentions.permute(1, 0, 2, 3, 4).reshape(size, num_layers * num_heads, width, width)
-        metrics = profile_metrics(every_head, batch.mask, batch.cls_mask, batch.sep_mask, batch.punct_mask)
-        values = metrics.reshape(size, num_layers, num_heads, -1).double().cpu().numpy()  # [batch, layer, head, metric]
+            self._heads = RunningMoments(values.shape[1:])
+            self._layers = RunningMoments((values.shape[1], values.shape[3]))
         self._heads.push(values)
         self._layers.push(values.mean(axis=2))
 
@@ -159,7 +168,7 @@ def pairwise_js(rows: torch.Tensor) -> torch.Tensor:
     return upper + upper.T
 
 
-class HeadDistance(Analyzer):
+class HeadDistance(LayerwiseAnalyzer):
     """Head-to-head Jensen-Shannon distance and its 2-D MDS map (Clark et al. 2019, section 6).
 
     ``d(A, B) = sum_docs sum_i JS(A_i, B_i)`` over the rows i of the sampled sequences, reported
@@ -178,21 +187,30 @@ class HeadDistance(Analyzer):
         self._total: np.ndarray | None = None
         self._rows = 0
         self._shape: tuple[int, int] | None = None
+        self._sampled: list[int] = []  # the batch's sampled sequences
+        self._pending: list[torch.Tensor] = []  # their real rows so far, one [head, r, n] per layer
 
-    def update(self, batch: Batch) -> None:
-        num_layers, _, num_heads = batch.attentions.shape[:3]
-        self._shape = (num_layers, num_heads)
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        if maps.layer == 0:
+            self._sampled = [b for b, e in enumerate(batch.examples) if keyed_rng(self.seed, *sequence_key(e)).random() < self.sample]
+            self._pending = []
+        if self._sampled:
+            # The sampled sequences' real rows side by side (padding rows are zero and would add nothing but work).
+            attention = maps.attention[self._sampled]  # [sampled, head, n, n]
+            width = attention.shape[-1]
+            rows = attention.transpose(0, 1).reshape(attention.shape[1], len(self._sampled) * width, width)
+            self._pending.append(rows[:, batch.mask[self._sampled].reshape(-1)])
+
+    def finish_batch(self, batch: Batch) -> None:
+        self._shape = (batch.num_layers, batch.num_heads)
         if self._total is None:
-            self._total = np.zeros((num_layers * num_heads,) * 2)
-        sampled = [b for b, e in enumerate(batch.examples) if keyed_rng(self.seed, *sequence_key(e)).random() < self.sample]
-        if not sampled:
+            self._total = np.zeros((batch.num_layers * batch.num_heads,) * 2)
+        rows, self._pending = self._pending, []
+        if not rows:
             return
-        # All sampled sequences' real rows side by side (padding rows are zero and would add nothing but work).
-        width = batch.attentions.shape[-1]
-        rows = batch.attentions[:, sampled].permute(0, 2, 1, 3, 4).reshape(num_layers * num_heads, len(sampled) * width, width)
-        rows = rows[:, batch.mask[sampled].reshape(-1)].double()  # float64: JS = H(m) - (H(p) + H(q)) / 2 cancels
-        self._total += pairwise_js(rows).cpu().numpy()
-        self._rows += int(batch.lengths[sampled].sum())
+        every_head = torch.cat(rows).double()  # [layer * head, r, n]; float64: JS = H(m) - (H(p) + H(q)) / 2 cancels
+        self._total += pairwise_js(every_head).cpu().numpy()
+        self._rows += int(batch.host_lengths[self._sampled].sum())
 
     def merge(self, other: "HeadDistance") -> "HeadDistance":
         self._check_mergeable(other)

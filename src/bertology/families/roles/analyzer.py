@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bertology.core.analyzer import Analyzer
-from bertology.core.engine import Batch, is_pair
+from bertology.core.analyzer import LayerwiseAnalyzer
+from bertology.core.engine import Batch, LayerMaps, is_pair
 from bertology.core.stats import MIN_SAMPLE, RunningMoments, corrected, t_test_greater
 
 BASE_ROLES = ("local", "delimiter", "cls", "sep", "block")
@@ -41,46 +41,59 @@ SYNTACTIC = "syntactic"
 SUMMARY_ROLES = (*BASE_ROLES, SYNTACTIC)
 
 
-def sieve_mean(attention: torch.Tensor, sieve: torch.Tensor, queries: torch.Tensor, n: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """``n * mean_{i in Q} w_i mean_{j in S_i} a[i, j]`` per sequence and head.
+def sieve_mean(inside: torch.Tensor, size: torch.Tensor, queries: torch.Tensor, n: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """``n * mean_{i in Q} w_i mean_{j in S_i} a[i, j]`` per sequence and head, in float64.
 
-    ``attention [batch, head, n, n]``; ``sieve [batch, n, n]`` (or ``[batch, 1, n]`` for the same
-    set for every query) marks ``S_i``; ``queries [batch, n]`` marks Q; ``n [batch, 1]`` real
-    tokens per sequence; ``weight [batch, head, n]`` optional. NaN for a sequence with no query in Q.
+    ``inside [batch, head, n]`` is each query's attention to its sieve set, ``sum_{j in S_i} a[i, j]``; ``size [batch, n]``
+    (or ``[batch, 1]`` for the same set for every query) is ``|S_i|``; ``queries [batch, n]`` marks Q; ``n [batch, 1]``
+    real tokens per sequence; ``weight [batch, head, n]`` optional. NaN for a sequence with no query in Q.
     """
-    sieve = sieve.to(attention.dtype)
-    size = sieve.sum(-1)  # [batch, n or 1]
-    inside = (attention * sieve[:, None]).sum(-1) / size.clamp(min=1)[:, None]  # [batch, head, n]
+    inside = inside.to(torch.float64) / size.clamp(min=1).to(torch.float64)[:, None]
     if weight is not None:
-        inside = inside * weight
-    used = (queries & (size > 0)).to(attention.dtype)[:, None]  # [batch, 1, n]
+        inside = inside * weight.to(torch.float64)
+    used = (queries & (size > 0)).to(torch.float64)[:, None]  # [batch, 1, n]
     count = used.sum(-1)
-    return torch.where(count > 0, n * (inside * used).sum(-1) / count.clamp(min=1), torch.nan)
+    return torch.where(count > 0, n.to(torch.float64) * (inside * used).sum(-1) / count.clamp(min=1), torch.nan)
 
 
 def role_scores(attention: torch.Tensor, mask: torch.Tensor, cls_mask: torch.Tensor, sep_mask: torch.Tensor,
-                segment_ids: torch.Tensor, window: int = 2) -> dict[str, torch.Tensor]:
-    """Sieve scores ``[batch, head]`` (float64) of the :data:`BASE_ROLES` on one layer's attention."""
-    attention = attention.to(torch.float64)
-    width = attention.shape[-1]
+                segment_ids: torch.Tensor, window: int = 2, any_pair: bool | None = None) -> dict[str, torch.Tensor]:
+    """Sieve scores ``[batch, head]`` (float64) of the :data:`BASE_ROLES` on one layer's attention ``[batch, head, n, n]``
+    (``any_pair``: whether the batch holds a sentence pair, where the caller knows it without asking the device).
+
+    Each sieve sum is one sweep over the maps in their own dtype: the local window as ``2 w + 1`` diagonals, the
+    delimiters and the block's segments as one product with their indicator columns; only the reduced sums are
+    float64. The block's entropy weights are computed only for the sequences that are pairs."""
+    dtype, width = attention.dtype, attention.shape[-1]
     positions = torch.arange(width, device=attention.device)
     near = (positions[:, None] - positions[None, :]).abs() <= window
-    local = near[None] & mask[:, None, :] & mask[:, :, None]
+    local_size = (near[None] & mask[:, None, :] & mask[:, :, None]).sum(-1)  # [batch, n]
+    local = torch.zeros(attention.shape[:-1], dtype=dtype, device=attention.device)  # [batch, head, n]
+    for offset in range(-window, window + 1):  # padding keys are zero, so the diagonals need no mask
+        diagonal = attention.diagonal(offset=offset, dim1=-2, dim2=-1)
+        local[..., max(0, -offset) : width - max(0, offset)] += diagonal
     special = cls_mask | sep_mask
-    n = mask.sum(1, keepdim=True).to(attention.dtype)
-    # block: every query's segment (specials by position: B from the first [SEP] on); keys: the non-special
-    # pieces of that segment (specials and padding have segment_ids -1)
-    segment = torch.where(segment_ids >= 0, segment_ids, (sep_mask.cumsum(1) > 0).long())
-    own_segment = segment[:, :, None] == segment_ids[:, None, :]
-    entropy = -torch.special.xlogy(attention, attention).sum(-1)  # nats, whole row
-    block = sieve_mean(attention, own_segment, mask, n, weight=entropy)
-    return {
-        "local": sieve_mean(attention, local, mask, n),
-        "delimiter": sieve_mean(attention, special[:, None, :], mask, n),
-        "cls": sieve_mean(attention, cls_mask[:, None, :], mask, n),
-        "sep": sieve_mean(attention, sep_mask[:, None, :], mask, n),
-        "block": torch.where(is_pair(segment_ids)[:, None], block, torch.nan),
+    key_sets = torch.stack([special, cls_mask, sep_mask, segment_ids == 0, segment_ids == 1], dim=-1)  # [batch, n, 5]
+    inside = torch.matmul(attention, key_sets[:, None].to(dtype))  # [batch, head, n, 5]
+    n = mask.sum(1, keepdim=True)
+    scores = {
+        "local": sieve_mean(local, local_size, mask, n),
+        "delimiter": sieve_mean(inside[..., 0], special.sum(1, keepdim=True), mask, n),
+        "cls": sieve_mean(inside[..., 1], cls_mask.sum(1, keepdim=True), mask, n),
+        "sep": sieve_mean(inside[..., 2], sep_mask.sum(1, keepdim=True), mask, n),
     }
+    # block: every query's segment (specials by position: B from the first [SEP] on); keys: the non-special
+    # pieces of that segment (specials and padding have segment_ids -1), each query weighted by its row's entropy
+    pairs = is_pair(segment_ids)
+    block = torch.full(scores["local"].shape, torch.nan, dtype=torch.float64, device=attention.device)
+    if any_pair if any_pair is not None else bool(pairs.any()):
+        segment = torch.where(segment_ids >= 0, segment_ids, (sep_mask.cumsum(1) > 0).long())[pairs]  # [pairs, n]
+        own = torch.where(segment[:, None] == 0, inside[pairs][..., 3], inside[pairs][..., 4])
+        sizes = key_sets[pairs][..., 3:].sum(1)  # [pairs, 2]
+        entropy = -torch.special.xlogy(attention[pairs], attention[pairs]).sum(-1)  # nats, whole row
+        block[pairs] = sieve_mean(own, sizes.gather(1, segment), mask[pairs], n[pairs], weight=entropy)
+    scores["block"] = block
+    return scores
 
 
 def syntactic_scores(attention: torch.Tensor, assignment: np.ndarray, word_unit: np.ndarray, heads, relations) -> dict[str, torch.Tensor]:
@@ -100,7 +113,7 @@ def syntactic_scores(attention: torch.Tensor, assignment: np.ndarray, word_unit:
     return {role: torch.stack(values).mean(0) for role, values in by_relation.items()}
 
 
-class HeadRoles(Analyzer):
+class HeadRoles(LayerwiseAnalyzer):
     """Sieve scores of every head for every role, and the t-tests that say which heads hold which role.
 
     ``result()`` gives ``layer, head, role, mean, ci_low, ci_high, t, p, p_adj, has_role, n`` for the
@@ -113,28 +126,41 @@ class HeadRoles(Analyzer):
         self.tau, self.window, self.correction, self.alpha = tau, window, correction, alpha
         self._moments: dict[str, RunningMoments] = {}
         self._shape: tuple[int, int] | None = None
+        self._pending: list[torch.Tensor] = []  # this batch's base-role scores so far, one [batch, head, role] per layer
+        self._trees: list = []  # the batch's sequences with a tree
+        self._tree_keys: list[tuple[int, str]] = []  # (sequence, role) of each row of the syntactic scores
+        self._tree_pending: list[torch.Tensor] = []  # one [sequence x role, head] per layer
 
     def _push(self, role: str, values: np.ndarray) -> None:
         if role not in self._moments:
             self._moments[role] = RunningMoments(self._shape)
         self._moments[role].push(values)
 
-    def update(self, batch: Batch) -> None:
-        num_layers, size, num_heads, width, _ = batch.attentions.shape
-        self._shape = (num_layers, num_heads)
-        # Every layer's heads side by side as the "heads" of one call: [batch, layer * head, n, n].
-        every_head = batch.attentions.permute(1, 0, 2, 3, 4).reshape(size, num_layers * num_heads, width, width)
-        scores = role_scores(every_head, batch.mask, batch.cls_mask, batch.sep_mask, batch.segment_ids, self.window)
-        for role in BASE_ROLES:
-            self._push(role, scores[role].reshape(size, num_layers, num_heads).cpu().numpy())
-        for b, example in enumerate(batch.examples):
-            if not example.has_tree:
-                continue
-            alignment = batch.alignments[b]
-            n = int(batch.lengths[b])
-            scores = syntactic_scores(batch.attentions[:, b, :, :n, :n], alignment.assignment, alignment.word_unit, example.heads, example.relations)
-            for role, values in scores.items():
-                self._push(role, values.cpu().numpy()[None])
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        if maps.layer == 0:
+            self._pending, self._tree_pending = [], []
+            self._trees = [(b, example) for b, example in enumerate(batch.examples) if example.has_tree]
+        scores = role_scores(maps.attention, batch.mask, batch.cls_mask, batch.sep_mask, batch.segment_ids, self.window, any_pair=batch.any_pair)
+        self._pending.append(torch.stack([scores[role] for role in BASE_ROLES], dim=-1))  # [batch, head, role]
+        tree_scores = []  # per sequence with a tree, in order: its roles' scores [head] at this layer
+        for b, example in self._trees:
+            alignment, n = batch.alignments[b], int(batch.host_lengths[b])
+            scores = syntactic_scores(maps.attention[None, b, :, :n, :n], alignment.assignment, alignment.word_unit, example.heads, example.relations)
+            tree_scores.extend(((b, role), values[0]) for role, values in scores.items())
+        if tree_scores:
+            self._tree_keys = [key for key, _ in tree_scores]
+            self._tree_pending.append(torch.stack([values for _, values in tree_scores]))  # [sequence x role, head]
+
+    def finish_batch(self, batch: Batch) -> None:
+        self._shape = (batch.num_layers, batch.num_heads)
+        base = torch.stack(self._pending, dim=1).cpu().numpy()  # [batch, layer, head, role]: one copy to the host
+        for k, role in enumerate(BASE_ROLES):
+            self._push(role, base[..., k])
+        if self._tree_pending:
+            trees = torch.stack(self._tree_pending, dim=1).cpu().numpy()  # [sequence x role, layer, head]
+            for (_, role), values in zip(self._tree_keys, trees):
+                self._push(role, values[None])
+        self._pending, self._tree_pending = [], []
 
     def merge(self, other: "HeadRoles") -> "HeadRoles":
         self._check_mergeable(other)

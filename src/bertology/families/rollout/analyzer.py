@@ -13,8 +13,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from bertology.core.analyzer import Analyzer
-from bertology.core.engine import Batch
+from bertology.core.analyzer import LayerwiseAnalyzer
+from bertology.core.engine import Batch, LayerMaps
 from bertology.core.stats import RunningMoments, interval_frame, merge_moments
 
 #: The rows of the rollout table: every query (``all``), or the [CLS] row alone (``cls_row``).
@@ -23,45 +23,59 @@ ROLLOUT_ROWS = ("all", "cls_row")
 ROLLOUT_TARGETS = ("cls", "sep", "punct", "self")
 
 
+def rollout_step(layer_maps: torch.Tensor, rolled: torch.Tensor | None) -> torch.Tensor:
+    """One layer of the rollout: ``R_l = norm_rows(0.5 A_l + 0.5 I) R_{l-1}`` from ``layer_maps[batch, head, n, n]`` and
+    ``R_{l-1}`` (None before the first layer, ``R_{-1} = I``); returns ``R_l[batch, n, n]``."""
+    identity = torch.eye(layer_maps.shape[-1], dtype=layer_maps.dtype, device=layer_maps.device)
+    step = 0.5 * layer_maps.mean(dim=1) + 0.5 * identity
+    step = step / step.sum(dim=-1, keepdim=True)
+    return step if rolled is None else torch.matmul(step, rolled)
+
+
 def rollout(attentions: torch.Tensor) -> torch.Tensor:
     """Abnar & Zuidema's rollout of ``attentions[layer, batch, head, n, n]``: ``R[layer, batch, n, n]``, where
     ``R_l = norm_rows(0.5 A_l + 0.5 I) R_{l-1}`` and ``A_l`` is the head mean. Padding rows roll out to themselves."""
-    width = attentions.shape[-1]
-    identity = torch.eye(width, dtype=attentions.dtype, device=attentions.device)
     rolled, out = None, []
     for layer_maps in attentions:
-        step = 0.5 * layer_maps.mean(dim=1) + 0.5 * identity
-        step = step / step.sum(dim=-1, keepdim=True)
-        rolled = step if rolled is None else torch.matmul(step, rolled)
+        rolled = rollout_step(layer_maps, rolled)
         out.append(rolled)
     return torch.stack(out)
 
 
-class AttentionRollout(Analyzer):
-    """Rolled-out attention to [CLS], [SEP], punctuation and the token itself per layer (see the module docstring)."""
+class AttentionRollout(LayerwiseAnalyzer):
+    """Rolled-out attention to [CLS], [SEP], punctuation and the token itself per layer (see the module docstring).
+    Across the layers of a batch it keeps only the running product ``R_l``."""
 
     name = "rollout"
 
     def __init__(self) -> None:
         self._moments: RunningMoments | None = None
+        self._rolled: torch.Tensor | None = None  # R_l of the batch so far
+        self._pending: list[torch.Tensor] = []  # one [batch, row, target] per layer
 
-    def update(self, batch: Batch) -> None:
-        rolled = rollout(batch.attentions)  # [layer, batch, n, n]
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        if maps.layer == 0:
+            self._rolled, self._pending = None, []
+        rolled = self._rolled = rollout_step(maps.attention, self._rolled)  # [batch, n, n]
         real = batch.mask.to(rolled.dtype)
         n = real.sum(dim=1)
         cls_position = batch.cls_mask.to(torch.int8).argmax(dim=1)
-        rows = rolled[:, torch.arange(rolled.shape[1]), cls_position]  # [layer, batch, n]: each sequence's [CLS] row
+        rows = rolled[torch.arange(rolled.shape[0]), cls_position]  # [batch, n]: each sequence's [CLS] row
         columns = []
         for members in (batch.cls_mask, batch.sep_mask, batch.punct_mask):
             members = members.to(rolled.dtype)
-            every = torch.einsum("lbij,bi,bj->lb", rolled, real, members) / n
+            every = torch.einsum("bij,bi,bj->b", rolled, real, members) / n
             columns.append((every, (rows * members).sum(dim=-1)))
-        own = rolled.diagonal(dim1=-2, dim2=-1)  # [layer, batch, n]
-        columns.append(((own * real).sum(dim=-1) / n, own.gather(2, cls_position[None, :, None].expand(own.shape[0], -1, 1))[..., 0]))
+        own = rolled.diagonal(dim1=-2, dim2=-1)  # [batch, n]
+        columns.append(((own * real).sum(dim=-1) / n, own.gather(1, cls_position[:, None])[:, 0]))
         every = torch.stack([pair[0] for pair in columns], dim=-1)
         cls_row = torch.stack([pair[1] for pair in columns], dim=-1)
-        cls_row = torch.where(batch.cls_mask.any(dim=1)[None, :, None], cls_row, torch.nan)
-        values = torch.stack([every, cls_row], dim=-2).permute(1, 0, 2, 3).double().cpu().numpy()  # [batch, layer, row, target]
+        cls_row = torch.where(batch.cls_mask.any(dim=1)[:, None], cls_row, torch.nan)
+        self._pending.append(torch.stack([every, cls_row], dim=-2))  # [batch, row, target]
+
+    def finish_batch(self, batch: Batch) -> None:
+        values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, row, target]: one copy to the host
+        self._rolled, self._pending = None, []
         if self._moments is None:
             self._moments = RunningMoments(values.shape[1:])
         self._moments.push(values)

@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bertology.core.analyzer import Analyzer
-from bertology.core.engine import Batch
+from bertology.core.analyzer import LayerwiseAnalyzer
+from bertology.core.engine import Batch, LayerMaps
 from bertology.core.stats import bootstrap_weights, corrected
 
 DIRECTIONS = ("dep->head", "head->dep")
@@ -63,7 +63,7 @@ def predicted_parents(word_maps: torch.Tensor, dependent_units: torch.Tensor, is
     return scores.argmax(dim=-1)
 
 
-class RelationHeads(Analyzer):
+class RelationHeads(LayerwiseAnalyzer):
     """Per relation, head and direction: how often the attention argmax is the gold parent.
 
     ``result()``: ``relation, direction, layer, head, accuracy, n`` for every head;
@@ -81,26 +81,44 @@ class RelationHeads(Analyzer):
         self._correct: dict[str, np.ndarray] = {}  # relation -> [1 + B, 2 * L * H + len(OFFSETS)]
         self._count: dict[str, np.ndarray] = {}  # relation -> [1 + B]
         self._shape: tuple[int, int] | None = None
+        self._trees: list[tuple] = []  # the batch's sentences with dependents
+        self._pending: list[torch.Tensor] = []  # their predicted parents, one [direction, head, dependent] per layer
 
-    def update(self, batch: Batch) -> None:
-        num_layers, _, num_heads = batch.attentions.shape[:3]
-        self._shape = (num_layers, num_heads)
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        if maps.layer == 0:
+            self._pending = []
+            self._trees = []  # (sequence, dependents, gold heads, relations) of each sentence with a dependent
+            for b, example in enumerate(batch.examples):
+                if example.has_tree:
+                    dependents, gold, relations = tree_targets(example, batch.alignments[b].word_unit)
+                    if len(dependents):
+                        self._trees.append((b, dependents, gold, relations))
+        predicted = []
+        for b, dependents, _, _ in self._trees:
+            alignment = batch.alignments[b]
+            word_maps = maps.word_attention(batch, b)[None]  # [1, head, u, u]
+            is_word = torch.as_tensor(alignment.unit_is_word, device=word_maps.device)
+            units = torch.as_tensor(alignment.word_unit[dependents], device=word_maps.device)
+            predicted.append(predicted_parents(word_maps, units, is_word)[:, 0])  # [direction, head, dependent]
+        if predicted:
+            self._pending.append(torch.cat(predicted, dim=-1))  # every sentence's dependents side by side
+
+    def finish_batch(self, batch: Batch) -> None:
+        self._shape = (batch.num_layers, batch.num_heads)
+        if not self._trees:
+            return
+        every = torch.stack(self._pending, dim=1).cpu()  # [direction, layer, head, dependent]: one copy to the host
+        self._pending = []
         offsets = torch.tensor(OFFSETS)
         # Per relation: each sentence's bootstrap weights, hit counts and number of dependents.
         weights: dict[str, list[np.ndarray]] = {}
         sums: dict[str, list[np.ndarray]] = {}
         counts: dict[str, list[int]] = {}
-        for b, example in enumerate(batch.examples):
-            if not example.has_tree:
-                continue
-            alignment = batch.alignments[b]
-            dependents, gold, relations = tree_targets(example, alignment.word_unit)
-            if len(dependents) == 0:
-                continue
-            word_maps = batch.word_attention(b)
-            units = torch.as_tensor(alignment.word_unit)
-            is_word = torch.as_tensor(alignment.unit_is_word, device=word_maps.device)
-            predicted = predicted_parents(word_maps, units[dependents].to(word_maps.device), is_word).cpu()
+        start = 0
+        for b, dependents, gold, relations in self._trees:
+            example, units = batch.examples[b], torch.as_tensor(batch.alignments[b].word_unit)
+            predicted = every[..., start : start + len(dependents)]
+            start += len(dependents)
             head_hits = (predicted == units[gold]).permute(3, 1, 2, 0).reshape(len(dependents), -1)  # [dep, layer*head*direction]
             offset_hits = (torch.as_tensor(dependents)[:, None] + offsets[None, :]) == torch.as_tensor(gold)[:, None]
             hits = torch.cat([head_hits, offset_hits], dim=1).double().numpy()

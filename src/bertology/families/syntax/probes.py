@@ -24,8 +24,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from bertology.core.analyzer import Analyzer
-from bertology.core.engine import Batch
+from bertology.core.analyzer import LayerwiseAnalyzer
+from bertology.core.engine import Batch, LayerMaps
 from bertology.core.stats import keyed_rng, sequence_key
 from bertology.families.syntax.analyzer import OFFSETS
 
@@ -44,7 +44,7 @@ class ProbeSentence:
     embeddings: np.ndarray  # float16 [m, dim]
 
 
-class ProbeData(Analyzer):
+class ProbeData(LayerwiseAnalyzer):
     """Collects the probe's inputs for every sentence with a tree (one forward pass with the rest).
 
     Its memory grows with the treebank (``2 L H m (m+1)`` half-floats per sentence of m words), as
@@ -56,33 +56,45 @@ class ProbeData(Analyzer):
 
     def __init__(self) -> None:
         self.sentences: dict[str, ProbeSentence] = {}
+        self._kept: list[int] = []  # the batch's sentences whose every word has a piece
+        self._pending: list[list[torch.Tensor]] = []  # per layer, each kept sentence's features
 
-    def update(self, batch: Batch) -> None:
-        for b, example in enumerate(batch.examples):
-            if not example.has_tree:
-                continue
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        if maps.layer == 0:
+            self._pending = []
+            self._kept = []
+            for b, example in enumerate(batch.examples):
+                word_units = batch.alignments[b].word_unit[: len(example.heads)] if example.has_tree else None
+                if word_units is not None and not (word_units < 0).any():
+                    self._kept.append(b)
+        features = []  # per kept sentence: [2, head, m, m + 1] at this layer
+        for b in self._kept:
             alignment = batch.alignments[b]
-            word_units = alignment.word_unit[: len(example.heads)]
-            if (word_units < 0).any():
-                continue
-            n = int(batch.lengths[b])
-            word_maps = batch.word_attention(b)
-            num_layers, num_heads, units, _ = word_maps.shape
-            words = torch.as_tensor(word_units, device=word_maps.device)
+            word_maps = maps.word_attention(batch, b)  # [head, u, u]
+            words = torch.as_tensor(alignment.word_unit[: len(batch.examples[b].heads)], device=word_maps.device)
             candidates = torch.cat([torch.as_tensor([alignment.unit_of_piece[0]], device=word_maps.device), words])
-            dep_to_head = word_maps[:, :, words][:, :, :, candidates]
-            head_to_dep = word_maps[:, :, candidates][:, :, :, words].transpose(-1, -2)
-            features = torch.cat([dep_to_head, head_to_dep]).reshape(2 * num_layers * num_heads, len(words), len(words) + 1)
-            assignment = torch.as_tensor(alignment.assignment[word_units], dtype=torch.float32, device=word_maps.device)
+            dep_to_head = word_maps[:, words][:, :, candidates]
+            head_to_dep = word_maps[:, candidates][:, :, words].transpose(-1, -2)
+            features.append(torch.stack([dep_to_head, head_to_dep]).half())
+        self._pending.append(features)
+
+    def finish_batch(self, batch: Batch) -> None:
+        for row, b in enumerate(self._kept):
+            example, alignment, n = batch.examples[b], batch.alignments[b], int(batch.host_lengths[b])
+            word_units = alignment.word_unit[: len(example.heads)]
+            # [direction, layer, head, m, m + 1], flattened in that order as the probe reads its channels
+            features = torch.stack([layer[row] for layer in self._pending], dim=1)
+            assignment = torch.as_tensor(alignment.assignment[word_units], dtype=torch.float32, device=features.device)
             embeddings = (assignment / assignment.sum(1, keepdim=True)) @ batch.input_embeddings[b, :n].float()
             key = repr(sequence_key(example))
             self.sentences[key] = ProbeSentence(
                 source=example.source,
                 key=key,
-                features=features.half().cpu().numpy(),
+                features=features.reshape(-1, len(word_units), len(word_units) + 1).cpu().numpy(),
                 heads=np.asarray(example.heads),
                 embeddings=embeddings.half().cpu().numpy(),
             )
+        self._pending, self._kept = [], []
 
     def merge(self, other: "ProbeData") -> "ProbeData":
         self._check_mergeable(other)

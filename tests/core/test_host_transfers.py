@@ -1,0 +1,88 @@
+"""Copies to the host per batch, counted on the CPU (issue 28: a GPU-friendliness check we can run without a GPU).
+
+Every call that would copy a tensor from the device to the host, or wait for it (``cpu``, ``item``, ``tolist``, ``bool``/``int``/``float`` of a tensor, ``to("cpu")``, ``nonzero`` and indexing with a boolean mask), is
+counted inside each analyzer's ``update_layer`` and ``finish_batch``. Per batch, each default family's analyzers make a
+small fixed number of them, the same on sequences ten times longer and on batches twice as large.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from bertology.core.corpora import Example
+from bertology.core.engine import Engine
+from bertology.families.mixing.analyzer import ContextMixing
+from bertology.families.patterns.analyzer import HeadPatterns
+from bertology.families.profile.analyzer import GeneralProfile, HeadDistance
+from bertology.families.roles.analyzer import HeadRoles
+from bertology.families.rollout.analyzer import AttentionRollout
+
+# ``numpy()`` and ``__array__`` are not counted: on a GPU they refuse a device tensor, so every real copy goes through these
+SYNCING = {"cpu", "item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero"}
+WORDS = "the cat sat on a mat while two dogs ran far away from home and then came back again".split()
+
+
+class CountHostTransfers(TorchFunctionMode):
+    """Counts the calls that copy to the host or wait for the device (see the module docstring)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        to_host = name == "to" and any(str(arg) == "cpu" for arg in [*args[1:], kwargs.get("device")])
+        boolean_index = name in ("__getitem__", "__setitem__") and any(
+            isinstance(index, torch.Tensor) and index.dtype == torch.bool for index in (args[1] if isinstance(args[1], tuple) else (args[1],)))
+        self.count += name in SYNCING or to_host or boolean_index
+        return func(*args, **kwargs)
+
+
+class Counted:
+    """An analyzer whose layer and batch calls are counted, batch by batch."""
+
+    def __init__(self, analyzer):
+        self.analyzer, self.needs, self.per_batch, self._count = analyzer, analyzer.needs, [], 0
+
+    def update_layer(self, batch, maps):
+        with CountHostTransfers() as counter:
+            self.analyzer.update_layer(batch, maps)
+        self._count += counter.count
+
+    def finish_batch(self, batch):
+        with CountHostTransfers() as counter:
+            self.analyzer.finish_batch(batch)
+        self.per_batch.append(self._count + counter.count)
+        self._count = 0
+
+
+def transfers(model, words: int, batch_size: int) -> dict[str, list[int]]:
+    texts = [" ".join(WORDS[(k + i) % len(WORDS)] for i in range(words)) + "." for k in range(2 * batch_size)]
+    analyzers = {"heads": GeneralProfile(), "head_distance": HeadDistance(sample=1.0), "roles": HeadRoles(), "rollout": AttentionRollout(),
+                 "patterns": HeadPatterns(max_example_length=1000), "mixing": ContextMixing()}
+    counted = {name: Counted(analyzer) for name, analyzer in analyzers.items()}
+    Engine(model, batch_size=batch_size, progress=False).run([Example(text) for text in texts], list(counted.values()))
+    return {name: analyzer.per_batch for name, analyzer in counted.items()}
+
+
+def test_host_transfers_per_batch_are_few_and_do_not_grow_with_length_or_batch_size(tiny_bert):
+    short = transfers(tiny_bert, words=6, batch_size=2)
+    long = transfers(tiny_bert, words=60, batch_size=2)
+    wide = transfers(tiny_bert, words=60, batch_size=4)
+    for name in short:
+        assert len(short[name]) == 2 and len(set(short[name])) == 1, (name, short[name])
+        assert short[name] == long[name] == wide[name], (name, short[name], long[name], wide[name])
+        assert short[name][0] <= 4, (name, short[name])  # one copy of the results; patterns' thumbnails add three
+    assert short["heads"][0] == 1 and short["roles"][0] == 1 and short["rollout"][0] == 1
+
+
+def test_the_counter_sees_a_copy_per_sequence():
+    # the check can fail: an analyzer that copies every sequence's value on its own is counted once per sequence
+    with CountHostTransfers() as counter:
+        values = torch.arange(4.0)
+        [float(value) for value in values]
+        values.cpu()
+        values[values > 1]
+    assert counter.count == 6
