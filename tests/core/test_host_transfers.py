@@ -1,8 +1,9 @@
 """Copies to the host per batch, counted on the CPU (issue 28: a GPU-friendliness check we can run without a GPU).
 
-Every call that would copy a tensor from the device to the host, or wait for it (``cpu``, ``item``, ``tolist``, ``bool``/``int``/``float`` of a tensor, ``to("cpu")``, ``nonzero`` and indexing with a boolean mask), is
-counted inside each analyzer's ``update_layer`` and ``finish_batch``. Per batch, each default family's analyzers make a
-small fixed number of them, the same on sequences ten times longer and on batches twice as large.
+Every call that would copy a tensor from the device to the host, or wait for it (``cpu``, ``item``, ``tolist``,
+``bool``/``int``/``float`` of a tensor, ``to("cpu")``, ``nonzero`` and indexing with a boolean mask), is counted
+inside each analyzer's ``update_layer`` and ``finish_batch``. Per batch, each default family's analyzers make a small
+fixed number of them, the same on sequences ten times longer and on batches twice as large.
 """
 
 from __future__ import annotations

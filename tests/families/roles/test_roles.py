@@ -256,7 +256,8 @@ def test_uniform_float32_head_holds_no_role_at_tau_1():
             maps.append(a)
             masks.append(single(n))
         attention, (mask, cls, sep, segments) = batch_of(maps, masks)
-        batch = Batch(items=[SimpleNamespace(example=Example("x"), input_ids=[0] * n, sequence_ids=[0] * n) for n in lengths], input_ids=torch.zeros_like(segments), mask=mask,
+        items = [SimpleNamespace(example=Example("x"), input_ids=[0] * n, sequence_ids=[0] * n) for n in lengths]
+        batch = Batch(items=items, input_ids=torch.zeros_like(segments), mask=mask,
                       cls_mask=cls, sep_mask=sep, punct_mask=torch.zeros_like(mask), segment_ids=segments, attentions=attention[None])
         roles = HeadRoles(tau=1.0)
         roles.update(batch)
