@@ -117,9 +117,10 @@ def bertology_attention(
         value = hooks._fire("value", layer, value)
     if scaling is None:
         scaling = query.size(-1) ** -0.5
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    scores = torch.matmul(query, key.transpose(2, 3))
+    scores *= scaling  # in place: no second n x n tensor per head (the product is no input of its own gradient)
     if attention_mask is not None:
-        scores = scores + attention_mask
+        scores += attention_mask
     pattern = nn.functional.softmax(scores, dim=-1)
     if hooks is not None:
         pattern = hooks._fire("pattern", layer, pattern)

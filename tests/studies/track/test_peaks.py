@@ -26,7 +26,10 @@ def test_layer_peaks_bootstrap_by_hand():
             attention, m = padded_batch([maps[b][layer][head] for b in range(3)], flags)
             heads.append(attention)
         per_layer.append(torch.cat(heads, dim=1))
-    batch = SimpleNamespace(attentions=torch.stack(per_layer), mask=m["mask"], cls_mask=m["cls"], sep_mask=m["sep"], punct_mask=m["punct"], examples=examples)
+    from bertology.core.engine import LayerMaps
+
+    batch = SimpleNamespace(attentions=torch.stack(per_layer), mask=m["mask"], cls_mask=m["cls"], sep_mask=m["sep"], punct_mask=m["punct"], examples=examples,
+                            num_layers=len(per_layer), layer_maps=lambda layer: LayerMaps(layer, per_layer[layer]))
     peaks = LayerPeaks(bootstrap=30, seed=2)
     peaks.update(batch)
 

@@ -28,8 +28,8 @@ from sklearn.metrics import confusion_matrix, f1_score, precision_recall_fscore_
 from sklearn.model_selection import GridSearchCV, GroupKFold
 from sklearn.preprocessing import StandardScaler
 
-from bertology.core.analyzer import Analyzer
-from bertology.core.engine import Batch
+from bertology.core.analyzer import LayerwiseAnalyzer
+from bertology.core.engine import Batch, LayerMaps
 from bertology.core.errors import BertologyError, StateError
 from bertology.core.safeload import field, finite_array, read_json, whole_number
 from bertology.core.stats import sequence_key
@@ -57,7 +57,7 @@ def map_features(attention: torch.Tensor, mask: torch.Tensor, special: torch.Ten
     return torch.cat([pooled, extra], dim=-1).cpu().numpy()
 
 
-class LabelledMaps(Analyzer):
+class LabelledMaps(LayerwiseAnalyzer):
     """Features of the hand-labelled maps of a ``labels`` corpus (each example names one ``layer, head, label``), with the
     rule classifier's verdict on the same map. A map labelled on several lines keeps its last label (the labelling page
     corrects by appending). Examples without a label are passed over."""
@@ -68,25 +68,34 @@ class LabelledMaps(Analyzer):
         self.rules = rules
         self.items: dict[tuple, dict] = {}
 
-    def update(self, batch: Batch) -> None:
-        num_layers, _, num_heads = batch.attentions.shape[:3]
-        special = batch.cls_mask | batch.sep_mask
+    def _labelled(self, batch: Batch):
+        """``(b, example, key, line)`` of each labelled example of the batch whose map is not labelled again further down."""
         for b, example in enumerate(batch.examples):
             if example.pattern_label is None:
                 continue
-            layer, head, label = example.pattern_label
+            layer, head, _ = example.pattern_label
             key = (example.text, example.text_pair or "", layer, head)
             line = example.line if example.line is not None else -1
-            if key in self.items and self.items[key]["line"] > line:
-                continue  # the map was labelled again further down: the last line wins
+            if key not in self.items or self.items[key]["line"] <= line:  # the last line wins
+                yield b, example, key, line
+
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        special = batch.cls_mask | batch.sep_mask
+        for b, example, key, line in self._labelled(batch):
+            layer, head, label = example.pattern_label
+            if layer != maps.layer or head >= batch.num_heads:
+                continue
+            args = (maps.attention[b : b + 1, head : head + 1], batch.mask[b : b + 1], special[b : b + 1], batch.segment_ids[b : b + 1])
+            self.items[key] = {"line": line, "source": example.source, "group": repr(sequence_key(example)[1:]), "label": label,
+                               "features": map_features(*args)[0, 0], "rules": PATTERNS[int(self.rules.classify(*args)[0, 0])]}
+
+    def finish_batch(self, batch: Batch) -> None:
+        num_layers, num_heads = batch.num_layers, batch.num_heads
+        for _, example, key, line in self._labelled(batch):
+            layer, head, _ = example.pattern_label
             if layer >= num_layers or head >= num_heads:
                 self.items[key] = {"line": line, "source": example.source,
                                    "error": f"layer {layer}, head {head}: the model has {num_layers} layers of {num_heads} heads"}
-                continue
-            maps = batch.attentions[layer, b : b + 1, head : head + 1]
-            args = (maps, batch.mask[b : b + 1], special[b : b + 1], batch.segment_ids[b : b + 1])
-            self.items[key] = {"line": line, "source": example.source, "group": repr(sequence_key(example)[1:]), "label": label,
-                               "features": map_features(*args)[0, 0], "rules": PATTERNS[int(self.rules.classify(*args)[0, 0])]}
 
     def merge(self, other: "LabelledMaps") -> "LabelledMaps":
         self._check_mergeable(other)

@@ -151,20 +151,28 @@ class GeneralProfile(LayerwiseAnalyzer):
         return interval_frame(self._layers, index)
 
 
+JS_ROWS_AT_ONCE = 16  # rows of every head at a time: one head against all later heads fits in the cache
+
+
 def pairwise_js(rows: torch.Tensor) -> torch.Tensor:
     """Summed Jensen-Shannon divergence (nats) between every pair of heads, over matching rows.
 
     ``rows`` is ``[heads, r, n]`` (r attention rows of n keys per head; all-zero padding rows add
     nothing). Uses ``JS(p, q) = H((p + q) / 2) - (H(p) + H(q)) / 2``, equal to scipy's
-    ``jensenshannon(p, q) ** 2``; one head against all later heads at a time (upper triangle).
-    Returns ``[heads, heads]``.
+    ``jensenshannon(p, q) ** 2``; one head against all later heads at a time (upper triangle), over
+    :data:`JS_ROWS_AT_ONCE` rows at a time. The terms are computed in the rows' dtype, their sums in float64
+    (the difference of entropies cancels). Returns ``[heads, heads]`` float64.
     """
-    neg_entropy = torch.special.xlogy(rows, rows).sum(dim=(1, 2))  # -sum_r H(p_r) per head
-    upper = torch.zeros(rows.shape[0], rows.shape[0], dtype=rows.dtype, device=rows.device)
-    for first in range(rows.shape[0] - 1):
-        middle = 0.5 * (rows[first] + rows[first + 1 :])
-        mixed = -torch.special.xlogy(middle, middle).sum(dim=(1, 2))
-        upper[first, first + 1 :] = mixed + 0.5 * (neg_entropy[first] + neg_entropy[first + 1 :])
+    heads = rows.shape[0]
+    neg_entropy = torch.special.xlogy(rows, rows).sum(dim=(1, 2), dtype=torch.float64)  # -sum_r H(p_r) per head
+    mixed = torch.zeros(heads, heads, dtype=torch.float64, device=rows.device)  # sum_r sum_j m log m, m = (p + q) / 2
+    for start in range(0, rows.shape[1], JS_ROWS_AT_ONCE):
+        block = rows[:, start : start + JS_ROWS_AT_ONCE].contiguous()
+        for first in range(heads - 1):
+            middle = block[first] + block[first + 1 :]
+            middle *= 0.5
+            mixed[first, first + 1 :] += torch.xlogy(middle, middle, out=middle).sum(dim=(1, 2), dtype=torch.float64)
+    upper = torch.triu(0.5 * (neg_entropy[:, None] + neg_entropy[None, :]) - mixed, diagonal=1)
     return upper + upper.T
 
 
@@ -208,8 +216,7 @@ class HeadDistance(LayerwiseAnalyzer):
         rows, self._pending = self._pending, []
         if not rows:
             return
-        every_head = torch.cat(rows).double()  # [layer * head, r, n]; float64: JS = H(m) - (H(p) + H(q)) / 2 cancels
-        self._total += pairwise_js(every_head).cpu().numpy()
+        self._total += pairwise_js(torch.cat(rows)).cpu().numpy()  # [layer * head, r, n] in: one copy of [heads, heads] out
         self._rows += int(batch.host_lengths[self._sampled].sum())
 
     def merge(self, other: "HeadDistance") -> "HeadDistance":

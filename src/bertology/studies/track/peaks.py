@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bertology.core.analyzer import Analyzer
-from bertology.core.engine import Batch
+from bertology.core.analyzer import LayerwiseAnalyzer
+from bertology.core.engine import Batch, LayerMaps
 from bertology.core.stats import bootstrap_weights
 from bertology.families.profile.analyzer import attention_to
 
@@ -16,7 +16,7 @@ from bertology.families.profile.analyzer import attention_to
 PEAK_METRICS = ("cls", "sep", "punct")
 
 
-class LayerPeaks(Analyzer):
+class LayerPeaks(LayerwiseAnalyzer):
     """Per-layer attention to [CLS], [SEP] and punctuation (the engine's set, as in :class:`GeneralProfile`),
     with bootstrap replicates over sequences.
 
@@ -40,12 +40,18 @@ class LayerPeaks(Analyzer):
         self._sums: np.ndarray | None = None  # [1 + B, layer, metric]: weighted sums of sequence values
         self._weights = np.zeros(1 + bootstrap)  # [1 + B]: summed sequence weights
         self._sequences = 0
+        self._pending: list[torch.Tensor] = []  # one [batch, metric] per layer
 
-    def update(self, batch: Batch) -> None:
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        if maps.layer == 0:
+            self._pending = []
         sets = {"cls": batch.cls_mask, "sep": batch.sep_mask, "punct": batch.punct_mask}
-        # a sequence's layer value: the mean over heads; [layer, batch, metric] -> [batch, layer, metric]
-        values = torch.stack([attention_to(batch.attentions, batch.mask, sets[metric]).mean(dim=-1) for metric in PEAK_METRICS], dim=-1)
-        values = values.transpose(0, 1).double().cpu().numpy()
+        # a sequence's layer value: the mean over heads, [batch, metric]
+        self._pending.append(torch.stack([attention_to(maps.attention, batch.mask, sets[metric]).mean(dim=-1) for metric in PEAK_METRICS], dim=-1))
+
+    def finish_batch(self, batch: Batch) -> None:
+        values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, metric]: one copy to the host
+        self._pending = []
         weights = np.stack([bootstrap_weights(self.seed, self.bootstrap, example) for example in batch.examples])  # [batch, 1 + B]
         sums = np.einsum("br,blm->rlm", weights, values)
         self._sums = sums if self._sums is None else self._sums + sums
