@@ -44,6 +44,7 @@ EWT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud_english_ewt"
 PYTHON = sys.executable
 TARGET = 1.3
 WARM_UP = 32
+MAX_ATTENTION_ELEMENTS = 2**26  # bertology.core.engine.MAX_ATTENTION_ELEMENTS (the bare process imports no bertology)
 
 
 # -- the bare forward pass, run as its own process ---------------------------------------------
@@ -78,7 +79,7 @@ def bare(args: argparse.Namespace) -> None:
             stop = start + 1
             while stop < len(window) and stop - start < args.batch_size:
                 longest = len(ids["input_ids"][window[stop]])
-                if (stop - start + 1) * per_sequence * longest * longest > 2**28:
+                if (stop - start + 1) * per_sequence * longest * longest > MAX_ATTENTION_ELEMENTS:
                     break
                 stop += 1
             batches.append(window[start:stop])

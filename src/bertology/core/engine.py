@@ -27,7 +27,10 @@ from bertology.core.models import BLOCK_LAYOUTS, PUNCT_SETS, LoadedModel, attent
 from bertology.core.norms import WEIGHTINGS, mixing_ratios, norm_shares, transformed_norms
 
 OVERFLOW_POLICIES = ("truncate", "skip")
-MAX_SKIPPED_SOURCES = 100  # the manifest lists the first skipped sequences; the count is exact
+MAX_SKIPPED_SOURCES = 100
+#: The default cap on a batch's padded attention size, ``layers * heads * batch * n^2``: at 512 pieces, three sequences of a
+#: 6 x 12-head model (one layer's maps, all the layer-by-layer pass holds, about 40 MB in float32), whatever the batch size.
+MAX_ATTENTION_ELEMENTS = 2**26  # the manifest lists the first skipped sequences; the count is exact
 
 
 @dataclass
@@ -246,7 +249,8 @@ class Engine:
     sort_window : int
         Sort by length within windows of ``batch_size * sort_window`` examples.
     max_attention_elements : int
-        Cap on ``layers * batch * heads * n * n`` for one batch (bounds memory at long lengths).
+        Cap on the padded attention size ``layers * batch * heads * n * n`` of one batch, so that memory depends on the
+        longest sequences, not on where they fall (:data:`MAX_ATTENTION_ELEMENTS`).
     progress : bool
         Show a progress bar with sequences per second.
     layerwise : bool
@@ -266,7 +270,7 @@ class Engine:
         max_length: int | None = None,
         overflow: str = "truncate",
         sort_window: int = 32,
-        max_attention_elements: int = 2**28,
+        max_attention_elements: int = MAX_ATTENTION_ELEMENTS,
         progress: bool = True,
         punct: str = "upos",
         layerwise: bool = True,

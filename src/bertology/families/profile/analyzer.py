@@ -18,6 +18,8 @@ Each metric is averaged over sequences, with a 95% Student-t interval over seque
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import torch
@@ -61,8 +63,7 @@ def profile_metrics(
 
     positions = torch.arange(width, device=attention.device)
     gap = (positions[:, None] - positions[None, :]).abs().to(dtype)
-    smoothed = attention * (1 - ENTROPY_SMOOTHING)
-    smoothed += (ENTROPY_SMOOTHING / n)[:, :, None, None] * real[:, None, None, :]
+    smoothed = torch.add((ENTROPY_SMOOTHING / n)[:, :, None, None] * real[:, None, None, :], attention, alpha=1 - ENTROPY_SMOOTHING)
     row_entropy = -torch.xlogy(smoothed, smoothed, out=smoothed).sum(dim=-1) * real[:, None, :]  # [batch, head, n]
     del smoothed
     cls_position = cls_mask.to(torch.int8).argmax(dim=1)
@@ -154,24 +155,27 @@ class GeneralProfile(LayerwiseAnalyzer):
 JS_ROWS_AT_ONCE = 16  # rows of every head at a time: one head against all later heads fits in the cache
 
 
-def pairwise_js(rows: torch.Tensor) -> torch.Tensor:
+def pairwise_js(rows: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     """Summed Jensen-Shannon divergence (nats) between every pair of heads, over matching rows.
 
     ``rows`` is ``[heads, r, n]`` (r attention rows of n keys per head; all-zero padding rows add
-    nothing). Uses ``JS(p, q) = H((p + q) / 2) - (H(p) + H(q)) / 2``, equal to scipy's
+    nothing), or a list of such parts whose heads follow each other (a layer's each: never copied whole). Uses ``JS(p, q) = H((p + q) / 2) - (H(p) + H(q)) / 2``, equal to scipy's
     ``jensenshannon(p, q) ** 2``; one head against all later heads at a time (upper triangle), over
     :data:`JS_ROWS_AT_ONCE` rows at a time. The terms are computed in the rows' dtype, their sums in float64
     (the difference of entropies cancels). Returns ``[heads, heads]`` float64.
     """
-    heads = rows.shape[0]
-    neg_entropy = torch.special.xlogy(rows, rows).sum(dim=(1, 2), dtype=torch.float64)  # -sum_r H(p_r) per head
-    mixed = torch.zeros(heads, heads, dtype=torch.float64, device=rows.device)  # sum_r sum_j m log m, m = (p + q) / 2
-    for start in range(0, rows.shape[1], JS_ROWS_AT_ONCE):
-        block = rows[:, start : start + JS_ROWS_AT_ONCE].contiguous()
+    parts = [rows] if isinstance(rows, torch.Tensor) else rows
+    heads, device = sum(part.shape[0] for part in parts), parts[0].device
+    neg_entropy = torch.cat([torch.special.xlogy(part, part).sum(dim=(1, 2), dtype=torch.float64) for part in parts])  # -sum_r H(p_r)
+    mass = torch.cat([part.sum(dim=(1, 2), dtype=torch.float64) for part in parts])  # sum_r sum_j p (the number of real rows)
+    # sum m log m with m = t / 2, t = p + q: (1/2) sum t log t - (ln 2 / 2) sum t, so t log t needs no halving pass
+    t_log_t = torch.zeros(heads, heads, dtype=torch.float64, device=device)
+    for start in range(0, parts[0].shape[1], JS_ROWS_AT_ONCE):
+        block = torch.cat([part[:, start : start + JS_ROWS_AT_ONCE] for part in parts])
         for first in range(heads - 1):
-            middle = block[first] + block[first + 1 :]
-            middle *= 0.5
-            mixed[first, first + 1 :] += torch.xlogy(middle, middle, out=middle).sum(dim=(1, 2), dtype=torch.float64)
+            total = block[first] + block[first + 1 :]
+            t_log_t[first, first + 1 :] += torch.xlogy(total, total, out=total).sum(dim=(1, 2), dtype=torch.float64)
+    mixed = 0.5 * t_log_t - 0.5 * math.log(2) * (mass[:, None] + mass[None, :])
     upper = torch.triu(0.5 * (neg_entropy[:, None] + neg_entropy[None, :]) - mixed, diagonal=1)
     return upper + upper.T
 
@@ -203,11 +207,10 @@ class HeadDistance(LayerwiseAnalyzer):
             self._sampled = [b for b, e in enumerate(batch.examples) if keyed_rng(self.seed, *sequence_key(e)).random() < self.sample]
             self._pending = []
         if self._sampled:
-            # The sampled sequences' real rows side by side (padding rows are zero and would add nothing but work).
-            attention = maps.attention[self._sampled]  # [sampled, head, n, n]
-            width = attention.shape[-1]
-            rows = attention.transpose(0, 1).reshape(attention.shape[1], len(self._sampled) * width, width)
-            self._pending.append(rows[:, batch.mask[self._sampled].reshape(-1)])
+            # The sampled sequences' real rows side by side (padding rows are zero and would add nothing but work), cut by
+            # the lengths the host knows: [head, rows, n]
+            lengths = batch.host_lengths
+            self._pending.append(torch.cat([maps.attention[b, :, : lengths[b]] for b in self._sampled], dim=1))
 
     def finish_batch(self, batch: Batch) -> None:
         self._shape = (batch.num_layers, batch.num_heads)
@@ -216,7 +219,7 @@ class HeadDistance(LayerwiseAnalyzer):
         rows, self._pending = self._pending, []
         if not rows:
             return
-        self._total += pairwise_js(torch.cat(rows)).cpu().numpy()  # [layer * head, r, n] in: one copy of [heads, heads] out
+        self._total += pairwise_js(rows).cpu().numpy()  # every layer's [head, r, n] in: one copy of [heads, heads] out
         self._rows += int(batch.host_lengths[self._sampled].sum())
 
     def merge(self, other: "HeadDistance") -> "HeadDistance":
