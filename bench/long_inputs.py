@@ -29,11 +29,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from whole_process import PYTHON, bertology_program, default_model, last_line  # noqa: E402
+from whole_process import PYTHON, bertology_program, default_model, last_line, measured  # noqa: E402
 
 BOOK = Path(__file__).resolve().parents[2] / "shared" / "data" / "gutenberg" / "pg1342.txt"
 WORDS = 300
@@ -53,19 +52,6 @@ def write_passages(count: int, path: Path) -> int:
     chosen = passages[FRONT_MATTER : FRONT_MATTER + count]
     path.write_text("\n".join(chosen) + "\n", encoding="utf-8")
     return len(chosen)
-
-
-def measured(command: list[str]) -> tuple[float, float, subprocess.CompletedProcess]:
-    """Run ``command``; its wall seconds, its peak RSS in MiB (this process alone) and what it printed."""
-    started = time.perf_counter()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        process = subprocess.Popen(command, stdout=out, stderr=err)
-        _, status, usage = os.wait4(process.pid, 0)
-        seconds = time.perf_counter() - started
-        out.seek(0)
-        err.seek(0)
-        done = subprocess.CompletedProcess(command, os.waitstatus_to_exitcode(status), out.read().decode(), err.read().decode())
-    return seconds, usage.ru_maxrss / 1024, done
 
 
 def run_analyze(args, corpus: Path, out: Path) -> dict:

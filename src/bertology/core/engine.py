@@ -422,6 +422,7 @@ class Engine:
         )
         # Zero the rows of padding queries: they are no query of the sequence (docs/methods.md#head-profile).
         query_mask = mask[:, None, :, None]
+        padded = len({len(item) for item in items}) > 1  # known on the host: no padding rows to zero in a batch of one length
         patterns: list[torch.Tensor] = []
         key_norms: list[torch.Tensor] = []
         ratios: list[torch.Tensor] = []
@@ -430,7 +431,9 @@ class Engine:
 
         def end_of_layer(layer: int, head_output: torch.Tensor) -> None:
             # Called at the layer's last hook point: its pattern has been used, so its padding rows are zeroed in place.
-            pattern = current.pop("pattern").masked_fill_(~query_mask, 0)
+            pattern = current.pop("pattern")
+            if padded:
+                pattern.masked_fill_(~query_mask, 0)
             norm = transformed_norms(current["value"], self.blocks[layer].output) if norms else None
             ratio = (mixing_ratios(pattern, current["value"], head_output, layer_inputs[layer], self.blocks[layer]) * mask[:, :, None]
                      if mixing else None)
