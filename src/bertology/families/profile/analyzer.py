@@ -161,8 +161,8 @@ def pairwise_js(rows: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     ``rows`` is ``[heads, r, n]`` (r attention rows of n keys per head; all-zero padding rows add
     nothing), or a list of such parts whose heads follow each other (a layer's each: never copied whole).
     Uses ``JS(p, q) = H((p + q) / 2) - (H(p) + H(q)) / 2``, equal to scipy's ``jensenshannon(p, q) ** 2``; one
-    head against all later heads at a time (upper triangle), over :data:`JS_ROWS_AT_ONCE` rows at a time. The terms are computed in the rows' dtype, their sums in float64
-    (the difference of entropies cancels). Returns ``[heads, heads]`` float64.
+    head against all later heads at a time (upper triangle), over :data:`JS_ROWS_AT_ONCE` rows at a time. The terms
+    are computed in the rows' dtype, their sums in float64 (the difference of entropies cancels). Returns ``[heads, heads]`` float64.
     """
     parts = [rows] if isinstance(rows, torch.Tensor) else rows
     heads, device = sum(part.shape[0] for part in parts), parts[0].device
