@@ -504,13 +504,14 @@ class RunFolder:
         return atomic_write(self.path / name, lambda p: p.write_text(text, encoding="utf-8"))
 
     def write_figure(self, name: str, figure) -> Path:
-        """Save a matplotlib figure as ``name.png`` and close it."""
+        """Save a matplotlib figure as ``name.png`` and close it (laid out tight unless it has a layout engine, or margins set
+        by hand and ``figure.fixed_layout`` true)."""
         import matplotlib.pyplot as plt
 
         try:
             # Laid out by the figure's own layout engine (tight, unless it has one) within its one draw; bbox_inches="tight"
             # would draw every figure twice, once to measure and once to save.
-            if figure.get_layout_engine() is None:
+            if figure.get_layout_engine() is None and not getattr(figure, "fixed_layout", False):
                 figure.set_layout_engine("tight")
             return atomic_write(self.path / f"{name}.png", lambda p: figure.savefig(p, format="png", dpi=110, pil_kwargs=_PNG))
         finally:
