@@ -7,6 +7,10 @@ Two modes:
         that differs (with the first differing line of a text file), or is in one folder only; exit status 1 if
         any, 0 if every file is identical. The ``_meta/`` folder (logs, timings, the environment) is not compared.
 
+    python bench/golden_compare.py BEFORE AFTER --rtol 1e-6 [--atol 1e-9]
+        The same, but a CSV table that differs byte for byte passes where its text columns are equal and every number
+        agrees within ``|a - b| <= atol + rtol |a|`` (NaN only against NaN); prints the largest differences of each.
+
     python bench/golden_compare.py --capture RUN_FOLDER DEST
         Copy the tables of one command's run folder into DEST (used by golden_tables.sh): every ``*.csv`` and
         ``*.json`` under RUN_FOLDER, at the same relative path, except
@@ -130,7 +134,35 @@ def first_difference(a: bytes, b: bytes) -> str:
     return f"{len(lines_a)} vs {len(lines_b)} lines (one is a prefix of the other)"
 
 
-def compare(before: Path, after: Path) -> int:
+def numeric_difference(a: Path, b: Path, rtol: float, atol: float) -> str | None:
+    """For two CSV tables of the same shape and columns whose text columns are equal: None where every number agrees within
+    ``|x - y| <= atol + rtol |x|`` (NaN only against NaN), else why not; always with the largest differences found."""
+    import numpy as np
+    import pandas as pd
+
+    x, y = pd.read_csv(a), pd.read_csv(b)
+    if list(x.columns) != list(y.columns) or x.shape != y.shape:
+        return f"columns or shape differ: {x.shape} {list(x.columns)[:6]} against {y.shape} {list(y.columns)[:6]}"
+    worst_abs = worst_rel = 0.0
+    for column in x.columns:
+        if pd.api.types.is_numeric_dtype(x[column]) and pd.api.types.is_numeric_dtype(y[column]):
+            u, v = x[column].to_numpy(np.float64), y[column].to_numpy(np.float64)
+            if not np.array_equal(np.isnan(u), np.isnan(v)):
+                return f"column {column}: NaN in one table where the other has a number"
+            both = ~np.isnan(u)
+            gap = np.abs(u[both] - v[both])
+            if gap.size:
+                worst_abs = max(worst_abs, float(gap.max()))
+                worst_rel = max(worst_rel, float((gap / np.maximum(np.abs(u[both]), 1e-300)).max()))
+                if not np.all(gap <= atol + rtol * np.abs(u[both])):
+                    return f"column {column}: beyond tolerance (largest difference {gap.max():.3g})"
+        elif not x[column].equals(y[column]):
+            return f"column {column}: text differs"
+    print(f"  within tolerance: {a.name}: largest absolute difference {worst_abs:.3g}, relative {worst_rel:.3g}")
+    return None
+
+
+def compare(before: Path, after: Path, rtol: float | None = None, atol: float = 0.0) -> int:
     for folder in (before, after):
         if not folder.is_dir():
             print(f"error: {folder}: no such folder", file=sys.stderr)
@@ -140,13 +172,15 @@ def compare(before: Path, after: Path) -> int:
         print("error: both folders are empty", file=sys.stderr)
         return 2
     only_a, only_b = sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys())
-    differ, same = [], 0
+    differ, same, close = [], 0, 0
     for name in sorted(a.keys() & b.keys()):
         bytes_a, bytes_b = a[name].read_bytes(), b[name].read_bytes()
         if bytes_a == bytes_b:
             same += 1
+        elif rtol is not None and name.endswith(".csv") and (why := numeric_difference(a[name], b[name], rtol, atol)) is None:
+            close += 1
         else:
-            differ.append((name, first_difference(bytes_a, bytes_b)))
+            differ.append((name, why if rtol is not None and name.endswith(".csv") else first_difference(bytes_a, bytes_b)))
     for name in only_a:
         print(f"only in {before}: {name}")
     for name in only_b:
@@ -154,13 +188,14 @@ def compare(before: Path, after: Path) -> int:
     for name, how in differ:
         print(f"DIFFERS: {name}: {how}")
     problems = len(only_a) + len(only_b) + len(differ)
-    print(f"{same} identical, {len(differ)} differ, {len(only_a)} only in {before}, {len(only_b)} only in {after}")
+    within = f", {close} within rtol {rtol:g} / atol {atol:g}" if rtol is not None else ""
+    print(f"{same} identical{within}, {len(differ)} differ, {len(only_a)} only in {before}, {len(only_b)} only in {after}")
     for folder in (before, after):  # a command that failed leaves a note (and fewer files) behind
         failed = folder / META / "FAILED"
         if failed.exists():
             print(f"note: {folder} was written by a run where commands failed: {failed.read_text().strip()}")
             problems += 1
-    print("IDENTICAL" if problems == 0 else "DIFFERENT")
+    print(("IDENTICAL" if not close else "EQUAL WITHIN TOLERANCE") if problems == 0 else "DIFFERENT")
     return 0 if problems == 0 else 1
 
 
@@ -169,12 +204,15 @@ def main() -> int:
     parser.add_argument("--capture", action="store_true", help="copy RUN_FOLDER's tables into DEST instead of comparing")
     parser.add_argument("first", type=Path, help="BEFORE (or with --capture: RUN_FOLDER)")
     parser.add_argument("second", type=Path, help="AFTER (or with --capture: DEST)")
+    parser.add_argument("--rtol", type=float, help="CSV tables that differ byte for byte may still agree number by number within "
+                        "|a - b| <= atol + rtol |a| (text columns and NaN exactly): for changes that move float rounding")
+    parser.add_argument("--atol", type=float, default=0.0)
     args = parser.parse_args()
     if args.capture:
         for name in capture(args.first, args.second):
             print(name)
         return 0
-    return compare(args.first, args.second)
+    return compare(args.first, args.second, args.rtol, args.atol)
 
 
 if __name__ == "__main__":
