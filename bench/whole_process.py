@@ -30,7 +30,6 @@ venv, put its src first: ``PYTHONPATH=/path/to/checkout/src .venv/bin/python ben
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import shlex
@@ -121,24 +120,28 @@ def bare(args: argparse.Namespace) -> None:
 
 
 # -- the comparison ----------------------------------------------------------------------------
-def write_sentences(count: int, path: Path, cycle: bool = False) -> int:
-    """The ``# text =`` lines of the first ``count`` EWT test sentences, one per line (with ``cycle``, the test set
-    over again until there are ``count``); returns how many."""
+def write_sentences(count: int, path: Path, times: int = 1) -> int:
+    """The ``# text =`` lines of the first ``count`` EWT test sentences, one per line, ``times`` times over; returns how many."""
+    written = []
     with EWT.open(encoding="utf-8") as handle:
-        every = [line.split("=", 1)[1].strip().replace("\t", " ") for line in handle if line.startswith("# text =")]
-    written = list(itertools.islice(itertools.cycle(every), count)) if cycle else every[:count]
-    path.write_text("\n".join(written) + "\n", encoding="utf-8")
-    return len(written)
+        for line in handle:
+            if line.startswith("# text ="):
+                written.append(line.split("=", 1)[1].strip().replace("\t", " "))
+                if len(written) == count:
+                    break
+    path.write_text("\n".join(written * times) + "\n", encoding="utf-8")
+    return len(written) * times
 
 
 def memory(args: argparse.Namespace) -> int:
-    """Peak RSS of analyze over ``--sentences`` EWT sentences and over ten times as many, each a whole process."""
+    """Peak RSS of analyze over ``--sentences`` EWT sentences and over the same sentences ten times over, each a whole
+    process: the same longest batch, ten times the corpus."""
     with tempfile.TemporaryDirectory(prefix="bertology-memory-") as scratch:
         scratch = Path(scratch)
         peaks = {}
-        for count in (args.sentences, 10 * args.sentences):
-            corpus = scratch / f"ewt-{count}.txt"
-            write_sentences(count, corpus, cycle=True)
+        for times in (1, 10):
+            corpus = scratch / f"ewt-{args.sentences}x{times}.txt"
+            count = write_sentences(args.sentences, corpus, times)
             command = [bertology_program(), "analyze", "--corpus", str(corpus), "--out", str(scratch / f"run-{count}"), "--quiet",
                        "--device", args.device, *shlex.split(args.analyze_args)]
             seconds, peak, done = measured(command)
