@@ -19,7 +19,8 @@ the attention per sieve token relative to uniform attention (1 means uniform). R
   over w1's pieces of the mean over w2's pieces of ``a``, over ``1/n``, averaged over pairs; per
   relation (``syntactic:nsubj``, ...) and pooled (``syntactic``).
 
-Scores are computed in float64. Per head and role, a one-sided one-sample t-test over sequences,
+Each sieve sum is one sweep over a layer's maps in their own dtype; the scores from those sums on are float64.
+Per head and role, a one-sided one-sample t-test over sequences,
 ``H0: mean(s) <= tau`` (tau = 3 by default; :func:`~bertology.core.stats.t_test_greater`: a mean within a
 relative 1e-6 of tau never passes), corrected with statsmodels' ``multipletests`` within each role
 over its heads, so that a role's labels do not depend on which other roles ran.
