@@ -253,6 +253,16 @@ def loading_errors(source: str) -> Iterator[None]:
 MODEL_HEADS = {None: AutoModel, "masked-lm": AutoModelForMaskedLM, "classifier": AutoModelForSequenceClassification}
 
 
+def attends_causally(config) -> bool:
+    """Whether the configuration is a decoder's: causal self-attention (``is_decoder``), or a model type that transformers
+    builds only as a causal language model (GPT-2, Llama, Qwen, ...; BERT and RoBERTa can be either and are encoders
+    unless ``is_decoder``)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    causal_only = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and config.model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    return bool(getattr(config, "is_decoder", False)) or causal_only
+
+
 def load_model(
     name_or_path: str | Path | None = None,
     *,
@@ -282,6 +292,9 @@ def load_model(
     torch_device = device if isinstance(device, torch.device) else resolve_device(device)
     with loading_errors(source):
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        if attends_causally(config):
+            raise ModelError(f"{source}: a {config.model_type} model attends causally (a decoder); bertology's measures assume every token "
+                             "sees every other, so it reads encoders only for now rather than misread a decoder")
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         model, loading = MODEL_HEADS[head].from_pretrained(
             source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code, use_safetensors=True,
