@@ -86,7 +86,6 @@ class Batch:
     hidden_states: torch.Tensor | None = field(default=None, repr=False)
     layer_count: int | None = None  # where there are no maps to count them from (the layer-by-layer pass)
     head_count: int | None = None
-    _word_maps: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
     _views: dict[str, "Batch"] = field(default_factory=dict, init=False, repr=False)
 
     def weighted(self, weighting: str) -> "Batch":
@@ -107,14 +106,6 @@ class Batch:
         """The model's static input (token) embeddings of every piece, ``[batch, n, dim]``."""
         with torch.inference_mode():
             return self.embedding(self.input_ids)
-
-    def word_attention(self, b: int) -> torch.Tensor:
-        """Word-level attention ``[layer, head, u, u]`` of sequence ``b`` (docs/methods.md#notation-and-word-level-attention),
-        computed once per batch and shared by every analyzer that asks."""
-        if b not in self._word_maps:
-            n = int(self.mask[b].sum())
-            self._word_maps[b] = to_word_level(self.attentions[:, b, :, :n, :n], self.alignments[b])
-        return self._word_maps[b]
 
     @property
     def size(self) -> int:
@@ -186,7 +177,7 @@ class LayerMaps:
     def word_attention(self, batch: Batch, b: int) -> torch.Tensor:
         """Word-level attention ``[head, u, u]`` of sequence ``b`` at this layer (docs/methods.md#notation-and-word-level-attention)."""
         if b not in self._word_maps:
-            n = int(batch.mask[b].sum())
+            n = int(batch.host_lengths[b])
             self._word_maps[b] = to_word_level(self.attention[b, :, :n, :n], batch.alignments[b])
         return self._word_maps[b]
 
