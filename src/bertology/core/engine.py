@@ -27,10 +27,10 @@ from bertology.core.models import BLOCK_LAYOUTS, PUNCT_SETS, LoadedModel, attent
 from bertology.core.norms import WEIGHTINGS, mixing_ratios, norm_shares, transformed_norms
 
 OVERFLOW_POLICIES = ("truncate", "skip")
-MAX_SKIPPED_SOURCES = 100
+MAX_SKIPPED_SOURCES = 100  # the manifest lists the first skipped sequences; the count is exact
 #: The default cap on a batch's padded attention size, ``layers * heads * batch * n^2``: at 512 pieces, three sequences of a
 #: 6 x 12-head model (one layer's maps, all the layer-by-layer pass holds, about 40 MB in float32), whatever the batch size.
-MAX_ATTENTION_ELEMENTS = 2**26  # the manifest lists the first skipped sequences; the count is exact
+MAX_ATTENTION_ELEMENTS = 2**26
 
 
 @dataclass
@@ -393,9 +393,9 @@ class Engine:
         ``hidden_states``, every layer's output.
 
         With ``on_layer``, the layer-by-layer pass: the maps are not kept. ``on_layer(batch, layer, maps)`` is called inside
-        the forward pass as soon as a layer's attention has run, with the batch (its masks and items, no maps) and ``maps(weighting)`` giving that layer's
-        :class:`LayerMaps` in a view (made once per layer and view); the layer's tensors are released when it returns,
-        and the batch comes back with ``attentions`` None."""
+        the forward pass as soon as a layer's attention has run, with the batch (its masks and items, no maps) and
+        ``maps(weighting)`` giving that layer's :class:`LayerMaps` in a view (made once per layer and view); the layer's
+        tensors are released when it returns, and the batch comes back with ``attentions`` None."""
         tensors = self.collate(items)
         mask, input_ids = tensors["mask"], tensors["input_ids"]
         batch = Batch(
