@@ -25,7 +25,8 @@ from bertology.core.trusted import trusted_modules
 
 #: The form of analyzers' states: part of every resume fingerprint, raised whenever an analyzer's attributes change
 #: (a state of another form is refused as another run's, never half-believed). 2: pattern examples keep their tokens.
-STATE_FORMAT = 2
+#: 3: layerwise analyzers (a batch's results pending between its layers, empty between batches).
+STATE_FORMAT = 3
 #: The deepest nesting a ``state.json`` may have (analyzers' states nest about 20 deep).
 MAX_STATE_DEPTH = 256
 

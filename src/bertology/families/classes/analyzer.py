@@ -151,6 +151,7 @@ class ClassAttention(LayerwiseAnalyzer):
             self._attention = RunningMoments(values.shape[1:])
         self._attention.push(values)
         self._baseline.push(np.stack([np.where(present > 0, present / words, np.nan) for _, _, present, words, _ in self._kept]))
+        self._kept = []
 
     def merge(self, other: "ClassAttention") -> "ClassAttention":
         self._check_mergeable(other)

@@ -132,6 +132,7 @@ class FrameHeads(LayerwiseAnalyzer):
         self._pairs.push(rows)
         if differences:
             self._sentences.push(np.stack(differences))
+        self._pairs_of = []
 
     def merge(self, other: "FrameHeads") -> "FrameHeads":
         self._check_mergeable(other)

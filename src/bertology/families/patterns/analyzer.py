@@ -165,6 +165,7 @@ class HeadPatterns(LayerwiseAnalyzer):
         short_maps = torch.stack(self._pending_maps, dim=1).cpu().numpy() if self._pending_maps else None  # [eligible, layer, head, w, w]
         self._pending, self._pending_maps = [], []
         self._keep_examples(batch, classes, short_maps)
+        self._eligible = []
 
     def _keep_examples(self, batch: Batch, classes: np.ndarray, short_maps: np.ndarray | None) -> None:
         num_layers, size, num_heads = classes.shape

@@ -221,6 +221,7 @@ class HeadDistance(LayerwiseAnalyzer):
             return
         self._total += pairwise_js(rows).cpu().numpy()  # every layer's [head, r, n] in: one copy of [heads, heads] out
         self._rows += int(batch.host_lengths[self._sampled].sum())
+        self._sampled = []
 
     def merge(self, other: "HeadDistance") -> "HeadDistance":
         self._check_mergeable(other)

@@ -161,7 +161,7 @@ class HeadRoles(LayerwiseAnalyzer):
             trees = torch.stack(self._tree_pending, dim=1).cpu().numpy()  # [sequence x role, layer, head]
             for (_, role), values in zip(self._tree_keys, trees):
                 self._push(role, values[None])
-        self._pending, self._tree_pending = [], []
+        self._pending, self._tree_pending, self._trees, self._tree_keys = [], [], [], []
 
     def merge(self, other: "HeadRoles") -> "HeadRoles":
         self._check_mergeable(other)

@@ -108,14 +108,14 @@ class RelationHeads(LayerwiseAnalyzer):
         if not self._trees:
             return
         every = torch.stack(self._pending, dim=1).cpu()  # [direction, layer, head, dependent]: one copy to the host
-        self._pending = []
+        trees, self._pending, self._trees = self._trees, [], []
         offsets = torch.tensor(OFFSETS)
         # Per relation: each sentence's bootstrap weights, hit counts and number of dependents.
         weights: dict[str, list[np.ndarray]] = {}
         sums: dict[str, list[np.ndarray]] = {}
         counts: dict[str, list[int]] = {}
         start = 0
-        for b, dependents, gold, relations in self._trees:
+        for b, dependents, gold, relations in trees:
             example, units = batch.examples[b], torch.as_tensor(batch.alignments[b].word_unit)
             predicted = every[..., start : start + len(dependents)]
             start += len(dependents)
