@@ -33,13 +33,14 @@ ENTROPY_SMOOTHING = 1e-4  # Clark et al.: a <- (1 - eps) a + eps / n
 
 
 def attention_to(attention: torch.Tensor, mask: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
-    """Attention to a token set K, ``(1/n) sum_i sum_{j in K} a[i, j]`` (Clark et al. 2019).
+    """Attention to token sets K, ``(1/n) sum_i sum_{j in K} a[i, j]`` (Clark et al. 2019), through the column sums
+    ``c[j] = sum_i a[i, j]`` as ``(1/n) sum_{j in K} c[j]``: one sweep over the maps, however many sets.
 
-    ``attention`` is ``[..., batch, head, n, n]`` (any leading dimensions, e.g. layers), ``mask``
-    and ``members`` are ``[batch, n]`` booleans. Returns ``[..., batch, head]``.
+    ``attention`` is ``[..., batch, head, n, n]`` (any leading dimensions, e.g. layers), ``mask`` is ``[batch, n]``,
+    ``members`` ``[batch, n, sets]`` booleans. Returns ``[..., batch, head, sets]``.
     """
-    n = mask.sum(dim=1).to(attention.dtype)[:, None]
-    return torch.einsum("...bhij,bj->...bh", attention, members.to(attention.dtype)) / n
+    n = mask.sum(dim=1).to(attention.dtype)[:, None, None]
+    return torch.einsum("...bhj,bjk->...bhk", attention.sum(dim=-2), members.to(attention.dtype)) / n
 
 
 def profile_metrics(
@@ -53,8 +54,8 @@ def profile_metrics(
 
     ``attention`` is ``[batch, head, n, n]`` (one layer, padding rows and columns zero), the masks
     are ``[batch, n]`` booleans. Returns ``[batch, head, len(PROFILE_METRICS)]``. Each metric is one sweep over
-    the maps: the token sets through the column sums ``c[j] = sum_i a[i, j]`` (``(1/n) sum_{j in K} c[j]``), the
-    distance as one product with ``|i - j|``, the entropy as one smoothed copy.
+    the maps: the token sets through the column sums (:func:`attention_to`), the distance as one product with
+    ``|i - j|``, the entropy as one smoothed copy.
     """
     dtype = attention.dtype
     real = mask.to(dtype)
@@ -69,8 +70,7 @@ def profile_metrics(
     cls_position = cls_mask.to(torch.int8).argmax(dim=1)
     cls_entropy = row_entropy.gather(2, cls_position[:, None, None].expand(-1, attention.shape[1], 1))[..., 0]
     cls_entropy = torch.where(cls_mask.any(dim=1)[:, None], cls_entropy, torch.nan)
-    column_sums = attention.sum(dim=-2)  # [batch, head, n]
-    to_sets = torch.einsum("bhj,bjk->bhk", column_sums, torch.stack([cls_mask, sep_mask, punct_mask], dim=-1).to(dtype)) / n[..., None]
+    to_sets = attention_to(attention, mask, torch.stack([cls_mask, sep_mask, punct_mask], dim=-1))  # [batch, head, 3]
     columns = {
         "cls": to_sets[..., 0],
         "sep": to_sets[..., 1],

@@ -46,8 +46,8 @@ class LayerPeaks(LayerwiseAnalyzer):
         if maps.layer == 0:
             self._pending = []
         sets = {"cls": batch.cls_mask, "sep": batch.sep_mask, "punct": batch.punct_mask}
-        # a sequence's layer value: the mean over heads, [batch, metric]
-        self._pending.append(torch.stack([attention_to(maps.attention, batch.mask, sets[metric]).mean(dim=-1) for metric in PEAK_METRICS], dim=-1))
+        members = torch.stack([sets[metric] for metric in PEAK_METRICS], dim=-1)
+        self._pending.append(attention_to(maps.attention, batch.mask, members).mean(dim=1))  # a sequence's layer value, the head mean: [batch, metric]
 
     def finish_batch(self, batch: Batch) -> None:
         values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, metric]: one copy to the host
