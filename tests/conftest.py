@@ -106,6 +106,77 @@ def tiny_roberta_dir(tmp_path_factory) -> Path:
     return folder
 
 
+def byte_level_bpe(bos: str | None = None) -> Tokenizer:
+    """A byte-level BPE tokenizer trained here on the test texts ("Ġ" pieces); with ``bos``, it puts that token first (Llama's way)."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<s>", "</s>", "<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(TEXTS * 5, trainer)
+    if bos is not None:
+        bpe.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B:1", special_tokens=[(bos, bpe.token_to_id(bos))])
+    else:
+        bpe.post_processor = processors.ByteLevel(trim_offsets=True)
+    return bpe
+
+
+#: The tiny decoders of the tests: GPT-2 (no BOS added, learned positions, Conv1D projections), Llama (BOS added, rotary
+#: positions, RMSNorm, grouped-query attention), Qwen2 (grouped-query, biased q/k/v) and GPT-NeoX (parallel residual).
+DECODER_KINDS = ("gpt2", "llama", "qwen2", "gpt_neox")
+
+
+def save_tiny_decoder(kind: str, folder: Path, layers: int = 2, heads: int = 4, hidden: int = 32) -> Path:
+    """A random ``kind`` causal LM (:data:`DECODER_KINDS`) with a byte-level BPE tokenizer, saved as a model folder."""
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        GPTNeoXConfig,
+        GPTNeoXForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+
+    bos = "<s>" if kind == "llama" else None
+    bpe = byte_level_bpe(bos)
+    special = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"} if kind == "llama" else {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, **special)
+    tokenizer.save_pretrained(folder)
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id, "vocab_size": len(tokenizer)}
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(n_layer=layers, n_head=heads, n_embd=hidden, n_positions=4096, **ids))
+    elif kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2, hidden_size=hidden,
+                                             intermediate_size=2 * hidden, max_position_embeddings=4096, pad_token_id=tokenizer.pad_token_id, **ids))
+    elif kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2, hidden_size=hidden,
+                                             intermediate_size=2 * hidden, max_position_embeddings=4096, **ids))
+    else:
+        model = GPTNeoXForCausalLM(GPTNeoXConfig(num_hidden_layers=layers, num_attention_heads=heads, hidden_size=hidden, intermediate_size=2 * hidden,
+                                                 max_position_embeddings=4096, **ids))
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_decoder_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Every kind of :data:`DECODER_KINDS`, saved (2 layers, 4 heads; Llama and Qwen2 with 2 key-value heads)."""
+    return {kind: save_tiny_decoder(kind, tmp_path_factory.mktemp(f"tiny-{kind}")) for kind in DECODER_KINDS}
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tiny_decoder_dirs) -> Path:
+    return tiny_decoder_dirs["gpt2"]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tiny_decoder_dirs) -> Path:
+    return tiny_decoder_dirs["llama"]
+
+
 @pytest.fixture(scope="session")
 def tiny_bert(tiny_bert_dir):
     return load_model(tiny_bert_dir, device="cpu")

@@ -125,26 +125,3 @@ def test_device_and_weight_errors_from_the_command_line_are_one_line(tiny_bert_d
         result = bertology("info", *args)
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert result.stderr.strip().splitlines() == [expected]
-
-
-def test_decoders_are_refused_in_one_line_rather_than_misread(tmp_path):
-    # A decoder attends causally: the encoder measures ([CLS]/[SEP], next, uniform baselines over keys it cannot see)
-    # would be silently wrong on it, so loading one says why and stops (before any weight is read).
-    from test_cli import bertology
-    from transformers import BertConfig, GPT2Config, GPT2Model, LlamaConfig
-
-    from bertology.core.models import attends_causally
-
-    small = dict(vocab_size=50, num_hidden_layers=1, num_attention_heads=2)
-    assert attends_causally(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=50))
-    assert attends_causally(LlamaConfig(hidden_size=8, intermediate_size=16, **small))
-    assert attends_causally(BertConfig(hidden_size=8, intermediate_size=16, is_decoder=True, **small))
-    assert not attends_causally(BertConfig(hidden_size=8, intermediate_size=16, **small))
-    folder = tmp_path / "tiny-gpt2"
-    GPT2Model(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=50)).save_pretrained(folder)
-    with pytest.raises(ModelError, match="a gpt2 model attends causally"):
-        load_model(folder, device="cpu")
-    result = bertology("info", "--model", folder, "--device", "cpu")
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines() == [f"error: {folder}: a gpt2 model attends causally (a decoder); bertology's measures assume "
-                                                  "every token sees every other, so it reads encoders only for now rather than misread a decoder"]

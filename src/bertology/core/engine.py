@@ -23,10 +23,12 @@ from bertology.core.alignment import WordAlignment, align, default_word_spans, t
 from bertology.core.corpora import Example
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.hooks import Hooks
-from bertology.core.models import BLOCK_LAYOUTS, PUNCT_SETS, LoadedModel, attention_blocks, punctuation_table
+from bertology.core.models import BLOCK_LAYOUTS, ENCODER_LAYOUTS, PUNCT_SETS, LoadedModel, attention_blocks, punctuation_table
 from bertology.core.norms import WEIGHTINGS, mixing_ratios, norm_shares, transformed_norms
 
 OVERFLOW_POLICIES = ("truncate", "skip")
+#: The vector norms of ``LayerMaps.vector_norms``, in order: ``||k_j||``, ``||v_j||`` and ``||f_h(x_j)||`` (Kobayashi et al. 2020).
+VECTOR_NORMS = ("key", "value", "transformed")
 MAX_SKIPPED_SOURCES = 100  # the manifest lists the first skipped sequences; the count is exact
 #: The default cap on a batch's padded attention size, ``layers * heads * batch * n^2``: at 512 pieces, three sequences of a
 #: 6 x 12-head model (one layer's maps, all the layer-by-layer pass holds, about 40 MB in float32), whatever the batch size.
@@ -64,11 +66,17 @@ class Batch:
     and the batch carries the rest. Masks are ``[batch, n]`` booleans.
     ``segment_ids`` is 0 or 1 for the pieces of sentence A or B and -1 for special tokens and padding.
 
+    ``causal``: the model is a decoder (docs/methods.md#decoders): query i sees keys ``j <= i`` only, ``cls_mask`` marks each
+    sequence's first token (the candidate sink, BOS where the tokenizer adds one) in [CLS]'s place and ``sep_mask`` nothing;
+    ``query_mask`` leaves row 0 out of every mean over queries (it sees only itself).
+
     ``weighting`` says which view of attention ``attentions`` holds (:data:`~bertology.core.norms.WEIGHTINGS`):
     the weights, or Kobayashi et al.'s norm shares (:meth:`weighted`); analyzers never need to know.
     ``key_norms[l, b, h, j]`` is ``||f_h(x_j)||`` where the run asked for norms; ``mixing[l, b, i, r]`` the
     context-mixing ratios (:func:`~bertology.core.norms.mixing_ratios`) where an analyzer ``needs`` them;
-    ``hidden_states[l, b, i, :]`` every layer's output (``l = 0``: the embeddings) where an analyzer ``needs`` them.
+    ``hidden_states[l, b, i, :]`` every layer's output (``l = 0``: the embeddings) where an analyzer ``needs`` them;
+    ``vector_norms[l, b, h, k, j]`` where an analyzer ``needs`` ``"vectors"``: the norms of key j's key vector ``||k_j||``
+    (``k = 0``), value vector ``||v_j||`` (1) and transformed vector ``||f_h(x_j)||`` (2) in head h (:data:`VECTOR_NORMS`).
     """
 
     items: list[Encoded]
@@ -84,8 +92,10 @@ class Batch:
     key_norms: torch.Tensor | None = field(default=None, repr=False)
     mixing: torch.Tensor | None = field(default=None, repr=False)
     hidden_states: torch.Tensor | None = field(default=None, repr=False)
+    vector_norms: torch.Tensor | None = field(default=None, repr=False)
     layer_count: int | None = None  # where there are no maps to count them from (the layer-by-layer pass)
     head_count: int | None = None
+    causal: bool = False
     _views: dict[str, "Batch"] = field(default_factory=dict, init=False, repr=False)
 
     def weighted(self, weighting: str) -> "Batch":
@@ -131,11 +141,28 @@ class Batch:
 
     def layer_maps(self, layer: int) -> "LayerMaps":
         """Layer ``layer``'s maps of this (whole) batch, as the layer-by-layer pass hands them out."""
-        return LayerMaps(layer, self.attentions[layer], mixing=None if self.mixing is None else self.mixing[layer])
+        return LayerMaps(layer, self.attentions[layer], mixing=None if self.mixing is None else self.mixing[layer],
+                         vector_norms=None if self.vector_norms is None else self.vector_norms[layer])
 
     @property
     def lengths(self) -> torch.Tensor:
         return self.mask.sum(dim=1)
+
+    @cached_property
+    def query_mask(self) -> torch.Tensor:
+        """``[batch, n]``: the queries that enter a mean over queries: the real tokens, and in a decoder not row 0."""
+        if not self.causal:
+            return self.mask
+        return self.mask & (torch.arange(self.mask.shape[1], device=self.mask.device) > 0)
+
+    @cached_property
+    def visible_counts(self) -> torch.Tensor:
+        """``[batch, n]`` int: the keys each query sees, ``|S_i|`` (an encoder's n for every query; a decoder's ``i + 1``),
+        0 for padding: per-row uniform attention is ``1 / |S_i|`` (docs/methods.md#decoders)."""
+        n = self.mask.sum(dim=1, keepdim=True)
+        if not self.causal:
+            return n * self.mask
+        return torch.minimum(torch.arange(1, self.mask.shape[1] + 1, device=self.mask.device)[None], n) * self.mask
 
     @property
     def examples(self) -> list[Example]:
@@ -166,12 +193,15 @@ class LayerMaps:
 
     ``attention[b, h, i, j]`` (``[batch, head, n, n]``, in the analyzer's view of attention, padding rows and columns
     zero, on the model's device and in its dtype); ``mixing[b, i, r]`` the layer's context-mixing ratios where an
-    analyzer ``needs`` them. Analyzers of the same view share one object, so word-level maps are merged once.
+    analyzer ``needs`` them; ``vector_norms[b, h, k, j]`` the layer's key, value and transformed vector norms
+    (:data:`VECTOR_NORMS`) where an analyzer ``needs`` ``"vectors"``. Analyzers of the same view share one object, so
+    word-level maps are merged once.
     """
 
     layer: int
     attention: torch.Tensor
     mixing: torch.Tensor | None = None
+    vector_norms: torch.Tensor | None = None
     _word_maps: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
 
     def word_attention(self, batch: Batch, b: int) -> torch.Tensor:
@@ -387,10 +417,10 @@ class Engine:
             return self.model.model(**inputs)
 
     def run_batch(self, items: list[Encoded], *, norms: bool = False, mixing: bool = False, hidden_states: bool = False,
-                  on_layer: Callable[[Batch, int, Callable[[str], LayerMaps]], object] | None = None) -> Batch:
+                  vectors: bool = False, on_layer: Callable[[Batch, int, Callable[[str], LayerMaps]], object] | None = None) -> Batch:
         """Run the model on one batch and capture every layer's attention; with ``norms``, also every head's
         ``||f_h(x_j)||`` (for the ``norm`` view); with ``mixing``, every token's context-mixing ratios; with
-        ``hidden_states``, every layer's output.
+        ``hidden_states``, every layer's output; with ``vectors``, every head's key, value and transformed vector norms.
 
         With ``on_layer``, the layer-by-layer pass: the maps are not kept. ``on_layer(batch, layer, maps)`` is called inside
         the forward pass as soon as a layer's attention has run, with the batch (its masks and items, no maps) and
@@ -398,18 +428,25 @@ class Engine:
         tensors are released when it returns, and the batch comes back with ``attentions`` None."""
         tensors = self.collate(items)
         mask, input_ids = tensors["mask"], tensors["input_ids"]
+        if self.model.causal:  # a decoder: its first token in [CLS]'s place, no [SEP] (docs/methods.md#decoders)
+            cls_mask = torch.zeros_like(mask)
+            cls_mask[:, 0] = True
+            sep_mask = torch.zeros_like(mask)
+        else:
+            cls_mask, sep_mask = (input_ids == self.model.cls_token_id) & mask, (input_ids == self.model.sep_token_id) & mask
         batch = Batch(
             items=items,
             input_ids=input_ids,
             mask=mask,
-            cls_mask=(input_ids == self.model.cls_token_id) & mask,
-            sep_mask=(input_ids == self.model.sep_token_id) & mask,
+            cls_mask=cls_mask,
+            sep_mask=sep_mask,
             punct_mask=self.punctuation(input_ids) & mask,
             segment_ids=tensors["segment_ids"],
             attentions=None,
             layer_count=self.model.num_layers,
             head_count=self.model.num_heads,
             embedding=self.model.model.get_input_embeddings(),
+            causal=self.model.causal,
         )
         # Zero the rows of padding queries: they are no query of the sequence (docs/methods.md#head-profile).
         query_mask = mask[:, None, :, None]
@@ -417,6 +454,7 @@ class Engine:
         patterns: list[torch.Tensor] = []
         key_norms: list[torch.Tensor] = []
         ratios: list[torch.Tensor] = []
+        vector_norms: list[torch.Tensor] = []
         layer_inputs: list[torch.Tensor] = []
         current: dict[str, torch.Tensor] = {}
 
@@ -425,23 +463,28 @@ class Engine:
             pattern = current.pop("pattern")
             if padded:
                 pattern.masked_fill_(~query_mask, 0)
-            norm = transformed_norms(current["value"], self.blocks[layer].output) if norms else None
+            norm = transformed_norms(current["value"], self.blocks[layer]) if norms or (vectors and self.knows_blocks) else None
             ratio = (mixing_ratios(pattern, current["value"], head_output, layer_inputs[layer], self.blocks[layer]) * mask[:, :, None]
                      if mixing else None)
+            vector = None
+            if vectors:
+                key_norm, value_norm = torch.linalg.vector_norm(current.pop("key"), dim=-1), torch.linalg.vector_norm(current["value"], dim=-1)
+                vector = torch.stack([key_norm, value_norm, norm if norm is not None else torch.full_like(key_norm, torch.nan)], dim=2)
             current.pop("value", None)
             if on_layer is None:
                 patterns.append(pattern)
                 key_norms.append(norm)
                 ratios.append(ratio)
+                vector_norms.append(vector)
                 return
             views: dict[str, LayerMaps] = {}
 
             def maps(weighting: str) -> LayerMaps:
                 if weighting not in views:
                     if weighting == "attention":
-                        views[weighting] = LayerMaps(layer, pattern, mixing=ratio)
+                        views[weighting] = LayerMaps(layer, pattern, mixing=ratio, vector_norms=vector)
                     elif weighting == "norm" and norm is not None:
-                        views[weighting] = LayerMaps(layer, norm_shares(pattern, norm), mixing=ratio)
+                        views[weighting] = LayerMaps(layer, norm_shares(pattern, norm), mixing=ratio, vector_norms=vector)
                     else:
                         raise ValueError(f"this pass has no {weighting!r} view (the engine computes the views its run asks for)")
                 return views[weighting]
@@ -449,8 +492,10 @@ class Engine:
             on_layer(batch, layer, maps)
 
         hooks = Hooks().add("pattern", lambda layer, pattern: current.__setitem__("pattern", pattern))
-        if norms or mixing:
+        if norms or mixing or vectors:
             hooks.add("value", lambda layer, value: current.__setitem__("value", value))
+        if vectors:
+            hooks.add("key", lambda layer, key: current.__setitem__("key", key))
         hooks.add("head_output", end_of_layer)
 
         def keep_layer_input(module, args, kwargs):  # x, the attention's input and the residual
@@ -459,7 +504,7 @@ class Engine:
         # Layer l's attention reads layer l's input, the output of layer l - 1 (l = 0: the embeddings), so with the last
         # layer's output these are the hidden states, taken without transformers' output recorder (it leaves hooks in the
         # model that no pickle, and so no Ray actor, can carry). Other layouts ask transformers for them.
-        own_states = hidden_states and self.model.model.config.model_type in BLOCK_LAYOUTS
+        own_states = hidden_states and self.model.model.config.model_type in ENCODER_LAYOUTS  # post-norm: the attention reads x itself
         shared = {id(block.attention): block.attention for block in self.blocks} if mixing or own_states else {}  # ALBERT shares one
         handles = [module.register_forward_pre_hook(keep_layer_input, with_kwargs=True) for module in shared.values()]
         try:
@@ -471,9 +516,15 @@ class Engine:
             batch.attentions = torch.stack(patterns)
             batch.key_norms = torch.stack(key_norms) if norms else None
             batch.mixing = torch.stack(ratios) if mixing else None
+            batch.vector_norms = torch.stack(vector_norms) if vectors else None
         if hidden_states:
             batch.hidden_states = torch.stack([*layer_inputs, outputs.last_hidden_state]) if own_states else torch.stack(outputs.hidden_states)
         return batch
+
+    @property
+    def knows_blocks(self) -> bool:
+        """Whether :func:`~bertology.core.models.attention_blocks` knows where this model keeps ``W_O`` and its layer norms."""
+        return self.model.model.config.model_type in BLOCK_LAYOUTS
 
     @cached_property
     def blocks(self):
@@ -509,11 +560,12 @@ class Engine:
                 raise BertologyError(f"unknown weighting {weighting!r}: use {' or '.join(WEIGHTINGS)}")
         mixing = any("mixing" in getattr(analyzer, "needs", ()) for analyzer in analyzers)
         hidden_states = any("hidden_states" in getattr(analyzer, "needs", ()) for analyzer in analyzers)
+        vectors = any("vectors" in getattr(analyzer, "needs", ()) for analyzer in analyzers)
         layerwise = step is None and self.layerwise and all(is_layerwise(analyzer) for analyzer in analyzers)
         if step is None:
-            step = partial(self.run_batch, norms="norm" in weightings, mixing=mixing, hidden_states=hidden_states)
-        elif mixing or hidden_states or "norm" in weightings:
-            raise BertologyError("norm weighting, mixing ratios and hidden states need the engine's own forward pass")
+            step = partial(self.run_batch, norms="norm" in weightings, mixing=mixing, hidden_states=hidden_states, vectors=vectors)
+        elif mixing or hidden_states or vectors or "norm" in weightings:
+            raise BertologyError("norm weighting, mixing ratios, vector norms and hidden states need the engine's own forward pass")
 
         def feed(position: int, call: Callable[[], object]) -> None:
             if position in stats.failed:

@@ -4,6 +4,9 @@ bertology registers its own attention function with transformers' ``AttentionInt
 name ``"bertology"``. It computes eager attention and, where a :class:`Hooks` object is active,
 passes two tensors through the handlers registered for each point:
 
+``key``
+    the key vectors of every head, ``[batch, head, key, head_dim]`` (after any rotary embedding), read-only in spirit:
+    handlers read them (a sink's key norm, Gu et al. 2025); a replacement changes the scores.
 ``value``
     the value vectors ``x W_V + b_V`` of every head, shape ``[batch, head, key, head_dim]``, before they
     are mixed. Handlers read them (Kobayashi et al.'s norms) or return a replacement.
@@ -19,7 +22,12 @@ passes two tensors through the handlers registered for each point:
 Handlers are called as ``handler(layer, tensor)`` and return ``None`` (leave it) or a tensor. The
 layer index is counted per forward pass, so models that share one attention module across layers
 (ALBERT) or keep no ``layer_idx`` (DistilBERT) are numbered correctly too. While a handler runs,
-:attr:`Hooks.key_mask` says which keys are real tokens (not padding).
+:attr:`Hooks.key_mask` says which keys each query may see: the real tokens (not padding), and in a decoder
+only those at or before the query (causal attention).
+
+Decoders with grouped-query attention (Llama, Qwen2, Mistral, ...) keep fewer key-value heads than query
+heads; the attention function repeats them for the query heads that share them (as transformers' eager
+attention does), so every hook point has one entry per query head.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import torch
 from torch import nn
 
 ATTN_IMPLEMENTATION = "bertology"
-HOOK_POINTS = ("value", "pattern", "head_output")
+HOOK_POINTS = ("key", "value", "pattern", "head_output")
 
 Handler = Callable[[int, torch.Tensor], "torch.Tensor | None"]
 _ACTIVE: ContextVar["Hooks | None"] = ContextVar("bertology_hooks", default=None)
@@ -44,8 +52,8 @@ class Hooks:
     def __init__(self) -> None:
         self._handlers: dict[str, list[Handler]] = {point: [] for point in HOOK_POINTS}
         self._layer = 0
-        #: bool ``[batch, 1, 1, key]``, True for real (unpadded) keys, for the layer being run;
-        #: None where the model passed no mask (nothing is padded).
+        #: bool ``[batch, 1, query, key]``, True for the keys each query may see (real, unpadded keys; in a decoder
+        #: those at or before the query), for the layer being run; None where the model passed no mask (nothing is padded).
         self.key_mask: torch.Tensor | None = None
 
     def add(self, point: str, handler: Handler) -> "Hooks":
@@ -89,12 +97,18 @@ class Hooks:
             handle.remove()
 
 
-def _real_keys(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """``[batch, 1, 1, key]`` bool from a boolean mask or eager_mask's additive one (0 allowed, the dtype's minimum not)."""
+def _visible_keys(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """``[batch, 1, query, key]`` bool from a boolean mask or eager_mask's additive one (0 allowed, the dtype's minimum not)."""
     if attention_mask is None:
         return None
-    rows = attention_mask[..., :1, :]
-    return rows if rows.dtype == torch.bool else rows > torch.finfo(rows.dtype).min / 2
+    return attention_mask if attention_mask.dtype == torch.bool else attention_mask > torch.finfo(attention_mask.dtype).min / 2
+
+
+def _repeat_key_value_heads(tensor: torch.Tensor, query_heads: int) -> torch.Tensor:
+    """Grouped-query attention: ``[batch, kv_head, n, d]`` -> ``[batch, head, n, d]``, query head h reading key-value
+    head ``h // (head / kv_head)`` (transformers' ``repeat_kv``)."""
+    groups = query_heads // tensor.shape[1]
+    return tensor if groups == 1 else tensor.repeat_interleave(groups, dim=1)
 
 
 def bertology_attention(
@@ -107,18 +121,26 @@ def bertology_attention(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager attention (Vaswani et al. 2017) with the ``value``, ``pattern`` and ``head_output`` hook points."""
+    """Eager attention (Vaswani et al. 2017) with the ``value``, ``pattern`` and ``head_output`` hook points.
+
+    ``softcap`` (Gemma 2): scores are capped as ``c tanh(s / c)`` before the mask, as transformers' eager attention does."""
     hooks = _ACTIVE.get()
     layer = -1
+    key = _repeat_key_value_heads(key, query.shape[1])
+    value = _repeat_key_value_heads(value, query.shape[1])
     if hooks is not None:
         layer = hooks._next_layer()
-        hooks.key_mask = _real_keys(attention_mask)
+        hooks.key_mask = _visible_keys(attention_mask)
     if hooks is not None:
+        key = hooks._fire("key", layer, key)
         value = hooks._fire("value", layer, value)
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     scores = torch.matmul(query, key.transpose(2, 3))
     scores *= scaling  # in place: no second n x n tensor per head (the product is no input of its own gradient)
+    softcap = kwargs.get("softcap")
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is not None:
         scores += attention_mask
     pattern = nn.functional.softmax(scores, dim=-1)

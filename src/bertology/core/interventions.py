@@ -91,7 +91,8 @@ def attach_variants(hooks: Hooks, variants: Sequence[Intervention], num_heads: i
     """Apply ``variants[v]`` to the ``v``-th copy of a batch stacked copy-major (``[V * B, ...]``).
 
     Masking multiplies each head's output by a 0/1 gate; uniform attention replaces the pattern by
-    ``key_mask / n_real`` (rows of exactly ``1/n`` over the real tokens, Kovaleva et al. 2019).
+    ``key_mask / n_visible`` (rows of exactly ``1/n`` over the real tokens, Kovaleva et al. 2019; in a decoder
+    ``1/(i + 1)`` over the keys query i sees).
     """
     count = len(variants)
     layers = {layer for v in variants for layer, _ in v.masked | v.uniform} | {layer for v in variants for layer in v.disabled_layers}
@@ -115,10 +116,10 @@ def attach_variants(hooks: Hooks, variants: Sequence[Intervention], num_heads: i
             return None
         keys = pattern.shape[-1]
         real = hooks.key_mask if hooks.key_mask is not None else torch.ones(pattern.shape[0], 1, 1, keys, dtype=torch.bool, device=pattern.device)
-        flat = real.to(pattern.dtype) / real.sum(-1, keepdim=True).clamp(min=1).to(pattern.dtype)  # [V*B, 1, 1, k]
+        flat = real.to(pattern.dtype) / real.sum(-1, keepdim=True).clamp(min=1).to(pattern.dtype)  # [V*B, 1, q or 1, k]
         chosen = uniform[layer].to(pattern.device)[:, None, :, None, None]  # [V, 1, H, 1, 1]
         stacked = pattern.view(count, -1, *pattern.shape[1:])
-        return torch.where(chosen, flat.view(count, -1, 1, 1, keys).expand_as(stacked), stacked).view_as(pattern)
+        return torch.where(chosen, flat.view(count, -1, 1, flat.shape[-2], keys).expand_as(stacked), stacked).view_as(pattern)
 
     return hooks.add("pattern", flatten_heads).add("head_output", gate_heads)
 

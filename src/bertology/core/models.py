@@ -1,9 +1,11 @@
-"""Loading encoders with bertology's attention hook point, and the facts analyzers need about them.
+"""Loading encoders and decoders with bertology's attention hook point, and the facts analyzers need about them.
 
-Any Hugging Face encoder whose attention goes through transformers' ``AttentionInterface``
-(BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA, MiniLM, XLM-R, ...) is loaded with
-``attn_implementation="bertology"``: eager attention with named hook points (see
-:mod:`bertology.core.hooks`). Special tokens come from the tokenizer, never from hard-coded ids.
+Any Hugging Face model whose attention goes through transformers' ``AttentionInterface`` is loaded with
+``attn_implementation="bertology"``: eager attention with named hook points (see :mod:`bertology.core.hooks`).
+Encoders (BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA, MiniLM, XLM-R, ...) and decoders, causal language models
+(GPT-2, GPT-Neo, GPT-NeoX/Pythia, OPT, Llama, Mistral, Qwen2/3, Gemma, Phi, ...; docs/methods.md#decoders).
+Special tokens come from the tokenizer, never from hard-coded ids: a decoder has no [CLS] or [SEP], and its
+first token (BOS where the tokenizer adds one) takes [CLS]'s place.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModel,
+    AutoModelForCausalLM,
     AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -118,18 +121,35 @@ class AttentionBlock:
     """Where one layer's attention parts live, whatever the architecture names them.
 
     ``attention``: the module that calls the attention function (its first argument is the layer input
-    ``x``, which is also the residual); ``output``: the output projection ``W_O`` (``nn.Linear``, input
-    ``heads * head_dim``); ``layer_norm``: the layer norm applied to ``attention output + x``.
+    ``x``, which is also the residual); ``output``: the output projection ``W_O`` (``nn.Linear``, or GPT-2's
+    ``Conv1D``, input ``heads * head_dim``); ``layer_norm``: the layer norm applied to ``attention output + x`` (post-norm
+    blocks: BERT's), or, where ``pre_norm``, the one applied to ``x`` before attention (GPT-2, Llama: docs/methods.md#decoders).
     """
 
     attention: torch.nn.Module
-    output: torch.nn.Linear
-    layer_norm: torch.nn.LayerNorm
+    output: torch.nn.Module
+    layer_norm: torch.nn.Module
+    pre_norm: bool = False
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """``W_O`` as ``[heads * head_dim, hidden]`` (``x W_O``): a Linear's weight transposed, a Conv1D's as it is."""
+        from transformers.pytorch_utils import Conv1D
+
+        return self.output.weight if isinstance(self.output, Conv1D) else self.output.weight.T
+
+    @property
+    def output_bias(self) -> torch.Tensor | None:
+        return self.output.bias
 
 
 #: Architectures whose attention blocks :func:`attention_blocks` knows, by ``config.model_type``.
 BERT_LAYOUT = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
-BLOCK_LAYOUTS = BERT_LAYOUT | {"distilbert", "albert"}
+#: Pre-norm decoders whose layers are ``layers[l].self_attn`` with ``o_proj`` and ``input_layernorm`` (Llama's layout).
+LLAMA_LAYOUT = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "olmo2", "phi3", "granite"})
+DECODER_LAYOUTS = LLAMA_LAYOUT | {"gpt2", "gpt_neox", "gpt_neo", "phi", "opt"}
+ENCODER_LAYOUTS = BERT_LAYOUT | {"distilbert", "albert"}
+BLOCK_LAYOUTS = ENCODER_LAYOUTS | DECODER_LAYOUTS
 
 
 def attention_blocks(model: PreTrainedModel) -> list[AttentionBlock]:
@@ -139,12 +159,32 @@ def attention_blocks(model: PreTrainedModel) -> list[AttentionBlock]:
     ``.output.dense`` and ``.output.LayerNorm``; DistilBERT: ``transformer.layer[l].attention``,
     ``.attention.out_lin`` and ``.sa_layer_norm``; ALBERT: layer ``l`` runs the shared layers of group
     ``floor(l / (L / G))``, each with ``attention``, ``attention.dense`` and ``attention.LayerNorm``.
+
+    Decoders, pre-norm (the layer norm is the one before attention): GPT-2 ``h[l].attn`` with ``c_proj`` and ``ln_1``;
+    GPT-Neo ``h[l].attn.attention`` with ``out_proj`` and ``ln_1``; GPT-NeoX ``layers[l].attention`` with ``dense`` and
+    ``input_layernorm``; Phi ``layers[l].self_attn`` with ``dense``; OPT ``decoder.layers[l].self_attn`` with ``out_proj`` and
+    ``self_attn_layer_norm`` (pre-norm where ``do_layer_norm_before``); Llama and its kin (:data:`LLAMA_LAYOUT`)
+    ``layers[l].self_attn`` with ``o_proj`` and ``input_layernorm``.
     """
     config = model.config
     model_type = config.model_type
+    model = model.base_model
     if model_type in BERT_LAYOUT:
         return [AttentionBlock(layer.attention.self, layer.attention.output.dense, layer.attention.output.LayerNorm)
                 for layer in model.encoder.layer]
+    if model_type == "gpt2":
+        return [AttentionBlock(layer.attn, layer.attn.c_proj, layer.ln_1, pre_norm=True) for layer in model.h]
+    if model_type == "gpt_neo":
+        return [AttentionBlock(layer.attn.attention, layer.attn.attention.out_proj, layer.ln_1, pre_norm=True) for layer in model.h]
+    if model_type == "gpt_neox":
+        return [AttentionBlock(layer.attention, layer.attention.dense, layer.input_layernorm, pre_norm=True) for layer in model.layers]
+    if model_type == "phi":
+        return [AttentionBlock(layer.self_attn, layer.self_attn.dense, layer.input_layernorm, pre_norm=True) for layer in model.layers]
+    if model_type == "opt":
+        return [AttentionBlock(layer.self_attn, layer.self_attn.out_proj, layer.self_attn_layer_norm, pre_norm=bool(config.do_layer_norm_before))
+                for layer in model.decoder.layers]
+    if model_type in LLAMA_LAYOUT:
+        return [AttentionBlock(layer.self_attn, layer.self_attn.o_proj, layer.input_layernorm, pre_norm=True) for layer in model.layers]
     if model_type == "distilbert":
         return [AttentionBlock(layer.attention, layer.attention.out_lin, layer.sa_layer_norm) for layer in model.transformer.layer]
     if model_type == "albert":
@@ -160,7 +200,10 @@ def attention_blocks(model: PreTrainedModel) -> list[AttentionBlock]:
 
 @dataclass
 class LoadedModel:
-    """An encoder, its tokenizer and the facts about it that analyzers use."""
+    """A model, its tokenizer and the facts about it that analyzers use.
+
+    ``causal``: a decoder (docs/methods.md#decoders): its queries see only the keys at or before them, it has no [CLS] or
+    [SEP] (``cls_token_id`` and ``sep_token_id`` None) and its first token, BOS where ``adds_bos``, is the candidate sink."""
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
@@ -169,10 +212,17 @@ class LoadedModel:
     num_layers: int
     num_heads: int
     max_length: int
-    cls_token_id: int
-    sep_token_id: int
+    cls_token_id: int | None
+    sep_token_id: int | None
     punct_by_id: np.ndarray = field(repr=False)  # bool per vocabulary id, the default ("upos") set
     source: Path | None = None  # the folder the weights were read from (None: a hub name, or a model built in memory)
+    causal: bool = False
+    adds_bos: bool = False  # a decoder's tokenizer puts BOS first (Llama's does, GPT-2's does not)
+
+    @property
+    def kind(self) -> str:
+        """``encoder`` or ``decoder`` (causal attention), as ``info`` says."""
+        return "decoder" if self.causal else "encoder"
 
     def weights_digest(self) -> str:
         """A content hash of the weights: of the source folder's safetensors files (cached by path, size and time), else of
@@ -188,6 +238,7 @@ class LoadedModel:
         config = self.model.config
         return {
             "name": self.name,
+            "kind": self.kind,
             "model_type": config.model_type,
             "architecture": type(self.model).__name__,
             "layers": self.num_layers,
@@ -196,8 +247,9 @@ class LoadedModel:
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "vocab_size": len(self.tokenizer),
             "max_length": self.max_length,
-            "cls_token": self.tokenizer.convert_ids_to_tokens(self.cls_token_id),
-            "sep_token": self.tokenizer.convert_ids_to_tokens(self.sep_token_id),
+            "cls_token": None if self.cls_token_id is None else self.tokenizer.convert_ids_to_tokens(self.cls_token_id),
+            "sep_token": None if self.sep_token_id is None else self.tokenizer.convert_ids_to_tokens(self.sep_token_id),
+            "first_token": ("BOS" if self.adds_bos else "the first piece") if self.causal else None,
             "device": str(self.device),
         }
 
@@ -249,8 +301,10 @@ def loading_errors(source: str) -> Iterator[None]:
             raise ModelError(f"{source}: {message}") from exc
 
 
-#: What :func:`load_model` can put on top of the encoder: nothing, the masked-LM head, or a sequence classifier's head.
-MODEL_HEADS = {None: AutoModel, "masked-lm": AutoModelForMaskedLM, "classifier": AutoModelForSequenceClassification}
+#: What :func:`load_model` can put on top of the model: nothing, the masked-LM head, a sequence classifier's head, or
+#: a decoder's language-model head (the causal LM loss of importance and gradients).
+MODEL_HEADS = {None: AutoModel, "masked-lm": AutoModelForMaskedLM, "classifier": AutoModelForSequenceClassification,
+               "causal-lm": AutoModelForCausalLM}
 
 
 def attends_causally(config) -> bool:
@@ -270,11 +324,12 @@ def load_model(
     trust_remote_code: bool = False,
     head: str | None = None,
 ) -> LoadedModel:
-    """Load an encoder by hub name or local folder, with bertology's eager attention hook point.
+    """Load an encoder or a decoder by hub name or local folder, with bertology's eager attention hook point.
 
     ``None`` loads the default model, all-MiniLM-L6-v2, from the installed package. ``head``: ``None`` (the
-    encoder alone), ``"masked-lm"`` (with its masked-LM head; a checkpoint without one is refused in one line) or
-    ``"classifier"`` (a sequence classifier, e.g. from ``bertology finetune``).
+    model alone), ``"masked-lm"`` (with its masked-LM head; a checkpoint without one is refused in one line),
+    ``"classifier"`` (a sequence classifier, e.g. from ``bertology finetune``) or ``"causal-lm"`` (a decoder with its
+    language-model head).
     """
     if head not in MODEL_HEADS:
         raise ValueError(f"head must be one of {', '.join(map(str, MODEL_HEADS))}")
@@ -292,9 +347,11 @@ def load_model(
     torch_device = device if isinstance(device, torch.device) else resolve_device(device)
     with loading_errors(source):
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-        if attends_causally(config):
-            raise ModelError(f"{source}: a {config.model_type} model attends causally (a decoder); bertology's measures assume every token "
-                             "sees every other, so it reads encoders only for now rather than misread a decoder")
+        causal = attends_causally(config)
+        if causal and head == "masked-lm":
+            raise ModelError(f"{source}: a {config.model_type} model is a decoder (causal attention) and has no masked-LM head; use its causal LM loss")
+        if head == "causal-lm" and not causal:
+            raise ModelError(f"{source}: a {config.model_type} model is an encoder, not a causal language model")
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         model, loading = MODEL_HEADS[head].from_pretrained(
             source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code, use_safetensors=True,
@@ -308,22 +365,39 @@ def load_model(
             raise ModelError(f"{source}: the checkpoint has no {what} ({new_weights[0]} and {len(new_weights) - 1} more weights are missing)")
     if not tokenizer.is_fast:
         raise ModelError(f"{source}: bertology needs a fast tokenizer (offset mappings align pieces to words)")
-    cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
-    sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
-    if cls_id is None or sep_id is None:
-        raise ModelError(f"{source}: the tokenizer defines no [CLS]/<s> or [SEP]/</s> token")
     model.to(torch_device).eval()
+    return describe_model(model, tokenizer, name=name, device=torch_device, source=Path(source).resolve() if Path(source).is_dir() else None)
+
+
+def adds_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer puts its BOS token first (Llama's does; GPT-2's has one but does not add it)."""
+    return tokenizer.bos_token_id is not None and tokenizer("a")["input_ids"][:1] == [tokenizer.bos_token_id]
+
+
+def describe_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, name: str, device: torch.device,
+                   source: Path | None = None) -> LoadedModel:
+    """The :class:`LoadedModel` of a model already loaded with the ``bertology`` attention (on ``device``): its counts, its
+    special tokens and whether it is a decoder, all from its config and tokenizer."""
     config = model.config
+    causal = attends_causally(config)
+    cls_id = sep_id = None
+    if not causal:
+        cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+        sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+        if cls_id is None or sep_id is None:
+            raise ModelError(f"{source or name}: the tokenizer defines no [CLS]/<s> or [SEP]/</s> token")
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
         name=name,
-        device=torch_device,
+        device=device,
         num_layers=_count(config, "num_hidden_layers", "n_layers"),
         num_heads=_count(config, "num_attention_heads", "n_heads"),
         max_length=_model_max_length(config, tokenizer),
-        cls_token_id=int(cls_id),
-        sep_token_id=int(sep_id),
+        cls_token_id=None if cls_id is None else int(cls_id),
+        sep_token_id=None if sep_id is None else int(sep_id),
         punct_by_id=punctuation_table(tokenizer),
-        source=Path(source).resolve() if Path(source).is_dir() else None,
+        source=source,
+        causal=causal,
+        adds_bos=causal and adds_bos(tokenizer),
     )

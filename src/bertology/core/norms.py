@@ -40,15 +40,17 @@ def parse_weighting(weighting: str | Iterable[str]) -> list[str]:
 MIXING_RATIOS = ("attn", "attn_res", "attn_res_ln")
 
 
-def transformed_norms(value: torch.Tensor, output: torch.nn.Linear) -> torch.Tensor:
+def transformed_norms(value: torch.Tensor, block: AttentionBlock) -> torch.Tensor:
     """``||f_h(x_j)|| = ||v_j^h W_O^h||`` of every head and key: ``value`` is ``[batch, head, key, head_dim]``
-    (``x W_V + b_V``, as the attention function receives it); returns ``[batch, head, key]``.
+    (``x W_V + b_V``, as the attention function receives it: in a pre-norm block, ``LN(x) W_V + b_V`` with the real
+    normalised input; with grouped-query attention, the shared key-value head's vectors repeated for each query head,
+    docs/methods.md#decoders); returns ``[batch, head, key]``.
 
     Computed as ``sqrt(v^T G_h v)`` with ``G_h = W_O^h W_O^h^T`` (``head_dim x head_dim``), which costs
     ``head_dim / hidden`` of projecting every value vector.
     """
     num_heads, head_dim = value.shape[1], value.shape[-1]
-    by_head = output.weight.T.reshape(num_heads, head_dim, -1).to(value.dtype)  # [head, head_dim, hidden]: f_h(x) = v_h @ W[h]
+    by_head = block.output_weight.reshape(num_heads, head_dim, -1).to(value.dtype)  # [head, head_dim, hidden]: f_h(x) = v_h @ W[h]
     gram = torch.matmul(by_head, by_head.transpose(1, 2))  # [head, head_dim, head_dim]
     squared = (torch.einsum("bhkd,hde->bhke", value, gram) * value).sum(dim=-1)
     return torch.sqrt(squared.clamp_min(0))
@@ -83,16 +85,19 @@ def mixing_ratios(pattern: torch.Tensor, value: torch.Tensor, head_output: torch
     ``pattern`` is ``[batch, head, query, key]``, ``value`` ``[batch, head, key, head_dim]``, ``head_output`` each head's
     ``pattern @ value`` as the model computed it (``[batch, head, query, head_dim]``), ``layer_input`` ``[batch, query, hidden]``.
     """
-    weight = block.output.weight.to(value.dtype)  # [hidden, head * head_dim]
+    if block.pre_norm:
+        raise BertologyError("the context-mixing ratios take the residual and the layer norm after attention (a post-norm block); "
+                             "this model normalises before attention (pre-norm), where they have no such meaning")
+    weight = block.output_weight.to(value.dtype)  # [head * head_dim, hidden]
 
     def project(per_head: torch.Tensor) -> torch.Tensor:  # [batch, head, i, head_dim] -> sum_h per_head_h W_O^h: [batch, i, hidden]
-        return torch.matmul(per_head.transpose(1, 2).flatten(2), weight.T)
+        return torch.matmul(per_head.transpose(1, 2).flatten(2), weight)
 
     total = project(head_output)
     own = project(pattern.diagonal(dim1=-2, dim2=-1)[..., None] * value)
     mixed = total - own
     kept = own + layer_input
-    pre_norm = total + block.output.bias.to(value.dtype) + layer_input if block.output.bias is not None else total + layer_input
+    pre_norm = total + block.output_bias.to(value.dtype) + layer_input if block.output_bias is not None else total + layer_input
     scale = torch.sqrt(pre_norm.var(dim=-1, unbiased=False, keepdim=True) + block.layer_norm.eps)
     gamma = block.layer_norm.weight.to(value.dtype)
 
