@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from bertology.render.html import Section
 
 #: The families bertology ships, in report order.
-BUILTIN_FAMILIES = ("profile", "roles", "patterns", "syntax", "classes", "frames", "layers", "rollout", "mixing")
+BUILTIN_FAMILIES = ("profile", "sinks", "roles", "patterns", "syntax", "classes", "frames", "layers", "rollout", "mixing")
 #: Names no family option may take: the settings of the pass that every analysis command shares (its flags), and the other
 #: keywords of ``analyze()`` (a test checks that these are exactly its keywords, with the CLI's quiet and skip_long).
 COMMON_SETTINGS = frozenset({option.name for option in ANALYSIS} | {"analyses", "include", "exclude", "overflow", "view", "progress", "command"})
@@ -87,7 +87,10 @@ class Family:
     its output projection and layer norm (:func:`~bertology.core.models.attention_blocks`): by default it is left out,
     with a warning, for other layouts; ``needs_frames``: it needs frame annotations (the ``frames`` corpus
     format) and runs by default only on such a corpus; ``corpus_flag``: another name its command gives ``--corpus``
-    (``--frames``).
+    (``--frames``); ``not_on_decoders``: where the family has no meaning on a decoder (causal attention,
+    docs/methods.md#decoders), the one line that says why: it is left out of a decoder's run, and refused there when asked
+    for by name; ``decoders_only``: it measures what only a decoder has (the attention sinks) and is left out of an
+    encoder's run the same way.
     """
 
     name: ClassVar[str]
@@ -103,6 +106,14 @@ class Family:
     needs_blocks: ClassVar[bool] = False
     needs_frames: ClassVar[bool] = False
     corpus_flag: ClassVar[str | None] = None
+    not_on_decoders: ClassVar[str | None] = None
+    decoders_only: ClassVar[bool] = False
+
+    def fits(self, causal: bool) -> str | None:
+        """None where the family has a meaning on this kind of model (``causal``: a decoder), else the line that says why not."""
+        if causal:
+            return self.not_on_decoders
+        return "it measures attention sinks, a decoder's (an encoder's [CLS] and [SEP] are in the profile)" if self.decoders_only else None
 
     def prepare(self, settings: dict) -> None:
         """Check the family's inputs before the model loads; raise :class:`~bertology.core.errors.BertologyError` for bad ones."""

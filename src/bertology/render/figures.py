@@ -11,6 +11,7 @@ import pandas as pd  # noqa: E402
 METRIC_TITLES = {
     "cls": "attention to [CLS]",
     "sep": "attention to [SEP]",
+    "first": "attention to the first token",
     "punct": "attention to punctuation",
     "self": "attention to self",
     "prev": "attention to previous token",

@@ -16,6 +16,8 @@ class Mixing(Family):
     outputs = ("mixing",)
     weighted = False
     needs_blocks = True
+    not_on_decoders = ("its ratios take the residual and the layer norm after attention (a post-norm block); a decoder normalises "
+                       "before attention (pre-norm), where they have no such meaning")
 
     def analyzers(self, settings):
         from bertology.families.mixing.analyzer import ContextMixing

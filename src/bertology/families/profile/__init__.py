@@ -26,11 +26,13 @@ class Profile(Family):
         return {"profile": GeneralProfile(), "distance": HeadDistance(sample=settings["head_distance_sample"], seed=settings["seed"])}
 
     def finish(self, analyzers, context):
-        from bertology.families.profile.analyzer import clark_labels, clark_thresholds
+        from bertology.families.profile.analyzer import CLARK_THRESHOLDS, DECODER_CLARK_THRESHOLDS, clark_labels, clark_thresholds
 
-        heads = analyzers["profile"].result()
-        result = FamilyResult(tables={"heads": heads, "layers": analyzers["profile"].layers(), "head_labels": clark_labels(heads),
-                                      "clark_thresholds": clark_thresholds(analyzers["profile"].entropy_ceiling())})
+        profile = analyzers["profile"]
+        heads = profile.result()
+        thresholds = DECODER_CLARK_THRESHOLDS if profile.causal else CLARK_THRESHOLDS
+        result = FamilyResult(tables={"heads": heads, "layers": profile.layers(), "head_labels": clark_labels(heads, thresholds),
+                                      "clark_thresholds": clark_thresholds(profile.entropy_ceiling(), thresholds)})
         try:
             result.tables.update(head_distance=analyzers["distance"].result(), head_map=analyzers["distance"].embedding())
         except ValueError as exc:  # no sequence was sampled
@@ -58,8 +60,9 @@ class Profile(Family):
 
     def by_layer(self, result):
         layers = result.tables["layers"]
-        rows = layers[layers.metric.isin(("cls", "sep", "punct"))]
-        return rows.assign(quantity="attention to " + rows.metric.map({"cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation"}))[["quantity", "layer", "value"]]
+        names = {"cls": "[CLS]", "sep": "[SEP]", "first": "the first token", "punct": "punctuation"}
+        rows = layers[layers.metric.isin(names)]
+        return rows.assign(quantity="attention to " + rows.metric.map(names))[["quantity", "layer", "value"]]
 
 
 register_family(Profile())

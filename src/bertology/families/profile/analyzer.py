@@ -14,6 +14,13 @@ Per head and sequence, with ``a[i, j]`` the attention from query i to key j and 
 - ``distance``: ``(1/n) sum_i sum_j a[i, j] |i - j|`` (in tokens).
 
 Each metric is averaged over sequences, with a 95% Student-t interval over sequences.
+
+On a decoder (docs/methods.md#decoders) query i sees keys ``j <= i`` only, so row 0 (which sees only itself) is left
+out of every mean over queries, ``m = n - 1`` queries: ``first`` (the first token, BOS where the tokenizer adds one, the
+candidate attention sink, in [CLS]'s place) ``(1/m) sum_{i>=1} a[i, 0]``; ``punct``, ``self``, ``prev`` and ``distance`` the
+same sums over ``i >= 1``; the entropy smoothed per row over the keys it sees, ``a <- 0.9999 a + 0.0001/(i + 1)``, whose
+uniform reference is ``ln(i + 1)``. [SEP] and ``next`` have no meaning there (no [SEP]; the next token is never seen),
+nor the entropy of row 0 (always 0): those metrics are left out (:data:`DECODER_PROFILE_METRICS`).
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from bertology.core.engine import Batch, LayerMaps
 from bertology.core.stats import RunningMoments, interval_frame, keyed_rng, sequence_key
 
 PROFILE_METRICS = ("cls", "sep", "punct", "self", "prev", "next", "entropy", "cls_entropy", "distance")
+#: The metrics with a meaning on a decoder (causal attention), ``first`` in place of ``cls`` (docs/methods.md#decoders).
+DECODER_PROFILE_METRICS = ("first", "punct", "self", "prev", "entropy", "distance")
 ENTROPY_SMOOTHING = 1e-4  # Clark et al.: a <- (1 - eps) a + eps / n
 
 
@@ -85,6 +94,37 @@ def profile_metrics(
     return torch.stack([columns[name] for name in PROFILE_METRICS], dim=-1)
 
 
+def causal_profile_metrics(attention: torch.Tensor, mask: torch.Tensor, punct_mask: torch.Tensor) -> torch.Tensor:
+    """The :data:`DECODER_PROFILE_METRICS` of every head on every sequence of a decoder (see the module docstring): the
+    means over queries ``i >= 1`` (``m = n - 1`` of them; NaN for a sequence of one token), the entropy smoothed per row
+    over the ``i + 1`` keys it sees. ``attention`` is ``[batch, head, n, n]`` (lower triangular, padding zero), the masks
+    ``[batch, n]``. Returns ``[batch, head, len(DECODER_PROFILE_METRICS)]`` in the maps' dtype."""
+    dtype, width = attention.dtype, attention.shape[-1]
+    real = mask.to(dtype)
+    queries = real.sum(dim=1)[:, None] - 1  # [batch, 1]: m = n - 1
+    queries = torch.where(queries > 0, queries, torch.nan)
+    positions = torch.arange(width, device=attention.device)
+    visible = (positions[None, :] <= positions[:, None]).to(dtype)[None] * real[:, None, :]  # [batch, i, j]: j <= i, j real
+    smoothing = ENTROPY_SMOOTHING / (positions + 1).to(dtype)  # eps / |S_i|, |S_i| = i + 1
+    smoothed = torch.add((visible * smoothing[None, :, None])[:, None], attention, alpha=1 - ENTROPY_SMOOTHING)
+    row_entropy = -torch.xlogy(smoothed, smoothed, out=smoothed).sum(dim=-1) * real[:, None, :]  # [batch, head, n]
+    del smoothed
+    later_rows = attention[..., 1:, :].sum(dim=-2)  # [batch, head, n]: column sums over the queries i >= 1
+    first = torch.zeros_like(mask)
+    first[:, 0] = True
+    to_sets = torch.einsum("bhj,bjk->bhk", later_rows, torch.stack([first & mask, punct_mask], dim=-1).to(dtype)) / queries[:, :, None]
+    gap = (positions[:, None] - positions[None, :]).abs().to(dtype)
+    columns = {
+        "first": to_sets[..., 0],
+        "punct": to_sets[..., 1],
+        "self": attention.diagonal(dim1=-2, dim2=-1)[..., 1:].sum(-1) / queries,
+        "prev": attention.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / queries,
+        "entropy": row_entropy[..., 1:].sum(-1) / queries,
+        "distance": torch.matmul(attention.flatten(-2), gap.flatten()) / queries,  # row 0's distance is 0
+    }
+    return torch.stack([columns[name] for name in DECODER_PROFILE_METRICS], dim=-1)
+
+
 class GeneralProfile(LayerwiseAnalyzer):
     """Clark et al.'s general attention profile of every head (see the module docstring).
 
@@ -106,13 +146,22 @@ class GeneralProfile(LayerwiseAnalyzer):
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
             self._pending = []
-        self._pending.append(profile_metrics(maps.attention, batch.mask, batch.cls_mask, batch.sep_mask, batch.punct_mask))
+            self.causal = batch.causal
+        if batch.causal:
+            self._pending.append(causal_profile_metrics(maps.attention, batch.mask, batch.punct_mask))
+        else:
+            self._pending.append(profile_metrics(maps.attention, batch.mask, batch.cls_mask, batch.sep_mask, batch.punct_mask))
 
     def finish_batch(self, batch: Batch) -> None:
         values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, head, metric]: one copy to the host
         self._pending = []
-        self._log_lengths += float(np.log(batch.host_lengths).sum())
-        self._sequences += batch.size
+        if batch.causal:  # the uniform reference of a decoder's mean entropy: mean_{i=1..n-1} ln(i + 1) = ln(n!) / (n - 1)
+            lengths = batch.host_lengths[batch.host_lengths > 1]  # a sequence of one token has no query i >= 1
+            self._log_lengths += float(sum(math.lgamma(n + 1) / (n - 1) for n in lengths))
+            self._sequences += len(lengths)
+        else:
+            self._log_lengths += float(np.log(batch.host_lengths).sum())
+            self._sequences += batch.size
         if self._heads is None:
             self._heads = RunningMoments(values.shape[1:])
             self._layers = RunningMoments((values.shape[1], values.shape[3]))
@@ -121,6 +170,7 @@ class GeneralProfile(LayerwiseAnalyzer):
 
     def merge(self, other: "GeneralProfile") -> "GeneralProfile":
         self._check_mergeable(other)
+        self.causal = self.causal or other.causal
         self._log_lengths += other._log_lengths
         self._sequences += other._sequences
         if other._heads is None:
@@ -136,19 +186,25 @@ class GeneralProfile(LayerwiseAnalyzer):
         if self._heads is None:
             return pd.DataFrame(columns=["layer", "head", "metric", "value", "ci_low", "ci_high", "n"])
         num_layers, num_heads, _ = self._heads.count.shape
-        index = pd.MultiIndex.from_product([range(num_layers), range(num_heads), PROFILE_METRICS], names=["layer", "head", "metric"])
+        index = pd.MultiIndex.from_product([range(num_layers), range(num_heads), self.metrics], names=["layer", "head", "metric"])
         return interval_frame(self._heads, index)
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The metrics of the table: :data:`PROFILE_METRICS`, or on a decoder :data:`DECODER_PROFILE_METRICS`."""
+        return DECODER_PROFILE_METRICS if self.causal else PROFILE_METRICS
 
     def entropy_ceiling(self) -> float:
         """The largest mean entropy any head can have on this corpus: the mean over sequences of ln n, the entropy of
-        uniform attention over a sequence's n tokens (NaN before any sequence)."""
+        uniform attention over a sequence's n tokens (a decoder's: the mean over its queries ``i >= 1`` of ``ln(i + 1)``;
+        NaN before any sequence)."""
         return self._log_lengths / self._sequences if self._sequences else float("nan")
 
     def layers(self) -> pd.DataFrame:
         """Per-layer aggregates: ``layer, metric, value, ci_low, ci_high, n``."""
         if self._layers is None:
             return pd.DataFrame(columns=["layer", "metric", "value", "ci_low", "ci_high", "n"])
-        index = pd.MultiIndex.from_product([range(self._layers.count.shape[0]), PROFILE_METRICS], names=["layer", "metric"])
+        index = pd.MultiIndex.from_product([range(self._layers.count.shape[0]), self.metrics], names=["layer", "metric"])
         return interval_frame(self._layers, index)
 
 
@@ -270,6 +326,8 @@ class HeadDistance(LayerwiseAnalyzer):
 #: over half its attention goes to that neighbour, "cls"/"sep"/"punct" above 0.6. They depend on
 #: the sequence length n, so they are parameters.
 CLARK_THRESHOLDS = {"entropy": 3.8, "prev": 0.5, "next": 0.5, "cls": 0.6, "sep": 0.6, "punct": 0.6}
+#: The same on a decoder: the first token in [CLS]'s place, no [SEP] or next token (docs/methods.md#decoders).
+DECODER_CLARK_THRESHOLDS = {"entropy": 3.8, "prev": 0.5, "first": 0.6, "punct": 0.6}
 _LABEL_NAMES = {"entropy": "broad"}
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from bertology.core.runfolder import RunFolder
-from bertology.families.profile.analyzer import CLARK_THRESHOLDS, PROFILE_METRICS
+from bertology.families.profile.analyzer import CLARK_THRESHOLDS, DECODER_CLARK_THRESHOLDS, DECODER_PROFILE_METRICS, PROFILE_METRICS
 from bertology.render.figures import METRIC_TITLES, plt
 from bertology.render.html import Figure, Section, without_rows
 
@@ -35,7 +35,7 @@ def special_by_layer(heads: pd.DataFrame, metrics=("cls", "sep", "punct")):
 
 
 #: Metrics that are shares of a row's attention (0 to 1): their heat maps share one colour scale, so they compare.
-SHARE_METRICS = ("cls", "sep", "punct", "self", "prev", "next")
+SHARE_METRICS = ("cls", "sep", "first", "punct", "self", "prev", "next")
 #: The unit of each other metric, for its own colour bar.
 METRIC_UNITS = {"entropy": "nats", "cls_entropy": "nats", "distance": "tokens"}
 
@@ -109,27 +109,34 @@ def profile_section(
     head_map: pd.DataFrame | None,
     punct: str = "upos",
 ) -> Section:
-    """Write the profile figures into ``folder`` and return the report section that shows them (``punct``: the punctuation set)."""
+    """Write the profile figures into ``folder`` and return the report section that shows them (``punct``: the punctuation set).
+    A decoder's table (metric ``first`` in place of ``cls``) is drawn with its own metrics (docs/methods.md#decoders)."""
+    causal = bool((heads.metric == "first").any())
+    metrics, thresholds = (DECODER_PROFILE_METRICS, DECODER_CLARK_THRESHOLDS) if causal else (PROFILE_METRICS, CLARK_THRESHOLDS)
+    targets = "the first token (the candidate attention sink)" if causal else "[CLS], [SEP]"
     section = Section(
         title="General attention profile",
         intro=(
-            "Clark et al. (2019), 'What Does BERT Look At?': for every head, the average attention to [CLS], [SEP], "
+            f"Clark et al. (2019), 'What Does BERT Look At?': for every head, the average attention to {targets}, "
             "punctuation, itself and its neighbours, the entropy of its attention and its mean attention distance, "
             f"averaged over sequences with 95% intervals (heads.csv). Punctuation: {_PUNCT_SETS[punct]}."
+            + (" A decoder: query i sees keys j <= i only, so row 0 is left out of every mean over queries, the entropy is smoothed "
+               "over the keys each row sees, and [SEP] and the next token have no meaning (docs/methods.md#decoders)." if causal else "")
         ),
     )
     if heads.empty:
         return without_rows(section, "heads.csv")
-    special = folder.write_figure("special_tokens_by_layer", special_by_layer(heads))
-    section.figures.append(Figure(special, "Attention to [CLS], [SEP] and punctuation by layer: dots are heads, the line is the layer mean."))
-    grid = folder.write_figure("heatmaps", metric_heatmaps(heads, PROFILE_METRICS))
+    shares = ("first", "punct") if causal else ("cls", "sep", "punct")
+    special = folder.write_figure("special_tokens_by_layer", special_by_layer(heads, shares))
+    section.figures.append(Figure(special, f"Attention to {targets} and punctuation by layer: dots are heads, the line is the layer mean."))
+    grid = folder.write_figure("heatmaps", metric_heatmaps(heads, metrics))
     section.figures.append(Figure(grid, "Each metric's mean per head, layer x head (every value is in heads.csv)."))
     if head_map is not None:
         mds = folder.write_figure("head_map", head_map_figure(head_map))
         section.figures.append(Figure(mds, "Heads placed by their Jensen-Shannon distance (MDS): heads that attend alike sit together."))
-    wide = layers.pivot(index="layer", columns="metric", values="value")[list(PROFILE_METRICS)].reset_index()
+    wide = layers.pivot(index="layer", columns="metric", values="value")[list(metrics)].reset_index()
     section.tables.append(("Per-layer means (a sequence's layer value is the mean of its heads)", wide))
-    thresholds = ", ".join(f"{metric} > {value}" for metric, value in CLARK_THRESHOLDS.items())
+    thresholds = ", ".join(f"{metric} > {value}" for metric, value in thresholds.items())
     if len(labels):
         section.tables.append((f"Heads that pass Clark's thresholds ({thresholds})", labels))
     else:

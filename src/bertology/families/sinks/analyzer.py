@@ -1,0 +1,201 @@
+"""Attention sinks of a decoder (Xiao et al. 2024, "Efficient Streaming Language Models with Attention Sinks"; Gu et al.
+2025, "When Attention Sink Emerges in Language Models"; docs/methods.md#decoders).
+
+For head (l, h) of a decoder, whose query i sees keys ``j <= i``, and position k of one sequence of n tokens,
+``alpha_k = mean over queries i > k of a[i, k]`` (the column sum below the diagonal, ``sum_{i>k} a[i, k]``, over ``n - 1 - k``).
+:class:`AttentionSinks` gathers per head and sequence:
+
+- ``attention``: ``alpha_0``, the mean attention to the first token (BOS where the tokenizer adds one);
+- ``norm_share``: the same for Kobayashi et al.'s (2020) norm shares, ``w[i, j] = a[i, j] ||f(x_j)|| / sum_k a[i, k] ||f(x_k)||``:
+  a sink is expected to take much weight and give little;
+- ``key_norm_ratio`` and ``value_norm_ratio``: the first token's key (value) vector norm over the mean norm of the others';
+- per layer, the largest hidden-state magnitude at position 0, ``max_d |h_0[d]|``, and elsewhere, ``max_{j>0, d} |h_j[d]|``
+  (massive activations, Sun et al. 2024): layer l's output, l = 0 the embeddings, the last as transformers returns it;
+- secondary sinks: per piece of the vocabulary, per head, the sum and count of ``alpha_k`` over its occurrences at ``k > 0``
+  (those with a later query), so that a piece whose mean exceeds eps (often "\\n" or ".") is reported by its text.
+
+Means over sequences come with 95% Student-t intervals (float64 from the per-sequence values on). A head is a sink head
+at threshold eps when its mean ``alpha_0 > eps``; ``Sink_eps`` is the share of such heads, per layer and overall (eps = 0.3,
+as in Gu et al.).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from bertology.core.analyzer import LayerwiseAnalyzer
+from bertology.core.engine import Batch, LayerMaps
+from bertology.core.stats import RunningMoments, interval_frame, merge_moments
+
+#: The per-head quantities of the ``sinks`` table, in order.
+SINK_QUANTITIES = ("attention", "norm_share", "key_norm_ratio", "value_norm_ratio")
+#: The per-layer quantities of the ``massive_activations`` table.
+ACTIVATION_QUANTITIES = ("first_max", "rest_max", "ratio")
+SINK_EPS = 0.3  # Gu et al. 2025
+
+
+def received_attention(attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``alpha_k = (1 / (n - 1 - k)) sum_{i>k} a[i, k]`` of every head and position of a causal map ``[batch, head, n, n]``
+    (the column sum less the diagonal, since rows ``i < k`` cannot see k); NaN where no query follows k (the last real
+    token, padding). Returns ``[batch, head, n]`` in the maps' dtype."""
+    width = attention.shape[-1]
+    later = attention.sum(dim=-2) - attention.diagonal(dim1=-2, dim2=-1)
+    followers = mask.sum(dim=1, keepdim=True) - 1 - torch.arange(width, device=mask.device)[None]  # [batch, n]: n - 1 - k
+    followers = torch.where(mask & (followers > 0), followers, 0).to(attention.dtype)[:, None]
+    return torch.where(followers > 0, later / torch.where(followers > 0, followers, 1), torch.nan)
+
+
+def first_token_norm_share(attention: torch.Tensor, transformed: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``mean_{i>=1} w[i, 0]`` with Kobayashi's norm shares ``w[i, 0] = a[i, 0] ||f(x_0)|| / sum_k a[i, k] ||f(x_k)||``;
+    ``transformed[batch, head, n]`` is ``||f_h(x_j)||``. Returns ``[batch, head]`` (NaN for a sequence of one token)."""
+    row_totals = torch.matmul(attention, transformed[..., None])[..., 0]  # [batch, head, n]: sum_k a[i, k] ||f(x_k)||
+    shares = attention[..., 0] * transformed[..., :1] / torch.where(row_totals > 0, row_totals, 1)
+    queries = (mask.sum(dim=1, keepdim=True) - 1).to(attention.dtype)
+    return shares[..., 1:].sum(dim=-1) / torch.where(queries > 0, queries, torch.nan)
+
+
+def first_token_norm_ratio(norms: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``||v_0|| / mean_{j>=1} ||v_j||`` over a sequence's real tokens; ``norms[batch, head, n]``. Returns ``[batch, head]``."""
+    others = mask.clone()
+    others[:, 0] = False
+    count = others.sum(dim=1, keepdim=True).to(norms.dtype)
+    mean_others = (norms * others[:, None]).sum(dim=-1) / torch.where(count > 0, count, torch.nan)
+    return norms[..., 0] / mean_others
+
+
+def massive_activations(hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[batch, layer, 2]``: the largest magnitude of position 0's hidden state and of every other real position's, per
+    layer output ``hidden_states[layer, batch, n, dim]`` (Sun et al. 2024)."""
+    magnitude = hidden_states.abs().amax(dim=-1)  # [layer, batch, n]
+    first = magnitude[..., 0]
+    others = mask.clone()
+    others[:, 0] = False
+    rest = torch.where(others[None], magnitude, -torch.inf).amax(dim=-1)
+    rest = torch.where(others.any(dim=1)[None], rest, torch.nan)
+    return torch.stack([first, rest], dim=-1).transpose(0, 1)
+
+
+class AttentionSinks(LayerwiseAnalyzer):
+    """Attention sinks per head, massive activations per layer and secondary sinks per piece (see the module docstring).
+
+    :meth:`result` gives ``layer, head, quantity, value, ci_low, ci_high, n`` (:data:`SINK_QUANTITIES`); :meth:`activations`
+    ``layer, quantity, value, ci_low, ci_high, n``; :meth:`secondary` the pieces whose mean received attention exceeds eps.
+    """
+
+    name = "sinks"
+    needs = frozenset({"vectors", "hidden_states"})
+
+    def __init__(self) -> None:
+        self._heads: RunningMoments | None = None  # [layer, head, quantity]
+        self._activations: RunningMoments | None = None  # [layer, quantity]
+        self._token_rows: dict[int, int] = {}  # vocabulary id -> row of the sums below
+        self._token_sums = np.zeros((0, 0, 0))  # [piece, layer, head]: sum of alpha_k over the piece's occurrences k > 0
+        self._token_counts = np.zeros(0)  # [piece]: its occurrences with a later query
+        self._pending: list[torch.Tensor] = []  # one [batch, head, quantity] per layer
+        self._pending_received: list[torch.Tensor] = []  # one [batch, head, n] per layer
+
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        if not batch.causal:
+            raise ValueError("attention sinks are measured on decoders (causal attention); an encoder's [CLS] is in the profile")
+        if maps.layer == 0:
+            self._pending, self._pending_received = [], []
+        attention, mask = maps.attention, batch.mask
+        received = received_attention(attention, mask)
+        key_norms, value_norms, transformed = maps.vector_norms.unbind(dim=2)
+        self._pending.append(torch.stack([received[..., 0], first_token_norm_share(attention, transformed, mask),
+                                          first_token_norm_ratio(key_norms, mask), first_token_norm_ratio(value_norms, mask)], dim=-1))
+        self._pending_received.append(received)
+
+    def finish_batch(self, batch: Batch) -> None:
+        heads = torch.stack(self._pending, dim=1)  # [batch, layer, head, quantity]
+        received = torch.stack(self._pending_received, dim=1)  # [batch, layer, head, n]
+        activations = massive_activations(batch.hidden_states, batch.mask)  # [batch, layer + 1, 2]
+        heads, received, activations = (part.double().cpu().numpy() for part in (heads, received, activations))
+        self._pending, self._pending_received = [], []
+        if self._heads is None:
+            self._heads = RunningMoments(heads.shape[1:])
+            self._activations = RunningMoments((activations.shape[1], len(ACTIVATION_QUANTITIES)))
+        self._heads.push(heads)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self._activations.push(np.concatenate([activations, activations[..., :1] / activations[..., 1:]], axis=-1))
+        self._add_pieces(batch, received)
+
+    def _add_pieces(self, batch: Batch, received: np.ndarray) -> None:
+        """Fold ``alpha_k`` of every position ``k > 0`` with a later query into its piece's sums."""
+        ids, values = [], []
+        for b, item in enumerate(batch.items):
+            last = len(item.input_ids) - 1  # positions 1 .. n - 2 have a later query
+            ids += item.input_ids[1:last]
+            values.append(received[b, :, :, 1:last].transpose(2, 0, 1))  # [k, layer, head]
+        if not ids:
+            return
+        for piece in dict.fromkeys(ids):
+            self._token_rows.setdefault(piece, len(self._token_rows))
+        grow = len(self._token_rows) - len(self._token_counts)
+        if grow:
+            self._token_sums = np.concatenate([self._token_sums.reshape(-1, *received.shape[1:3]), np.zeros((grow, *received.shape[1:3]))])
+            self._token_counts = np.concatenate([self._token_counts, np.zeros(grow)])
+        rows = np.array([self._token_rows[piece] for piece in ids])
+        np.add.at(self._token_sums, rows, np.concatenate(values))
+        np.add.at(self._token_counts, rows, 1)
+
+    def merge(self, other: "AttentionSinks") -> "AttentionSinks":
+        self._check_mergeable(other)
+        self._heads = merge_moments(self._heads, other._heads)
+        self._activations = merge_moments(self._activations, other._activations)
+        if len(other._token_counts):
+            shape = other._token_sums.shape[1:]
+            for piece, row in other._token_rows.items():
+                self._token_rows.setdefault(piece, len(self._token_rows))
+            grow = len(self._token_rows) - len(self._token_counts)
+            self._token_sums = np.concatenate([self._token_sums.reshape(-1, *shape), np.zeros((grow, *shape))])
+            self._token_counts = np.concatenate([self._token_counts, np.zeros(grow)])
+            rows = np.array([self._token_rows[piece] for piece in other._token_rows])
+            self._token_sums[rows] += other._token_sums
+            self._token_counts[rows] += other._token_counts
+        return self
+
+    def result(self) -> pd.DataFrame:
+        """``layer, head, quantity, value, ci_low, ci_high, n``: each of :data:`SINK_QUANTITIES`' mean over sequences."""
+        if self._heads is None:
+            return pd.DataFrame(columns=["layer", "head", "quantity", "value", "ci_low", "ci_high", "n"])
+        layers, heads, _ = self._heads.count.shape
+        index = pd.MultiIndex.from_product([range(layers), range(heads), SINK_QUANTITIES], names=["layer", "head", "quantity"])
+        return interval_frame(self._heads, index)
+
+    def activations(self) -> pd.DataFrame:
+        """``layer, quantity, value, ci_low, ci_high, n``: the largest hidden-state magnitude at position 0 (``first_max``),
+        elsewhere (``rest_max``) and their ratio per sequence, per layer output (layer 0: the embeddings)."""
+        if self._activations is None:
+            return pd.DataFrame(columns=["layer", "quantity", "value", "ci_low", "ci_high", "n"])
+        index = pd.MultiIndex.from_product([range(self._activations.count.shape[0]), ACTIVATION_QUANTITIES], names=["layer", "quantity"])
+        return interval_frame(self._activations, index)
+
+    def secondary(self, tokenizer, eps: float = SINK_EPS, min_occurrences: int = 1) -> pd.DataFrame:
+        """Secondary sinks: ``piece, layer, head, attention, occurrences`` for every piece (at positions ``k > 0``) and head
+        whose mean received attention over the piece's ``occurrences`` exceeds ``eps``, pieces seen fewer than
+        ``min_occurrences`` times left out (no claim on a piece seen once); strongest first."""
+        columns = ["piece", "layer", "head", "attention", "occurrences"]
+        if not len(self._token_counts):
+            return pd.DataFrame(columns=columns)
+        means = self._token_sums / self._token_counts[:, None, None]
+        rows, layers, heads = np.nonzero((means > eps) & (self._token_counts >= min_occurrences)[:, None, None])
+        pieces = np.array(list(self._token_rows))[rows] if len(rows) else np.zeros(0, dtype=np.int64)
+        table = pd.DataFrame({"piece": tokenizer.convert_ids_to_tokens(pieces.tolist()), "layer": layers, "head": heads,
+                              "attention": means[rows, layers, heads], "occurrences": self._token_counts[rows].astype(np.int64)}, columns=columns)
+        return table.sort_values(["attention", "layer", "head"], ascending=[False, True, True]).reset_index(drop=True)
+
+
+def sink_rates(sinks: pd.DataFrame, eps: float = SINK_EPS, min_sample: int = 1) -> pd.DataFrame:
+    """``Sink_eps`` (Gu et al. 2025): per layer and over all layers (``layer = "all"``; the column is text), the share of heads whose mean attention
+    to the first token exceeds ``eps``: ``layer, eps, sink_heads, heads, rate``. Heads whose mean rests on fewer than
+    ``min_sample`` sequences count as undecided: no rate is claimed for a layer with any."""
+    attention = sinks[sinks.quantity == "attention"]
+    rows = []
+    for layer, part in [*attention.groupby("layer"), ("all", attention)]:
+        decided = part.n >= min_sample
+        sink = int((decided & (part.value > eps)).sum())
+        rows.append((str(layer), eps, sink, len(part), sink / len(part) if decided.all() and len(part) else np.nan))
+    return pd.DataFrame(rows, columns=["layer", "eps", "sink_heads", "heads", "rate"])

@@ -1,0 +1,91 @@
+"""The attention-sink figures and report section (Xiao et al. 2024; Gu et al. 2025; Sun et al. 2024). Layers and heads from 0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from bertology.core.runfolder import RunFolder
+from bertology.render.figures import head_grid, head_grid_size, layer_lines, plt
+from bertology.render.html import Figure, Section, without_rows
+
+
+def sink_map(sinks: pd.DataFrame, eps: float):
+    """Layer x head map of the mean attention to the first token, each sink head (mean > eps) marked with a white ring."""
+    attention = sinks[sinks.quantity == "attention"]
+    grid = attention.pivot(index="layer", columns="head", values="value")
+    figure, axis = plt.subplots(figsize=head_grid_size(grid))
+    head_grid(axis, grid, f"mean attention to the first token; rings: sink heads (> {eps:g})", vmin=0.0, vmax=1.0)
+    layers, heads = np.nonzero(grid.values > eps)
+    axis.scatter(heads, layers, s=60, facecolors="none", edgecolors="white", linewidths=1.4)
+    figure.set_layout_engine("tight")  # laid out once, when drawn
+    return figure
+
+
+def weight_and_share_by_layer(sinks: pd.DataFrame, rates: pd.DataFrame):
+    """Left: Sink_eps per layer. Right: the head mean of the first token's attention weight and of its norm share per layer:
+    a sink takes much weight and gives little (Kobayashi et al. 2020's norms)."""
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10.0, 3.6))
+    per_layer = rates[rates.layer != "all"]
+    left.bar(per_layer.layer.astype(int), per_layer.rate, color="tab:blue")
+    left.set_ylim(0, 1)
+    left.set_xticks(per_layer.layer.astype(int))
+    left.set_xlabel("layer (0-based)")
+    left.set_ylabel(f"Sink_{per_layer.eps.iloc[0]:g}: share of sink heads")
+    left.grid(alpha=0.3, axis="y")
+    means = sinks[sinks.quantity.isin(("attention", "norm_share"))].groupby(["quantity", "layer"], as_index=False).value.mean()
+    for quantity, label, marker in (("attention", "attention weight", "o"), ("norm_share", "norm share", "s")):
+        rows = means[means.quantity == quantity]
+        right.plot(rows.layer, rows.value, marker=marker, label=label)
+    right.set_xticks(sorted(means.layer.unique()))
+    right.set_xlabel("layer (0-based)")
+    right.set_ylabel("to the first token (mean over heads)")
+    right.set_ylim(0, 1)
+    right.grid(alpha=0.3)
+    right.legend(fontsize=8)
+    figure.set_layout_engine("tight")
+    return figure
+
+
+def activations_by_layer(activations: pd.DataFrame):
+    """The largest hidden-state magnitude at position 0 and elsewhere per layer output, with 95% intervals (log scale)."""
+    figure, axis = plt.subplots(figsize=(6.0, 3.6))
+    layer_lines(axis, activations[activations.quantity != "ratio"], "quantity", {"first_max": "position 0", "rest_max": "every other position"})
+    axis.set_yscale("log")
+    axis.set_ylabel("largest |hidden state| (log)")
+    axis.set_title("massive activations (Sun et al. 2024); layer 0: the embeddings", fontsize=9)
+    axis.legend(fontsize=8)
+    figure.set_layout_engine("tight")
+    return figure
+
+
+def sinks_section(folder: RunFolder, sinks: pd.DataFrame, rates: pd.DataFrame, secondary: pd.DataFrame, activations: pd.DataFrame,
+                  eps: float, min_sample: int) -> Section:
+    """Write the sink figures into ``folder`` and return the report section."""
+    section = Section(
+        title="Attention sinks",
+        intro=(f"Xiao et al. (2024) and Gu et al. (2025): in a decoder, many heads put most of their weight on the first token. For "
+               "each head, alpha_0 is the mean over queries i > 0 of a[i, 0], averaged over sequences with a 95% interval (sinks.csv); "
+               f"a head whose mean exceeds eps = {eps:g} is a sink head, and Sink_eps is the share of such heads (sink_rates.csv). Beside "
+               "the weight: the first token's norm-based share (Kobayashi et al. 2020; a sink takes much weight and gives little), its key "
+               "and value norms against the other tokens', and the largest hidden-state magnitude at position 0 against elsewhere "
+               "(massive activations, Sun et al. 2024; massive_activations.csv). Pieces at later positions whose mean received attention "
+               "exceeds eps are secondary sinks (secondary_sinks.csv)."),
+    )
+    if sinks.empty:
+        return without_rows(section, "sinks.csv")
+    section.figures.append(Figure(folder.write_figure("sink_map", sink_map(sinks, eps)),
+                                  "Each head's mean attention to the first token, layer x head; white rings mark sink heads."))
+    section.figures.append(Figure(folder.write_figure("sinks_by_layer", weight_and_share_by_layer(sinks, rates)),
+                                  "Left: the share of sink heads per layer. Right: the first token's attention weight and its norm share, head means."))
+    if not activations.empty:
+        section.figures.append(Figure(folder.write_figure("massive_activations", activations_by_layer(activations)),
+                                      "The largest hidden-state magnitude at position 0 and elsewhere, per layer output, with 95% intervals."))
+    section.tables.append((f"Sink_{eps:g} per layer and overall (heads on fewer than {min_sample} sequences leave a rate undecided)", rates))
+    wide = sinks.groupby(["quantity", "layer"]).value.mean().unstack("quantity").reset_index()
+    section.tables.append(("Per-layer head means: attention to the first token, its norm share, its key and value norm ratios", wide))
+    if len(secondary):
+        section.tables.append(("Secondary sinks: pieces after the first whose mean received attention exceeds eps (strongest 20)", secondary.head(20)))
+    else:
+        section.notes.append(f"No piece after the first takes more than {eps:g} of a head's attention on average (seen at least {min_sample} times).")
+    return section
