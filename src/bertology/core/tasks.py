@@ -1,18 +1,21 @@
-"""Task data and task models: a GLUE-style classification task read from TSV files, and a fine-tuned classifier to score it.
+"""Task data and task models: a GLUE-style classification task read from TSV files, and a fine-tuned classifier to score it;
+the next-token task of a decoder on a text corpus, and the causal language model to score it.
 
 Shared by the studies that train on a task or evaluate one (``finetune``, ``ablate``/``importance``/``prune``,
 ``restore``, ``gradients``). Metrics on dev are GLUE's: accuracy (SST-2, RTE), F1 and accuracy (MRPC), Matthews
-correlation (CoLA).
+correlation (CoLA); a language model's are its causal LM loss (nats per predicted piece) and perplexity.
 """
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from sklearn.metrics import confusion_matrix
 from transformers import (
     AutoConfig,
@@ -29,6 +32,8 @@ from bertology.core.interventions import (
     shrink_to_config,
 )
 from bertology.core.models import (
+    LoadedModel,
+    load_model,
     quiet_transformers,
     require_safetensors,
     resolve_device,
@@ -185,6 +190,14 @@ class TaskModel:
         hooks = intervention.attach_to(Hooks(), self.num_heads) if intervention is not None else None
         return predict_logits(self.model, self.tokenizer, rows, batch_size, self.device, hooks)
 
+    def losses(self, rows: list[dict], hooks: Hooks | None = None) -> torch.Tensor:
+        """Each row's loss ``[rows]``, the cross-entropy of its gold label, with ``hooks`` attached (in the graph: differentiable)."""
+        inputs = collate_rows(self.tokenizer, rows, self.device)
+        labels = inputs.pop("labels")
+        with hooks.attach(self.model) if hooks is not None else nullcontext():
+            logits = self.model(**inputs).logits
+        return torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+
     def info(self) -> dict:
         return {"name": self.name, "model_type": self.model.config.model_type, "architecture": type(self.model).__name__,
                 "layers": self.num_layers, "heads": self.num_heads, "labels": list(self.labels), "device": str(self.device),
@@ -229,3 +242,95 @@ def _load_pruned(source: str, config, trust_remote_code: bool) -> torch.nn.Modul
 
 def task_score(task: TaskData, gold: np.ndarray, logits: np.ndarray) -> dict[str, float]:
     return task_metrics(task, [task.labels[i] for i in gold], [task.labels[i] for i in logits.argmax(-1)])
+
+
+#: The metrics of :meth:`LanguageModel.score`; both are better lower.
+LM_METRICS = ("lm_loss", "perplexity")
+#: How reports and manifests name a causal language model's loss.
+NEXT_TOKEN_LOSS = "causal LM loss (next-token cross-entropy)"
+
+
+def next_token_losses(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The causal LM loss of each sequence of a right-padded batch: position ``i`` predicts piece ``i + 1``,
+    ``-log softmax(logits[i])[input_ids[i + 1]]``, wherever both are real pieces (no loss on or from padding).
+
+    Returns the summed cross-entropy ``[batch]`` (in the graph) and the count of predicted pieces ``[batch]``; their ratio
+    is the sequence's mean, what transformers' ``model(input_ids, labels=input_ids).loss`` gives for the sequence alone."""
+    predicted = mask[:, 1:] & mask[:, :-1]
+    targets = input_ids[:, 1:].masked_fill(~predicted, -100)  # -100: cross_entropy's ignore_index, a loss of 0
+    losses = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), targets, reduction="none")
+    return losses.sum(dim=1), predicted.sum(dim=1)
+
+
+@dataclass
+class LanguageModel:
+    """A decoder with its language-model head (docs/methods.md#decoders), scored by its causal LM loss on a text corpus: the
+    next-token task of ``importance`` and ``prune``, with the interface of :class:`TaskModel` they use (``losses``, ``info``)."""
+
+    loaded: LoadedModel
+    max_length: int = 128
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.loaded.model
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    @property
+    def name(self) -> str:
+        return self.loaded.name
+
+    @property
+    def device(self) -> torch.device:
+        return self.loaded.device
+
+    @property
+    def num_layers(self) -> int:
+        return self.loaded.num_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.loaded.num_heads
+
+    def encode(self, examples: list[Example]) -> list[dict]:
+        """Tokenised rows (``input_ids``), cut at ``max_length``; a text of fewer than two pieces predicts nothing and is left out."""
+        texts, pairs = [e.text for e in examples], [e.text_pair for e in examples]
+        encoded = self.tokenizer(texts, pairs if any(p is not None for p in pairs) else None, truncation=True, max_length=self.max_length)
+        return [{"input_ids": ids} for ids in encoded["input_ids"] if len(ids) >= 2]
+
+    def _summed_losses(self, rows: list[dict], hooks: Hooks | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`next_token_losses` of ``rows``, right-padded into one batch."""
+        input_ids = pad_sequence([torch.tensor(row["input_ids"]) for row in rows], batch_first=True, padding_value=self.tokenizer.pad_token_id or 0)
+        mask = pad_sequence([torch.ones(len(row["input_ids"]), dtype=torch.bool) for row in rows], batch_first=True)
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        with hooks.attach(self.model) if hooks is not None else nullcontext():
+            logits = self.model(input_ids=input_ids, attention_mask=mask.long()).logits
+        return next_token_losses(logits, input_ids, mask)
+
+    def losses(self, rows: list[dict], hooks: Hooks | None = None) -> torch.Tensor:
+        """Each row's loss ``[rows]``, its mean next-token cross-entropy, with ``hooks`` attached (in the graph: differentiable)."""
+        summed, predicted = self._summed_losses(rows, hooks)
+        return summed / predicted
+
+    def score(self, rows: list[dict], batch_size: int = 64, intervention: Intervention | None = None) -> dict[str, float]:
+        """:data:`LM_METRICS` over ``rows``: ``lm_loss``, the next-token cross-entropy averaged over every predicted piece (nats),
+        and ``perplexity``, ``exp(lm_loss)``."""
+        hooks = intervention.attach_to(Hooks(), self.num_heads) if intervention is not None else None
+        total, count = 0.0, 0
+        with torch.inference_mode():
+            for chunk in length_batches(rows, batch_size):
+                summed, predicted = self._summed_losses([rows[i] for i in chunk], hooks)
+                total += float(summed.double().sum())
+                count += int(predicted.sum())
+        return {"lm_loss": total / count, "perplexity": math.exp(total / count)}
+
+    def info(self) -> dict:
+        return {**self.loaded.info(), "pruned_heads": getattr(self.model.config, "bertology_pruned_heads", None) or {}}
+
+
+def load_language_model(path: str | Path, *, device: str | torch.device = "auto", max_length: int = 128) -> LanguageModel:
+    """Load a decoder with its language-model head (an encoder is refused in one line), texts cut at ``max_length`` pieces."""
+    loaded = load_model(path, device=device, head="causal-lm")
+    return LanguageModel(loaded, min(max_length, loaded.max_length))

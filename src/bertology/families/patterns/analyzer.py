@@ -112,7 +112,7 @@ def piece_texts(item, cls: np.ndarray, sep: np.ndarray) -> list[str]:
     special pieces as ``[CLS]`` or ``[SEP]`` (``cls``, ``sep``: the batch row's masks), whatever the model calls them."""
     texts, last_end = [], None  # (segment, end) of the piece before
     for k, ((begin, end), segment) in enumerate(zip(item.offsets, item.sequence_ids)):
-        if cls[k] or sep[k] or segment is None:
+        if segment is None:  # a special token (a decoder's first piece is a word: its own text)
             texts.append("[CLS]" if cls[k] else "[SEP]" if sep[k] else "")
             continue
         source = item.example.text_pair if segment == 1 else item.example.text

@@ -19,6 +19,13 @@ the attention per sieve token relative to uniform attention (1 means uniform). R
   over w1's pieces of the mean over w2's pieces of ``a``, over ``1/n``, averaged over pairs; per
   relation (``syntactic:nsubj``, ...) and pooled (``syntactic``).
 
+On a decoder (docs/methods.md#decoders) query i sees the keys ``V_i = {0..i}``, so the uniform reference is per row,
+``1/|V_i|``, and row 0 (which sees only itself) is no query: ``s = mean_{i >= 1} [(1/|S_i|) sum_{j in S_i} a[i, j]] / (1/|V_i|)``,
+with causal sieve sets: ``local`` the keys within the window at or before i, ``delimiter`` the first token (no [CLS] or
+[SEP], so no ``cls`` or ``sep`` variants: :data:`DECODER_ROLES`), ``block`` the visible pieces of the query's own sentence;
+``syntactic`` only the pairs whose head word precedes the dependent (the others are invisible), each piece row against its
+own ``1/|V_i|``.
+
 Each sieve sum is one sweep over a layer's maps in their own dtype; the scores from those sums on are float64.
 Per head and role, a one-sided one-sample t-test over sequences,
 ``H0: mean(s) <= tau`` (tau = 3 by default; :func:`~bertology.core.stats.t_test_greater`: a mean within a
@@ -37,24 +44,31 @@ from bertology.core.engine import Batch, LayerMaps, is_pair
 from bertology.core.stats import MIN_SAMPLE, RunningMoments, corrected, t_test_greater
 
 BASE_ROLES = ("local", "delimiter", "cls", "sep", "block")
+#: The base roles with a meaning on a decoder (the first token is the one delimiter).
+DECODER_ROLES = ("local", "delimiter", "block")
 SYNTACTIC = "syntactic"
 #: Roles shown in summaries (per-relation syntactic roles stay in the table).
 SUMMARY_ROLES = (*BASE_ROLES, SYNTACTIC)
 
 
 def sieve_mean(inside: torch.Tensor, size: torch.Tensor, queries: torch.Tensor, n: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """``n * mean_{i in Q} w_i mean_{j in S_i} a[i, j]`` per sequence and head, in float64.
+    """``mean_{i in Q} n_i w_i mean_{j in S_i} a[i, j]`` per sequence and head, in float64.
 
     ``inside [batch, head, n]`` is each query's attention to its sieve set, ``sum_{j in S_i} a[i, j]``; ``size [batch, n]``
-    (or ``[batch, 1]`` for the same set for every query) is ``|S_i|``; ``queries [batch, n]`` marks Q; ``n [batch, 1]``
-    real tokens per sequence; ``weight [batch, head, n]`` optional. NaN for a sequence with no query in Q.
+    (or ``[batch, 1]`` for the same set for every query) is ``|S_i|``; ``queries [batch, n]`` marks Q; ``n`` the keys a query
+    sees, ``[batch, 1]`` (an encoder's real tokens, the same for every query) or ``[batch, n]`` (a decoder's ``|V_i|``, per
+    row); ``weight [batch, head, n]`` optional. NaN for a sequence with no query in Q.
     """
     inside = inside.to(torch.float64) / size.clamp(min=1).to(torch.float64)[:, None]
     if weight is not None:
         inside = inside * weight.to(torch.float64)
+    per_row = n.shape[-1] > 1
+    if per_row:
+        inside = inside * n.to(torch.float64)[:, None]
     used = (queries & (size > 0)).to(torch.float64)[:, None]  # [batch, 1, n]
     count = used.sum(-1)
-    return torch.where(count > 0, n.to(torch.float64) * (inside * used).sum(-1) / count.clamp(min=1), torch.nan)
+    mean = (inside * used).sum(-1) / count.clamp(min=1)
+    return torch.where(count > 0, mean if per_row else n.to(torch.float64) * mean, torch.nan)
 
 
 def role_scores(attention: torch.Tensor, mask: torch.Tensor, cls_mask: torch.Tensor, sep_mask: torch.Tensor,
@@ -97,18 +111,60 @@ def role_scores(attention: torch.Tensor, mask: torch.Tensor, cls_mask: torch.Ten
     return scores
 
 
-def syntactic_scores(attention: torch.Tensor, assignment: np.ndarray, word_unit: np.ndarray, heads, relations) -> dict[str, torch.Tensor]:
+def causal_role_scores(attention: torch.Tensor, mask: torch.Tensor, visible: torch.Tensor, segment_ids: torch.Tensor, window: int = 2,
+                       any_pair: bool | None = None) -> dict[str, torch.Tensor]:
+    """Sieve scores ``[batch, head]`` (float64) of the :data:`DECODER_ROLES` on one layer of a decoder's attention
+    ``[batch, head, n, n]`` (see the module docstring): queries ``i >= 1``, each against its own ``1/|V_i|`` (``visible [batch, n]``).
+    Keys after the query carry no weight, so the sums run over the visible part of each set by themselves."""
+    dtype, width = attention.dtype, attention.shape[-1]
+    positions = torch.arange(width, device=attention.device)
+    queries = mask & (positions > 0)
+    local = torch.zeros(attention.shape[:-1], dtype=dtype, device=attention.device)  # [batch, head, n]
+    for offset in range(-window, 1):
+        local[..., -offset:] += attention.diagonal(offset=offset, dim1=-2, dim2=-1)
+    local_size = (positions.clamp(max=window) + 1)[None] * mask  # keys i - w .. i (padding follows every real token)
+    scores = {
+        "local": sieve_mean(local, local_size, queries, visible),
+        "delimiter": sieve_mean(attention[..., 0], mask[:, :1].long(), queries, visible),
+    }
+    block = torch.full(scores["local"].shape, torch.nan, dtype=torch.float64, device=attention.device)
+    pairs = is_pair(segment_ids)
+    if any_pair if any_pair is not None else bool(pairs.any()):
+        segments = torch.stack([segment_ids == 0, segment_ids == 1], dim=-1)[pairs]  # [pairs, n, 2]
+        inside = torch.matmul(attention[pairs], segments[:, None].to(dtype))  # [pairs, head, n, 2]
+        own_segment = (segment_ids[pairs] == 1).long()  # a query of sentence B (or a special after A's start: A)
+        own = inside.gather(-1, own_segment[:, None, :, None].expand(-1, attention.shape[1], -1, 1))[..., 0]
+        sizes = segments.long().cumsum(dim=1).gather(2, own_segment[..., None])[..., 0]  # the own sentence's pieces at or before i
+        entropy = -torch.special.xlogy(attention[pairs], attention[pairs]).sum(-1)  # nats, whole row
+        block[pairs] = sieve_mean(own, sizes, queries[pairs], visible[pairs], weight=entropy)
+    scores["block"] = block
+    return scores
+
+
+def syntactic_scores(attention: torch.Tensor, assignment: np.ndarray, word_unit: np.ndarray, heads, relations,
+                     visible: np.ndarray | None = None) -> dict[str, torch.Tensor]:
     """Per relation (and pooled as ``syntactic``): ``n`` times the mean over dependency pairs of the
-    mean-over-pieces attention from the dependent to its head, in float64. ``attention [layer, head, n, n]``."""
+    mean-over-pieces attention from the dependent to its head, in float64. ``attention [layer, head, n, n]``.
+
+    ``visible [n]`` (a decoder's ``|V_i|``): each piece row against its own uniform reference ``1/|V_i|`` in place of ``1/n``,
+    and only the pairs whose head word ends before the dependent begins (the others are invisible to the dependent)."""
     attention = attention.to(torch.float64)
     n = attention.shape[-1]
     pieces = torch.as_tensor(assignment / assignment.sum(1, keepdims=True), dtype=attention.dtype, device=attention.device)
-    pair_attention = pieces @ attention @ pieces.T  # mean over pieces in both directions: [layer, head, u, u]
+    if visible is None:
+        pair_attention = n * (pieces @ attention @ pieces.T)  # mean over pieces in both directions: [layer, head, u, u]
+    else:
+        rows = attention * torch.as_tensor(visible, dtype=attention.dtype, device=attention.device)[:, None]
+        pair_attention = pieces @ rows @ pieces.T
+        first_piece = assignment.argmax(axis=1)
+        last_piece = assignment.shape[1] - 1 - assignment[:, ::-1].argmax(axis=1)
     by_relation: dict[str, list[torch.Tensor]] = {}
     for word, (head, relation) in enumerate(zip(heads, relations)):
         if head == 0 or word_unit[word] < 0 or word_unit[head - 1] < 0:
             continue
-        value = n * pair_attention[:, :, word_unit[word], word_unit[head - 1]]
+        if visible is not None and last_piece[word_unit[head - 1]] >= first_piece[word_unit[word]]:
+            continue
+        value = pair_attention[:, :, word_unit[word], word_unit[head - 1]]
         by_relation.setdefault(f"{SYNTACTIC}:{relation}", []).append(value)
         by_relation.setdefault(SYNTACTIC, []).append(value)
     return {role: torch.stack(values).mean(0) for role, values in by_relation.items()}
@@ -141,21 +197,30 @@ class HeadRoles(LayerwiseAnalyzer):
         if maps.layer == 0:
             self._pending, self._tree_pending = [], []
             self._trees = [(b, example) for b, example in enumerate(batch.examples) if example.has_tree]
-        scores = role_scores(maps.attention, batch.mask, batch.cls_mask, batch.sep_mask, batch.segment_ids, self.window, any_pair=batch.any_pair)
-        self._pending.append(torch.stack([scores[role] for role in BASE_ROLES], dim=-1))  # [batch, head, role]
+        if batch.causal:
+            scores = causal_role_scores(maps.attention, batch.mask, batch.visible_counts, batch.segment_ids, self.window, any_pair=batch.any_pair)
+        else:
+            scores = role_scores(maps.attention, batch.mask, batch.cls_mask, batch.sep_mask, batch.segment_ids, self.window, any_pair=batch.any_pair)
+        self._pending.append(torch.stack([scores[role] for role in self._base_roles(batch)], dim=-1))  # [batch, head, role]
         tree_scores = []  # per sequence with a tree, in order: its roles' scores [head] at this layer
         for b, example in self._trees:
             alignment, n = batch.alignments[b], int(batch.host_lengths[b])
-            scores = syntactic_scores(maps.attention[None, b, :, :n, :n], alignment.assignment, alignment.word_unit, example.heads, example.relations)
+            visible = np.arange(1, n + 1) if batch.causal else None
+            scores = syntactic_scores(maps.attention[None, b, :, :n, :n], alignment.assignment, alignment.word_unit, example.heads, example.relations,
+                                      visible)
             tree_scores.extend(((b, role), values[0]) for role, values in scores.items())
         if tree_scores:
             self._tree_keys = [key for key, _ in tree_scores]
             self._tree_pending.append(torch.stack([values for _, values in tree_scores]))  # [sequence x role, head]
 
+    @staticmethod
+    def _base_roles(batch: Batch) -> tuple[str, ...]:
+        return DECODER_ROLES if batch.causal else BASE_ROLES
+
     def finish_batch(self, batch: Batch) -> None:
         self._shape = (batch.num_layers, batch.num_heads)
         base = torch.stack(self._pending, dim=1).cpu().numpy()  # [batch, layer, head, role]: one copy to the host
-        for k, role in enumerate(BASE_ROLES):
+        for k, role in enumerate(self._base_roles(batch)):
             self._push(role, base[..., k])
         if self._tree_pending:
             trees = torch.stack(self._tree_pending, dim=1).cpu().numpy()  # [sequence x role, layer, head]

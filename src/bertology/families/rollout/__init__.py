@@ -33,18 +33,23 @@ class Rollout(Family):
         first layer to the last (with the highest and lowest layers where they lie between)."""
         from bertology.families.summaries import by_view, trend
 
-        names = {"self": "itself", "cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation"}
+        names = {"self": "itself", "cls": "[CLS]", "sep": "[SEP]", "first": "the first token", "punct": "punctuation"}
         lines = []
         for prefix, table in by_view(result.tables["rollout"]):
             rows = table[table.row == "all"]
             if rows.empty:
                 continue
-            parts = [f"to {name} {trend(rows[rows.target == target].set_index('layer').value)}" for target, name in names.items()]
+            parts = [f"to {name} {trend(rows[rows.target == target].set_index('layer').value)}" for target, name in names.items()
+                     if (rows.target == target).any()]
             lines.append(f"{prefix}attention rollout from every query (Abnar & Zuidema 2020): " + "; ".join(parts))
         return lines
 
     def by_layer(self, result):
         table = result.tables["rollout"]
+        if (table.row == "last_row").any():  # a decoder's
+            rows = table[(table.row == "last_row") & (table.target != "self")]
+            names = {"first": "the first token", "punct": "punctuation"}
+            return rows.assign(quantity="last row rolled out to " + rows.target.map(names))[["quantity", "layer", "value"]]
         rows = table[(table.row == "cls_row") & (table.target != "self")]  # the [CLS] row's own token is [CLS]
         names = {"cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation"}
         return rows.assign(quantity="[CLS] row rolled out to " + rows.target.map(names))[["quantity", "layer", "value"]]

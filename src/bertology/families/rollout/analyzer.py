@@ -6,6 +6,10 @@ layer and sequence, the rolled-out attention to a token set K from every query,
 ``(1/n) sum_i sum_{j in K} R_l[i, j]``, and from the [CLS] row alone, ``sum_{j in K} R_l[cls, j]``, for
 K = [CLS], [SEP], punctuation (the engine's set) and the token itself; then the mean over sequences with a
 95% interval. It reads the maps, so it follows ``weighting`` (weights or norm shares).
+
+On a decoder (docs/methods.md#decoders) the first token's row sees only itself, so the rows are every query but row 0
+(``all``) and the last token's row (``last_row``, the position a decoder predicts the next token from), and the targets
+the first token (in [CLS]'s place), punctuation and the token itself: :data:`DECODER_ROLLOUT_ROWS`, :data:`DECODER_ROLLOUT_TARGETS`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from bertology.core.stats import RunningMoments, interval_frame, merge_moments
 ROLLOUT_ROWS = ("all", "cls_row")
 #: The input token sets the rolled-out attention is measured on.
 ROLLOUT_TARGETS = ("cls", "sep", "punct", "self")
+DECODER_ROLLOUT_ROWS = ("all", "last_row")
+DECODER_ROLLOUT_TARGETS = ("first", "punct", "self")
 
 
 def rollout_step(layer_maps: torch.Tensor, rolled: torch.Tensor | None) -> torch.Tensor:
@@ -49,6 +55,7 @@ class AttentionRollout(LayerwiseAnalyzer):
     name = "rollout"
 
     def __init__(self) -> None:
+        self.causal = False
         self._moments: RunningMoments | None = None
         self._rolled: torch.Tensor | None = None  # R_l of the batch so far
         self._pending: list[torch.Tensor] = []  # one [batch, row, target] per layer
@@ -57,6 +64,10 @@ class AttentionRollout(LayerwiseAnalyzer):
         if maps.layer == 0:
             self._rolled, self._pending = None, []
         rolled = self._rolled = rollout_step(maps.attention, self._rolled)  # [batch, n, n]
+        self.causal = batch.causal
+        if batch.causal:
+            self._pending.append(self._causal_rows(batch, rolled))
+            return
         real = batch.mask.to(rolled.dtype)
         n = real.sum(dim=1)
         cls_position = batch.cls_mask.to(torch.int8).argmax(dim=1)
@@ -73,6 +84,23 @@ class AttentionRollout(LayerwiseAnalyzer):
         cls_row = torch.where(batch.cls_mask.any(dim=1)[:, None], cls_row, torch.nan)
         self._pending.append(torch.stack([every, cls_row], dim=-2))  # [batch, row, target]
 
+    @staticmethod
+    def _causal_rows(batch: Batch, rolled: torch.Tensor) -> torch.Tensor:
+        """A decoder's ``[batch, row, target]``: from every query but row 0 and from the last token's row, to the first token,
+        punctuation and the token itself."""
+        queries = batch.query_mask.to(rolled.dtype)
+        count = queries.sum(dim=1)
+        count = torch.where(count > 0, count, torch.nan)
+        last = (batch.lengths - 1)[:, None, None].expand(-1, 1, rolled.shape[-1])
+        last_row = rolled.gather(1, last)[:, 0]  # [batch, n]
+        columns = []
+        for members in (batch.cls_mask, batch.punct_mask):  # cls_mask: a decoder's first token
+            members = members.to(rolled.dtype)
+            columns.append((torch.einsum("bij,bi,bj->b", rolled, queries, members) / count, (last_row * members).sum(dim=-1)))
+        own = rolled.diagonal(dim1=-2, dim2=-1)
+        columns.append(((own * queries).sum(dim=-1) / count, own.gather(1, last[:, 0, :1])[:, 0]))
+        return torch.stack([torch.stack([pair[0] for pair in columns], dim=-1), torch.stack([pair[1] for pair in columns], dim=-1)], dim=-2)
+
     def finish_batch(self, batch: Batch) -> None:
         values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, row, target]: one copy to the host
         self._rolled, self._pending = None, []
@@ -82,6 +110,7 @@ class AttentionRollout(LayerwiseAnalyzer):
 
     def merge(self, other: "AttentionRollout") -> "AttentionRollout":
         self._check_mergeable(other)
+        self.causal = self.causal or other.causal
         self._moments = merge_moments(self._moments, other._moments)
         return self
 
@@ -89,5 +118,6 @@ class AttentionRollout(LayerwiseAnalyzer):
         """``layer, row, target, value, ci_low, ci_high, n``: rolled-out attention to each target set after each layer."""
         if self._moments is None:
             return pd.DataFrame(columns=["layer", "row", "target", "value", "ci_low", "ci_high", "n"])
-        index = pd.MultiIndex.from_product([range(self._moments.count.shape[0]), ROLLOUT_ROWS, ROLLOUT_TARGETS], names=["layer", "row", "target"])
+        rows, targets = (DECODER_ROLLOUT_ROWS, DECODER_ROLLOUT_TARGETS) if self.causal else (ROLLOUT_ROWS, ROLLOUT_TARGETS)
+        index = pd.MultiIndex.from_product([range(self._moments.count.shape[0]), rows, targets], names=["layer", "row", "target"])
         return interval_frame(self._moments, index)

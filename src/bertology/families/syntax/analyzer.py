@@ -14,6 +14,11 @@ accuracy by ``N / (N + R)``, N dependents and R roots, and lets an offset baseli
 sentence's start hit it.) Dependents whose word or gold head lost its pieces to truncation are
 left out too. Fixed-offset baselines predict the word at offset k (k in -3..+3 without 0).
 
+On a decoder (docs/methods.md#decoders) a word sees only the words before it: a dependent can attend to its head only
+when the head precedes it (``dep->head``), and the head to the dependent only when the dependent precedes (``head->dep``).
+Each direction's accuracy is taken over the pairs where its target is visible, and ``n`` is that count of pairs, per
+direction; the offset baselines over every dependent.
+
 Uncertainty comes from a Poisson bootstrap over sentences (Hanley & MacGibbon 2006; Chamandy et
 al. 2012): each sentence carries ``B`` fixed weights drawn from Poisson(1) and keyed by its line
 and text (:func:`~bertology.core.stats.sequence_key`, never the file's name), so replicate counts
@@ -80,6 +85,7 @@ class RelationHeads(LayerwiseAnalyzer):
         self.seed = seed
         self._correct: dict[str, np.ndarray] = {}  # relation -> [1 + B, 2 * L * H + len(OFFSETS)]
         self._count: dict[str, np.ndarray] = {}  # relation -> [1 + B]
+        self._visible_count: dict[str, np.ndarray] = {}  # a decoder's: relation -> [1 + B, columns], the pairs each column sees
         self._shape: tuple[int, int] | None = None
         self._trees: list[tuple] = []  # the batch's sentences with dependents
         self._pending: list[torch.Tensor] = []  # their predicted parents, one [direction, head, dependent] per layer
@@ -114,6 +120,7 @@ class RelationHeads(LayerwiseAnalyzer):
         weights: dict[str, list[np.ndarray]] = {}
         sums: dict[str, list[np.ndarray]] = {}
         counts: dict[str, list[int]] = {}
+        visible_counts: dict[str, list[np.ndarray]] = {}
         start = 0
         for b, dependents, gold, relations in trees:
             example, units = batch.examples[b], torch.as_tensor(batch.alignments[b].word_unit)
@@ -122,13 +129,22 @@ class RelationHeads(LayerwiseAnalyzer):
             head_hits = (predicted == units[gold]).permute(3, 1, 2, 0).reshape(len(dependents), -1)  # [dep, layer*head*direction]
             offset_hits = (torch.as_tensor(dependents)[:, None] + offsets[None, :]) == torch.as_tensor(gold)[:, None]
             hits = torch.cat([head_hits, offset_hits], dim=1).double().numpy()
+            visible = None
+            if batch.causal:  # a column sees the pair where its target precedes: dep->head the head, head->dep the dependent
+                head_first = (units[gold] < units[dependents]).numpy()
+                by_direction = np.stack([head_first, ~head_first], axis=1).astype(np.float64)  # [dep, direction]
+                visible = np.concatenate([np.tile(by_direction, self._shape[0] * self._shape[1]), np.ones((len(dependents), len(OFFSETS)))], axis=1)
+                hits = hits * visible
             relations = np.array(relations)
             sentence_weights = bootstrap_weights(self.seed, self.bootstrap, example)
             for relation in [ALL_RELATIONS, *np.unique(relations)]:
-                rows = hits if relation == ALL_RELATIONS else hits[relations == relation]
+                chosen = slice(None) if relation == ALL_RELATIONS else relations == relation
+                rows = hits[chosen]
                 weights.setdefault(relation, []).append(sentence_weights)
                 sums.setdefault(relation, []).append(rows.sum(axis=0))
                 counts.setdefault(relation, []).append(len(rows))
+                if visible is not None:
+                    visible_counts.setdefault(relation, []).append(visible[chosen].sum(axis=0))
         for relation in weights:
             replicate_weights = np.stack(weights[relation], axis=1)  # [1 + B, sentences]
             if relation not in self._correct:
@@ -136,6 +152,9 @@ class RelationHeads(LayerwiseAnalyzer):
                 self._count[relation] = np.zeros(1 + self.bootstrap)
             self._correct[relation] += replicate_weights @ np.stack(sums[relation])
             self._count[relation] += replicate_weights @ np.array(counts[relation], dtype=np.float64)
+            if relation in visible_counts:
+                seen = replicate_weights @ np.stack(visible_counts[relation])
+                self._visible_count[relation] = self._visible_count[relation] + seen if relation in self._visible_count else seen
 
     def merge(self, other: "RelationHeads") -> "RelationHeads":
         self._check_mergeable(other)
@@ -147,8 +166,15 @@ class RelationHeads(LayerwiseAnalyzer):
                 self._count[relation] = self._count[relation] + other._count[relation]
             else:
                 self._correct[relation], self._count[relation] = correct.copy(), other._count[relation].copy()
+        for relation, seen in other._visible_count.items():
+            self._visible_count[relation] = self._visible_count[relation] + seen if relation in self._visible_count else seen.copy()
         self._shape = self._shape or other._shape
         return self
+
+    def _pairs(self, relation: str) -> np.ndarray:
+        """``[1 + B, columns]`` (or ``[1 + B, 1]``, the same for every column): the dependents each column is scored on; on a
+        decoder, those whose target its direction sees."""
+        return self._visible_count[relation] if relation in self._visible_count else self._count[relation][:, None]
 
     def _relations(self) -> list[str]:
         """Relations by number of dependents (most first), ``all`` first."""
@@ -162,19 +188,11 @@ class RelationHeads(LayerwiseAnalyzer):
         layer, head, direction = np.unravel_index(np.arange(num_layers * num_heads * 2), (num_layers, num_heads, 2))
         frames = []
         for relation in self._relations():
-            n = self._count[relation][0]
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "relation": relation,
-                        "direction": np.array(DIRECTIONS)[direction],
-                        "layer": layer,
-                        "head": head,
-                        "accuracy": self._correct[relation][0, : len(layer)] / n,
-                        "n": int(n),
-                    }
-                )
-            )
+            n = np.broadcast_to(self._pairs(relation)[0, : len(layer)], len(layer))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                accuracy = self._correct[relation][0, : len(layer)] / n
+            frames.append(pd.DataFrame({"relation": relation, "direction": np.array(DIRECTIONS)[direction], "layer": layer, "head": head,
+                                        "accuracy": accuracy, "n": n.astype(np.int64)}))
         return pd.concat(frames, ignore_index=True)
 
     def best_accuracy_replicates(self, min_dependents: int = 25) -> np.ndarray:
@@ -188,14 +206,14 @@ class RelationHeads(LayerwiseAnalyzer):
         if not relations:
             return np.full(1 + self.bootstrap, np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
-            best = [(self._correct[r][:, :width] / self._count[r][:, None]).max(axis=1) for r in relations]
+            best = [np.fmax.reduce(self._correct[r][:, :width] / self._pairs(r)[:, :width], axis=1) for r in relations]  # NaN: no pair seen
         return np.mean(best, axis=0)
 
     def baselines(self) -> pd.DataFrame:
         """Accuracy of each fixed offset baseline per relation: ``relation, offset, accuracy, n``."""
         rows = []
         for relation in self._relations():
-            n = self._count[relation][0]
+            n = self._count[relation][0]  # the offsets are scored on every dependent
             for k, offset in enumerate(OFFSETS):
                 rows.append((relation, offset, self._correct[relation][0, -len(OFFSETS) + k] / n, int(n)))
         return pd.DataFrame(rows, columns=["relation", "offset", "accuracy", "n"])
@@ -223,9 +241,10 @@ class RelationHeads(LayerwiseAnalyzer):
         rows = []
         for relation in self._relations():
             with np.errstate(invalid="ignore", divide="ignore"):
-                accuracy = self._correct[relation] / self._count[relation][:, None]  # [1 + B, width + offsets]
-            # hit counts are whole numbers over one denominator: equal accuracies are exactly equal
-            tied = np.flatnonzero(accuracy[0, :width] == np.max(accuracy[0, :width]))
+                accuracy = self._correct[relation] / self._pairs(relation)  # [1 + B, width + offsets]
+            # hit counts are whole numbers over one denominator: equal accuracies are exactly equal (a decoder's column
+            # without a visible pair has none: NaN, never the best)
+            tied = np.flatnonzero(accuracy[0, :width] == np.fmax.reduce(accuracy[0, :width]))
             best = int(tied[0])
             base = int(np.argmax(accuracy[0, width:]))
             replicates = accuracy[1:, best], accuracy[1:, width + base]
@@ -235,7 +254,7 @@ class RelationHeads(LayerwiseAnalyzer):
             rows.append(
                 {
                     "relation": relation,
-                    "n": int(self._count[relation][0]),
+                    "n": int(np.broadcast_to(self._pairs(relation)[0], accuracy.shape[1])[best]),
                     "layer": int(layer[0]),
                     "head": int(head[0]),
                     "direction": DIRECTIONS[direction[0]],

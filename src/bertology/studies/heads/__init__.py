@@ -1,27 +1,39 @@
 """Which heads matter for a task: ``bertology ablate`` (disable each head and layer, Kovaleva et al. 2019), ``bertology
 importance`` (Michel et al. 2019's gradient importance) and ``bertology prune`` (their pruning curve), three commands of one
-study (:func:`~bertology.studies.heads.importance.study_heads`)."""
+study (:func:`~bertology.studies.heads.importance.study_heads`). The task is a fine-tuned classifier's; for ``importance``
+and ``prune`` it can instead be a decoder's next-token prediction on a text corpus (``--corpus``, the causal LM loss)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bertology.core.options import CLASSIFIER, MODEL, RUN, TASK, TASK_BATCHES, TESTS, Option, pick
+from bertology.core.errors import BertologyError
+from bertology.core.options import CLASSIFIER, CORPUS, MODEL, RUN, TASK, TASK_BATCHES, TESTS, Option, pick
 from bertology.studies import Study, default_out, read_task, register_study
 
-MAX_EXAMPLES = Option("max_examples", None, "Evaluate on a seeded random subset of the dev split of this size.", type=int, minimum=1)
+#: The split a task's gradient importance is measured on unless ``--importance-split`` says otherwise.
+DEFAULT_IMPORTANCE_SPLIT = "train"
+MAX_EXAMPLES = Option("max_examples", None, "Evaluate on a seeded random subset of this size of the dev split (of the --corpus).", type=int,
+                      minimum=1)
 IMPORTANCE = (
-    Option("importance_split", "train", "Split the gradient importance is measured on: train or dev."),
-    Option("importance_examples", 1000, "Examples (seeded subset of --importance-split; all if it has fewer) for the gradient importance.",
-           minimum=1),
+    Option("importance_split", None, f"Split of the task the gradient importance is measured on: train or dev [default: {DEFAULT_IMPORTANCE_SPLIT}].",
+           type=str),
+    Option("importance_examples", 1000, "Examples (seeded subset of --importance-split, or texts of the --corpus; all if it has fewer) for the "
+           "gradient importance.", minimum=1),
     Option("normalise", "layer", "Importance normalisation: layer (l2 per layer, Michel et al.), global (min-max over all heads), "
            "layer+global, none."),
 )
 
 
-def task_options(*own: Option) -> tuple[Option, ...]:
-    """A task study's options: the task, the classifier, the study's own, then the run, the task's files and batches."""
-    return (*pick(TASK, "task"), CLASSIFIER, *own, *pick(RUN, "out"), *pick(TASK, "train", "dev", "text_column", "text_pair_column", "label_column"),
+#: A decoder's next-token task instead of a classifier's (``importance`` and ``prune``).
+LM_MODEL = CLASSIFIER.but(help="A fine-tuned sequence classifier (with TASK), or a causal language model, a decoder (with --corpus).")
+LM_CORPUS = (CORPUS[0].but(help="Text corpus instead of TASK: score a decoder's heads by its causal LM loss (next-token cross-entropy) on it."),
+             *pick(CORPUS, "format"))
+
+
+def task_options(*own: Option, model: Option = CLASSIFIER, corpus: tuple[Option, ...] = ()) -> tuple[Option, ...]:
+    """A task study's options: the task (or ``corpus``), the classifier (``model``), the study's own, then the run, the task's files and batches."""
+    return (*pick(TASK, "task"), *corpus, model, *own, *pick(RUN, "out"), *pick(TASK, "train", "dev", "text_column", "text_pair_column", "label_column"),
             *TASK_BATCHES, *pick(RUN, "seed"), *pick(MODEL, "device"), *pick(RUN, "quiet"))
 
 
@@ -31,18 +43,29 @@ class HeadsCommand(Study):
     asks: dict
 
     def run(self, settings: dict, command: list[str] | None = None):
+        from bertology.core.runfolder import check_out
         from bertology.studies.heads.importance import study_heads
 
-        data = read_task(settings)
+        corpus = settings.get("corpus")
+        task_files = [settings[name] for name in ("task", "train", "dev") if settings[name] is not None]
+        if corpus is None:
+            if not task_files and "corpus" in settings:
+                raise BertologyError("give a TASK folder (or --train and --dev) for a classifier, or --corpus for a causal language model")
+            data = read_task(settings)
+        else:
+            if task_files:
+                raise BertologyError("give a TASK (for a classifier) or --corpus (for a causal language model), not both")
+            if settings["out"] is not None:
+                check_out(settings["out"], inputs=(corpus, settings["model"]))
+            data = None
         s = {name: value for name, value in settings.items() if name not in {option.name for option in TASK}}
-        settings["out"] = s.pop("out") or default_out(self.name, s["model"], data.name)
+        settings["out"] = s.pop("out") or default_out(self.name, s["model"], data.name if data is not None else corpus)
         quiet = s.pop("quiet")
-        return data.name, study_heads(s.pop("model"), data, out=settings["out"], progress=not quiet, command=command, **self.asks, **s)
+        return study_heads(s.pop("model"), data, out=settings["out"], progress=not quiet, command=command, **self.asks, **s)
 
-    def summary(self, result, settings: dict) -> list[str]:
-        task, study = result
+    def summary(self, study, settings: dict) -> list[str]:
         scores = ", ".join(f"{k} {v:.4f}" for k, v in study.baseline.items())
-        return [f"{task}: {study.examples} dev examples; with no intervention: {scores}", *self.findings(study, settings),
+        return [f"{study.task}: {study.examples} {study.unit}; with no intervention: {scores}", *self.findings(study, settings),
                 f"report: {(Path(settings['out']) / 'report.html').resolve()}"]
 
     def findings(self, study, settings: dict) -> list[str]:
@@ -76,12 +99,13 @@ class Importance(HeadsCommand):
     name = "importance"
     title = "Michel et al.'s head importance: E|dL/d xi_h| for a gate on each head, normalised per layer (--normalise)."
     asks = {"importance": True}
-    options = task_options(*IMPORTANCE)
+    options = task_options(*IMPORTANCE, model=LM_MODEL, corpus=LM_CORPUS)
     outputs = ("importance",)
 
     def findings(self, study, settings: dict) -> list[str]:
         top = study.importance.sort_values("importance_normalised", ascending=False).head(5)
-        return [f"importance measured on {study.importance_examples} {settings['importance_split']} examples",
+        where = f"{study.settings['importance_split']} examples" if study.corpus is None else "texts of the corpus"
+        return [f"importance measured on {study.importance_examples} {where} ({study.loss})",
                 "most important heads: " + ", ".join(f"{r.layer}-{r.head} ({r.importance_normalised:.2f})" for r in top.itertuples())]
 
 
@@ -91,17 +115,19 @@ class Prune(HeadsCommand):
     asks = {"prune": True}
     options = task_options(
         Option("step", 0.1, "Share of all heads pruned per step.", minimum=0.01, maximum=0.5),
-        Option("prune_to", None, "Also remove heads physically down to K heads, save that model and time it.", type=int, minimum=1),
+        Option("prune_to", None, "Also remove heads physically down to K heads, save that model and time it (encoders only).", type=int, minimum=1),
         *IMPORTANCE,
         MAX_EXAMPLES,
+        model=LM_MODEL,
+        corpus=LM_CORPUS,
     )
     outputs = ("importance", "pruning")
 
     def findings(self, study, settings: dict) -> list[str]:
-        from bertology.studies.heads.report import heads_within
+        from bertology.studies.heads.report import heads_within, worse_by
 
         metric, unpruned = next(iter(study.baseline.items()))
-        lines = [f"{heads_within(study.pruning, metric, unpruned)} heads can be pruned before {metric} drops by more than 1 point"]
+        lines = [f"{heads_within(study.pruning, metric, unpruned)} heads can be pruned before {metric} {worse_by(metric)}"]
         if study.pruned is not None:
             p = study.pruned
             lines.append(f"pruned to {p['heads_kept']} heads: {metric} {p['metric_pruned'][metric]:.4f}, {p['speedup']:.2f}x as fast; model: {p['model']}")

@@ -1,5 +1,8 @@
 """Which heads matter for a task: leave-one-out disabling, gradient importance and pruning.
 
+The task is a classifier's (a fine-tuned model and its dev examples) or, for a decoder, next-token prediction on a text
+corpus (:class:`~bertology.core.tasks.LanguageModel`: the causal LM loss, its metrics ``lm_loss`` and ``perplexity``).
+
 * :class:`LeaveOneOut` (Kovaleva et al. 2019; Michel et al. 2019's exact ablation): the task metric with
   each single head, and each whole layer, masked or made uniform. The hidden state entering layer ``l``
   does not depend on an intervention at layer ``l``, so it is computed once per batch and the ``H + 1``
@@ -7,7 +10,7 @@
   layer is computed for the first token only. Each change comes with a paired bootstrap interval over
   examples and an FDR-corrected p (:func:`bertology.core.stats.paired_bootstrap`).
 * :class:`GradientImportance` (Michel et al. 2019): ``I_h = E_x |dL(x)/d xi_h|``, the absolute gradient
-  of the task loss with respect to a per-example head gate, averaged over examples;
+  of the task loss (a classifier's, or a decoder's causal LM loss) with respect to a per-example head gate, averaged over examples;
   :func:`normalise_importance` then divides it by its layer's l2 norm (or as ``--normalise`` says).
 * :func:`pruning_curve`: mask the least important heads by normalised importance (10% of all heads per
   step by default), recompute the importance, evaluate, repeat down to one head per layer.
@@ -20,7 +23,9 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +37,24 @@ from tqdm.auto import tqdm
 from bertology.core.errors import BertologyError
 from bertology.core.hooks import Hooks
 from bertology.core.interventions import INTERVENTIONS, HeadGates, Intervention, LayerReplay, attach_variants, prune_heads, reads_first_token_only
+from bertology.core.corpora import open_corpus
 from bertology.core.runfolder import claims_out
 from bertology.core.stats import MIN_SAMPLE, corrected, paired_bootstrap
-from bertology.core.tasks import TaskData, TaskModel, collate_rows, length_batches, load_task_model, positive_index, seeded_subset, task_score
+from bertology.core.tasks import (
+    NEXT_TOKEN_LOSS,
+    LanguageModel,
+    TaskData,
+    TaskModel,
+    collate_rows,
+    length_batches,
+    load_language_model,
+    load_task_model,
+    positive_index,
+    seeded_subset,
+    task_score,
+)
 from bertology.studies import get_study
+from bertology.studies.heads import DEFAULT_IMPORTANCE_SPLIT
 
 
 def _variants(kind: str, layer: int, num_heads: int) -> list[Intervention]:
@@ -119,7 +138,9 @@ def ablation_table(task: TaskData, gold: np.ndarray, base: np.ndarray, variants:
 
 
 class GradientImportance:
-    """Michel et al. (2019): ``I_h = E_x |dL(x)/d xi_h|`` with ``L`` the cross-entropy of the gold label.
+    """Michel et al. (2019): ``I_h = E_x |dL(x)/d xi_h|`` with ``L(x)`` the model's loss on example ``x`` (its ``losses``): a
+    classifier's cross-entropy of the gold label, or a decoder's causal LM loss, the mean next-token cross-entropy over the
+    sequence's real pieces (:func:`~bertology.core.tasks.next_token_losses`; padding takes no part).
 
     ``MHA(x) = sum_h xi_h Att_h(x)`` with a gate ``xi_h = 1`` per example, so ``dL(x)/d xi_h`` is example
     ``x``'s own gradient: its absolute value is taken per example, then averaged over the ``N`` examples.
@@ -135,7 +156,7 @@ class GradientImportance:
     opposite directions.
     """
 
-    def __init__(self, task_model: TaskModel, *, batch_size: int = 32, progress: bool = True):
+    def __init__(self, task_model: TaskModel | LanguageModel, *, batch_size: int = 32, progress: bool = True):
         self.task_model, self.batch_size, self.progress = task_model, batch_size, progress
 
     def attribute(self, rows: list[dict], head_mask: np.ndarray | None = None) -> np.ndarray:
@@ -146,12 +167,8 @@ class GradientImportance:
         dtype = next(tm.model.parameters()).dtype
         with tqdm(total=len(rows), unit="ex", desc="head importance", disable=not self.progress) as bar:
             for chunk in length_batches(rows, self.batch_size):
-                inputs = collate_rows(tm.tokenizer, [rows[i] for i in chunk], tm.device)
-                labels = inputs.pop("labels")
                 gates = mask[:, None, :].expand(-1, len(chunk), -1).to(tm.device, dtype).clone().requires_grad_(True)
-                with HeadGates(gates).attach_to(Hooks()).attach(tm.model):
-                    logits = tm.model(**inputs).logits
-                loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")  # sum: each example's own gradient
+                loss = tm.losses([rows[i] for i in chunk], HeadGates(gates).attach_to(Hooks())).sum()  # sum: each example's own gradient
                 (gradient,) = torch.autograd.grad(loss, gates)
                 total += gradient.abs().sum(1).double().cpu()
                 bar.update(len(chunk))
@@ -204,12 +221,13 @@ class PruningCurve:
     masks: dict[int, np.ndarray] = field(repr=False)
 
 
-def pruning_curve(task_model: TaskModel, task: TaskData, importance_rows: list[dict], eval_rows: list[dict], eval_gold: np.ndarray, *,
+def pruning_curve(task_model: TaskModel | LanguageModel, importance_rows: list[dict], score: Callable[[Intervention | None], dict[str, float]], *,
                   step: float = 0.1, keep_at: int | None = None, normalise: str = "layer", batch_size: int = 32, progress: bool = True) -> PruningCurve:
     """Michel et al.'s iterative pruning: mask the ``step`` share (of all heads) least important by normalised
     importance (:func:`normalise_importance`; per layer by default, so a layer with large raw importances
-    still loses heads), recompute the importance on ``importance_rows``, evaluate on ``eval_rows``; repeat
-    until each layer has one head. ``keep_at`` makes one step stop exactly at that many heads left."""
+    still loses heads), recompute the importance on ``importance_rows``, evaluate (``score(masking)``: the metrics
+    with those heads masked, e.g. :func:`task_scorer`); repeat until each layer has one head. ``keep_at`` makes one
+    step stop exactly at that many heads left."""
     layers, heads = task_model.num_layers, task_model.num_heads
     total = layers * heads
     per_step = max(1, math.ceil(step * total))
@@ -218,7 +236,7 @@ def pruning_curve(task_model: TaskModel, task: TaskData, importance_rows: list[d
     rows, masks = [], {}
 
     def record(pruned: int) -> None:
-        values = task_score(task, eval_gold, task_model.logits(eval_rows, batch_size * 2, _masking(mask)))
+        values = score(_masking(mask))
         rows.extend({"heads_pruned": pruned, "share_pruned": pruned / total, "metric": metric, "value": value} for metric, value in values.items())
         masks[pruned] = mask.copy()
 
@@ -237,6 +255,11 @@ def pruning_curve(task_model: TaskModel, task: TaskData, importance_rows: list[d
             bar.update(left - int(mask.sum()))
             record(total - int(mask.sum()))
     return PruningCurve(pd.DataFrame(rows), masks)
+
+
+def task_scorer(task_model: TaskModel, task: TaskData, rows: list[dict], gold: np.ndarray, batch_size: int) -> Callable[[Intervention | None], dict]:
+    """The task's metrics on ``rows`` under an intervention (None: the intact model), for :func:`pruning_curve`."""
+    return lambda intervention: task_score(task, gold, task_model.logits(rows, batch_size, intervention))
 
 
 def _masking(mask: np.ndarray) -> Intervention | None:
@@ -281,8 +304,10 @@ def prune_and_time(task_model: TaskModel, task: TaskData, mask: np.ndarray, rows
 class HeadStudy:
     """What an ``ablate``, ``importance`` or ``prune`` run found. Tables are tidy; :meth:`save` writes the run folder.
 
-    ``examples`` dev examples were evaluated; the importance was measured on ``importance_examples`` examples
-    of ``settings["importance_split"]`` (None: not measured). ``settings`` holds only the options that applied.
+    ``task`` names the task, or the corpus of a decoder's next-token task (then ``corpus`` describes it); ``loss`` names
+    the loss the importance differentiates. ``examples`` dev examples (texts of the corpus) were evaluated; the importance
+    was measured on ``importance_examples`` examples of ``settings["importance_split"]`` (of the corpus; None: not
+    measured). ``settings`` holds only the options that applied.
     """
 
     model: dict
@@ -290,11 +315,18 @@ class HeadStudy:
     examples: int
     baseline: dict[str, float]
     settings: dict
+    loss: str
+    corpus: dict | None = None
     importance_examples: int | None = None
     ablation: pd.DataFrame | None = None
     importance: pd.DataFrame | None = None
     pruning: pd.DataFrame | None = None
     pruned: dict | None = None
+
+    @property
+    def unit(self) -> str:
+        """What one evaluated example is: a dev example of the task, or a text of the corpus."""
+        return "dev examples" if self.corpus is None else "texts"
 
     @claims_out
     def save(self, out: str | Path, command: list[str] | None = None) -> Path:
@@ -309,12 +341,13 @@ class HeadStudy:
                 folder.write_table(name, getattr(self, name))
         if self.pruned is not None:
             folder.write_json("pruned.json", self.pruned)
-        summary = {"model": self.model["name"], "task": self.task, "examples": self.examples,
+        summary = {"model": self.model["name"], "task" if self.corpus is None else "corpus": self.task, "loss": self.loss, self.unit: self.examples,
                    **{f"{metric} (no intervention)": f"{value:.4f}" for metric, value in self.baseline.items()}}
         section = importance_section(folder, self)
         report = Report(f"bertology: which heads matter for {self.task}", summary, [section]).render()
-        return finish(folder, {"model": self.model, "task": self.task, "examples": self.examples, "importance_examples": self.importance_examples,
-                           "baseline": self.baseline, "settings": self.settings}, report=report, command=command) / "report.html"
+        return finish(folder, {"model": self.model, "task": self.task, "corpus": self.corpus, "loss": self.loss, "examples": self.examples,
+                               "importance_examples": self.importance_examples, "baseline": self.baseline, "settings": self.settings},
+                      report=report, command=command) / "report.html"
 
 
 def _defaults(command: str, names: tuple[str, ...]) -> dict:
@@ -323,7 +356,8 @@ def _defaults(command: str, names: tuple[str, ...]) -> dict:
 
 
 ABLATE_DEFAULTS = _defaults("ablate", ("intervention", "bootstrap", "correction", "min_sample"))
-IMPORTANCE_DEFAULTS = _defaults("importance", ("importance_split", "importance_examples", "normalise"))
+#: The command line leaves ``importance_split`` None, so that a corpus run can refuse it; a task's default is train.
+IMPORTANCE_DEFAULTS = {**_defaults("importance", ("importance_split", "importance_examples", "normalise")), "importance_split": DEFAULT_IMPORTANCE_SPLIT}
 PRUNE_DEFAULTS = _defaults("prune", ("step", "prune_to"))
 
 
@@ -345,7 +379,7 @@ def _check_settings(settings: dict) -> None:
         except ValueError:
             raise BertologyError(f"unknown correction {settings['correction']!r} (statsmodels multipletests: fdr_bh, bonferroni, holm, ...)") from None
     if "normalise" in settings:
-        if settings["importance_split"] not in ("train", "dev"):
+        if "importance_split" in settings and settings["importance_split"] not in ("train", "dev"):
             raise BertologyError(f"importance split must be train or dev, not {settings['importance_split']!r}")
         if settings["importance_examples"] < 1:
             raise BertologyError("importance_examples must be at least 1")
@@ -354,10 +388,10 @@ def _check_settings(settings: dict) -> None:
         raise BertologyError(f"step must be in (0, 1], not {settings['step']}")
 
 
-@claims_out(words=("intervention", "correction", "importance_split", "normalise", "device"))
-def study_heads(model: str | Path | TaskModel, task: TaskData, *, ablate: bool = False, importance: bool = False, prune: bool = False,
-                intervention: str | None = None, max_examples: int | None = None, importance_split: str | None = None,
-                importance_examples: int | None = None, normalise: str | None = None, bootstrap: int | None = None,
+@claims_out(words=("intervention", "correction", "importance_split", "normalise", "format", "device"))
+def study_heads(model: str | Path | TaskModel | LanguageModel, task: TaskData | None = None, *, corpus=None, format: str = "auto",
+                ablate: bool = False, importance: bool = False, prune: bool = False, intervention: str | None = None, max_examples: int | None = None,
+                importance_split: str | None = None, importance_examples: int | None = None, normalise: str | None = None, bootstrap: int | None = None,
                 correction: str | None = None, min_sample: int | None = None, step: float | None = None, prune_to: int | None = None, batch_size: int = 16,
                 max_length: int | None = None, seed: int = 0, device: str | None = None, out: str | Path | None = None, progress: bool = True,
                 command: list[str] | None = None) -> HeadStudy:
@@ -367,33 +401,64 @@ def study_heads(model: str | Path | TaskModel, task: TaskData, *, ablate: bool =
     Ablation options (``intervention`` mask, ``bootstrap`` 10000, ``correction`` fdr_bh, ``min_sample`` 10), importance options
     (``importance_split`` train, ``importance_examples`` 1000, ``normalise`` layer) and pruning options (``step``
     0.1, ``prune_to``) take their defaults when left None; one given for a study that is not run is refused, and
-    so are ``device`` and ``max_length`` (defaults auto, 128) with an already loaded ``TaskModel``.
+    so are ``device`` and ``max_length`` (defaults auto, 128) with an already loaded ``TaskModel`` or ``LanguageModel``.
 
     Importance is measured on a seeded subset of ``importance_examples`` examples of ``importance_split``
     (all of the split if it has fewer; train by default, so that the pruning order is not chosen on the examples
     it is evaluated on). With ``out``, each table is written as soon as it is computed, then the report.
+
+    Instead of a task, a ``corpus`` (a text file read as ``format`` says, or texts) and a decoder (a causal language model,
+    loaded with its LM head): the loss is the causal LM loss, each text's mean next-token cross-entropy over its real pieces
+    (docs/methods.md#decoders), and the metrics ``lm_loss`` (per predicted piece over all texts) and ``perplexity``.
+    The importance is measured on a seeded subset of ``importance_examples`` texts and the curve evaluated on one of
+    ``max_examples`` (all by default): the corpus has no splits, so the two overlap. ``ablate``, ``importance_split``
+    and ``prune_to`` (physical removal, which bertology knows for encoders only) do not apply.
     """
     from bertology.core.runfolder import RunFolder
 
+    if (task is None) == (corpus is None):
+        raise BertologyError("give a task (for a fine-tuned classifier) or a corpus (for a causal language model), one of the two")
+    if corpus is not None and ablate:
+        raise BertologyError("ablate measures a task's dev metric: give a task, or run importance or prune on the corpus")
+    if corpus is not None and importance_split is not None:
+        raise BertologyError("importance_split applies only to a task (a corpus has no splits)")
     settings = {**_applying({"intervention": intervention, "bootstrap": bootstrap, "correction": correction, "min_sample": min_sample},
                             ABLATE_DEFAULTS, ablate, "ablate"),
                 **_applying({"importance_split": importance_split, "importance_examples": importance_examples, "normalise": normalise},
                             IMPORTANCE_DEFAULTS, importance or prune, "importance or prune"),
                 **_applying({"step": step, "prune_to": prune_to}, PRUNE_DEFAULTS, prune, "prune")}
+    if corpus is not None:
+        settings.pop("importance_split", None)
     _check_settings(settings)
-    loading = _applying({"device": device, "max_length": max_length}, {"device": "auto", "max_length": 128}, not isinstance(model, TaskModel),
-                        "a model given by its path (a TaskModel keeps its own)")
-    task_model = load_task_model(model, **loading) if loading else model
+    loaded = isinstance(model, (TaskModel, LanguageModel))
+    loading = _applying({"device": device, "max_length": max_length}, {"device": "auto", "max_length": 128}, not loaded,
+                        "a model given by its path (a loaded model keeps its own)")
+    task_model = model if loaded else (load_task_model if corpus is None else load_language_model)(model, **loading)
+    if isinstance(task_model, LanguageModel) != (corpus is not None):
+        raise BertologyError("a corpus needs a LanguageModel (a decoder with its LM head), a task a TaskModel (a fine-tuned classifier)")
     if task_model.info()["pruned_heads"]:
         raise BertologyError(f"{task_model.name}: heads were removed from this model; disabling and pruning start from a model with all its heads")
+    if prune_to is not None and corpus is not None:
+        raise BertologyError("--prune-to removes heads physically, which bertology knows for encoders (BERT, RoBERTa, ELECTRA, DistilBERT), "
+                             "not decoders; leave it out to draw the pruning curve with the heads masked")
     if prune_to is not None and not task_model.num_layers <= prune_to < task_model.num_layers * task_model.num_heads:
         raise BertologyError(f"--prune-to must be between {task_model.num_layers} (one head per layer) and {task_model.num_layers * task_model.num_heads - 1}")
     torch.manual_seed(seed)
-    dev = seeded_subset(task.dev, max_examples, seed)
-    rows, gold = task_model.encode(dev, "dev")
-    baseline = task_score(task, gold, task_model.logits(rows, batch_size * 2))
+    corpus_info = None
+    if corpus is None:
+        rows, gold = task_model.encode(seeded_subset(task.dev, max_examples, seed), "dev")
+        score, name, loss = task_scorer(task_model, task, rows, gold, batch_size * 2), task.name, f"{task.name} cross-entropy of the gold label"
+    else:
+        texts, corpus_info = open_corpus(corpus, format)
+        texts = list(texts)
+        corpus_info["examples"] = len(texts)
+        rows = task_model.encode(seeded_subset(texts, max_examples, seed))
+        if not rows:
+            raise BertologyError(f"{corpus_info['name']}: no text of two pieces or more, so no next token to predict")
+        score, name, loss = partial(task_model.score, rows, batch_size * 2), corpus_info["name"], NEXT_TOKEN_LOSS
+    baseline = score(None)
     settings.update(max_examples=max_examples, batch_size=batch_size, max_length=task_model.max_length, seed=seed, device=str(task_model.device))
-    study = HeadStudy(task_model.info(), task.name, len(rows), baseline, settings)
+    study = HeadStudy(task_model.info(), name, len(rows), baseline, settings, loss, corpus_info)
     folder = RunFolder(out) if out is not None else None
     if ablate:
         loo = LeaveOneOut(task_model, settings["intervention"], batch_size=batch_size, progress=progress)
@@ -403,16 +468,18 @@ def study_heads(model: str | Path | TaskModel, task: TaskData, *, ablate: bool =
         if folder is not None:
             folder.write_table("ablation", study.ablation)
     if importance or prune:
-        split = settings["importance_split"]
-        source = seeded_subset(task.dev if split == "dev" else task.train, settings["importance_examples"], seed)
-        importance_rows, _ = task_model.encode(source, split)
+        if corpus is None:
+            split = settings["importance_split"]
+            importance_rows, _ = task_model.encode(seeded_subset(task.dev if split == "dev" else task.train, settings["importance_examples"], seed), split)
+        else:
+            importance_rows = task_model.encode(seeded_subset(texts, settings["importance_examples"], seed))
         study.importance_examples = len(importance_rows)
         scores = GradientImportance(task_model, batch_size=batch_size, progress=progress).attribute(importance_rows)
         study.importance = importance_table(scores, settings["normalise"])
         if folder is not None:
             folder.write_table("importance", study.importance)
         if prune:
-            curve = pruning_curve(task_model, task, importance_rows, rows, gold, step=settings["step"], keep_at=prune_to, normalise=settings["normalise"],
+            curve = pruning_curve(task_model, importance_rows, score, step=settings["step"], keep_at=prune_to, normalise=settings["normalise"],
                                   batch_size=batch_size, progress=progress)
             study.pruning = curve.table
             if folder is not None:

@@ -1,4 +1,5 @@
-"""The report section of ``ablate``, ``importance`` and ``prune``: which heads matter for the task."""
+"""The report section of ``ablate``, ``importance`` and ``prune``: which heads matter for the task (a classifier's, or a
+decoder's next-token prediction on a corpus)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from bertology.core.runfolder import RunFolder
+from bertology.core.tasks import LM_METRICS
 from bertology.render.figures import head_grid, head_grid_size, plt
 from bertology.render.html import Figure, Section
 
@@ -13,12 +15,32 @@ NORMALISED = {"layer": "divided by its layer's l2 norm", "global": "min-max scal
               "layer+global": "divided by its layer's l2 norm, then min-max scaled over all heads", "none": "not normalised"}
 
 
-def heads_within(pruning: pd.DataFrame, metric: str, unpruned: float, tolerance: float = 0.01) -> int:
-    """The most heads pruned on the curve before the metric first drops by more than ``tolerance``."""
+#: How far a metric may move the wrong way before a pruned model counts as worse: 1 point of a task metric; 0.01 nats of a
+#: language model's loss (and of its log perplexity), a perplexity ``exp(0.01)``, about 1%, higher.
+TOLERANCE = 0.01
+
+
+def worse_by(metric: str) -> str:
+    """How the report words ``metric`` getting worse by more than :data:`TOLERANCE`."""
+    if metric in LM_METRICS:
+        return "rises by more than 0.01 nats (perplexity by 1%)" if metric == "lm_loss" else "rises by more than 1%"
+    return "drops by more than 1 point"
+
+
+def _worse(metric: str, value: float, unpruned: float) -> bool:
+    """Whether ``value`` is worse than ``unpruned`` by more than :data:`TOLERANCE` (a loss and a perplexity are better lower;
+    a perplexity is compared by its log, so by a share)."""
+    if metric == "perplexity":
+        return np.log(value) > np.log(unpruned) + TOLERANCE
+    return value > unpruned + TOLERANCE if metric in LM_METRICS else value < unpruned - TOLERANCE
+
+
+def heads_within(pruning: pd.DataFrame, metric: str, unpruned: float) -> int:
+    """The most heads pruned on the curve before the metric first gets worse by more than :data:`TOLERANCE` (:func:`worse_by`)."""
     rows = pruning[pruning.metric == metric].sort_values("heads_pruned")
     kept = 0
     for row in rows.itertuples():
-        if row.value < unpruned - tolerance:
+        if _worse(metric, row.value, unpruned):
             break
         kept = int(row.heads_pruned)
     return kept
@@ -29,16 +51,17 @@ def importance_section(folder: RunFolder, study) -> Section:
     unpruned = study.baseline[metric]
     measured = ""
     if study.importance is not None:
-        split, normalised = study.settings["importance_split"], NORMALISED[study.settings["normalise"]]
-        measured = f"Measured on {study.importance_examples} {split} examples; importance_normalised is {normalised}. "
+        where = f"{study.settings['importance_split']} examples" if study.corpus is None else "texts of the corpus (those the curve is evaluated on too)"
+        measured = f"Measured on {study.importance_examples} {where}; importance_normalised is {NORMALISED[study.settings['normalise']]}. "
+    loss = study.loss if study.corpus is None else f"{study.loss}, each text's mean over its real pieces, none on padding"
     section = Section(
         title="Which heads matter",
         intro=(
-            f"{study.task}, {study.examples} dev examples; {metric} with no intervention: {unpruned:.4f}. "
+            f"{study.task}, {study.examples} {study.unit}; {metric} with no intervention: {unpruned:.4f}. "
             "Leave-one-out (ablation.csv): the metric with one head, or one whole layer (head -1), disabled, its change with a "
             "paired bootstrap 95% interval over examples and a two-sided p, FDR-corrected across heads and layers (p_adj). "
             "Importance (importance.csv, Michel et al. 2019): E|dL/d xi_h| for a gate xi_h on each head's output, the absolute gradient "
-            f"per example averaged over examples. {measured}"
+            f"per example of the loss L ({loss}) averaged over examples. {measured}"
             "Pruning (pruning.csv): mask the least important heads by normalised importance step by step, recomputing the importance each time."
         ),
     )
@@ -58,7 +81,7 @@ def importance_section(folder: RunFolder, study) -> Section:
     if study.pruning is not None:
         section.figures.append(Figure(folder.write_figure("pruning_curve", pruning_curve(study.pruning, metric, unpruned)),
                                       "The metric against the share of heads pruned."))
-        section.notes.append(f"{heads_within(study.pruning, metric, unpruned)} heads can be pruned before {metric} first drops by more than 1 point.")
+        section.notes.append(f"{heads_within(study.pruning, metric, unpruned)} heads can be pruned before {metric} first {worse_by(metric)}.")
     if study.pruned is not None:
         pruned = study.pruned
         section.notes.append(
@@ -108,12 +131,17 @@ def importance_heatmap(importance: pd.DataFrame):
 
 
 def pruning_curve(pruning: pd.DataFrame, metric: str, unpruned: float):
-    """Michel et al.'s figure: the task metric against the share of heads pruned, the unpruned model as a line."""
+    """Michel et al.'s figure: the task metric (or a language model's loss) against the share of heads pruned, the unpruned
+    model as a line and the tolerance (:data:`TOLERANCE`) as another."""
     rows = pruning[pruning.metric == metric]
     figure, axis = plt.subplots(figsize=(5.8, 3.6))
     axis.plot(100 * rows.share_pruned, rows.value, marker="o", label="pruned by importance")
     axis.axhline(unpruned, color="black", linestyle="--", linewidth=1, label="unpruned")
-    axis.axhline(unpruned - 0.01, color="grey", linestyle=":", linewidth=1, label="1 point below")
+    if metric in LM_METRICS:
+        axis.axhline(unpruned + TOLERANCE if metric == "lm_loss" else unpruned * np.exp(TOLERANCE), color="grey", linestyle=":", linewidth=1,
+                     label="0.01 nats above" if metric == "lm_loss" else "1% above")
+    else:
+        axis.axhline(unpruned - TOLERANCE, color="grey", linestyle=":", linewidth=1, label="1 point below")
     axis.set_xlabel("heads pruned (%)")
     axis.set_ylabel(metric)
     axis.set_title("iterative pruning (Michel et al. 2019)", fontsize=9)

@@ -1,5 +1,5 @@
-"""``bertology pretrain``: pre-train a small BERT from scratch with log-spaced checkpoints
-(:func:`~bertology.studies.pretrain.pretraining.pretrain`), the series ``bertology track`` follows."""
+"""``bertology pretrain``: pre-train a small BERT, or with ``--causal`` a small GPT-2-style decoder, from scratch with
+log-spaced checkpoints (:func:`~bertology.studies.pretrain.pretraining.pretrain`), the series ``bertology track`` follows."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ from bertology.studies import Study, register_study
 
 class Pretrain(Study):
     name = "pretrain"
-    title = "Pre-train a small BERT from scratch (masked LM + next sentence) with log-spaced checkpoints; rerun to resume."
+    title = ("Pre-train a small BERT (masked LM + next sentence), or with --causal a GPT-2-style decoder (causal LM), from scratch "
+             "with log-spaced checkpoints; rerun to resume.")
     options = (
         Option("corpus", None, "Text files, or folders of .txt files (one document per file; blank lines end paragraphs).", type=Path,
                argument=True, multiple=True, required=True),
         RUN[0].but(default=Path("runs/pretrain"), help="Run folder: checkpoints/step-NNNNNN model folders, loss curve, report."),
-        Option("vocab_size", 8000, "WordPiece vocabulary size.", minimum=100),
+        Option("causal", False, "A GPT-2-style decoder trained with the causal LM loss (next-token cross-entropy) on a byte-level BPE "
+                                "vocabulary, instead of a BERT (the first token is the candidate attention sink that `track` follows)."),
+        Option("vocab_size", 8000, "Vocabulary size (WordPiece; byte-level BPE with --causal).", minimum=100),
         Option("layers", 4, "Transformer layers.", minimum=1),
         Option("heads", 8, "Attention heads per layer.", minimum=1),
         Option("hidden", 256, "Hidden size.", minimum=8),
@@ -35,14 +38,19 @@ class Pretrain(Study):
         from bertology.studies.pretrain.pretraining import pretrain
 
         s = settings
-        return pretrain(s["corpus"], s["out"], vocab_size=s["vocab_size"], layers=s["layers"], heads=s["heads"], hidden=s["hidden"],
-                        max_length=s["max_length"], batch_size=s["batch_size"], steps=s["steps"], learning_rate=s["learning_rate"],
-                        checkpoints=s["checkpoints"], seed=s["seed"], device=s["device"], progress=not s["quiet"], command=command)
+        return pretrain(s["corpus"], s["out"], objective="causal-lm" if s["causal"] else "masked-lm", vocab_size=s["vocab_size"],
+                        layers=s["layers"], heads=s["heads"], hidden=s["hidden"], max_length=s["max_length"], batch_size=s["batch_size"],
+                        steps=s["steps"], learning_rate=s["learning_rate"], checkpoints=s["checkpoints"],
+                        seed=s["seed"], device=s["device"], progress=not s["quiet"], command=command)
 
     def summary(self, summary: dict, settings: dict) -> list[str]:
         out = Path(settings["out"])
-        return [f"{summary['steps']} steps in {summary['seconds']:.0f} s: validation masked-LM loss {summary['val_mlm_loss']:.3f} "
-                f"(unigram baseline {summary['unigram_cross_entropy']:.3f}), next-sentence accuracy {summary['val_nsp_accuracy']:.3f}",
+        if summary["objective"] == "causal-lm":
+            scores = f"validation causal LM loss {summary['val_lm_loss']:.3f} (unigram baseline {summary['unigram_cross_entropy']:.3f})"
+        else:
+            scores = (f"validation masked-LM loss {summary['val_mlm_loss']:.3f} (unigram baseline {summary['unigram_cross_entropy']:.3f}), "
+                      f"next-sentence accuracy {summary['val_nsp_accuracy']:.3f}")
+        return [f"{summary['steps']} steps in {summary['seconds']:.0f} s: {scores}",
                 f"checkpoints: {(out / 'checkpoints').resolve()}", f"report: {(out / 'report.html').resolve()}"]
 
 

@@ -1,6 +1,7 @@
-"""Pre-training a small BERT from scratch: the checkpoint series that training-dynamics analyses track.
+"""Pre-training a small BERT, or a small GPT-2-style decoder, from scratch: the checkpoint series that training-dynamics
+analyses track.
 
-The recipe is BERT's (Devlin et al. 2019), scaled down:
+The encoder's recipe is BERT's (Devlin et al. 2019), scaled down:
 
 - corpus: plain text, one document per file, paragraphs separated by blank lines and split into
   sentences by spaCy's rule-based ``sentencizer``;
@@ -14,13 +15,24 @@ The recipe is BERT's (Devlin et al. 2019), scaled down:
   applied only at the chosen positions: the same loss for about a seventh of its cost;
 - loss = masked-LM cross-entropy + next-sentence cross-entropy; AdamW with linear warm-up and decay.
 
+The decoder's (``objective="causal-lm"``, ``bertology pretrain --causal``) is GPT-2's (Radford et al. 2019), scaled down,
+on the same sentences and the same validation text, so that ``track`` can follow the attention sink's emergence
+(Gu et al. 2025, docs/methods.md#decoders):
+
+- vocabulary: byte-level BPE trained on the training text with HF ``tokenizers`` (cased, no unknown piece); the
+  tokenizer adds nothing around a text: no [CLS] or [SEP], and no BOS, so that the first piece is the first token, as GPT-2's;
+- instances: runs of whole sentences of one document, at most ``max_length`` pieces each, so that every run starts
+  at a sentence (as ``track`` reads a corpus);
+- loss = the causal LM loss, the next-token cross-entropy ``-mean_t ln p(x_{t+1} | x_{<=t})`` over every piece but
+  the first of each run; AdamW with the same schedule.
+
 Checkpoints are saved at log-spaced steps (step 0, the random initialisation, included), each a
 model folder (config, weights, tokenizer) that every bertology command accepts as ``--model``.
 
 Yardstick for "the model has learnt something": the unigram cross-entropy
-``-mean_t ln p(t)`` over the masked validation pieces ``t``, where ``p`` is the add-one smoothed
-piece frequency of the training text; the model's masked-LM loss is measured on the same masked
-pieces (validation = the last ``validation_share`` of every document's sentences).
+``-mean_t ln p(t)`` over the validation pieces ``t`` the loss scores (masked LM: the masked ones; causal LM: every
+piece but a run's first), where ``p`` is the add-one smoothed piece frequency of the training text; the model's loss
+is measured on the same pieces (validation = the last ``validation_share`` of every document's sentences).
 """
 
 from __future__ import annotations
@@ -36,7 +48,16 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
-from transformers import BertConfig, BertForPreTraining, BertTokenizerFast, DataCollatorForLanguageModeling, get_linear_schedule_with_warmup
+from transformers import (
+    BertConfig,
+    BertForPreTraining,
+    BertTokenizerFast,
+    DataCollatorForLanguageModeling,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedTokenizerFast,
+    get_linear_schedule_with_warmup,
+)
 from transformers.utils import logging as hf_logging
 
 from bertology.core.corpora import numbered_lines
@@ -49,9 +70,30 @@ from bertology.core.stats import keyed_rng
 from bertology.core.training import check_generator_state, load_training_state, random_states, resume_training, save_training_state
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+#: The byte-level BPE's special tokens: GPT-2's end of text (its BOS and EOS, never added by the tokenizer) and the padding of batches.
+BPE_SPECIAL_TOKENS = ("<|endoftext|>", "<pad>")
 #: What a pre-training state holds (:func:`pretrain`); a state without one of them is from an older bertology.
 PRETRAIN_STATE_KEYS = ("model", "optimizer", "scheduler", "mask_rng", "random", "step", "epoch", "position", "losses", "evaluations", "settings")
 CHECKPOINT_PREFIX = "step-"
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What a pre-training objective trains and records."""
+
+    name: str  # PretrainSettings.objective
+    architecture: str
+    loss: str  # the report's and the manifest's words for the loss
+    step_losses: tuple[str, ...]  # the training losses of each step (loss.csv, between step and learning_rate)
+    scores: tuple[str, ...]  # the validation scores of each checkpoint (checkpoints.csv: val_<score>); the first is the loss
+    score_names: tuple[str, ...]  # the scores in a refusal of a damaged state
+
+
+OBJECTIVES = {objective.name: objective for objective in (
+    Objective("masked-lm", "BERT", "masked-LM cross-entropy + next-sentence cross-entropy (Devlin et al. 2019)", ("mlm_loss", "nsp_loss"),
+              ("mlm_loss", "nsp_accuracy"), ("loss", "accuracy")),
+    Objective("causal-lm", "GPT-2", "causal LM loss: next-token cross-entropy (Radford et al. 2019)", ("lm_loss",), ("lm_loss",), ("loss",)),
+)}
 
 
 @dataclass
@@ -75,6 +117,7 @@ class PretrainSettings:
     validation_share: float = 0.02
     seed: int = 0
     corpus_sha256: list[str] | None = None  # each corpus file's content: a resume never trains on an edited corpus
+    objective: str = "masked-lm"  # a key of OBJECTIVES
 
 
 def corpus_files(paths: list[str | Path]) -> list[Path]:
@@ -158,6 +201,30 @@ def train_wordpiece(sentences: list[str], vocab_size: int, max_length: int) -> B
     return BertTokenizerFast(tokenizer_object=wordpiece._tokenizer, model_max_length=max_length)
 
 
+def train_byte_level_bpe(sentences: list[str], vocab_size: int, max_length: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (GPT-2's, Radford et al. 2019) trained on ``sentences`` (HF ``tokenizers``), wrapped for transformers.
+
+    Cased, every byte a piece (no unknown piece), and nothing added around a text: no [CLS]/[SEP] and no BOS, the
+    first piece is the first token, as with GPT-2's tokenizer. ``<|endoftext|>`` is its BOS and EOS, ``<pad>`` pads
+    batches. A text's first word gets the space marker ``Ġ`` too (``add_prefix_space``): a sentence is cut into the
+    same pieces alone as inside a run. Only the input ids and the attention mask go to the model: GPT-2 would add the
+    embedding of a token type id (its token embedding) to every position. The trainer ranks merges by count, ties by
+    the pair, so the same corpus gives the same pieces and ids.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.post_processor = processors.ByteLevel(trim_offsets=True)  # offsets without the leading space: pieces align with words
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=list(BPE_SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator(sentences, trainer)
+    end = BPE_SPECIAL_TOKENS[0]
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=end, eos_token=end, pad_token=BPE_SPECIAL_TOKENS[1],
+                                   model_input_names=["input_ids", "attention_mask"], model_max_length=max_length)
+
+
 def make_instances(documents: list[list[list[int]]], max_length: int, rng: np.random.Generator,
                    cls_id: int, sep_id: int) -> list[dict]:
     """Sentence-pair instances for masked-LM + next-sentence prediction (Devlin et al.'s ``create_instances_from_document``).
@@ -207,6 +274,24 @@ def make_instances(documents: list[list[list[int]]], max_length: int, rng: np.ra
     return instances
 
 
+def make_causal_instances(documents: list[list[list[int]]], max_length: int) -> list[dict]:
+    """Instances for the causal LM loss: runs of whole sentences of one document, at most ``max_length`` pieces each,
+    so that every run starts at a sentence; a sentence longer than ``max_length`` is cut into runs of its own."""
+    instances = []
+    for sentences in documents:
+        run: list[int] = []
+        for sentence in sentences:
+            for start in range(0, len(sentence), max_length):
+                part = sentence[start : start + max_length]
+                if len(run) + len(part) > max_length:
+                    instances.append({"input_ids": run})
+                    run = []
+                run = run + part
+        if run:
+            instances.append({"input_ids": run})
+    return instances
+
+
 def checkpoint_steps(steps: int, count: int) -> list[int]:
     """Step 0 and ``count - 1`` log-spaced steps from ``min(10, steps)`` to ``steps`` (fewer where they coincide)."""
     if count < 2:
@@ -219,11 +304,11 @@ def checkpoint_name(step: int) -> str:
     return f"{CHECKPOINT_PREFIX}{step:06d}"
 
 
-def check_pretraining_state(path: Path, state: dict, steps: int) -> None:
+def check_pretraining_state(path: Path, state: dict, steps: int, objective: Objective) -> None:
     """Refuse a pre-training state (read by :func:`~bertology.studies.finetune.finetuning.load_training_state`) whose own parts are
     damaged: a step past ``steps``, the masking generator's state, epoch and position whole numbers from 0, a row of
-    finite (step, masked-LM loss, next-sentence loss, learning rate) per step, and per checkpoint saved an evaluation
-    (step, checkpoint name, validation loss, accuracy)."""
+    finite (step, the ``objective``'s losses, learning rate) per step, and per checkpoint saved an evaluation
+    (step, checkpoint name, its validation scores)."""
     step = whole_number(state["step"], "step", path, high=steps)
     check_generator_state(state["mask_rng"], "mask_rng", path)
     whole_number(state["epoch"], "epoch", path)
@@ -231,13 +316,15 @@ def check_pretraining_state(path: Path, state: dict, steps: int) -> None:
     if len(state["losses"]) != step:
         raise StateError(path, f"'losses' has {len(state['losses'])} rows for {step} steps")
     if step:
-        finite_array(state["losses"], "losses", path, shape=(step, 4))
+        finite_array(state["losses"], "losses", path, shape=(step, 2 + len(objective.step_losses)))
     if not isinstance(state["evaluations"], list):
         raise StateError(path, "'evaluations' must be a list")
+    width = 2 + len(objective.scores)
     for row in state["evaluations"]:
-        if not (isinstance(row, (list, tuple)) and len(row) == 4 and row[1] == checkpoint_name(whole_number(row[0], "an evaluation's step", path, high=step))):
-            raise StateError(path, "'evaluations' must hold (step, checkpoint name, validation loss, accuracy) rows")
-        finite_array(row[2:], "an evaluation's loss and accuracy", path, shape=(2,))
+        if not (isinstance(row, (list, tuple)) and len(row) == width
+                and row[1] == checkpoint_name(whole_number(row[0], "an evaluation's step", path, high=step))):
+            raise StateError(path, f"'evaluations' must hold (step, checkpoint name, validation {', '.join(objective.score_names)}) rows")
+        finite_array(row[2:], f"an evaluation's {' and '.join(objective.score_names)}", path, shape=(width - 2,))
 
 
 def pretraining_losses(network: BertForPreTraining, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -249,43 +336,75 @@ def pretraining_losses(network: BertForPreTraining, batch: dict[str, torch.Tenso
     return F.cross_entropy(scores, batch["labels"][masked]), F.cross_entropy(next_logits, batch["next_sentence_label"]), next_logits
 
 
+def next_token_labels(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``[batch, n - 1]``: the piece each position but the last predicts, ``labels[:, 1:]`` (-100 where that is padding)."""
+    return batch["labels"][:, 1:]
+
+
+def causal_lm_loss(network: GPT2LMHeadModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The causal LM loss: the next-token cross-entropy ``-mean_t ln p(x_{t+1} | x_{<=t})``, the mean over the pieces
+    that have a next piece (the logits at position t score the piece at t + 1; padding scores nothing)."""
+    logits = network(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), next_token_labels(batch).flatten())
+
+
+def scored_labels(batch: dict[str, torch.Tensor], objective: Objective) -> torch.Tensor:
+    """The pieces the ``objective``'s loss scores in ``batch``: the masked ones (masked LM), or every piece but each
+    run's first (causal LM)."""
+    labels = batch["labels"] if objective.name == "masked-lm" else next_token_labels(batch)
+    return labels[labels != -100]
+
+
+def step_losses(network, batch: dict[str, torch.Tensor], objective: Objective) -> tuple[torch.Tensor, ...]:
+    """The ``objective``'s training losses of one batch (:attr:`Objective.step_losses`); their sum is minimised."""
+    if objective.name == "masked-lm":
+        return pretraining_losses(network, batch)[:2]
+    return (causal_lm_loss(network, batch),)
+
+
 def _collate(collator: DataCollatorForLanguageModeling, rows: list[dict], device: torch.device) -> dict[str, torch.Tensor]:
-    labels = torch.tensor([row["next_sentence_label"] for row in rows])
+    """A batch on ``device``: the collator pads (and masks), the next-sentence labels pass through where the rows have them."""
     batch = collator([{k: v for k, v in row.items() if k != "next_sentence_label"} for row in rows])
-    batch["next_sentence_label"] = labels
+    if "next_sentence_label" in rows[0]:
+        batch["next_sentence_label"] = torch.tensor([row["next_sentence_label"] for row in rows])
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def evaluate(network: BertForPreTraining, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """Masked-LM loss (mean over the masked pieces) and next-sentence accuracy on fixed, already masked batches."""
+def evaluate(network, batches: list[dict[str, torch.Tensor]], objective: Objective) -> dict[str, float]:
+    """The ``objective``'s validation scores on fixed (already masked) batches: the loss, a mean over the scored pieces
+    (:func:`scored_labels`), and for the masked LM the next-sentence accuracy."""
     network.eval()
     total, count, correct, pairs = 0.0, 0, 0, 0
     with torch.inference_mode():
         for batch in batches:
-            masked = int((batch["labels"] != -100).sum())
-            mlm, _, next_logits = pretraining_losses(network, batch)
-            total += float(mlm) * masked
-            count += masked
-            correct += int((next_logits.argmax(-1) == batch["next_sentence_label"]).sum())
-            pairs += len(next_logits)
+            scored = len(scored_labels(batch, objective))
+            if objective.name == "masked-lm":
+                loss, _, next_logits = pretraining_losses(network, batch)
+                correct += int((next_logits.argmax(-1) == batch["next_sentence_label"]).sum())
+                pairs += len(next_logits)
+            else:
+                loss = causal_lm_loss(network, batch)
+            total += float(loss) * scored
+            count += scored
     network.train()
-    return {"mlm_loss": total / max(count, 1), "nsp_accuracy": correct / max(pairs, 1)}
+    loss = total / max(count, 1)
+    return {"mlm_loss": loss, "nsp_accuracy": correct / max(pairs, 1)} if objective.name == "masked-lm" else {"lm_loss": loss}
 
 
-def unigram_cross_entropy(train_ids: list[list[list[int]]], batches: list[dict[str, torch.Tensor]], vocab_size: int) -> float:
-    """``-mean_t ln p(t)`` over the masked pieces of ``batches``, ``p`` = add-one smoothed training piece frequencies."""
+def unigram_cross_entropy(train_ids: list[list[list[int]]], targets: np.ndarray, vocab_size: int) -> float:
+    """``-mean_t ln p(t)`` over the pieces ``targets``, ``p`` = add-one smoothed training piece frequencies."""
     pieces = np.fromiter((piece for document in train_ids for sentence in document for piece in sentence), dtype=np.int64)
     counts = np.bincount(pieces, minlength=vocab_size) + 1.0
     log_p = np.log(counts / counts.sum())
-    targets = np.concatenate([batch["labels"][batch["labels"] != -100].cpu().numpy() for batch in batches])
     return float(-log_p[targets].mean())
 
 
-@claims_out(work="training", words=("device",))
+@claims_out(work="training", words=("device", "objective"))
 def pretrain(
     corpus: list[str | Path] | str | Path,
     out: str | Path,
     *,
+    objective: str = "masked-lm",
     vocab_size: int = 8000,
     layers: int = 4,
     heads: int = 8,
@@ -307,23 +426,28 @@ def pretrain(
     progress: bool = True,
     command: list[str] | None = None,
 ) -> dict:
-    """Pre-train a BERT of the given size from scratch on ``corpus`` (text files or folders of ``*.txt``).
+    """Pre-train a model of the given size from scratch on ``corpus`` (text files or folders of ``*.txt``): a BERT with the
+    masked-LM and next-sentence losses (``objective="masked-lm"``), or a GPT-2-style decoder with the causal LM loss
+    (``"causal-lm"``; ``mask_probability`` plays no part). :data:`OBJECTIVES` says what each records.
 
     Writes to ``out``: ``checkpoints/step-NNNNNN/`` (model folders), ``checkpoints.csv`` (step,
-    validation masked-LM loss and next-sentence accuracy), ``loss.csv`` (training losses per step),
-    ``loss_curve.png``, ``report.html`` and ``pretraining.json`` (settings, corpus, unigram
+    validation scores: masked-LM loss and next-sentence accuracy, or the causal LM loss), ``loss.csv`` (training losses per step),
+    ``loss_curve.png``, ``report.html`` and ``pretraining.json`` (the objective and its loss, settings, corpus, unigram
     baseline, final losses, wall time). While training, the checkpoints so far and the training state
     (saved every ``save_every`` steps, read back with ``weights_only=True``) are kept in ``out/training/``:
     the same call resumes an interrupted run, and an earlier run in ``out`` stays whole until the new
     one replaces it at the end. ``max_steps`` stops early (tests use it to interrupt).
     """
+    if objective not in OBJECTIVES:
+        raise BertologyError(f"unknown objective {objective!r}: use {' or '.join(OBJECTIVES)}")
     if hidden % heads:
         raise BertologyError(f"--hidden {hidden} is not divisible by --heads {heads}")
+    goal, causal = OBJECTIVES[objective], objective == "causal-lm"
     started = time.perf_counter()
     files = corpus_files([corpus] if isinstance(corpus, (str, Path)) else list(corpus))
     settings = PretrainSettings([str(f) for f in files], vocab_size, layers, heads, hidden, intermediate or 4 * hidden, max_length,
                                 batch_size, steps, learning_rate, warmup, weight_decay, mask_probability, checkpoints, validation_share, seed,
-                                corpus_sha256=[file_digest(Path(f), {}) for f in files])
+                                corpus_sha256=[file_digest(Path(f), {}) for f in files], objective=objective)
     torch_device = resolve_device(device)
     hf_logging.disable_progress_bar()
     torch.manual_seed(seed)
@@ -336,17 +460,18 @@ def pretrain(
     elif state.get("settings") != asdict(settings):
         raise BertologyError(f"{state_folder}: the training state of a run with other settings or another corpus is there; use another --out or delete it")
     else:
-        check_pretraining_state(state_folder / "state.pt", state, steps)
-    documents = documents_for_pairs(read_documents(files))
+        check_pretraining_state(state_folder / "state.pt", state, steps, goal)
+    documents = documents_for_pairs(read_documents(files))  # the same sentences and validation text for both objectives
     train_text, validation_text = split_documents(documents, validation_share)
     if state is not None:  # resume with the vocabulary the saved weights were trained with
         try:
-            tokenizer = BertTokenizerFast.from_pretrained(state_folder)
+            tokenizer = (PreTrainedTokenizerFast if causal else BertTokenizerFast).from_pretrained(state_folder)
         except Exception as exc:  # transformers and tokenizers raise many kinds for a damaged file, the bare Exception included
             raise StateError(state_folder, f"cannot read the tokenizer saved with the training state ({' '.join(str(exc).split())[:120]}); "
                                            f"delete {state_folder} to start over") from None
     else:
-        tokenizer = train_wordpiece([s for document in train_text for s in document], vocab_size, max_length)
+        train_tokenizer = train_byte_level_bpe if causal else train_wordpiece
+        tokenizer = train_tokenizer([s for document in train_text for s in document], vocab_size, max_length)
 
     def encode(docs: list[list[str]]) -> list[list[list[int]]]:
         return [tokenizer(document, add_special_tokens=False)["input_ids"] if document else [] for document in docs]
@@ -355,36 +480,46 @@ def pretrain(
         train_ids, validation_ids = encode(train_text), encode(validation_text)
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
 
+    def instances(ids: list[list[list[int]]], rng: np.random.Generator) -> list[dict]:
+        return make_causal_instances(ids, max_length) if causal else make_instances(ids, max_length, rng, cls_id, sep_id)
+
     def epoch_rows(index: int) -> list[dict]:
-        """The training instances of epoch ``index``, paired and shuffled by a generator keyed by the epoch."""
+        """The training instances of epoch ``index``, (paired and) shuffled by a generator keyed by the epoch."""
         rng = keyed_rng(seed, "epoch", index)
-        rows = make_instances(train_ids, max_length, rng, cls_id, sep_id)
+        rows = instances(train_ids, rng)
         return [rows[i] for i in rng.permutation(len(rows))]
 
     rows = epoch_rows(0)
     if not rows:
         raise CorpusError(files[0], None, "too little text to make one training instance")
-    validation_rows = make_instances(validation_ids, max_length, keyed_rng(seed, "validation"), cls_id, sep_id)
+    validation_rows = instances(validation_ids, keyed_rng(seed, "validation"))
     if not validation_rows:  # a corpus too small to hold text out: validate on (fixed) training instances
-        validation_rows = make_instances(train_ids, max_length, keyed_rng(seed, "validation"), cls_id, sep_id)[:batch_size]
-    validation_collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mask_probability, seed=seed + 1)
+        validation_rows = instances(train_ids, keyed_rng(seed, "validation"))[:batch_size]
+    validation_collator = DataCollatorForLanguageModeling(tokenizer, mlm=not causal, mlm_probability=mask_probability, seed=seed + 1)
     validation_batches = [_collate(validation_collator, validation_rows[i : i + batch_size], torch_device)
                           for i in range(0, len(validation_rows), batch_size)]
-    unigram = unigram_cross_entropy(train_ids, validation_batches, len(tokenizer))
+    unigram = unigram_cross_entropy(train_ids, np.concatenate([scored_labels(batch, goal).cpu().numpy() for batch in validation_batches]),
+                                    len(tokenizer))
 
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                        intermediate_size=settings.intermediate, max_position_embeddings=max_length, type_vocab_size=2,
-                        pad_token_id=tokenizer.pad_token_id)
-    network = BertForPreTraining(config).to(torch_device)
-    no_decay = ("bias", "LayerNorm.weight")
+    if causal:
+        config = GPT2Config(vocab_size=len(tokenizer), n_positions=max_length, n_embd=hidden, n_layer=layers, n_head=heads,
+                            n_inner=settings.intermediate, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id)
+        network = GPT2LMHeadModel(config).to(torch_device)
+    else:
+        config = BertConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                            intermediate_size=settings.intermediate, max_position_embeddings=max_length, type_vocab_size=2,
+                            pad_token_id=tokenizer.pad_token_id)
+        network = BertForPreTraining(config).to(torch_device)
+    undecayed = [p.ndim < 2 for p in network.parameters()]  # biases and layer-norm weights (BERT's LayerNorm, GPT-2's ln_*)
     groups = [
-        {"params": [p for n, p in network.named_parameters() if not n.endswith(no_decay)], "weight_decay": weight_decay},
-        {"params": [p for n, p in network.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
+        {"params": [p for p, flat in zip(network.parameters(), undecayed) if not flat], "weight_decay": weight_decay},
+        {"params": [p for p, flat in zip(network.parameters(), undecayed) if flat], "weight_decay": 0.0},
     ]
     optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.98), eps=1e-6)
     scheduler = get_linear_schedule_with_warmup(optimizer, max(1, int(warmup * steps)), steps)
-    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mask_probability, seed=seed)
-    collator.create_rng()
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm=not causal, mlm_probability=mask_probability, seed=seed)
+    collator.create_rng()  # the causal LM draws nothing from it; its state is saved all the same
 
     step, epoch, position, losses, evaluations = 0, 0, 0, [], []
     if state is not None:
@@ -401,14 +536,14 @@ def pretrain(
         }, tokenizer)
 
     def save_checkpoint() -> None:
-        scores = evaluate(network, validation_batches)
+        scores = evaluate(network, validation_batches, goal)
         name = checkpoint_name(step)
         target = training / "checkpoints" / name
         with quiet_transformers():
             network.save_pretrained(target)
             tokenizer.save_pretrained(target)
         (target / "pretraining_step.json").write_text(json.dumps({"step": step, **scores}, indent=2) + "\n")
-        evaluations.append((step, name, scores["mlm_loss"], scores["nsp_accuracy"]))
+        evaluations.append((step, name, *scores.values()))
 
     saved_steps = set(checkpoint_steps(steps, checkpoints))
     done = {row[0] for row in evaluations}
@@ -425,16 +560,16 @@ def pretrain(
                 rows = epoch_rows(epoch)
             batch = _collate(collator, rows[position : position + batch_size], torch_device)
             position += batch_size
-            mlm, nsp, _ = pretraining_losses(network, batch)
-            (mlm + nsp).backward()
+            parts = step_losses(network, batch, goal)
+            sum(parts).backward()
             torch.nn.utils.clip_grad_norm_(network.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
             step += 1
-            losses.append((step, mlm.item(), nsp.item(), scheduler.get_last_lr()[0]))
+            losses.append((step, *(part.item() for part in parts), scheduler.get_last_lr()[0]))
             bar.update(1)
-            bar.set_postfix(mlm=f"{np.mean([row[1] for row in losses[-50:]]):.3f}")
+            bar.set_postfix({goal.step_losses[0].removesuffix("_loss"): f"{np.mean([row[1] for row in losses[-50:]]):.3f}"})
             if step in saved_steps:
                 save_checkpoint()
             if step in saved_steps or step % save_every == 0 or step == stop_at:
@@ -443,33 +578,35 @@ def pretrain(
         return {"interrupted_at_step": step, "steps": steps}
 
     seconds = time.perf_counter() - started
-    final = evaluations[-1]
+    final = dict(zip(goal.scores, evaluations[-1][2:]))
     summary = {
+        "objective": objective,
+        "loss": goal.loss,
         "corpus": {"files": settings.corpus, "documents": len(documents), "sentences": sum(map(len, documents)),
                    "training_pieces": int(sum(len(s) for document in train_ids for s in document)),
                    "validation_instances": len(validation_rows)},
-        "model": {"parameters": sum(p.numel() for p in network.bert.parameters()), "vocab_size": len(tokenizer)},
+        "model": {"architecture": goal.architecture, "parameters": sum(p.numel() for p in network.base_model.parameters()),
+                  "vocab_size": len(tokenizer)},
         "settings": asdict(settings),
         "device": str(torch_device),
         "steps": steps,
         "epochs": round(epoch + position / max(len(rows), 1), 2),
         "resumed_from_step": resumed_from or None,
         "seconds": round(seconds, 1),
-        "final_checkpoint": str((Path(out) / "checkpoints" / final[1]).resolve()),
-        "val_mlm_loss": final[2],
-        "val_nsp_accuracy": final[3],
+        "final_checkpoint": str((Path(out) / "checkpoints" / evaluations[-1][1]).resolve()),
+        **{f"val_{score}": value for score, value in final.items()},
         "unigram_cross_entropy": unigram,
-        "train_mlm_loss_last_50": float(np.mean([row[1] for row in losses[-50:]])),
+        f"train_{goal.step_losses[0]}_last_50": float(np.mean([row[1] for row in losses[-50:]])),
     }
     from bertology.studies.pretrain.report import pretraining_report
 
     folder = RunFolder(out)  # replaces out whole, training/ with it
     link_tree(training / "checkpoints", folder.path / "checkpoints")
-    loss_table = pd.DataFrame(losses, columns=["step", "mlm_loss", "nsp_loss", "learning_rate"])
-    checkpoint_table = pd.DataFrame(evaluations, columns=["step", "checkpoint", "val_mlm_loss", "val_nsp_accuracy"])
+    loss_table = pd.DataFrame(losses, columns=["step", *goal.step_losses, "learning_rate"])
+    checkpoint_table = pd.DataFrame(evaluations, columns=["step", "checkpoint", *(f"val_{score}" for score in goal.scores)])
     folder.write_table("loss", loss_table)
     folder.write_table("checkpoints", checkpoint_table)
     folder.write_json("pretraining.json", summary)
-    manifest = {key: summary[key] for key in ("corpus", "model", "settings", "device", "steps", "resumed_from_step")}
+    manifest = {key: summary[key] for key in ("objective", "loss", "corpus", "model", "settings", "device", "steps", "resumed_from_step")}
     finish(folder, manifest, report=pretraining_report(folder, summary, loss_table, checkpoint_table), command=command)
     return summary

@@ -9,56 +9,71 @@ from bertology.core.runfolder import RunFolder
 from bertology.render.figures import log_step_axis, plt
 from bertology.render.html import Figure, Report, Section
 
+#: The loss each objective's curve shows (loss.csv's column, checkpoints.csv's validation column, its name).
+LOSS_CURVES = {"masked-lm": ("mlm_loss", "val_mlm_loss", "masked-LM loss"), "causal-lm": ("lm_loss", "val_lm_loss", "causal LM loss")}
 
-def pretraining_curve(losses: pd.DataFrame, checkpoints: pd.DataFrame, unigram: float, window: int = 20):
-    """Masked-LM loss against step (log axis): training (moving mean), validation at each checkpoint, and the unigram baseline."""
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-    smooth = losses.set_index("step")[["mlm_loss", "nsp_loss"]].rolling(window, min_periods=1, center=True).mean()
-    left.plot(smooth.index, smooth.mlm_loss, color="tab:blue", label=f"training (centred mean of {window} steps)")
-    left.plot(checkpoints.step.clip(lower=1), checkpoints.val_mlm_loss, "o-", color="tab:red", label="validation, at each checkpoint (step 0 drawn at 1)")
+
+def pretraining_curve(losses: pd.DataFrame, checkpoints: pd.DataFrame, unigram: float, objective: str = "masked-lm", window: int = 20):
+    """The ``objective``'s LM loss against step (log axis): training (moving mean), validation at each checkpoint, and the unigram
+    baseline; for the masked LM, beside it the next-sentence loss and accuracy."""
+    masked = objective == "masked-lm"
+    figure, axes = plt.subplots(1, 2 if masked else 1, figsize=(11, 3.8) if masked else (6, 3.8), squeeze=False)
+    left = axes[0, 0]
+    train_column, validation_column, name = LOSS_CURVES[objective]
+    smooth = losses.set_index("step").drop(columns="learning_rate").rolling(window, min_periods=1, center=True).mean()
+    left.plot(smooth.index, smooth[train_column], color="tab:blue", label=f"training (centred mean of {window} steps)")
+    left.plot(checkpoints.step.clip(lower=1), checkpoints[validation_column], "o-", color="tab:red",
+              label="validation, at each checkpoint (step 0 drawn at 1)")
     left.axhline(unigram, color="black", linestyle="--", label=f"unigram cross-entropy {unigram:.2f}")
-    left.set_ylabel("masked-LM loss (nats)")
-    left.set_title("masked-language-model loss")
+    left.set_ylabel(f"{name} (nats)")
+    left.set_title(name)
     log_step_axis(left)
-    right.plot(smooth.index, smooth.nsp_loss, color="tab:blue", label="training loss")
-    right.axhline(np.log(2), color="black", linestyle="--", label="chance (ln 2)")
-    right.set_xscale("log")
-    right.set_xlabel("training step (log; step 0 drawn at 1)")
-    right.set_ylabel("next-sentence loss (nats)")
-    accuracy = right.twinx()
-    accuracy.plot(checkpoints.step.clip(lower=1), checkpoints.val_nsp_accuracy, "o-", color="tab:red", label="validation accuracy")
-    accuracy.set_ylim(0, 1)
-    accuracy.set_ylabel("validation accuracy")
-    right.set_title("next-sentence prediction")
-    right.grid(alpha=0.3)
-    lines = right.get_legend_handles_labels()[0] + accuracy.get_legend_handles_labels()[0]
-    right.legend(lines, [line.get_label() for line in lines], fontsize=8, loc="lower left")
+    if masked:
+        right = axes[0, 1]
+        right.plot(smooth.index, smooth.nsp_loss, color="tab:blue", label="training loss")
+        right.axhline(np.log(2), color="black", linestyle="--", label="chance (ln 2)")
+        right.set_xscale("log")
+        right.set_xlabel("training step (log; step 0 drawn at 1)")
+        right.set_ylabel("next-sentence loss (nats)")
+        accuracy = right.twinx()
+        accuracy.plot(checkpoints.step.clip(lower=1), checkpoints.val_nsp_accuracy, "o-", color="tab:red", label="validation accuracy")
+        accuracy.set_ylim(0, 1)
+        accuracy.set_ylabel("validation accuracy")
+        right.set_title("next-sentence prediction")
+        right.grid(alpha=0.3)
+        lines = right.get_legend_handles_labels()[0] + accuracy.get_legend_handles_labels()[0]
+        right.legend(lines, [line.get_label() for line in lines], fontsize=8, loc="lower left")
     figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 
 def pretraining_report(folder: RunFolder, summary: dict, losses: pd.DataFrame, checkpoints: pd.DataFrame) -> str:
     """The loss curve and checkpoint table of a ``bertology pretrain`` run, as a self-contained page."""
-    settings = summary["settings"]
+    settings, objective = summary["settings"], summary["objective"]
+    name = LOSS_CURVES[objective][2]
+    if objective == "causal-lm":
+        intro = (f"A GPT-2-style decoder trained from scratch with the {summary['loss']}, on a byte-level BPE vocabulary that adds no "
+                 "special token, so that each checkpoint's first token is the candidate attention sink (docs/methods.md#decoders). ")
+        final = f"Final validation causal LM loss {summary['val_lm_loss']:.3f} nats against {summary['unigram_cross_entropy']:.3f} for unigram guessing."
+    else:
+        intro = f"A BERT trained from scratch with the {summary['loss']}. "
+        final = (f"Final validation masked-LM loss {summary['val_mlm_loss']:.3f} nats against {summary['unigram_cross_entropy']:.3f} for unigram guessing; "
+                 f"next-sentence accuracy {summary['val_nsp_accuracy']:.3f} (chance 0.5).")
     section = Section(
         title="Pre-training",
-        intro=(
-            "Masked-language modelling plus next-sentence prediction from scratch (Devlin et al. 2019). The validation loss is measured "
-            "on held-out text with fixed masks; the unigram cross-entropy is what guessing by piece frequency alone scores on the same masked pieces."
-        ),
+        intro=intro + (f"The validation {name} is measured on held-out text{' with fixed masks' if objective == 'masked-lm' else ''}; "
+                       "the unigram cross-entropy is what guessing by piece frequency alone scores on the same pieces."),
     )
-    curve = folder.write_figure("loss_curve", pretraining_curve(losses, checkpoints, summary["unigram_cross_entropy"]))
+    curve = folder.write_figure("loss_curve", pretraining_curve(losses, checkpoints, summary["unigram_cross_entropy"], objective))
     section.figures.append(Figure(curve, "Loss against step (log axis); the dashed line is the unigram baseline."))
     section.tables.append(("Checkpoints (each a model folder under checkpoints/)", checkpoints))
-    section.notes.append(
-        f"Final validation masked-LM loss {summary['val_mlm_loss']:.3f} nats against {summary['unigram_cross_entropy']:.3f} for unigram guessing; "
-        f"next-sentence accuracy {summary['val_nsp_accuracy']:.3f} (chance 0.5)."
-    )
+    section.notes.append(final)
     report = Report(
         title="bertology: pre-training",
         summary={
-            "model": f"BERT, {settings['layers']} layers x {settings['heads']} heads, hidden {settings['hidden']}, "
+            "model": f"{summary['model']['architecture']}, {settings['layers']} layers x {settings['heads']} heads, hidden {settings['hidden']}, "
                      f"{summary['model']['parameters']:,} parameters, vocabulary {summary['model']['vocab_size']}",
+            "loss": summary["loss"],
             "corpus": f"{summary['corpus']['documents']} documents, {summary['corpus']['sentences']:,} sentences, "
                       f"{summary['corpus']['training_pieces']:,} training pieces",
             "training": f"{summary['steps']} steps of {settings['batch_size']} x {settings['max_length']} pieces ({summary['epochs']} epochs)",

@@ -6,9 +6,18 @@ most distinctive one, :func:`distinctive_head`, with the other heads a click awa
 grid of thumbnails; click one to open it in the head view; filter by the roles and patterns of a run folder, each
 head's labels in a short form that a legend spells out, :data:`LABEL_SHORT`, and in full on hover), each under
 three views of attention: the weights, Kobayashi et al.'s (2020) norm shares (where the model's layout is known) and
-Abnar & Zuidema's (2020) rollout. Everything is drawn on canvas, so a 512-token input stays fast. Weights are quantised to one
-byte (``round(255 a)``); above 128 tokens only each row's ``top_k`` largest weights are kept (pieces are
-indexed with two bytes), which keeps a 512-token page at a few MB.
+Abnar & Zuidema's (2020) rollout. Everything is drawn on canvas, so a 2,048-token input stays fast.
+
+Decoders (causal attention, docs/methods.md#decoders) are drawn as they are: a query's lines go only to itself and the
+tokens before it, hovering a token greys the tokens it cannot see (or that cannot see it), and the thumbnails draw
+the cells after the diagonal grey, as not visible rather than as zero attention.
+
+What the page stores (:class:`StoredMaps`): weights quantised to one byte (``round(255 a)``); each thumbnail, every
+head's full map max-pooled to at most :data:`OVERVIEW_SIZE` cells a side; and, up to :data:`DENSE_UP_TO` tokens,
+every weight, above it only each row's ``k`` largest (pieces indexed with two bytes) with the mass of the keys left
+out, one byte a row. ``k`` is :data:`DEFAULT_TOP_K`, fewer where the maps would pass :data:`MAP_BYTES`
+(:func:`kept_keys`): the page holds at most ``4/3 MAP_BYTES`` of maps (base64) besides its tokens, text and code.
+The model runs layer by layer (the engine's ``on_layer``): one layer's maps are in memory at a time.
 
 Tokens and text reach the page only as JSON (with ``<``, ``>`` and ``&`` escaped) read by ``JSON.parse``
 and drawn with ``fillText`` or set as ``textContent``: markup in a corpus line stays text.
@@ -25,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 from scipy.special import rel_entr
@@ -32,9 +42,9 @@ from scipy.special import rel_entr
 from bertology.core.corpora import Example
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError
-from bertology.core.models import BLOCK_LAYOUTS, LoadedModel, load_model
+from bertology.core.models import LoadedModel, load_model
 from bertology.core.runfolder import atomic_write, check_file_out
-from bertology.families.rollout.analyzer import rollout
+from bertology.families.rollout.analyzer import rollout_step
 
 #: How the page names each view.
 VIEW_TITLES = {"attention": "attention weights", "norm": "norm shares ||a f(x)|| (Kobayashi et al. 2020)",
@@ -42,6 +52,12 @@ VIEW_TITLES = {"attention": "attention weights", "norm": "norm shares ||a f(x)||
 #: Inputs longer than this keep only each row's top-k weights unless ``top_k=0`` is asked for.
 DENSE_UP_TO = 128
 DEFAULT_TOP_K = 20
+#: The most bytes the page's maps take before base64: above it, rows keep fewer keys (at least one).
+MAP_BYTES = 16 * 2**20
+#: A thumbnail's side: each map max-pooled to at most this many cells a side.
+OVERVIEW_SIZE = 72
+#: Key positions are stored in two bytes: the viewer reads at most this many tokens.
+MAX_TOKENS = 2**16 - 1
 #: The short form of a head's label in the model view (a legend under the grid spells each out); a ``role:relation``
 #: label shortens its role (``syntactic:nsubj`` -> ``syn:nsubj``), and a label not named here is shown whole.
 LABEL_SHORT = {"local": "loc", "delimiter": "delim", "syntactic": "syn", "block": "block", "vertical": "vert", "diagonal": "diag",
@@ -77,52 +93,138 @@ def distinctive_head(maps: np.ndarray) -> int:
     """The most distinctive head of one layer on one input, ``maps [heads, n, n]``: the head whose rows are furthest from
     the layer's mean map ``M = mean_h maps[h]``, by the mean over query rows ``i`` of the Jensen-Shannon divergence (nats)
     between ``maps[h, i]`` and ``M[i]`` (the first such head on a tie). The viewer opens on this head of layer 0, alone,
-    rather than on every head of the layer overlaid."""
+    rather than on every head of the layer overlaid. (A decoder's row 0 is the same in every head, divergence 0: it
+    shifts no head's rank.)"""
     mean = maps.mean(axis=0, keepdims=True)
     middle = (maps + mean) / 2
     divergence = (rel_entr(maps, middle).sum(-1) + rel_entr(mean, middle).sum(-1)) / 2  # [heads, n]
     return int(np.argmax(divergence.mean(-1)))
 
 
+def kept_keys(n: int, maps: int, top_k: int | None = None) -> int:
+    """How many keys each row of an ``n``-token input keeps on the page (0: every key), for ``maps`` maps in all (layers x
+    heads, over the views): as asked by ``top_k``; else every key up to :data:`DENSE_UP_TO` tokens and :data:`DEFAULT_TOP_K`
+    above, each as far as the maps fit :data:`MAP_BYTES` (a thumbnail, and a byte a kept weight, two for its position and
+    one a row for the mass left out), and never fewer than one."""
+    if top_k is not None:
+        return 0 if top_k >= n else top_k
+    thumbnails = maps * min(n, OVERVIEW_SIZE) ** 2
+    if n <= DENSE_UP_TO and thumbnails + maps * n * n <= MAP_BYTES:
+        return 0
+    fitting = ((MAP_BYTES - thumbnails) // (maps * n) - 1) // 3
+    return int(min(DEFAULT_TOP_K, max(1, fitting)))
+
+
+def overview_starts(n: int) -> np.ndarray:
+    """The first token of each thumbnail cell, rows and columns alike: token ``i`` falls in cell ``floor(i / (n / S))``,
+    ``S = min(n, OVERVIEW_SIZE)``; every cell holds at least one token, so on a causal map the cells after the diagonal
+    (column > row) hold only keys their queries cannot see."""
+    size = min(n, OVERVIEW_SIZE)
+    cells = np.floor(np.arange(n) / (n / size)).astype(np.int64)
+    return np.flatnonzero(np.diff(cells, prepend=-1))
+
+
+@dataclass
+class StoredMaps:
+    """One view of attention as the page stores it, added layer by layer (:meth:`add`): ``weights[l]`` each map quantised
+    to a byte, ``[heads, n, n]`` where ``k == 0``, else each row's ``k`` largest, ``[heads, n, k]``, largest first, at the
+    key positions ``indices[l]``, with ``rest[l] [heads, n]`` the row's mass outside them (quantised the same way);
+    ``overview[l] [heads, S, S]`` each quantised map max-pooled to the thumbnail's cells (:func:`overview_starts`)."""
+
+    heads: int
+    n: int
+    k: int
+    weights: list[np.ndarray] = field(default_factory=list, repr=False)
+    indices: list[np.ndarray] = field(default_factory=list, repr=False)
+    rest: list[np.ndarray] = field(default_factory=list, repr=False)
+    overview: list[np.ndarray] = field(default_factory=list, repr=False)
+
+    @staticmethod
+    def quantised(maps: torch.Tensor) -> torch.Tensor:
+        return torch.round(maps * 255).clamp_(0, 255).to(torch.uint8)
+
+    def add(self, maps: torch.Tensor) -> None:
+        """Store the next layer's maps ``[heads, n, n]`` (any device)."""
+        quantised = self.quantised(maps)
+        starts = overview_starts(self.n)
+        on_host = quantised.cpu().numpy()
+        self.overview.append(np.maximum.reduceat(np.maximum.reduceat(on_host, starts, axis=-1), starts, axis=-2))
+        if self.k == 0:
+            self.weights.append(on_host)
+            return
+        kept, order = torch.topk(maps, self.k, dim=-1)
+        self.weights.append(quantised.gather(-1, order).cpu().numpy())
+        self.indices.append(order.cpu().numpy().astype("<u2"))
+        self.rest.append(self.quantised((maps.sum(-1) - kept.sum(-1)).clamp_(min=0)).cpu().numpy())
+
+    def payload(self) -> dict:
+        """The page's form: each array base64-encoded, layers in order."""
+        encoded = lambda arrays: base64.b64encode(np.concatenate(arrays).tobytes()).decode("ascii")  # noqa: E731
+        data = {"format": "dense" if self.k == 0 else "topk", "heads": self.heads, "weights": encoded(self.weights), "overview": encoded(self.overview)}
+        if self.k:
+            data.update(k=self.k, indices=encoded(self.indices), rest=encoded(self.rest))
+        return data
+
+
 @dataclass
 class AttentionView:
-    """One input's attention, every layer and head, ready to be drawn."""
+    """One input's attention, every layer and head, as the page stores it (:class:`StoredMaps`). Build one with
+    :func:`attention_view` (a model on a text) or :meth:`from_maps` (maps in hand)."""
 
     tokens: list[str]
     segments: list[int]
-    attention: np.ndarray = field(repr=False)  # [layers, heads, n, n]
+    #: Each view of attention by name, the weights first: ``attention``, ``norm`` (Kobayashi et al.'s norm shares) where
+    #: the model's layout is known, and ``rollout`` (Abnar & Zuidema's rolled-out attention, one map per layer).
+    maps: dict[str, StoredMaps] = field(repr=False)
     model: str
     text: str
     text_pair: str | None = None
     labels: dict[str, list[str]] = field(default_factory=dict)  # "layer-head" -> labels
-    top_k: int | None = None
-    #: Other views of the same input, by name: ``norm`` (Kobayashi et al.'s norm shares, ``[layers, heads, n, n]``)
-    #: and ``rollout`` (Abnar & Zuidema's rolled-out attention, one map per layer: ``[layers, 1, n, n]``).
-    views: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    start_head: int = 0  # the head the page opens on, of layer 0 (:func:`distinctive_head`)
+    causal: bool = False  # a decoder's maps: query i sees keys j <= i only
 
-    def _encoded(self, maps: np.ndarray, top_k: int) -> dict:
-        """One view's maps, quantised to a byte (base64); above ``top_k`` keys, each row's ``top_k`` largest only."""
-        n = maps.shape[-1]
-        quantised = np.clip(np.rint(maps * 255), 0, 255).astype(np.uint8)
-        if top_k == 0 or top_k >= n:
-            return {"format": "dense", "heads": maps.shape[1], "weights": base64.b64encode(quantised.tobytes()).decode("ascii")}
-        order = np.argsort(-maps, axis=-1, kind="stable")[..., :top_k]  # [L, H, n, k]
-        return {"format": "topk", "heads": maps.shape[1], "k": top_k,
-                "weights": base64.b64encode(np.take_along_axis(quantised, order, -1).tobytes()).decode("ascii"),
-                "indices": base64.b64encode(order.astype("<u2").tobytes()).decode("ascii")}
+    @classmethod
+    def from_maps(cls, tokens: list[str], segments: list[int], attention: np.ndarray, model: str, text: str, text_pair: str | None = None, *,
+                  views: dict[str, np.ndarray] | None = None, top_k: int | None = None, causal: bool = False) -> AttentionView:
+        """A view of maps in hand: ``attention [layers, heads, n, n]`` and other ``views`` by name (``[layers, heads or 1, n, n]``)."""
+        every = {"attention": attention, **(views or {})}
+        layers, _, n, _ = attention.shape
+        k = kept_keys(n, sum(layers * maps.shape[1] for maps in every.values()), top_k)
+        stored = {}
+        for name, maps in every.items():
+            stored[name] = StoredMaps(maps.shape[1], n, k)
+            for layer_maps in torch.as_tensor(maps):
+                stored[name].add(layer_maps)
+        return cls(tokens, segments, stored, model, text, text_pair, start_head=distinctive_head(np.asarray(attention[0])), causal=causal)
+
+    @property
+    def layers(self) -> int:
+        return len(self.maps["attention"].weights)
+
+    @property
+    def heads(self) -> int:
+        return self.maps["attention"].heads
+
+    @property
+    def kept(self) -> int:
+        """Keys kept per row (0: every key)."""
+        return self.maps["attention"].k
+
+    @property
+    def has_pair(self) -> bool:
+        return 1 in self.segments
 
     def payload(self) -> dict:
-        """The page's data: tokens, segments, labels and each view's quantised maps (base64), the weights first."""
-        layers, heads, n, _ = self.attention.shape
-        top_k = self.top_k if self.top_k is not None else (0 if n <= DENSE_UP_TO else DEFAULT_TOP_K)
+        """The page's data: tokens, segments, labels and each view's stored maps (base64), the weights first."""
+        n = len(self.tokens)
         data = {"model": self.model, "text": self.text, "text_pair": self.text_pair, "tokens": self.tokens, "segments": self.segments,
-                "layers": layers, "heads": heads, "n": n, "labels": self.labels, "start_head": distinctive_head(self.attention[0])}
+                "layers": self.layers, "heads": self.heads, "n": n, "causal": self.causal, "overview_size": min(n, OVERVIEW_SIZE),
+                "labels": self.labels, "start_head": self.start_head}
         used = [label for labels in self.labels.values() for label in labels]
         data["label_chips"] = {head: label_chips(labels) for head, labels in self.labels.items()}
         roles = {label.partition(":")[0] for label in used}
         data["label_legend"] = {short: label for label, short in LABEL_SHORT.items() if label in roles and short != label}
-        data["views"] = {name: {"title": VIEW_TITLES[name], **self._encoded(maps, top_k)}
-                         for name, maps in {"attention": self.attention, **self.views}.items()}
+        data["views"] = {name: {"title": VIEW_TITLES[name], **stored.payload()} for name, stored in self.maps.items()}
         return data
 
     def html(self) -> str:
@@ -168,19 +270,31 @@ def head_labels(run: str | Path) -> dict[str, list[str]]:
 
 def attention_view(text: str, text_pair: str | None = None, *, model: str | Path | LoadedModel | None = None, run: str | Path | None = None,
                    top_k: int | None = None, max_length: int | None = None, device: str = "auto") -> AttentionView:
-    """Run ``model`` (default: all-MiniLM-L6-v2) on one input and return its :class:`AttentionView`."""
+    """Run ``model`` (default: all-MiniLM-L6-v2) on one input, layer by layer, and return its :class:`AttentionView`."""
     if not text or not text.strip():
         raise BertologyError("the text to view is empty")
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
-    engine = Engine(loaded, batch_size=1, max_length=min(max_length or loaded.max_length, loaded.max_length), progress=False)
+    engine = Engine(loaded, batch_size=1, max_length=min(max_length or loaded.max_length, loaded.max_length, MAX_TOKENS), progress=False)
     items = list(engine.encode(enumerate([Example(text, text_pair, source="view")]), RunStats()))
-    norms = loaded.model.config.model_type in BLOCK_LAYOUTS
-    batch = engine.run_batch(items, norms=norms)
-    n = len(items[0])
-    views = {"norm": batch.weighted("norm").attentions} if norms else {}
-    views["rollout"] = rollout(batch.attentions)[:, :, None]
-    as_numpy = lambda maps: maps[:, 0, :, :n, :n].float().cpu().numpy()  # noqa: E731
+    n, layers, heads = len(items[0]), loaded.num_layers, loaded.num_heads
+    views = ["attention", "norm", "rollout"] if engine.knows_blocks else ["attention", "rollout"]
+    k = kept_keys(n, layers * (heads * (len(views) - 1) + 1), top_k)
+    stored = {name: StoredMaps(1 if name == "rollout" else heads, n, k) for name in views}
+    start_head, rolled = 0, None
+
+    def keep_layer(batch, layer: int, maps) -> None:
+        nonlocal start_head, rolled
+        attention = maps("attention").attention[0].float()  # [heads, n, n]
+        if layer == 0:
+            start_head = distinctive_head(attention.cpu().numpy())
+        stored["attention"].add(attention)
+        if "norm" in stored:
+            stored["norm"].add(maps("norm").attention[0].float())
+        rolled = rollout_step(attention[None], rolled)
+        stored["rollout"].add(rolled)
+
+    engine.run_batch(items, norms="norm" in stored, on_layer=keep_layer)
     tokens = loaded.tokenizer.convert_ids_to_tokens(items[0].input_ids)
     segments = [-1 if s is None else int(s) for s in items[0].sequence_ids]
-    return AttentionView(tokens, segments, as_numpy(batch.attentions), loaded.name, text, text_pair, head_labels(run) if run is not None else {},
-                         top_k, {name: as_numpy(maps) for name, maps in views.items()})
+    return AttentionView(tokens, segments, stored, loaded.name, text, text_pair, head_labels(run) if run is not None else {},
+                         start_head, loaded.causal)
