@@ -33,6 +33,16 @@ def family_analyzers():
             yield f"{family.name}:{key}", lambda family=family, key=key, settings=settings: family.analyzers(settings)[key]
 
 
+#: The contract's models: two encoders and two decoders (GPT-2: no BOS, Conv1D; Llama: BOS, grouped-query), all in float64.
+CONTRACT_MODELS = {"bert": False, "roberta": False, "gpt2": True, "llama": True}
+
+
+def runs_on(name: str, model: str) -> bool:
+    """Whether analyzer ``family:key`` has a meaning on the contract model (a family says where it has none on a decoder)."""
+    family = registered().get(name.split(":")[0])
+    return family is None or family.fits(CONTRACT_MODELS[model]) is None
+
+
 FRAMES_EXAMPLE = Path(str(resources.files("bertology") / "data" / "frames_example.jsonl"))
 ANALYZERS = {**dict(family_analyzers()), "layer_peaks": lambda: LayerPeaks(bootstrap=200, seed=4)}
 WITHOUT_TREES = {"layer_peaks"}
@@ -82,13 +92,21 @@ def test_every_analyzer_is_registered_here():
 
 
 @pytest.fixture(scope="module")
-def contracts(bert64, roberta64):
+def decoders64(tiny_decoder_dirs):
+    loaded = {kind: load_model(tiny_decoder_dirs[kind], device="cpu") for kind in ("gpt2", "llama")}
+    for model in loaded.values():
+        model.model.double()
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def contracts(bert64, roberta64, decoders64):
     """``(model, analyzer)`` -> its contract, made once per module: the one-batch run every rule compares against is shared."""
     made = {}
 
     def contract(model: str, name: str) -> AnalyzerContract:
         if (model, name) not in made:
-            loaded = {"bert": bert64, "roberta": roberta64}[model]
+            loaded = {"bert": bert64, "roberta": roberta64, **decoders64}[model]
             made[model, name] = AnalyzerContract(ANALYZERS[name], loaded, examples_for(name), rtol=1e-9, atol=1e-12)
         return made[model, name]
 
@@ -96,8 +114,7 @@ def contracts(bert64, roberta64):
 
 
 @pytest.mark.parametrize("check", ANALYZER_CHECKS)
-@pytest.mark.parametrize("name", ANALYZERS)
-@pytest.mark.parametrize("model", ["bert", "roberta"])
+@pytest.mark.parametrize(("model", "name"), [(model, name) for model in CONTRACT_MODELS for name in ANALYZERS if runs_on(name, model)])
 def test_contract(model, name, check, contracts):
     getattr(contracts(model, name), f"check_{check}")()
 

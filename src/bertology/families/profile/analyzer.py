@@ -131,12 +131,13 @@ class GeneralProfile(LayerwiseAnalyzer):
     :meth:`result` gives one row per ``layer, head, metric`` (0-based layer and head) with the mean
     over sequences ``value``, its 95% interval ``ci_low``/``ci_high`` and the number of sequences
     ``n``. :meth:`layers` gives the same per layer, where a sequence's layer value is the mean of
-    its heads.
+    its heads. On a decoder the metrics are :data:`DECODER_PROFILE_METRICS` (``causal``, known from the first batch).
     """
 
     name = "heads"
 
     def __init__(self) -> None:
+        self.causal = False
         self._heads: RunningMoments | None = None
         self._layers: RunningMoments | None = None
         self._log_lengths = 0.0  # sum over sequences of ln n (n: the sequence's tokens), for the entropy's ceiling

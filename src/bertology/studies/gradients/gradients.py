@@ -6,7 +6,9 @@ means that attending to the token changes little, the "no-op" reading of Clark e
 
 - The loss: the masked-LM loss, with a share (15%) of each sequence's non-special pieces replaced by the mask token,
   chosen by a generator keyed by the sequence and the seed (:func:`~bertology.core.stats.keyed_rng`), the mean
-  cross-entropy over them; or, for a sequence classifier and a task (``--task``), the cross-entropy of the gold label.
+  cross-entropy over them; for a decoder (docs/methods.md#decoders), which has no masked-LM loss, the causal LM loss, the
+  mean next-token cross-entropy over the sequence's real pieces (:func:`~bertology.core.tasks.next_token_losses`; none on
+  padding); or, for a sequence classifier and a task (``--task``), the cross-entropy of the gold label.
   Each sequence's own loss is differentiated (the batch's loss is their sum).
 - The gradient: the attention weights are taken at the ``pattern`` hook point, and ``dL/da`` is the derivative of the loss
   along every path from them (through the later layers' attention too), with the model in eval mode.
@@ -14,28 +16,41 @@ means that attending to the token changes little, the "no-op" reading of Clark e
   averaged over heads), and gradient ``(1/(H n |K|)) sum_h sum_i sum_{j in K} |dL/da[h, i, j]|``, the mean magnitude per
   weight to K; ``all`` (every key) is the reference a set's gradient is small or large against. Then the mean over
   sequences with 95% intervals.
+- A decoder has no [CLS] or [SEP]: its sets are the first token (in [CLS]'s place), punctuation and every key
+  (:data:`DECODER_GRADIENT_TARGETS`). Query ``i`` sees the keys ``j <= i`` only and row 0 is left out of the means over
+  queries: attention ``(1/(H m)) sum_h sum_{i >= 1} sum_{j in K, j <= i} a[h, i, j]`` over the ``m = n - 1`` queries, and
+  the gradient is averaged over the weights that exist, the pairs ``i >= 1, j <= i, j in K`` (``dL/da[i, j]`` of a masked
+  key ``j > i`` is no weight's: ``a[i, j]`` is 0 whatever the scores).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from transformers import AutoConfig
+
 from bertology.core.corpora import open_corpus
 from bertology.core.engine import Encoded, Engine, RunStats
 from bertology.core.errors import BertologyError
 from bertology.core.hooks import Hooks
-from bertology.core.models import LoadedModel, load_model
+from bertology.core.models import LoadedModel, attends_causally, load_model, loading_errors
 from bertology.core.runfolder import RunFolder, claims_out, finish
 from bertology.core.stats import RunningMoments, keyed_rng, sequence_key
+from bertology.core.tasks import NEXT_TOKEN_LOSS, next_token_losses
 
 #: The key sets whose attention and gradient are measured; ``all`` is every real key.
 GRADIENT_TARGETS = ("sep", "cls", "punct", "all")
+#: A decoder's: the first token in [CLS]'s place, no [SEP] (docs/methods.md#decoders).
+DECODER_GRADIENT_TARGETS = ("first", "punct", "all")
+#: The share of pieces the masked-LM loss masks unless ``mask_share`` says otherwise.
+DEFAULT_MASK_SHARE = 0.15
 
 
 def masked_positions(item: Encoded, share: float, seed: int) -> np.ndarray:
@@ -55,21 +70,28 @@ def keep_patterns(hooks: Hooks, patterns: list[torch.Tensor]) -> Hooks:
 
 
 class AttentionGradients:
-    """Mean attention and mean ``|dL/da|`` to [SEP], [CLS], punctuation and every key, per layer (see the module docstring).
+    """Mean attention and mean ``|dL/da|`` to [SEP], [CLS], punctuation and every key, per layer (see the module docstring);
+    on a decoder to the first token, punctuation and every key (:attr:`targets`).
 
     ``labels`` (a classifier's task): the gold label index of each example, by its position in the corpus; without
-    it, the loss is the masked-LM loss with ``mask_share`` of the pieces masked.
+    it, the loss is the masked-LM loss with ``mask_share`` of the pieces masked, or a decoder's causal LM loss.
     """
 
-    def __init__(self, engine: Engine, *, mask_share: float = 0.15, seed: int = 0, labels: dict[int, int] | None = None):
+    def __init__(self, engine: Engine, *, mask_share: float = DEFAULT_MASK_SHARE, seed: int = 0, labels: dict[int, int] | None = None):
         self.engine, self.mask_share, self.seed, self.labels = engine, mask_share, seed, labels
-        self.moments = RunningMoments((engine.model.num_layers, len(GRADIENT_TARGETS), 2))
+        self.targets = DECODER_GRADIENT_TARGETS if engine.model.causal else GRADIENT_TARGETS
+        self.moments = RunningMoments((engine.model.num_layers, len(self.targets), 2))
+
+    @property
+    def masked_lm(self) -> bool:
+        """Whether the loss is the masked-LM loss (no task labels, an encoder)."""
+        return self.labels is None and not self.engine.model.causal
 
     def update(self, items: list[Encoded]) -> None:
         engine, model = self.engine, self.engine.model
         tensors = engine.collate(items)
         input_ids, mask = tensors["input_ids"].clone(), tensors["mask"]
-        if self.labels is None:
+        if self.masked_lm:
             targets = torch.full_like(input_ids, -100)
             mask_id = model.tokenizer.mask_token_id
             if mask_id is None:
@@ -82,26 +104,38 @@ class AttentionGradients:
         patterns: list[torch.Tensor] = []
         with torch.enable_grad(), keep_patterns(Hooks(), patterns).attach(model.model):
             logits = model.model(**inputs).logits
-            if self.labels is None:  # each sequence's mean cross-entropy over its masked pieces, summed over sequences
-                losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-                loss = (losses.sum(dim=1) / (targets != -100).sum(dim=1).clamp(min=1)).sum()
-            else:
+            if self.labels is not None:
                 gold = torch.tensor([self.labels[item.index] for item in items], device=logits.device)
                 loss = torch.nn.functional.cross_entropy(logits, gold, reduction="sum")
+            elif model.causal:  # each sequence's mean next-token cross-entropy, summed over sequences
+                summed, predicted = next_token_losses(logits, input_ids, mask)
+                loss = (summed / predicted.clamp(min=1)).sum()
+            else:  # each sequence's mean cross-entropy over its masked pieces, summed over sequences
+                losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+                loss = (losses.sum(dim=1) / (targets != -100).sum(dim=1).clamp(min=1)).sum()
             gradients = torch.autograd.grad(loss, patterns)
         attentions = torch.stack([pattern.detach() for pattern in patterns]).double()  # [layer, batch, head, n, n]
         magnitudes = torch.stack(gradients).abs().double()
-        real = mask.double()
         original = tensors["input_ids"]  # the token sets are the input's, masked pieces included
-        sets = {"sep": (original == model.sep_token_id) & mask, "cls": (original == model.cls_token_id) & mask,
-                "punct": engine.punctuation(original) & mask, "all": mask}
-        heads, n = attentions.shape[2], real.sum(dim=1)
+        queries = mask.clone()
+        if model.causal:  # the first token in [CLS]'s place, no [SEP]; row 0 sees only itself and is no query
+            first = torch.zeros_like(mask)
+            first[:, 0] = True
+            sets = {"first": first & mask}
+            queries[:, 0] = False
+        else:
+            sets = {"sep": (original == model.sep_token_id) & mask, "cls": (original == model.cls_token_id) & mask}
+        sets.update(punct=engine.punctuation(original) & mask, all=mask)
+        visible = queries[:, :, None] & mask[:, None, :]  # [batch, query, key]: the weights there are
+        if model.causal:
+            visible = visible & torch.ones(visible.shape[1:], dtype=torch.bool, device=visible.device).tril()
+        heads, count = attentions.shape[2], queries.sum(dim=1)
         rows = []
-        for name in GRADIENT_TARGETS:
-            keys = sets[name].double()
-            weight = torch.einsum("lbhij,bi,bj->lb", attentions, real, keys) / (heads * n)
-            size = keys.sum(dim=1)
-            gradient = torch.einsum("lbhij,bi,bj->lb", magnitudes, real, keys) / (heads * n * size)
+        for name in self.targets:
+            pairs = (visible & sets[name][:, None, :]).double()
+            size = pairs.sum(dim=(1, 2))
+            weight = torch.einsum("lbhij,bij->lb", attentions, pairs) / (heads * count)
+            gradient = torch.einsum("lbhij,bij->lb", magnitudes, pairs) / (heads * size)
             gradient = torch.where(size > 0, gradient, torch.nan)
             weight = torch.where(size > 0, weight, torch.nan)
             rows.append(torch.stack([weight, gradient], dim=-1))  # [layer, batch, 2]
@@ -111,7 +145,7 @@ class AttentionGradients:
         """``layer, target, attention, attention_ci_low, attention_ci_high, gradient, gradient_ci_low, gradient_ci_high, n``."""
         means, (low, high) = self.moments.means(), self.moments.interval()
         layer, target = np.indices(means.shape[:2])
-        table = pd.DataFrame({"layer": layer.ravel(), "target": np.array(GRADIENT_TARGETS)[target.ravel()]})
+        table = pd.DataFrame({"layer": layer.ravel(), "target": np.array(self.targets)[target.ravel()]})
         for k, quantity in enumerate(("attention", "gradient")):
             table[quantity] = means[..., k].ravel()
             table[f"{quantity}_ci_low"] = low[..., k].ravel()
@@ -138,7 +172,7 @@ class GradientStudy:
 
         folder = RunFolder(out)
         folder.write_table("gradients", self.gradients)
-        section = gradients_section(folder, self.gradients, self.settings["loss"])
+        section = gradients_section(folder, self.gradients, self.settings["loss"], causal=self.model["kind"] == "decoder")
         stats = self.stats.as_dict()
         summary = {"model": self.model["name"], "corpus": f"{self.corpus['name']} ({self.corpus['format']})", "loss": self.settings["loss"],
                    "sequences": stats["sequences"], "truncated": stats["truncated"], "time": f"{stats['seconds']} s"}
@@ -147,19 +181,35 @@ class GradientStudy:
         return finish(folder, manifest, report=report, command=command) / "report.html"
 
 
+def language_model_head(model, trust_remote_code: bool = False) -> str:
+    """The head whose loss a run without a task differentiates, read from the model's configuration before loading it:
+    ``causal-lm`` for a decoder (docs/methods.md#decoders), else ``masked-lm`` (the bundled model's, and a folder without a
+    configuration's: :func:`~bertology.core.models.load_model` says what is wrong with it)."""
+    if model is None:
+        return "masked-lm"
+    source = str(Path(model).expanduser()) if Path(model).expanduser().exists() else str(model)
+    if Path(source).exists() and not (Path(source) / "config.json").is_file():
+        return "masked-lm"
+    with loading_errors(source):
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    return "causal-lm" if attends_causally(config) else "masked-lm"
+
+
 @claims_out(words=("format", "punct", "device"))
 def attention_gradients(model=None, corpus=None, *, task=None, format: str = "auto", out=None, batch_size: int = 16,
-                        max_length: int | None = None, limit: int | None = None, mask_share: float = 0.15, punct: str = "upos",
+                        max_length: int | None = None, limit: int | None = None, mask_share: float | None = None, punct: str = "upos",
                         seed: int = 0, device: str = "auto", trust_remote_code: bool = False, progress: bool = True,
                         command: list[str] | None = None) -> GradientStudy:
     """Attention to [SEP], [CLS] and punctuation per layer beside the gradient of the loss with respect to it.
 
     ``model``: a model with a masked-LM head (hub name, folder or :class:`~bertology.core.models.LoadedModel`;
-    one without is refused in one line), or with ``task`` (a :class:`~bertology.studies.finetune.finetuning.TaskData`) a
-    sequence classifier, whose loss is the cross-entropy of the task's gold labels on its dev examples (then
-    ``corpus`` must be None). ``mask_share``: the share of pieces masked for the masked-LM loss.
+    one without is refused in one line), a decoder (a causal language model: its loss is the next-token cross-entropy, and
+    the first token stands in [CLS]'s place, docs/methods.md#decoders), or with ``task`` (a
+    :class:`~bertology.core.tasks.TaskData`) a sequence classifier, whose loss is the cross-entropy of the task's gold labels
+    on its dev examples (then ``corpus`` must be None). ``mask_share``: the share of pieces masked for the masked-LM loss
+    (0.15 when None; given for another loss, refused).
     """
-    if not 0 < mask_share <= 1:
+    if mask_share is not None and not 0 < mask_share <= 1:
         raise BertologyError(f"--mask-share must be in (0, 1], not {mask_share}")
     if task is not None:
         if corpus is not None:
@@ -172,8 +222,16 @@ def attention_gradients(model=None, corpus=None, *, task=None, format: str = "au
     if not examples:
         raise BertologyError("the corpus has no examples")
     corpus_info["examples"] = len(examples)
-    head = "classifier" if task is not None else "masked-lm"
-    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, trust_remote_code=trust_remote_code, head=head)
+    if isinstance(model, LoadedModel):
+        loaded = model
+    else:
+        head = "classifier" if task is not None else language_model_head(model, trust_remote_code)
+        loaded = load_model(model, device=device, trust_remote_code=trust_remote_code, head=head)
+    masked_lm = task is None and not loaded.causal
+    if mask_share is not None and not masked_lm:
+        raise BertologyError("--mask-share applies to the masked-LM loss, not a task's" if task is not None else
+                             f"--mask-share applies to the masked-LM loss: {loaded.name} is a decoder, which has none (its loss is the next-token cross-entropy)")
+    share = DEFAULT_MASK_SHARE if mask_share is None else mask_share
     labels = None
     if task is not None:
         names = [str(loaded.model.config.id2label[i]) for i in range(loaded.model.config.num_labels)]
@@ -181,7 +239,7 @@ def attention_gradients(model=None, corpus=None, *, task=None, format: str = "au
             raise BertologyError(f"{loaded.name}: its labels {names} are not the task's {list(task.labels)}: was it fine-tuned on {task.name}?")
         labels = {index: names.index(example.label) for index, example in enumerate(examples)}
     engine = Engine(loaded, batch_size=batch_size, max_length=max_length, progress=False, punct=punct)
-    study = AttentionGradients(engine, mask_share=mask_share, seed=seed, labels=labels)
+    study = AttentionGradients(engine, mask_share=share, seed=seed, labels=labels)
     stats = RunStats()
     started = time.perf_counter()
     with tqdm(total=len(examples), unit="seq", desc="attention gradients", disable=not progress) as bar:
@@ -192,9 +250,9 @@ def attention_gradients(model=None, corpus=None, *, task=None, format: str = "au
             stats.batches += 1
             bar.update(len(items))
     stats.seconds = time.perf_counter() - started
+    loss = f"masked LM ({share:.0%} of pieces masked)" if masked_lm else NEXT_TOKEN_LOSS if task is None else f"{task.name} cross-entropy"
     result = GradientStudy(study.result(), loaded.info(), corpus_info, stats,
-                           {"loss": f"{task.name} cross-entropy" if task is not None else f"masked LM ({mask_share:.0%} of pieces masked)",
-                            "batch_size": batch_size, "max_length": engine.max_length, "mask_share": mask_share, "punct": punct, "seed": seed,
+                           {"loss": loss, "batch_size": batch_size, "max_length": engine.max_length, "mask_share": share if masked_lm else None, "punct": punct, "seed": seed,
                             "limit": limit, "device": device})
     if out is not None:
         result.save(out, command=command)

@@ -7,7 +7,6 @@ import numpy as np
 import pandas as pd
 
 from bertology.core.runfolder import RunFolder
-from bertology.core.tasks import LM_METRICS
 from bertology.render.figures import head_grid, head_grid_size, plt
 from bertology.render.html import Figure, Section
 
@@ -15,32 +14,24 @@ NORMALISED = {"layer": "divided by its layer's l2 norm", "global": "min-max scal
               "layer+global": "divided by its layer's l2 norm, then min-max scaled over all heads", "none": "not normalised"}
 
 
-#: How far a metric may move the wrong way before a pruned model counts as worse: 1 point of a task metric; 0.01 nats of a
-#: language model's loss (and of its log perplexity), a perplexity ``exp(0.01)``, about 1%, higher.
+#: How far the headline metric may get worse before a pruned model counts as worse: 1 point of a task metric (higher is
+#: better), 0.01 nats of a language model's ``lm_loss`` (lower is better; a perplexity ``exp(0.01)``, about 1%, higher).
 TOLERANCE = 0.01
 
 
 def worse_by(metric: str) -> str:
-    """How the report words ``metric`` getting worse by more than :data:`TOLERANCE`."""
-    if metric in LM_METRICS:
-        return "rises by more than 0.01 nats (perplexity by 1%)" if metric == "lm_loss" else "rises by more than 1%"
-    return "drops by more than 1 point"
-
-
-def _worse(metric: str, value: float, unpruned: float) -> bool:
-    """Whether ``value`` is worse than ``unpruned`` by more than :data:`TOLERANCE` (a loss and a perplexity are better lower;
-    a perplexity is compared by its log, so by a share)."""
-    if metric == "perplexity":
-        return np.log(value) > np.log(unpruned) + TOLERANCE
-    return value > unpruned + TOLERANCE if metric in LM_METRICS else value < unpruned - TOLERANCE
+    """How the report words the headline ``metric`` (a task metric, or ``lm_loss``) getting worse by more than :data:`TOLERANCE`."""
+    return "rises by more than 0.01 nats (perplexity by 1%)" if metric == "lm_loss" else "drops by more than 1 point"
 
 
 def heads_within(pruning: pd.DataFrame, metric: str, unpruned: float) -> int:
-    """The most heads pruned on the curve before the metric first gets worse by more than :data:`TOLERANCE` (:func:`worse_by`)."""
+    """The most heads pruned on the curve before the headline ``metric`` (a task metric, or ``lm_loss``) first gets worse
+    by more than :data:`TOLERANCE` (:func:`worse_by`)."""
     rows = pruning[pruning.metric == metric].sort_values("heads_pruned")
+    better = -1.0 if metric == "lm_loss" else 1.0  # the sign of an improvement
     kept = 0
     for row in rows.itertuples():
-        if _worse(metric, row.value, unpruned):
+        if better * (row.value - unpruned) < -TOLERANCE:
             break
         kept = int(row.heads_pruned)
     return kept
@@ -51,7 +42,7 @@ def importance_section(folder: RunFolder, study) -> Section:
     unpruned = study.baseline[metric]
     measured = ""
     if study.importance is not None:
-        where = f"{study.settings['importance_split']} examples" if study.corpus is None else "texts of the corpus (those the curve is evaluated on too)"
+        where = f"{study.settings['importance_split']} examples" if study.corpus is None else "texts of the corpus (which has no splits: the curve reads it too)"
         measured = f"Measured on {study.importance_examples} {where}; importance_normalised is {NORMALISED[study.settings['normalise']]}. "
     loss = study.loss if study.corpus is None else f"{study.loss}, each text's mean over its real pieces, none on padding"
     section = Section(
@@ -137,11 +128,9 @@ def pruning_curve(pruning: pd.DataFrame, metric: str, unpruned: float):
     figure, axis = plt.subplots(figsize=(5.8, 3.6))
     axis.plot(100 * rows.share_pruned, rows.value, marker="o", label="pruned by importance")
     axis.axhline(unpruned, color="black", linestyle="--", linewidth=1, label="unpruned")
-    if metric in LM_METRICS:
-        axis.axhline(unpruned + TOLERANCE if metric == "lm_loss" else unpruned * np.exp(TOLERANCE), color="grey", linestyle=":", linewidth=1,
-                     label="0.01 nats above" if metric == "lm_loss" else "1% above")
-    else:
-        axis.axhline(unpruned - TOLERANCE, color="grey", linestyle=":", linewidth=1, label="1 point below")
+    loss = metric == "lm_loss"
+    axis.axhline(unpruned + TOLERANCE if loss else unpruned - TOLERANCE, color="grey", linestyle=":", linewidth=1,
+                 label="0.01 nats above" if loss else "1 point below")
     axis.set_xlabel("heads pruned (%)")
     axis.set_ylabel(metric)
     axis.set_title("iterative pruning (Michel et al. 2019)", fontsize=9)

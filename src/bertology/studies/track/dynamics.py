@@ -20,6 +20,12 @@ corpus, and :func:`hypothesis_verdict` tests two claims:
    replicates (the same sequence weights at every checkpoint). With trees, the mean over relations
    of the best head's accuracy (Clark et al.'s syntactic heads) is tracked the same way.
 
+On a decoder (docs/methods.md#decoders; e.g. ``bertology pretrain --causal``) [SEP] has no meaning and the first token,
+the candidate attention sink, takes [CLS]'s place (:data:`~bertology.studies.track.peaks.DECODER_PEAK_METRICS`): the
+claims become "first-token attention peaks below punctuation" and "it emerges before punctuation", and ``Sink_eps``
+(Gu et al. 2025, "When Attention Sink Emerges in Language Models"), the share of heads whose mean attention to the first
+token exceeds eps, is followed per layer and overall over the checkpoints.
+
 A claim is **supported** when the order holds in the data and in at least 95% of the
 replicates, **contradicted** when it holds in at most 5% of them, and **inconclusive** otherwise.
 """
@@ -49,11 +55,22 @@ from bertology.core.safeload import field as document_field
 from bertology.core.safeload import parse_json, read_json, read_npz, whole_number
 from bertology.families.profile.analyzer import GeneralProfile
 from bertology.families.roles.analyzer import HeadRoles
+from bertology.families.sinks.analyzer import SINK_EPS, sink_rates
 from bertology.families.syntax.analyzer import RelationHeads
-from bertology.studies.track.peaks import PEAK_METRICS, LayerPeaks, peak_layers
+from bertology.studies.track.peaks import DECODER_PEAK_METRICS, PEAK_METRICS, LayerPeaks, peak_layers
 
 LEVEL = 0.95
-METRIC_NAMES = {"cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation", "syntax": "dependency relations (best head per relation)"}
+METRIC_NAMES = {"cls": "[CLS]", "sep": "[SEP]", "first": "the first token", "punct": "punctuation",
+                "syntax": "dependency relations (best head per relation)"}
+#: The two claims (depth, training) for an encoder's token sets and for a decoder's.
+CLAIMS = {
+    PEAK_METRICS: ("In the final model the layer where [CLS] attention peaks is below the layer where [SEP] peaks, "
+                   "which is below the layer where punctuation peaks.",
+                   "Over training, [CLS] attention emerges before [SEP] attention, which emerges before attention to punctuation."),
+    DECODER_PEAK_METRICS: ("In the final decoder the layer where attention to the first token (the candidate attention sink) peaks is "
+                           "below the layer where attention to punctuation peaks.",
+                           "Over training, attention to the first token (the attention sink) emerges before attention to punctuation."),
+}
 TRACK_COLUMNS = ["step", "checkpoint", "layer", "head", "metric", "value", "ci_low", "ci_high"]
 TRACK_LAYER_COLUMNS = ["step", "checkpoint", "layer", "metric", "value", "ci_low", "ci_high"]
 #: The largest training step bertology takes from a checkpoint (steps are kept as 64-bit integers).
@@ -146,33 +163,38 @@ def _in_order(values: np.ndarray) -> np.ndarray:
     return np.all(np.diff(values, axis=-1) > 0, axis=-1)
 
 
-def depth_verdict(means: np.ndarray, step: int | None = None, checkpoint: str | None = None) -> dict:
-    """Claim 1 from ``means [1 + B, layer, metric]`` (:data:`PEAK_METRICS`; row 0 is the data)."""
-    peaks = peak_layers(means)
+def _order(metrics: tuple[str, ...]) -> str:
+    """``[CLS] < [SEP] < punctuation``: the order a claim tests."""
+    return " < ".join(METRIC_NAMES[metric] for metric in metrics)
+
+
+def depth_verdict(means: np.ndarray, step: int | None = None, checkpoint: str | None = None, metrics: tuple[str, ...] = PEAK_METRICS) -> dict:
+    """Claim 1 from ``means [1 + B, layer, metric]`` (``metrics``: :data:`PEAK_METRICS`, a decoder's :data:`DECODER_PEAK_METRICS`;
+    row 0 is the data)."""
+    peaks = peak_layers(means, metrics)
     replicate_peaks = means[1:].argmax(axis=1)
     holds = bool(_in_order(peaks.peak_layer.to_numpy()))
     probability = float(_in_order(replicate_peaks).mean())
     pairwise = {f"{a}<{b}": float((replicate_peaks[:, i] < replicate_peaks[:, i + 1]).mean())
-                for i, (a, b) in enumerate(zip(PEAK_METRICS, PEAK_METRICS[1:]))}
+                for i, (a, b) in enumerate(zip(metrics, metrics[1:]))}
     verdict = _decide(holds, probability)
     where = ", ".join(
         f"{METRIC_NAMES[r.metric]} peaks in layer {r.peak_layer} (95% interval {r.ci_low:.0f}-{r.ci_high:.0f}, mean attention {means[0, r.peak_layer, k]:.3f})"
         for k, r in enumerate(peaks.itertuples())
     )
     return {
-        "claim": "In the final model the layer where [CLS] attention peaks is below the layer where [SEP] peaks, "
-                 "which is below the layer where punctuation peaks.",
+        "claim": CLAIMS[metrics][0],
         "step": step,
         "checkpoint": checkpoint,
         "peaks": {r.metric: {"layer": int(r.peak_layer), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high), "agreement": float(r.agreement),
                              "value": float(means[0, r.peak_layer, k])} for k, r in enumerate(peaks.itertuples())},
-        "layer_means": {metric: means[0, :, k].round(4).tolist() for k, metric in enumerate(PEAK_METRICS)},
+        "layer_means": {metric: means[0, :, k].round(4).tolist() for k, metric in enumerate(metrics)},
         "order_holds": holds,
         "probability": probability,
         "pairwise_probability": pairwise,
         "replicates": int(len(means) - 1),
         "verdict": verdict,
-        "statement": f"{where} (layers 0-based). The order [CLS] < [SEP] < punctuation holds in {probability:.1%} of "
+        "statement": f"{where} (layers 0-based). The order {_order(metrics)} holds in {probability:.1%} of "
                      f"{len(means) - 1} bootstrap replicates over sequences: {verdict}.",
     }
 
@@ -198,7 +220,8 @@ def crossing_steps(steps: np.ndarray, strength: np.ndarray) -> np.ndarray:
 
 
 def emergence_verdict(steps: list[int], strength: np.ndarray, metrics: tuple[str, ...]) -> tuple[dict, pd.DataFrame]:
-    """Claim 2 from ``strength [checkpoint, 1 + B, metric]``; the first three metrics are :data:`PEAK_METRICS`.
+    """Claim 2 from ``strength [checkpoint, 1 + B, metric]``; the first metrics are :data:`PEAK_METRICS` (a decoder's
+    :data:`DECODER_PEAK_METRICS`), then optionally ``syntax``.
 
     Returns the verdict and a table ``metric, first, final, emerges, half_step, ci_low, ci_high, bracket_low, bracket_high``.
     """
@@ -214,7 +237,8 @@ def emergence_verdict(steps: list[int], strength: np.ndarray, metrics: tuple[str
                      "half_step": float(point), "ci_low": float(low), "ci_high": float(high),
                      "bracket_low": int(steps_array[after - 1]) if after else None, "bracket_high": int(steps_array[after]) if after else None})
     table = pd.DataFrame(rows)
-    main = crossed[:, : len(PEAK_METRICS)]
+    peak_metrics = tuple(metric for metric in metrics if metric != "syntax")
+    main = crossed[:, : len(peak_metrics)]
     holds = bool(_in_order(main[0]))
     probability = float(_in_order(main[1:]).mean())
     verdict = _decide(holds, probability)
@@ -227,7 +251,7 @@ def emergence_verdict(steps: list[int], strength: np.ndarray, metrics: tuple[str
                 f"(between checkpoints {row.bracket_low:.0f} and {row.bracket_high:.0f}; 95% interval {row.ci_low:.0f}-{row.ci_high:.0f})")
 
     result = {
-        "claim": "Over training, [CLS] attention emerges before [SEP] attention, which emerges before attention to punctuation.",
+        "claim": CLAIMS[peak_metrics][1],
         "steps": [int(s) for s in steps],
         "strength": "max over layers of the layer mean; emerged = the step where it first covers half of its rise from the first checkpoint",
         "patterns": {row.metric: {k: _json_value(v) for k, v in row._asdict().items() if k not in ("Index", "metric")} for row in table.itertuples()},
@@ -236,27 +260,29 @@ def emergence_verdict(steps: list[int], strength: np.ndarray, metrics: tuple[str
         "replicates": int(strength.shape[1] - 1),
         "verdict": verdict,
         "statement": "; ".join(describe(row) for row in table.itertuples())
-                     + f". The order [CLS] < [SEP] < punctuation holds in {probability:.1%} of {strength.shape[1] - 1} paired bootstrap replicates: {verdict}.",
+                     + f". The order {_order(peak_metrics)} holds in {probability:.1%} of {strength.shape[1] - 1} paired bootstrap replicates: {verdict}.",
     }
     if "syntax" in metrics:
         k = metrics.index("syntax")
-        between = _in_order(np.stack([crossed[1:, 0], crossed[1:, k], crossed[1:, 2]], axis=-1))
-        result["syntax_between_cls_and_punct_probability"] = float(between.mean())
-        result["statement"] += f" Dependency heads emerge between [CLS] and punctuation in {between.mean():.1%} of the replicates."
+        last = len(peak_metrics) - 1  # punctuation
+        between = _in_order(np.stack([crossed[1:, 0], crossed[1:, k], crossed[1:, last]], axis=-1))
+        result[f"syntax_between_{peak_metrics[0]}_and_punct_probability"] = float(between.mean())
+        result["statement"] += f" Dependency heads emerge between {METRIC_NAMES[peak_metrics[0]]} and punctuation in {between.mean():.1%} of the replicates."
     return result, table
 
 
-def hypothesis_verdict(steps: list[int], checkpoints: list[str], means: np.ndarray, syntax: np.ndarray | None = None) -> tuple[dict, pd.DataFrame | None]:
-    """Both claims from ``means [checkpoint, 1 + B, layer, metric]`` and optionally ``syntax [checkpoint, 1 + B]``."""
-    verdict = {"depth": depth_verdict(means[-1], step=steps[-1], checkpoint=checkpoints[-1])}
+def hypothesis_verdict(steps: list[int], checkpoints: list[str], means: np.ndarray, syntax: np.ndarray | None = None,
+                       metrics: tuple[str, ...] = PEAK_METRICS) -> tuple[dict, pd.DataFrame | None]:
+    """Both claims from ``means [checkpoint, 1 + B, layer, metric]`` (``metrics``: an encoder's or a decoder's token sets)
+    and optionally ``syntax [checkpoint, 1 + B]``."""
+    verdict = {"depth": depth_verdict(means[-1], step=steps[-1], checkpoint=checkpoints[-1], metrics=metrics)}
     if len(steps) < 2:
         verdict["training"] = {"verdict": "not applicable", "statement": "One checkpoint: there is no training series to order (depth only)."}
         return verdict, None
     strength = means.max(axis=2)  # [checkpoint, 1 + B, metric]
-    metrics = PEAK_METRICS
     if syntax is not None:
         strength = np.concatenate([strength, syntax[..., None]], axis=-1)
-        metrics = (*PEAK_METRICS, "syntax")
+        metrics = (*metrics, "syntax")
     verdict["training"], table = emergence_verdict(steps, strength, metrics)
     return verdict, table
 

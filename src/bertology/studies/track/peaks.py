@@ -1,5 +1,6 @@
-"""Where attention to [CLS], [SEP] and punctuation peaks over depth, with bootstrap replicates over sequences: the
-analyzer ``track`` runs at each checkpoint for the learning-curve verdict (docs/methods.md#track-and-the-learning-curve-verdict)."""
+"""Where attention to [CLS], [SEP] and punctuation (a decoder's: the first token and punctuation) peaks over depth, with
+bootstrap replicates over sequences: the analyzer ``track`` runs at each checkpoint for the learning-curve verdict
+(docs/methods.md#track-and-the-learning-curve-verdict)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,19 @@ from bertology.families.profile.analyzer import attention_to
 
 #: The token sets whose attention peaks at a characteristic depth under the learning-curve hypothesis (docs/methods.md#track-and-the-learning-curve-verdict).
 PEAK_METRICS = ("cls", "sep", "punct")
+#: A decoder's (docs/methods.md#decoders): the first token, the candidate attention sink, in [CLS]'s place (the profile's
+#: ``first``); [SEP] has no meaning there.
+DECODER_PEAK_METRICS = ("first", "punct")
 
 
 class LayerPeaks(LayerwiseAnalyzer):
     """Per-layer attention to [CLS], [SEP] and punctuation (the engine's set, as in :class:`GeneralProfile`),
-    with bootstrap replicates over sequences.
+    with bootstrap replicates over sequences; on a decoder (:data:`DECODER_PEAK_METRICS`) to the first token and
+    punctuation, over the queries ``i >= 1`` as the profile's ``first`` and ``punct`` (row 0 sees only itself).
 
     A sequence's value for layer l is the mean over its heads of the metric (as in
-    :meth:`GeneralProfile.layers`); ``m_l`` is its mean over sequences, and the metric peaks at
-    ``argmax_l m_l``. Replicate 0 is the data; replicates 1..B weight each sequence by a Poisson(1)
+    :meth:`GeneralProfile.layers`); ``m_l`` is its mean over sequences (a decoder's sequence of one token, with no query,
+    takes no part), and the metric peaks at ``argmax_l m_l``. Replicate 0 is the data; replicates 1..B weight each sequence by a Poisson(1)
     draw keyed by the sequence (:func:`~bertology.core.stats.bootstrap_weights`), so the replicates of
     two checkpoints run on one corpus are paired.
 
@@ -41,28 +46,35 @@ class LayerPeaks(LayerwiseAnalyzer):
         self._weights = np.zeros(1 + bootstrap)  # [1 + B]: summed sequence weights
         self._sequences = 0
         self._pending: list[torch.Tensor] = []  # one [batch, metric] per layer
+        self.metrics = PEAK_METRICS  # DECODER_PEAK_METRICS once a decoder's batch is seen
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
             self._pending = []
-        sets = {"cls": batch.cls_mask, "sep": batch.sep_mask, "punct": batch.punct_mask}
-        members = torch.stack([sets[metric] for metric in PEAK_METRICS], dim=-1)
-        self._pending.append(attention_to(maps.attention, batch.mask, members).mean(dim=1))  # a sequence's layer value, the head mean: [batch, metric]
+            self.metrics = DECODER_PEAK_METRICS if batch.causal else PEAK_METRICS
+        sets = {"cls": batch.cls_mask, "first": batch.cls_mask, "sep": batch.sep_mask, "punct": batch.punct_mask}  # a decoder's cls_mask: position 0
+        members = torch.stack([sets[metric] for metric in self.metrics], dim=-1)
+        rows = maps.attention[..., 1:, :] if batch.causal else maps.attention  # the queries of query_mask: a decoder's from row 1
+        self._pending.append(attention_to(rows, batch.query_mask, members).mean(dim=1))  # a sequence's layer value, the head mean: [batch, metric]
 
     def finish_batch(self, batch: Batch) -> None:
         values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, metric]: one copy to the host
         self._pending = []
-        weights = np.stack([bootstrap_weights(self.seed, self.bootstrap, example) for example in batch.examples])  # [batch, 1 + B]
-        sums = np.einsum("br,blm->rlm", weights, values)
+        seen = np.isfinite(values).all(axis=(1, 2))  # NaN: a decoder's sequence of one token (no query i >= 1)
+        weights = np.stack([bootstrap_weights(self.seed, self.bootstrap, example) for example in batch.examples]) * seen[:, None]  # [batch, 1 + B]
+        sums = np.einsum("br,blm->rlm", weights, np.where(seen[:, None, None], values, 0.0))
         self._sums = sums if self._sums is None else self._sums + sums
         self._weights += weights.sum(axis=0)
-        self._sequences += len(batch.examples)
+        self._sequences += int(seen.sum())
 
     def merge(self, other: "LayerPeaks") -> "LayerPeaks":
         self._check_mergeable(other)
         if other.bootstrap != self.bootstrap or other.seed != self.seed:
             raise ValueError("cannot merge LayerPeaks with different bootstrap sizes or seeds")
         if other._sums is not None:
+            if self._sums is not None and other.metrics != self.metrics:
+                raise ValueError("cannot merge the LayerPeaks of an encoder and of a decoder")
+            self.metrics = other.metrics
             self._sums = other._sums.copy() if self._sums is None else self._sums + other._sums
             self._weights = self._weights + other._weights
             self._sequences += other._sequences
@@ -82,12 +94,12 @@ class LayerPeaks(LayerwiseAnalyzer):
         means = self.replicate_means()
         low, high = np.nanpercentile(means[1:], [2.5, 97.5], axis=0)
         layer, metric = np.indices(means.shape[1:])
-        return pd.DataFrame({"layer": layer.ravel(), "metric": np.array(PEAK_METRICS)[metric.ravel()], "value": means[0].ravel(),
+        return pd.DataFrame({"layer": layer.ravel(), "metric": np.array(self.metrics)[metric.ravel()], "value": means[0].ravel(),
                              "ci_low": low.ravel(), "ci_high": high.ravel(), "n": self._sequences})
 
     def peaks(self) -> pd.DataFrame:
         """Where each metric peaks: the data's layer, the replicates' 95% percentile interval and their agreement."""
-        return peak_layers(self.replicate_means())
+        return peak_layers(self.replicate_means(), self.metrics)
 
 
 def peak_layers(means: np.ndarray, metrics=PEAK_METRICS) -> pd.DataFrame:

@@ -12,6 +12,5 @@ def viewer_section(view, href: str = "viewer.html") -> Section:
                "a head view with lines from each token to those it attends, and a model view of every head. "
                "Click a head below to open it there."),
     )
-    layers, heads = view.attention.shape[:2]
-    section.head_links = (href, layers, heads)
+    section.head_links = (href, view.layers, view.heads)
     return section

@@ -9,13 +9,14 @@
     for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
     return bytes;
   }
-  // Each view of attention (weights, norm shares, rollout), decoded once when first shown.
+  // Each view of attention (weights, norm shares, rollout), decoded once when first shown. A "topk" view keeps each row's
+  // k largest weights, at key positions `indices`, and the row's mass left out (`rest`); `overview` holds the thumbnails.
   const decoded = {};
   function viewData(name) {
     if (!decoded[name]) {
-      const view = data.views[name];
-      decoded[name] = { heads: view.heads, k: view.k || n, weights: decode(view.weights),
-                        indices: view.format === "topk" ? new Uint16Array(decode(view.indices).buffer) : null };
+      const view = data.views[name], topk = view.format === "topk";
+      decoded[name] = { heads: view.heads, k: view.k || n, weights: decode(view.weights), overview: decode(view.overview),
+                        indices: topk ? new Uint16Array(decode(view.indices).buffer) : null, rest: topk ? decode(view.rest) : null };
     }
     return decoded[name];
   }
@@ -33,6 +34,8 @@
     }
   }
   function drawnHeads() { return current.heads === 1 ? [0] : state.heads; }
+  // The share of row (layer, head, query) that a "topk" view leaves out, in [0, 1].
+  function restOf(layer, head, query) { return current.rest[(layer * current.heads + (current.heads === 1 ? 0 : head)) * n + query] / 255; }
   function colour(head, alpha) { return "hsla(" + Math.round(360 * head / H) + ",70%,45%," + alpha + ")"; }
   // WCAG 2 contrast of white text on hsl(hue, 70%, lightness): (1.05) / (L_bg + 0.05), L the relative luminance.
   function whiteContrast(hue, lightness) {
@@ -104,6 +107,7 @@
     }
     batches.sort(function (a, b) { return b.level - a.level; });
     drawTokens(hover);
+    noteRow(hover);
     const total = batches.reduce(function (sum, batch) { return sum + batch.ends.length / 2; }, 0);
     viewer.linesDrawn = total;
     canvas.dataset.lines = String(total);
@@ -132,6 +136,22 @@
     step();
   }
 
+  // Hovering a query of a "topk" view says how much of its row the lines leave out.
+  const rowNote = document.getElementById("row-note");
+  function noteRow(hover) {
+    if (rowNote === null) return;  // every weight is on the page
+    if (!hover || hover.side !== "query") { rowNote.textContent = ""; return; }
+    const shares = Array.from(drawnHeads()).sort((a, b) => a - b).map(function (head) {
+      const left = Math.round(100 * restOf(state.layer, head, hover.index));
+      return current.heads === 1 ? left + "%" : left + "% (head " + head + ")";
+    });
+    rowNote.textContent = "Token " + hover.index + ": the keys beyond its " + current.k + " largest weights hold " + shares.join(", ") + " of its row.";
+  }
+
+  // A decoder's query sees only the keys at or before it: hovering a token greys the tokens it cannot see, or that cannot see it.
+  function unseen(hover, side, i) {
+    return data.causal && hover !== null && hover.side !== side && (hover.side === "query" ? i > hover.index : i < hover.index);
+  }
   function drawTokens(hover) {
     context.font = "12px ui-monospace, monospace";
     context.textBaseline = "middle";
@@ -141,7 +161,7 @@
       for (const side of ["query", "key"]) {
         const active = hover && hover.side === side && hover.index === i;
         if (active) { context.fillStyle = "#ffe08a"; context.fillRect(side === "query" ? 0 : rightX - 2, y(i) - rowHeight / 2, textWidth - 2, rowHeight); }
-        context.fillStyle = dim;
+        context.fillStyle = unseen(hover, side, i) ? "#b4b9c4" : dim;
         context.textAlign = side === "query" ? "right" : "left";
         context.fillText(label(data.tokens[i]), side === "query" ? leftX : rightX, y(i), textWidth - 10);
       }
@@ -189,9 +209,9 @@
     boxes.appendChild(label);
     headInputs.push(input);
   }
-  for (const [id, key] of [["query-filter", "queryFilter"], ["key-filter", "keyFilter"]]) {
+  for (const [id, key] of [["query-filter", "queryFilter"], ["key-filter", "keyFilter"]]) {  // only for a pair of texts
     const select = document.getElementById(id);
-    select.disabled = !data.segments.includes(1);
+    if (select === null) continue;
     select.addEventListener("change", function () { state[key] = select.value; drawHead(); });
   }
   function updateTitle() {
@@ -214,18 +234,19 @@
   }
   const grid = document.getElementById("grid");
   grid.style.gridTemplateColumns = "repeat(" + H + ", max-content)";
-  const size = Math.min(n, 72), block = n / size;
+  // A thumbnail is the whole map, max-pooled to size x size cells (bertology.viewer.overview_starts). On a decoder's map the
+  // cells after the diagonal hold only keys their queries cannot see: grey, not the white of zero attention.
+  const size = data.overview_size;
   const allLabels = new Set();
   function paint(small, l, h) {
     const image = small.getContext("2d").createImageData(size, size);
-    const cell = new Float32Array(size * size);
-    for (let i = 0; i < n; i++) {
-      const row = Math.floor(i / block) * size;
-      eachWeight(l, h, i, function (j, w) { const c = row + Math.floor(j / block); if (w > cell[c]) cell[c] = w; });
-    }
-    for (let c = 0; c < cell.length; c++) {
-      const v = 255 - Math.round(255 * Math.sqrt(cell[c]));
-      image.data[4 * c] = v; image.data[4 * c + 1] = v; image.data[4 * c + 2] = 255; image.data[4 * c + 3] = 255;
+    const offset = (l * current.heads + (current.heads === 1 ? 0 : h)) * size * size;
+    for (let r = 0; r < size; r++) {
+      for (let c = 0; c < size; c++) {
+        const p = r * size + c, hidden = data.causal && c > r;
+        const v = hidden ? 222 : 255 - Math.round(255 * Math.sqrt(current.overview[offset + p] / 255));
+        image.data[4 * p] = v; image.data[4 * p + 1] = v; image.data[4 * p + 2] = hidden ? 222 : 255; image.data[4 * p + 3] = 255;
+      }
     }
     small.getContext("2d").putImageData(image, 0, 0);
   }
