@@ -371,3 +371,36 @@ def run_offline(code: str, cwd: Path):
 
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=600,
                           env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": ""})
+
+
+def eager_reference(loaded, examples) -> list[dict]:
+    """Each example run alone through transformers' own eager attention (no bertology hook, no padding): its ``ids``, its
+    maps ``attentions[layer, head, n, n]`` and ``hidden[layer + 1, n, dim]`` as numpy float64, the independent reference of
+    the decoder tests."""
+    model = loaded.model
+    references = []
+    model.config._attn_implementation = "eager"
+    try:
+        for example in examples:
+            ids = loaded.tokenizer(example.text, example.text_pair)["input_ids"]
+            with torch.no_grad():
+                out = model(input_ids=torch.tensor([ids]), output_attentions=True, output_hidden_states=True)
+            references.append({"ids": ids, "attentions": torch.stack(out.attentions)[:, 0].double().numpy(),
+                               "hidden": torch.stack(out.hidden_states)[:, 0].double().numpy()})
+    finally:
+        model.config._attn_implementation = "bertology"
+    return references
+
+
+@pytest.fixture(scope="module")
+def gpt2_64(tiny_gpt2_dir):
+    loaded = load_model(tiny_gpt2_dir, device="cpu")
+    loaded.model.double()
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def llama64(tiny_llama_dir):
+    loaded = load_model(tiny_llama_dir, device="cpu")
+    loaded.model.double()
+    return loaded

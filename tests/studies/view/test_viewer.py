@@ -9,18 +9,23 @@ import numpy as np
 import pytest
 from scipy.spatial.distance import jensenshannon
 
+from bertology.studies.view import viewer
 from bertology.studies.view.viewer import AttentionView, attention_view, distinctive_head, head_labels
 
 INJECTION = '<script>alert(1)</script> "><img src=x onerror=alert(1)>'
 
 
-def hand_made_view(n=4, top_k=None) -> AttentionView:
+def hand_made_maps(n=4) -> np.ndarray:
     attention = np.zeros((2, 3, n, n))
     attention[..., 0] = 0.6  # every row: 0.6 on the first token
     attention[..., 1:] = 0.4 / (n - 1)
     attention[1, 2] = np.eye(n)  # layer 1, head 2 attends to itself
+    return attention
+
+
+def hand_made_view(n=4, top_k=None) -> AttentionView:
     tokens = ["[CLS]", *[f"t{i}" for i in range(1, n - 1)], "[SEP]"]
-    return AttentionView(tokens, [-1, *[0] * (n - 2), -1], attention, "hand", "text", top_k=top_k)
+    return AttentionView.from_maps(tokens, [-1, *[0] * (n - 2), -1], hand_made_maps(n), "hand", "text", top_k=top_k)
 
 
 def test_dense_payload_is_the_attention_quantised_to_a_byte():
@@ -48,19 +53,37 @@ def test_long_inputs_default_to_top_k():
     assert hand_made_view(n=200, top_k=0).payload()["views"]["attention"]["format"] == "dense"
 
 
-def test_the_page_carries_norm_shares_and_rollout_beside_the_weights(tiny_bert):
+def stored(data: dict, view: str, key: str, dtype=np.uint8) -> np.ndarray:
+    """One array of a view on the page: ``weights``, ``indices``, ``rest`` or ``overview``, ``[layers, heads, ...]``."""
+    values = np.frombuffer(base64.b64decode(data["views"][view][key]), dtype=dtype)
+    shape = (data["layers"], data["views"][view]["heads"], data["n"] if key != "overview" else data["overview_size"])
+    return values.reshape(shape) if key == "rest" else values.reshape(*shape, -1)
+
+
+def quantised(maps) -> np.ndarray:
+    return np.clip(np.rint(np.asarray(maps, dtype=np.float64) * 255), 0, 255)
+
+
+def engine_maps(loaded, text):
+    """The engine's maps of one text, all layers at once (not the viewer's layer-by-layer pass): weights, norm shares, rollout."""
+    from bertology.core.corpora import Example
+    from bertology.core.engine import Engine, RunStats
     from bertology.families.rollout.analyzer import rollout
 
-    view = attention_view("the cat sat on the mat.", model=tiny_bert)
-    data = view.payload()
+    engine = Engine(loaded, batch_size=1, progress=False)
+    batch = engine.run_batch(list(engine.encode(enumerate([Example(text)]), RunStats())), norms=True)
+    return {"attention": batch.attentions[:, 0].numpy(), "norm": batch.weighted("norm").attentions[:, 0].numpy(), "rollout": rollout(batch.attentions).numpy()}
+
+
+def test_the_page_carries_norm_shares_and_rollout_beside_the_weights(tiny_bert):
+    data = attention_view("the cat sat on the mat.", model=tiny_bert).payload()
     assert list(data["views"]) == ["attention", "norm", "rollout"]
     assert data["views"]["rollout"]["heads"] == 1 and data["views"]["norm"]["heads"] == 4
-    n = data["n"]
-    norm = np.frombuffer(base64.b64decode(data["views"]["norm"]["weights"]), dtype=np.uint8).reshape(2, 4, n, n)
-    np.testing.assert_array_equal(norm, np.clip(np.rint(view.views["norm"] * 255), 0, 255))
-    np.testing.assert_allclose(view.views["norm"].sum(-1), 1, atol=1e-5)
-    expected = rollout(__import__("torch").from_numpy(view.attention.astype(np.float64))[:, None]).numpy()[:, 0]
-    np.testing.assert_allclose(view.views["rollout"][:, 0], expected, atol=1e-5)
+    expected = engine_maps(tiny_bert, "the cat sat on the mat.")
+    np.testing.assert_allclose(expected["norm"].sum(-1), 1, atol=1e-5)
+    for name in ("attention", "norm", "rollout"):  # at most one step of 1/255 apart: a float rounding at a step's edge
+        maps = expected[name] if name != "rollout" else expected[name][:, 0, None]
+        assert np.abs(stored(data, name, "weights").astype(int) - quantised(maps)).max() <= 1, name
 
 
 def test_markup_in_text_and_tokens_never_reaches_the_page_raw():
@@ -95,8 +118,7 @@ def test_the_page_opens_on_the_head_furthest_from_its_layers_mean_map():
         mean = maps.mean(axis=0)
         by_scipy = [np.mean([jensenshannon(maps[h, i], mean[i]) ** 2 if maps[h, i].any() else 0 for i in range(6)]) for h in range(4)]
         assert distinctive_head(maps) == int(np.argmax(by_scipy))
-    view = hand_made_view()
-    assert view.payload()["start_head"] == distinctive_head(view.attention[0])
+    assert hand_made_view().payload()["start_head"] == distinctive_head(hand_made_maps()[0])
 
 
 def test_labels_have_short_readable_forms_and_a_legend():
