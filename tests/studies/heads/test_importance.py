@@ -22,6 +22,7 @@ from bertology.studies.heads.importance import (
     prune_and_time,
     pruning_curve,
     study_heads,
+    task_scorer,
 )
 
 
@@ -138,7 +139,7 @@ def test_ablation_table_by_hand():
 def test_pruning_curve_goes_down_to_one_head_per_layer_and_stops_at_keep_at(task_model, rows, cat_task):
     encoded, gold = rows
     task = load_task(cat_task)
-    curve = pruning_curve(task_model, task, encoded, encoded, gold, step=0.2, keep_at=7, progress=False)
+    curve = pruning_curve(task_model, encoded, task_scorer(task_model, task, encoded, gold, 64), step=0.2, keep_at=7, progress=False)
     pruned = curve.table.heads_pruned.tolist()
     assert pruned[0] == 0 and pruned == sorted(pruned) and pruned[-1] == 12 - 3
     assert 12 - 7 in curve.masks
@@ -184,7 +185,8 @@ def test_pruning_curve_prunes_heads_in_the_order_of_the_normalised_importance(ta
     encoded, gold = rows
     monkeypatch.setattr(GradientImportance, "attribute", lambda self, rows, head_mask=None: PRUNING_RAW.copy())
     kwargs = {} if how == "layer" else {"normalise": how}  # layer is the default
-    curve = pruning_curve(task_model, load_task(cat_task), encoded, encoded, gold, step=0.05, progress=False, **kwargs)  # one head a step
+    scorer = task_scorer(task_model, load_task(cat_task), encoded, gold, 64)
+    curve = pruning_curve(task_model, encoded, scorer, step=0.05, progress=False, **kwargs)  # one head a step
     assert sorted(curve.masks) == list(range(10))
     pruned = [tuple(map(int, np.argwhere(curve.masks[k - 1] - curve.masks[k])[0])) for k in range(1, 10)]
     assert pruned == order

@@ -14,6 +14,7 @@ import torch
 from conftest import TEXTS
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from bertology.core.corpora import Example
 from bertology.core.errors import BertologyError, ModelError
 from bertology.core.tasks import NEXT_TOKEN_LOSS, load_language_model, next_token_losses, seeded_subset
 from bertology.studies.heads.importance import GradientImportance, normalise_importance, pruning_curve, study_heads
@@ -31,12 +32,14 @@ def decoder(request, tiny_decoder_dirs):
 
 
 class GatedReference:
-    """Transformers' own causal LM (eager attention, float64, no bertology hook), with a gate ``xi[layer, head]`` on each head's
-    slice of the output projection's input (GPT-2's ``c_proj``, Llama's ``o_proj``); the loss of one text alone is
-    ``model(ids, labels=ids).loss``, transformers' mean next-token cross-entropy."""
+    """Transformers' own causal LM (its SDPA attention, float64 throughout where Llama's eager one takes the softmax in float32;
+    no bertology hook), with a gate ``xi[layer, head]`` on each head's
+    slice of the output projection's input (GPT-2's ``c_proj``, Llama's ``o_proj``); the loss of one text alone is the mean
+    next-token cross-entropy of its logits, what ``model(ids, labels=ids).loss`` computes (in float32: transformers upcasts
+    the logits to float, so it is compared to 1e-6 only, and float64 is kept here for exactness)."""
 
     def __init__(self, kind, folder):
-        self.model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").double().eval()
+        self.model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").double().eval()
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         config = self.model.config
         self.layers, self.heads = config.num_hidden_layers, config.num_attention_heads
@@ -49,11 +52,13 @@ class GatedReference:
     def ids(self, text):
         return self.tokenizer(text, return_tensors="pt")["input_ids"]
 
-    def loss(self, text, gates=None):
-        """``L(text)`` with the gates at ``gates`` (default all 1)."""
+    def loss(self, text, gates=None, labels=False):
+        """``L(text)`` with the gates at ``gates`` (default all 1); ``labels``: transformers' own ``labels=`` loss instead."""
         self.gates = torch.ones(self.layers, self.heads, dtype=torch.float64) if gates is None else gates
         ids = self.ids(text)
-        return self.model(ids, labels=ids).loss
+        if labels:
+            return self.model(ids, labels=ids).loss
+        return torch.nn.functional.cross_entropy(self.model(ids).logits[0, :-1], ids[0, 1:])
 
     def gradients(self, texts):
         """``dL(x)/d xi`` ``[texts, layers, heads]``, one text at a time."""
@@ -82,13 +87,14 @@ def reference(decoder):
 
 def test_the_loss_of_a_padded_batch_is_each_texts_own_labels_loss(decoder, reference):
     _, _, language_model = decoder
-    rows = language_model.encode([_example(t) for t in TEXTS])
+    rows = language_model.encode([Example(t) for t in TEXTS])
     assert len({len(row["input_ids"]) for row in rows}) > 3  # the batch is padded
     batched = language_model.losses(rows).detach().numpy()
     alone = np.array([language_model.losses([row]).item() for row in rows])
-    by_transformers = np.array([reference.loss(text).item() for text in TEXTS])
+    by_hand = np.array([reference.loss(text).item() for text in TEXTS])
     np.testing.assert_allclose(batched, alone, rtol=1e-12)
-    np.testing.assert_allclose(batched, by_transformers, rtol=1e-10)
+    np.testing.assert_allclose(batched, by_hand, rtol=1e-10)
+    np.testing.assert_allclose(batched, [reference.loss(text, labels=True).item() for text in TEXTS], rtol=1e-6)
 
 
 def test_next_token_losses_ignore_whatever_the_padding_holds():
@@ -109,7 +115,7 @@ def test_next_token_losses_ignore_whatever_the_padding_holds():
 
 def test_importance_equals_autograd_on_transformers_own_gated_model(decoder, reference):
     _, _, language_model = decoder
-    rows = language_model.encode([_example(t) for t in TEXTS])
+    rows = language_model.encode([Example(t) for t in TEXTS])
     padded = GradientImportance(language_model, batch_size=3, progress=False).attribute(rows)
     one_by_one = GradientImportance(language_model, batch_size=1, progress=False).attribute(rows)
     expected = np.abs(reference.gradients(TEXTS)).mean(axis=0)  # Michel et al.: E_x |dL(x)/d xi_h|
@@ -118,7 +124,7 @@ def test_importance_equals_autograd_on_transformers_own_gated_model(decoder, ref
     np.testing.assert_allclose(one_by_one, padded, rtol=1e-12)  # padding changes nothing
 
 
-def test_the_reference_gradient_is_the_finite_difference_of_transformers_labels_loss(decoder, reference):
+def test_the_reference_gradient_is_the_finite_difference_of_the_loss(decoder, reference):
     gradients = reference.gradients(TEXTS[:2])
     eps = 1e-6
     for layer, head in [(0, 1), (1, 3)]:
@@ -132,7 +138,7 @@ def test_the_reference_gradient_is_the_finite_difference_of_transformers_labels_
 
 def test_pruning_masks_the_least_important_heads_and_the_loss_is_the_masked_models(decoder, reference):
     _, _, language_model = decoder
-    rows = language_model.encode([_example(t) for t in TEXTS])
+    rows = language_model.encode([Example(t) for t in TEXTS])
     curve = pruning_curve(language_model, rows, partial(language_model.score, rows, 4), step=0.25, progress=False)
     table = curve.table.pivot(index="heads_pruned", columns="metric", values="value")
     assert table.index.tolist() == [0, 2, 4, 6]
@@ -150,7 +156,7 @@ def test_pruning_masks_the_least_important_heads_and_the_loss_is_the_masked_mode
 def test_study_heads_on_a_corpus_measures_the_seeded_subset_and_names_the_loss(decoder, reference, tmp_path):
     _, _, language_model = decoder
     study = study_heads(language_model, corpus=TEXTS, importance=True, importance_examples=5, out=tmp_path / "run", progress=False)
-    chosen = [example.text for example in seeded_subset([_example(t) for t in TEXTS], 5, 0)]
+    chosen = [example.text for example in seeded_subset([Example(t) for t in TEXTS], 5, 0)]
     expected = np.abs(reference.gradients(chosen)).mean(axis=0)
     np.testing.assert_allclose(study.importance.importance.to_numpy().reshape(2, 4), expected, rtol=1e-9)
     assert study.baseline["lm_loss"] == pytest.approx(reference.corpus_loss(TEXTS), rel=1e-10)
@@ -174,12 +180,6 @@ def test_what_does_not_apply_to_a_corpus_is_refused_in_one_line(tiny_gpt2_dir, s
 def test_an_encoder_has_no_causal_lm_loss(tiny_bert_dir):
     with pytest.raises(ModelError, match="is an encoder, not a causal language model"):
         study_heads(str(tiny_bert_dir), corpus=TEXTS, importance=True, device="cpu", progress=False)
-
-
-def _example(text):
-    from bertology.core.corpora import Example
-
-    return Example(text)
 
 
 def bertology(*args):

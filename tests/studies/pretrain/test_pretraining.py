@@ -12,11 +12,25 @@ from safetensors.torch import load_file
 from bertology.core.errors import BertologyError, CorpusError, StateError
 from bertology.core.models import load_model
 from bertology.studies.pretrain import report as reports
-from bertology.studies.pretrain.pretraining import checkpoint_steps, documents_for_pairs, make_instances, pretrain, split_documents, unigram_cross_entropy
+from bertology.studies.pretrain.pretraining import (
+    causal_lm_loss,
+    checkpoint_steps,
+    corpus_files,
+    documents_for_pairs,
+    make_causal_instances,
+    make_instances,
+    pretrain,
+    read_documents,
+    split_documents,
+    train_byte_level_bpe,
+    unigram_cross_entropy,
+)
 from bertology.studies.track.dynamics import checkpoint_step
 from studies.finetune.test_finetuning import Planted
 
 SMALL = dict(vocab_size=120, layers=2, heads=2, hidden=32, max_length=32, batch_size=8, learning_rate=3e-3, checkpoints=4, device="cpu", progress=False)
+#: The same for the GPT-2-style decoder: a byte-level BPE has 256 byte pieces before any merge.
+CAUSAL = {**SMALL, "objective": "causal-lm", "vocab_size": 300}
 
 
 def test_pretrain_writes_a_checkpoint_series_every_command_can_load(tmp_path):
@@ -38,24 +52,32 @@ def test_pretrain_writes_a_checkpoint_series_every_command_can_load(tmp_path):
     assert evaluations.val_mlm_loss.iloc[-1] < evaluations.val_mlm_loss.iloc[0] - 0.3
     saved = json.loads((tmp_path / "run" / "pretraining.json").read_text())
     assert saved["val_mlm_loss"] == pytest.approx(evaluations.val_mlm_loss.iloc[-1])
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["objective"] == saved["objective"] == "masked-lm" and manifest["loss"].startswith("masked-LM cross-entropy + next-sentence")
     assert (tmp_path / "run" / "loss_curve.png").stat().st_size > 0
     assert "Pre-training" in (tmp_path / "run" / "report.html").read_text()
     assert not (tmp_path / "run" / "state").exists()
 
 
-def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path):
+@pytest.mark.parametrize("options, steps, stops", [
+    (SMALL, 12, (7, 11)),  # 10 steps per epoch: step 7 is in the first epoch, step 11 in the second
+    (CAUSAL, 24, (7, 22)),  # 20 steps per epoch
+])
+def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path, options, steps, stops):
     books = write_books(tmp_path / "books")
-    whole = pretrain(books, tmp_path / "whole", steps=12, save_every=5, **SMALL)
-    assert whole["epochs"] == pytest.approx(1.2)  # 10 steps per epoch: step 7 is in the first epoch, step 11 in the second
-    expected = load_file(tmp_path / "whole" / "checkpoints" / "step-000012" / "model.safetensors")
-    for stop in (7, 11):
-        interrupted = pretrain(books, tmp_path / f"resumed-{stop}", steps=12, save_every=5, max_steps=stop, **SMALL)
-        assert interrupted == {"interrupted_at_step": stop, "steps": 12}
-        resumed = pretrain(books, tmp_path / f"resumed-{stop}", steps=12, save_every=5, **SMALL)
+    whole = pretrain(books, tmp_path / "whole", steps=steps, save_every=5, **options)
+    assert stops[0] < steps / whole["epochs"] < stops[1]
+    final = f"step-{steps:06d}"
+    expected = load_file(tmp_path / "whole" / "checkpoints" / final / "model.safetensors")
+    for stop in stops:
+        interrupted = pretrain(books, tmp_path / f"resumed-{stop}", steps=steps, save_every=5, max_steps=stop, **options)
+        assert interrupted == {"interrupted_at_step": stop, "steps": steps}
+        resumed = pretrain(books, tmp_path / f"resumed-{stop}", steps=steps, save_every=5, **options)
         assert resumed["resumed_from_step"] == stop
-        again = load_file(tmp_path / f"resumed-{stop}" / "checkpoints" / "step-000012" / "model.safetensors")
+        again = load_file(tmp_path / f"resumed-{stop}" / "checkpoints" / final / "model.safetensors")
         for name, tensor in expected.items():
             torch.testing.assert_close(again[name], tensor, rtol=0, atol=0, msg=f"resumed at {stop}: {name}")
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / f"resumed-{stop}" / "loss.csv"), pd.read_csv(tmp_path / "whole" / "loss.csv"))
 
 
 def test_instances_pair_a_segment_with_its_continuation_or_another_document():
@@ -102,10 +124,8 @@ def test_checkpoint_steps_are_log_spaced_from_zero():
 
 def test_unigram_cross_entropy_by_hand():
     train = [[[5, 5, 6], [7]]]  # counts: 5 -> 2, 6 -> 1, 7 -> 1; vocabulary of 8, add-one smoothing
-    labels = torch.full((1, 4), -100)
-    labels[0, 1], labels[0, 2] = 5, 0
     expected = -(np.log(3 / 12) + np.log(1 / 12)) / 2
-    assert unigram_cross_entropy(train, [{"labels": labels}], vocab_size=8) == pytest.approx(expected)
+    assert unigram_cross_entropy(train, np.array([5, 0]), vocab_size=8) == pytest.approx(expected)
 
 
 def test_validation_is_the_tail_of_each_document():

@@ -86,6 +86,98 @@ def test_the_page_carries_norm_shares_and_rollout_beside_the_weights(tiny_bert):
         assert np.abs(stored(data, name, "weights").astype(int) - quantised(maps)).max() <= 1, name
 
 
+LONG_TEXT = " ".join(["the cat sat on the mat. where is the dog? the quick brown fox jumps over the lazy dog."] * 400)
+
+
+def eager_maps(model_dir, text: str, max_length: int):
+    """transformers' own eager attention on ``text`` (cut to ``max_length`` pieces): its tokens and maps ``[layers, heads, n, n]``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer(text, truncation=True, max_length=max_length, return_tensors="pt")["input_ids"]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+    with torch.inference_mode():
+        attentions = model(ids, output_attentions=True).attentions
+    return tokenizer.convert_ids_to_tokens(ids[0]), torch.stack(attentions)[:, 0].double().numpy()
+
+
+def max_pooled(maps: np.ndarray, size: int) -> np.ndarray:
+    """``maps [..., n, n]`` max-pooled into ``size`` x ``size`` cells, token i in cell ``floor(i / (n / size))``."""
+    n = maps.shape[-1]
+    cells = np.floor(np.arange(n) / (n / size)).astype(int)
+    by_key = np.stack([maps[..., cells == c].max(-1) for c in range(size)], -1)
+    return np.stack([by_key[..., cells == r, :].max(-2) for r in range(size)], -2)
+
+
+def assert_page_holds(data: dict, view: str, maps: np.ndarray) -> None:
+    """The page's maps of ``view`` are ``maps [layers, heads, n, n]`` quantised to a byte (one step apart at most, a float
+    rounding at a step's edge): every weight where dense; else each row's k largest, at their keys, and the mass left
+    out; the thumbnails, every weight max-pooled."""
+    stored_weights = stored(data, view, "weights").astype(int)
+    if data["views"][view]["format"] == "dense":
+        assert np.abs(stored_weights - quantised(maps)).max() <= 1
+    else:
+        k = data["views"][view]["k"]
+        indices = stored(data, view, "indices", "<u2").astype(int)
+        kept = np.take_along_axis(maps, indices, -1)
+        assert np.abs(stored_weights - quantised(kept)).max() <= 1
+        assert (kept.min(-1) >= np.sort(maps, -1)[..., -k] - 1e-6).all()  # each row's k largest
+        assert np.abs(stored(data, view, "rest").astype(int) - quantised(maps.sum(-1) - kept.sum(-1))).max() <= 1
+        if data["causal"]:  # never a weight on a key after the query
+            assert (stored_weights[indices > np.arange(data["n"])[:, None]] == 0).all()
+    assert np.abs(stored(data, view, "overview").astype(int) - quantised(max_pooled(maps, data["overview_size"]))).max() <= 1
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("length", [40, 300])
+def test_a_decoders_page_holds_transformers_eager_maps(tiny_decoder_dirs, kind, length):
+    """At 40 tokens every weight, at 300 each row's 20 largest: equal to transformers' eager attention (Llama: grouped-query
+    heads, BOS first), and the rollout to Abnar & Zuidema's of those maps."""
+    import torch
+
+    from bertology.core.models import load_model
+    from bertology.families.rollout.analyzer import rollout
+
+    data = attention_view(LONG_TEXT, model=load_model(tiny_decoder_dirs[kind], device="cpu"), max_length=length).payload()
+    tokens, eager = eager_maps(tiny_decoder_dirs[kind], LONG_TEXT, length)
+    assert data["tokens"] == tokens and data["n"] == length and data["causal"]
+    assert data["views"]["attention"]["format"] == ("dense" if length <= 128 else "topk") and list(data["views"]) == ["attention", "norm", "rollout"]
+    assert (tokens[0] == "<s>") == (kind == "llama")
+    assert_page_holds(data, "attention", eager)
+    assert_page_holds(data, "rollout", rollout(torch.from_numpy(eager)[:, None]).numpy())
+
+
+def test_kept_keys_keep_the_maps_within_the_budget():
+    size = viewer.OVERVIEW_SIZE ** 2
+    assert viewer.kept_keys(100, 18) == 0 and viewer.kept_keys(2048, 18) == 20  # a tiny model: every key, or the top 20
+    for n, maps in [(2048, 12 * 12 * 2 + 12), (2048, 24 * 16 * 2 + 24), (512, 32 * 32 * 2 + 32), (4096, 300), (128, 32 * 32 * 2 + 32)]:
+        k = viewer.kept_keys(n, maps)  # GPT-2 and GPT-2 medium at 2,048 tokens, a 32 x 32-head model at 512 and at 128: fewer keys
+        assert 1 <= k <= 20 and maps * (n * (3 * k + 1) + size) <= viewer.MAP_BYTES, (n, maps)
+    assert viewer.kept_keys(2048, 18, top_k=0) == 0 and viewer.kept_keys(2048, 18, top_k=50) == 50  # as asked
+
+
+def test_a_smaller_budget_keeps_fewer_keys_and_the_page_within_it(monkeypatch, tiny_gpt2_dir, tmp_path):
+    """The page's maps stay within 4/3 MAP_BYTES (base64); the rest of a 2,048-token page (tokens, text, code) is small."""
+    from bertology.core.models import load_model
+
+    monkeypatch.setattr(viewer, "MAP_BYTES", 2**20)
+    view = attention_view(LONG_TEXT, model=load_model(tiny_gpt2_dir, device="cpu"), max_length=2048)
+    maps = 2 * (4 + 4 + 1)  # layers x (heads of the weights and of the norm shares, one rollout map)
+    assert view.kept == ((2**20 - maps * 72 * 72) // (maps * 2048) - 1) // 3 == 8
+    page = view.save(tmp_path / "2048.html").read_text()
+    map_chars = sum(len(value) for stored_view in view.payload()["views"].values() for value in stored_view.values() if isinstance(value, str) and len(value) > 100)
+    assert map_chars <= 4 / 3 * 2**20 + 16 and len(page) - map_chars < 128 * 1024
+
+
+def test_the_norm_view_only_where_the_models_layout_is_known(monkeypatch, tiny_gpt2_dir):
+    from bertology.core import engine
+    from bertology.core.models import load_model
+
+    monkeypatch.setattr(engine, "BLOCK_LAYOUTS", engine.BLOCK_LAYOUTS - {"gpt2"})
+    assert list(attention_view("the cat sat.", model=load_model(tiny_gpt2_dir, device="cpu")).payload()["views"]) == ["attention", "rollout"]
+
+
 def test_markup_in_text_and_tokens_never_reaches_the_page_raw():
     view = hand_made_view()
     view.text = INJECTION

@@ -1,0 +1,52 @@
+"""The profile on decoders (docs/methods.md#decoders) against loops over transformers' own eager maps."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import TEXTS, eager_reference
+
+from bertology.core.corpora import Example
+from bertology.core.engine import Engine
+from bertology.families.profile.analyzer import DECODER_PROFILE_METRICS, GeneralProfile
+
+EXAMPLES = [Example(text) for text in TEXTS] + [Example("the cat sat.", "the dog ran."), Example("a")]
+
+
+def by_hand(a: np.ndarray, punct: list[int]) -> dict:
+    """The decoder profile of one causal n x n map: queries i >= 1 (m = n - 1), entropy smoothed over the i + 1 keys row i sees."""
+    n = a.shape[0]
+    m = n - 1
+    entropy = [-sum(s * math.log(s) for s in (0.9999 * a[i, j] + 0.0001 / (i + 1) for j in range(i + 1))) for i in range(1, n)]
+    return {
+        "first": sum(a[i, 0] for i in range(1, n)) / m,
+        "punct": sum(a[i, j] for i in range(1, n) for j in punct) / m,
+        "self": sum(a[i, i] for i in range(1, n)) / m,
+        "prev": sum(a[i, i - 1] for i in range(1, n)) / m,
+        "entropy": sum(entropy) / m,
+        "distance": sum(a[i, j] * (i - j) for i in range(1, n) for j in range(i + 1)) / m,
+    }
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_decoder_profile_equals_loops_over_eager_maps(kind, gpt2_64, llama64):
+    loaded = {"gpt2": gpt2_64, "llama": llama64}[kind]
+    analyzer = GeneralProfile()
+    Engine(loaded, batch_size=3, progress=False).run(EXAMPLES, [analyzer])
+    table = analyzer.result().set_index(["layer", "head", "metric"])
+    assert analyzer.causal and tuple(table.index.unique("metric")) == DECODER_PROFILE_METRICS  # no cls, sep, next or cls_entropy
+    references = [r for r in eager_reference(loaded, EXAMPLES) if len(r["ids"]) > 1]  # one token: no query i >= 1, no claim
+    assert len(references) == len(EXAMPLES) - (1 if kind == "gpt2" else 0)  # Llama puts BOS before "a": two tokens
+    rtol = 1e-10 if kind == "gpt2" else 1e-6  # transformers' eager Llama takes its softmax in float32
+    for layer in range(loaded.num_layers):
+        for head in range(loaded.num_heads):
+            values = [by_hand(r["attentions"][layer, head], [k for k, piece in enumerate(r["ids"]) if loaded.punct_by_id[piece]]) for r in references]
+            for metric in DECODER_PROFILE_METRICS:
+                row = table.loc[(layer, head, metric)]
+                assert row.n == len(references)
+                np.testing.assert_allclose(row.value, np.mean([v[metric] for v in values]), rtol=rtol, err_msg=f"{layer}-{head} {metric}")
+    # the entropy's ceiling: uniform attention over the keys each query sees, mean_{i>=1} ln(i + 1), averaged over sequences
+    ceiling = np.mean([np.mean([math.log(i + 1) for i in range(1, len(r["ids"]))]) for r in references])
+    np.testing.assert_allclose(analyzer.entropy_ceiling(), ceiling, rtol=1e-12)
