@@ -111,7 +111,8 @@ def byte_level_bpe(bos: str | None = None) -> Tokenizer:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<s>", "</s>", "<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<s>", "</s>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(TEXTS * 5, trainer)
     if bos is not None:
         bpe.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B:1", special_tokens=[(bos, bpe.token_to_id(bos))])
@@ -141,7 +142,9 @@ def save_tiny_decoder(kind: str, folder: Path, layers: int = 2, heads: int = 4, 
 
     bos = "<s>" if kind == "llama" else None
     bpe = byte_level_bpe(bos)
-    special = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"} if kind == "llama" else {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}
+    special = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+    if kind != "llama":
+        special = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, **special)
     tokenizer.save_pretrained(folder)
     ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id, "vocab_size": len(tokenizer)}

@@ -153,5 +153,5 @@ def test_sinks_say_in_one_line_that_they_are_a_decoders(tiny_bert):
         run_sinks(tiny_bert)
     import bertology
 
-    with pytest.raises(BertologyError, match="sinks does not run on .* \\(a encoder\\)|sinks does not run on"):
+    with pytest.raises(BertologyError, match="sinks does not run on .* \\(an encoder\\)"):
         bertology.analyze(tiny_bert, ["the cat sat."], analyses=["sinks"], progress=False)

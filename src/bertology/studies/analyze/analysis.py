@@ -298,21 +298,22 @@ def analyze(
     phases = {"load": round(time.perf_counter() - began, 2)}
     asked = {*(analyses or ()), *include}
     unfit = {family.name: family.fits(loaded.causal) for family in chosen if family.fits(loaded.causal)}
+    kind = "a decoder" if loaded.causal else "an encoder"
     for name, reason in unfit.items():
         if name in asked:  # asked for by name: refused in one line
-            raise BertologyError(f"{name} does not run on {loaded.name} (a {loaded.kind}): {reason}")
+            raise BertologyError(f"{name} does not run on {loaded.name} ({kind}): {reason}")
         given = [option.name for option in get_family(name).options if option.name in options]
         if given:
-            raise BertologyError(f"{given[0]} is a setting of {name}, which does not run on a {loaded.kind}: {unfit[name]}")
+            raise BertologyError(f"{given[0]} is a setting of {name}, which does not run on {kind}: {unfit[name]}")
     if unfit:
         chosen = [family for family in chosen if family.name not in unfit]
         if not chosen:
-            raise BertologyError(f"nothing to do on a {loaded.kind}: {'; '.join(f'{name}: {reason}' for name, reason in unfit.items())}")
+            raise BertologyError(f"nothing to do on {kind}: {'; '.join(f'{name}: {reason}' for name, reason in unfit.items())}")
         settings["analyses"] = [family.name for family in chosen]
         for name in unfit:
             for option in get_family(name).options:
                 settings.pop(option.name, None)
-    fit_warnings = [f"{name} left out on a {loaded.kind}: {reason}" for name, reason in unfit.items() if not get_family(name).decoders_only]
+    fit_warnings = [f"{name} left out on {kind}: {reason}" for name, reason in unfit.items() if not get_family(name).decoders_only]
     if loaded.model.config.model_type not in BLOCK_LAYOUTS:  # norms and mixing need to know where W_O and the layer norm are
         if "norm" in views:
             attention_blocks(loaded.model)  # its one-line error names the layouts it knows
