@@ -81,8 +81,6 @@ class Classes(Family):
     name = "classes"
     title = "Attention to token classes (UPOS tags, relations, word lists, patterns) against each class's share of words (Kovaleva et al. 2019)."
     default = False
-    not_on_decoders = ("its baseline, each class's share of the words, assumes that every query sees every word; a decoder's query "
-                       "sees only the words before it, and per-row causal baselines for classes are not implemented")
     options = (
         Option("classes", None, "A class of words, NAME=SPEC: upos:TAG or deprel:RELATION (trees: CoNLL-U or --parser spacy), "
                "words:FILE (one word a line; 'negation' is bundled) or regex:PATTERN (matches the whole word) "

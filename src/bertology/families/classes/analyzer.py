@@ -13,6 +13,11 @@ section 1):
 
 Only sequences with at least one word of the class count for it (``n``); values get a 95% t interval over them.
 Words whose pieces were cut by truncation belong to no class and are not counted in ``w``.
+
+On a decoder (docs/methods.md#decoders) unit i sees the units ``j <= i`` only: the queries are the units ``i >= 1`` (unit 0
+sees only itself), each against its own uniform baseline, the class's share of the words it sees,
+``|C ∩ {j <= i}| / |words ∩ {j <= i}|``, averaged over the same queries (rows that see no word left out); and the last
+unit's row (``last_row``, the one that predicts) takes the [CLS] row's place: :data:`DECODER_CLASS_ROWS`.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from bertology.core.stats import RunningMoments, interval_frame, merge_moments
 CLASS_KINDS = ("upos", "deprel", "words", "regex")
 #: The rows of the table: every query's attention (``all``), or the [CLS] row's alone (``cls_row``).
 CLASS_ROWS = ("all", "cls_row")
+DECODER_CLASS_ROWS = ("all", "last_row")
 
 
 @lru_cache(maxsize=None)
@@ -111,6 +117,7 @@ class ClassAttention(LayerwiseAnalyzer):
 
     def __init__(self, classes: tuple[TokenClass, ...]):
         self.classes = tuple(classes)
+        self.causal = False
         self._attention: RunningMoments | None = None  # [layer, head, class, row]
         self._baseline = RunningMoments((len(self.classes),))
         self._kept: list[tuple] = []  # the batch's sequences with a class: (sequence, members, present, words, [CLS] unit)
@@ -126,17 +133,25 @@ class ClassAttention(LayerwiseAnalyzer):
                 present = members.sum(axis=0)
                 if words == 0 or not present.any():
                     continue
+                if batch.causal:  # a decoder's last unit, and each row's own baseline over the words it sees
+                    seen_members, seen_words = members.cumsum(axis=0)[1:], alignment.unit_is_word.cumsum()[1:, None]
+                    with np.errstate(invalid="ignore", divide="ignore"):
+                        shares = np.where(seen_words > 0, seen_members / seen_words, np.nan)
+                    words = np.nanmean(shares, axis=0) if (seen_words > 0).any() else np.full(len(self.classes), np.nan)
+                    self._kept.append((b, members, present, words, alignment.num_units - 1))
+                    continue
                 cls_pieces = np.flatnonzero(cls[b])
                 cls_unit = int(alignment.unit_of_piece[int(cls_pieces[0])]) if len(cls_pieces) else None
                 self._kept.append((b, members, present, words, cls_unit))
+        self.causal = batch.causal
         values = []  # per kept sequence: [head, class, row] at this layer
-        for b, members, _, _, cls_unit in self._kept:
+        for b, members, _, _, row_unit in self._kept:
             word_maps = maps.word_attention(batch, b)  # [head, u, u]
             indicator = torch.as_tensor(members, dtype=word_maps.dtype, device=word_maps.device)
             to_class = word_maps @ indicator  # [head, u, class]: each query's attention to the class
-            every = to_class.mean(dim=-2)
-            cls_row = to_class[:, cls_unit] if cls_unit is not None else torch.full_like(every, torch.nan)
-            values.append(torch.stack([every, cls_row], dim=-1))
+            every = to_class[:, 1:].mean(dim=-2) if batch.causal else to_class.mean(dim=-2)  # a decoder's unit 0 is no query
+            row = to_class[:, row_unit] if row_unit is not None else torch.full_like(every, torch.nan)
+            values.append(torch.stack([every, row], dim=-1))
         if values:
             self._pending.append(torch.stack(values))
 
@@ -150,11 +165,14 @@ class ClassAttention(LayerwiseAnalyzer):
         if self._attention is None:
             self._attention = RunningMoments(values.shape[1:])
         self._attention.push(values)
-        self._baseline.push(np.stack([np.where(present > 0, present / words, np.nan) for _, _, present, words, _ in self._kept]))
+        # an encoder's baseline: the class's share of the words; a decoder's: the mean over its rows of the share each row sees
+        shares = [words if batch.causal else present / words for _, _, present, words, _ in self._kept]
+        self._baseline.push(np.stack([np.where(present > 0, share, np.nan) for (_, _, present, _, _), share in zip(self._kept, shares)]))
         self._kept = []
 
     def merge(self, other: "ClassAttention") -> "ClassAttention":
         self._check_mergeable(other)
+        self.causal = self.causal or other.causal
         self._attention = merge_moments(self._attention, other._attention)
         self._baseline.merge(other._baseline)
         return self
@@ -166,7 +184,8 @@ class ClassAttention(LayerwiseAnalyzer):
             return pd.DataFrame(columns=columns)
         layers, heads = self._attention.count.shape[:2]
         names = [token_class.name for token_class in self.classes]
-        index = pd.MultiIndex.from_product([range(layers), range(heads), names, CLASS_ROWS], names=["layer", "head", "class", "row"])
+        rows = DECODER_CLASS_ROWS if self.causal else CLASS_ROWS
+        index = pd.MultiIndex.from_product([range(layers), range(heads), names, rows], names=["layer", "head", "class", "row"])
         table = interval_frame(self._attention, index)
         baseline = dict(zip(names, self._baseline.means()))
         table["baseline"] = table["class"].map(baseline).astype(np.float64)

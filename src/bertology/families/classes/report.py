@@ -47,6 +47,9 @@ def classes_section(folder: RunFolder, table: pd.DataFrame, classes) -> Section:
                "of the words; the ratio says how many times more than its share a head gives the class. The [CLS] row's own "
                "attention is in classes.csv (row = cls_row). Classes: " + "; ".join(c.spec for c in classes) + "."),
     )
+    if (table.row == "last_row").any():  # a decoder's (docs/methods.md#decoders)
+        section.intro += (" On a decoder each query sees only the words before it: the queries are every word but the first, each "
+                          "against the class's share of the words it sees, and the last word's row (row = last_row) takes [CLS]'s place.")
     names = [c.name for c in classes if table[(table["class"] == c.name) & table.value.notna()].shape[0]]
     if names:
         section.figures.append(Figure(folder.write_figure("classes_heatmaps", class_heatmaps(table, names)),
