@@ -172,3 +172,61 @@ def test_a_uniform_head_on_a_decoder_is_uniform_over_the_keys_each_query_sees(ti
     n = ids.shape[1]
     expected = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
     np.testing.assert_allclose(seen[0][0, 1].numpy(), expected, rtol=1e-12)
+
+
+def decoder_configs():
+    """Tiny configurations of the other decoder families bertology serves (grouped-query, sliding windows, soft caps)."""
+    import transformers as T
+
+    small = dict(vocab_size=100)
+    return {
+        "opt": T.OPTConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, ffn_dim=64, word_embed_proj_dim=32, max_position_embeddings=64, **small),
+        "mistral": T.MistralConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32, intermediate_size=64, sliding_window=4,
+                                   **small),
+        "qwen3": T.Qwen3Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32, intermediate_size=64, head_dim=8, **small),
+        "gemma": T.GemmaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, hidden_size=32, intermediate_size=64, head_dim=8, **small),
+        "gemma2": T.Gemma2Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32, intermediate_size=64, head_dim=8,
+                                 sliding_window=4, **small),
+        "phi": T.PhiConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64, **small),
+        "phi3": T.Phi3Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32, intermediate_size=64, pad_token_id=0,
+                             **small),
+    }
+
+
+@pytest.mark.parametrize("kind", list(decoder_configs()))
+def test_other_decoder_families_give_transformers_eager_maps(kind):
+    from transformers import AutoModelForCausalLM
+
+    from bertology.core.hooks import register_attention
+
+    register_attention()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(decoder_configs()[kind]).double().eval()
+    ids = torch.randint(3, 100, (1, 9))
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        reference = model(input_ids=ids, output_attentions=True)
+    model.config._attn_implementation = "bertology"
+    patterns = []
+    hooks = Hooks().add("pattern", lambda layer, pattern: patterns.append(pattern.clone()))
+    with torch.no_grad(), hooks.attach(model):
+        logits = model(input_ids=ids).logits
+    assert attends_causally(model.config) and len(patterns) == 2
+    for expected, pattern in zip(reference.attentions, patterns):  # transformers' eager softmax is float32: equal to its precision
+        np.testing.assert_allclose(pattern.numpy(), expected.numpy(), atol=2e-7, rtol=0)
+    np.testing.assert_allclose(logits.numpy(), reference.logits.numpy(), atol=1e-6, rtol=0)
+    blocks = attention_blocks(model)
+    assert len(blocks) == 2 and all(block.pre_norm for block in blocks)
+    assert blocks[0].output_weight.shape == (model.config.num_attention_heads * (getattr(model.config, "head_dim", None) or 8), model.config.hidden_size)
+
+
+def test_a_decoder_that_bypasses_the_attention_interface_is_refused_in_one_line(tmp_path):
+    # GPT-Neo computes attention in its own code: bertology's hook points never fire, so it cannot read its maps
+    from conftest import byte_level_bpe
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM, PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(), bos_token="<|endoftext|>", eos_token="<|endoftext|>").save_pretrained(tmp_path)
+    GPTNeoForCausalLM(GPTNeoConfig(num_layers=2, num_heads=4, hidden_size=32, attention_types=[[["global", "local"], 1]], window_size=4,
+                                   max_position_embeddings=64, vocab_size=300)).save_pretrained(tmp_path)
+    with pytest.raises(ModelError, match="a gpt_neo model computes attention in its own code, not through transformers' attention interface"):
+        load_model(tmp_path, device="cpu")

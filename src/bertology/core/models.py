@@ -294,6 +294,11 @@ def loading_errors(source: str) -> Iterator[None]:
                 f"model {source!r} is not a local folder and could not be fetched from the hub "
                 "(no network?): pass the path of a local model folder"
             ) from exc
+        except KeyError as exc:  # a model class that looks its attention up by name in its own table (GPT-Neo)
+            if exc.args != (ATTN_IMPLEMENTATION,):
+                raise
+            model_type = AutoConfig.from_pretrained(source).model_type if Path(source, "config.json").is_file() else "this"
+            raise ModelError(f"{source}: {bypasses_interface(model_type)}") from exc
         except ValueError as exc:
             message = str(exc).splitlines()[0]
             if "trust_remote_code" in str(exc):
@@ -366,7 +371,27 @@ def load_model(
     if not tokenizer.is_fast:
         raise ModelError(f"{source}: bertology needs a fast tokenizer (offset mappings align pieces to words)")
     model.to(torch_device).eval()
+    require_hook_point(model, source)
     return describe_model(model, tokenizer, name=name, device=torch_device, source=Path(source).resolve() if Path(source).is_dir() else None)
+
+
+def require_hook_point(model: PreTrainedModel, source: str) -> None:
+    """Refuse, in one line, a model whose layers compute attention in their own code instead of through transformers'
+    attention interface (GPT-Neo does): bertology's hook points would never fire, and no map could be read. Checked
+    with one forward pass of two tokens."""
+    from bertology.core.hooks import Hooks
+
+    fired = []
+    hooks = Hooks().add("pattern", lambda layer, pattern: fired.append(layer))
+    with torch.inference_mode(), hooks.attach(model):
+        model(input_ids=torch.ones((1, 2), dtype=torch.long, device=model.device))
+    if not fired:
+        raise ModelError(f"{source}: {bypasses_interface(model.config.model_type)}")
+
+
+def bypasses_interface(model_type: str) -> str:
+    return (f"a {model_type} model computes attention in its own code, not through transformers' attention interface, so bertology "
+            "cannot read its attention maps")
 
 
 def adds_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
