@@ -310,6 +310,9 @@ def loading_errors(source: str) -> Iterator[None]:
 #: a decoder's language-model head (the causal LM loss of importance and gradients).
 MODEL_HEADS = {None: AutoModel, "masked-lm": AutoModelForMaskedLM, "classifier": AutoModelForSequenceClassification,
                "causal-lm": AutoModelForCausalLM}
+#: The head that :func:`load_model` names by what the model is: an encoder's masked-LM head, a decoder's causal-LM head.
+LANGUAGE_MODEL = "language-model"
+_HEAD_NAMES = {"masked-lm": "masked-LM head", "classifier": "classification head", "causal-lm": "language-model head"}
 
 
 def attends_causally(config) -> bool:
@@ -333,11 +336,12 @@ def load_model(
 
     ``None`` loads the default model, all-MiniLM-L6-v2, from the installed package. ``head``: ``None`` (the
     model alone), ``"masked-lm"`` (with its masked-LM head; a checkpoint without one is refused in one line),
-    ``"classifier"`` (a sequence classifier, e.g. from ``bertology finetune``) or ``"causal-lm"`` (a decoder with its
-    language-model head).
+    ``"classifier"`` (a sequence classifier, e.g. from ``bertology finetune``), ``"causal-lm"`` (a decoder with its
+    language-model head) or ``"language-model"`` (whichever of the two language-model heads the model is: an encoder's
+    masked-LM head, a decoder's causal-LM head).
     """
-    if head not in MODEL_HEADS:
-        raise ValueError(f"head must be one of {', '.join(map(str, MODEL_HEADS))}")
+    if head not in MODEL_HEADS and head != LANGUAGE_MODEL:
+        raise ValueError(f"head must be one of {', '.join(map(str, MODEL_HEADS))} or {LANGUAGE_MODEL}")
     register_attention()
     hf_logging.disable_progress_bar()
     if name_or_path is None:
@@ -353,6 +357,8 @@ def load_model(
     with loading_errors(source):
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
         causal = attends_causally(config)
+        if head == LANGUAGE_MODEL:
+            head = "causal-lm" if causal else "masked-lm"
         if causal and head == "masked-lm":
             raise ModelError(f"{source}: a {config.model_type} model is a decoder (causal attention) and has no masked-LM head; use its causal LM loss")
         if head == "causal-lm" and not causal:
@@ -366,8 +372,7 @@ def load_model(
         prefix = model.base_model_prefix + "."
         new_weights = [key for key in loading["missing_keys"] if not key.startswith(prefix)]
         if new_weights:
-            what = "masked-LM head" if head == "masked-lm" else "classification head"
-            raise ModelError(f"{source}: the checkpoint has no {what} ({new_weights[0]} and {len(new_weights) - 1} more weights are missing)")
+            raise ModelError(f"{source}: the checkpoint has no {_HEAD_NAMES[head]} ({new_weights[0]} and {len(new_weights) - 1} more weights are missing)")
     if not tokenizer.is_fast:
         raise ModelError(f"{source}: bertology needs a fast tokenizer (offset mappings align pieces to words)")
     model.to(torch_device).eval()

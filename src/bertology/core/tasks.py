@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.nn.utils.rnn import pad_sequence
 from sklearn.metrics import confusion_matrix
+from torch.nn.utils.rnn import pad_sequence
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,

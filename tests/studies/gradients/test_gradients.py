@@ -1,6 +1,8 @@
 """[SEP] as a no-op (Clark et al. 2019, section 3.2; METHODS.md section 9): dL/da against finite differences and against
-transformers' own eager attention, the per-layer table against numpy, the loss options and the command."""
+transformers' own eager attention, the per-layer table against numpy, the loss options and the command; on decoders (METHODS.md
+section 10) the causal LM loss, the first token in [CLS]'s place and no [SEP]."""
 
+import json
 import subprocess
 import sys
 
@@ -9,15 +11,21 @@ import pandas as pd
 import pytest
 import torch
 from conftest import TEXTS
-from transformers import AutoModelForMaskedLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
 from bertology.core.corpora import Example
 from bertology.core.engine import Engine, RunStats
-from bertology.core.errors import ModelError
+from bertology.core.errors import BertologyError, ModelError
 from bertology.core.hooks import Hooks
 from bertology.core.models import load_model
-from bertology.core.tasks import load_task
-from bertology.studies.gradients.gradients import GRADIENT_TARGETS, AttentionGradients, attention_gradients, masked_positions
+from bertology.core.tasks import NEXT_TOKEN_LOSS, load_task
+from bertology.studies.gradients.gradients import (
+    DECODER_GRADIENT_TARGETS,
+    GRADIENT_TARGETS,
+    AttentionGradients,
+    attention_gradients,
+    masked_positions,
+)
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +176,84 @@ def test_gradients_command_writes_table_figure_and_report(tiny_mlm_dir, tmp_path
     failed = subprocess.run([sys.executable, "-m", "bertology.cli", "gradients", "-c", str(corpus), "--out", str(tmp_path / "x"), "-q"],
                             capture_output=True, text=True)
     assert failed.returncode == 2 and "no masked-LM head" in failed.stderr and failed.stderr.count("\n") == 1
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def decoder64(request, tiny_decoder_dirs):
+    """``(kind, folder, the decoder with its LM head in float64)``."""
+    model = load_model(tiny_decoder_dirs[request.param], device="cpu", head="causal-lm")
+    model.model.double()
+    return request.param, tiny_decoder_dirs[request.param], model
+
+
+def decoder_reference_gradients(folder, items):
+    """dL/da and a by transformers' own eager attention (``output_attentions`` with ``retain_grad``), one sequence at a time,
+    the loss the mean next-token cross-entropy of its logits (transformers' ``labels=`` loss, computed here in float64)."""
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").double().eval()
+    out = []
+    for item in items:
+        ids = torch.tensor([item.input_ids])
+        outputs = model(ids, output_attentions=True)
+        for attention in outputs.attentions:
+            attention.retain_grad()
+        torch.nn.functional.cross_entropy(outputs.logits[0, :-1], ids[0, 1:]).backward()
+        out.append((ids[0].numpy(), np.stack([a.detach()[0].numpy() for a in outputs.attentions]), np.stack([a.grad[0].numpy() for a in outputs.attentions])))
+    return out
+
+
+def test_decoder_gradient_table_equals_numpy_from_transformers_eager_attention(decoder64):
+    kind, folder, model = decoder64
+    engine, items = one_batch(model, TEXTS)  # one padded batch
+    study = AttentionGradients(engine)
+    study.update(items)
+    result = study.result()
+    assert tuple(result.target.unique()) == DECODER_GRADIENT_TARGETS  # no [SEP]: left out, not zeros
+    table = result.set_index(["layer", "target"])
+    per_sequence = []
+    for ids, maps, grads in decoder_reference_gradients(folder, items):
+        heads, n = maps.shape[1], len(ids)
+        visible = np.tril(np.ones((n, n), bool))  # query i sees the keys j <= i ...
+        visible[0] = False  # ... and row 0, which sees only itself, is no query
+        sets = {"first": np.arange(n) == 0, "punct": model.punct_by_id[ids], "all": np.ones(n, bool)}
+        rows = []
+        for layer in range(maps.shape[0]):
+            row = []
+            for target in DECODER_GRADIENT_TARGETS:
+                pairs = visible & sets[target][None, :]
+                row.append((maps[layer][:, pairs].sum() / (heads * (n - 1)),
+                            np.abs(grads[layer][:, pairs]).sum() / (heads * pairs.sum()) if pairs.any() else np.nan))
+            rows.append(row)
+        per_sequence.append(rows)
+    expected = np.array(per_sequence)  # [sequence, layer, target, (attention, gradient)]
+    close = 1e-10 if kind == "gpt2" else 1e-5  # Llama's eager attention takes the softmax in float32
+    for layer in range(2):
+        for k, target in enumerate(DECODER_GRADIENT_TARGETS):
+            values = expected[:, layer, k]
+            values = values[~np.isnan(values[:, 1])]
+            row = table.loc[(layer, target)]
+            assert row.attention == pytest.approx(values[:, 0].mean(), rel=close)
+            assert row.gradient == pytest.approx(values[:, 1].mean(), rel=close)
+            assert row.n == len(values)
+    assert table.loc[(1, "all"), "attention"] == pytest.approx(1.0)
+
+
+def test_gradients_command_on_a_decoder_uses_the_causal_lm_loss_and_the_first_token(tiny_gpt2_dir, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "bertology.cli", "gradients", "-m", str(tiny_gpt2_dir), "-c", str(corpus), "--out", str(out), "-q",
+                           "--device", "cpu"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("layer 0: attention to the first token ")
+    table = pd.read_csv(out / "gradients.csv")
+    assert set(table.target) == set(DECODER_GRADIENT_TARGETS) and (table.n == len(TEXTS)).all()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["settings"]["loss"] == NEXT_TOKEN_LOSS and manifest["settings"]["mask_share"] is None
+    report = (out / "report.html").read_text()
+    assert "Attention to the first token and its gradient" in report and NEXT_TOKEN_LOSS in report
+
+
+def test_mask_share_on_a_decoder_says_in_one_line_that_it_has_no_masked_lm_loss(tiny_gpt2_dir):
+    with pytest.raises(BertologyError, match="is a decoder, which has none \\(its loss is the next-token cross-entropy\\)") as refused:
+        attention_gradients(str(tiny_gpt2_dir), TEXTS, mask_share=0.2, device="cpu", progress=False)
+    assert "\n" not in str(refused.value)

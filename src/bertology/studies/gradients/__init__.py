@@ -1,5 +1,6 @@
 """``bertology gradients``: [SEP] as a no-op (Clark et al. 2019), attention to [SEP], [CLS] and punctuation per layer beside
-the gradient of the loss with respect to it (:func:`~bertology.studies.gradients.gradients.attention_gradients`)."""
+the gradient of the loss with respect to it (:func:`~bertology.studies.gradients.gradients.attention_gradients`); on a decoder,
+attention to the first token and punctuation beside the gradient of the causal LM loss."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ class Gradients(Study):
     name = "gradients"
     title = "[SEP] as a no-op (Clark et al. 2019): attention to [SEP], [CLS] and punctuation per layer beside the gradient of the loss w.r.t. it."
     options = (
-        MODEL[0].but(help="A model with a masked-LM head (hub name or folder), or with --task a fine-tuned classifier."),
-        CORPUS[0].but(help="Corpus file for the masked-LM loss [default: the bundled sample corpus]."),
-        Option("task", None, "GLUE task folder: use the classifier's loss on its dev split instead of the masked-LM loss.", type=Path),
+        MODEL[0].but(help="A model with a masked-LM head, or a decoder (causal LM loss), by hub name or folder; or with --task a fine-tuned classifier."),
+        CORPUS[0].but(help="Corpus file for the masked-LM or causal LM loss [default: the bundled sample corpus]."),
+        Option("task", None, "GLUE task folder: use the classifier's loss on its dev split instead of the language-model loss.", type=Path),
         *pick(CORPUS, "format"),
-        Option("mask_share", 0.15, "Share of each sequence's pieces masked for the masked-LM loss.", minimum=0.01, maximum=1.0),
+        Option("mask_share", None, "Share of each sequence's pieces masked for the masked-LM loss (encoders only) [default: 0.15].", type=float,
+               minimum=0.01, maximum=1.0),
         *pick(RUN, "out"), *pick(TASK_BATCHES, "batch_size"), *pick(CORPUS, "max_length", "limit", "punct"), *pick(RUN, "seed"),
         *pick(MODEL, "device", "trust_remote_code"), *pick(RUN, "quiet"),
     )
@@ -38,11 +40,14 @@ class Gradients(Study):
                                    device=s["device"], trust_remote_code=s["trust_remote_code"], progress=not s["quiet"], command=command)
 
     def summary(self, study, settings: dict) -> list[str]:
+        from bertology.studies.gradients.report import TARGET_TITLES
+
         table = study.gradients.set_index(["target", "layer"])
-        lines = []
+        target = "first" if study.model["kind"] == "decoder" else "sep"  # a decoder has no [SEP]: its first token instead
+        title, lines = TARGET_TITLES[target], []
         for layer in sorted(study.gradients.layer.unique()):
-            sep, every = table.loc[("sep", layer)], table.loc[("all", layer)]
-            lines.append(f"layer {layer}: attention to [SEP] {sep.attention:.3f}, |dL/da| to [SEP] {sep.gradient:.2e} (every token {every.gradient:.2e})")
+            row, every = table.loc[(target, layer)], table.loc[("all", layer)]
+            lines.append(f"layer {layer}: attention to {title} {row.attention:.3f}, |dL/da| to {title} {row.gradient:.2e} (every token {every.gradient:.2e})")
         return [*lines, f"report: {(Path(settings['out']) / 'report.html').resolve()}"]
 
 

@@ -27,20 +27,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from transformers import AutoConfig
-
 from bertology.core.corpora import open_corpus
 from bertology.core.engine import Encoded, Engine, RunStats
 from bertology.core.errors import BertologyError
 from bertology.core.hooks import Hooks
-from bertology.core.models import LoadedModel, attends_causally, load_model, loading_errors
+from bertology.core.models import LANGUAGE_MODEL, LoadedModel, load_model
 from bertology.core.runfolder import RunFolder, claims_out, finish
 from bertology.core.stats import RunningMoments, keyed_rng, sequence_key
 from bertology.core.tasks import NEXT_TOKEN_LOSS, next_token_losses
@@ -181,20 +178,6 @@ class GradientStudy:
         return finish(folder, manifest, report=report, command=command) / "report.html"
 
 
-def language_model_head(model, trust_remote_code: bool = False) -> str:
-    """The head whose loss a run without a task differentiates, read from the model's configuration before loading it:
-    ``causal-lm`` for a decoder (docs/methods.md#decoders), else ``masked-lm`` (the bundled model's, and a folder without a
-    configuration's: :func:`~bertology.core.models.load_model` says what is wrong with it)."""
-    if model is None:
-        return "masked-lm"
-    source = str(Path(model).expanduser()) if Path(model).expanduser().exists() else str(model)
-    if Path(source).exists() and not (Path(source) / "config.json").is_file():
-        return "masked-lm"
-    with loading_errors(source):
-        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-    return "causal-lm" if attends_causally(config) else "masked-lm"
-
-
 @claims_out(words=("format", "punct", "device"))
 def attention_gradients(model=None, corpus=None, *, task=None, format: str = "auto", out=None, batch_size: int = 16,
                         max_length: int | None = None, limit: int | None = None, mask_share: float | None = None, punct: str = "upos",
@@ -225,12 +208,11 @@ def attention_gradients(model=None, corpus=None, *, task=None, format: str = "au
     if isinstance(model, LoadedModel):
         loaded = model
     else:
-        head = "classifier" if task is not None else language_model_head(model, trust_remote_code)
-        loaded = load_model(model, device=device, trust_remote_code=trust_remote_code, head=head)
+        loaded = load_model(model, device=device, trust_remote_code=trust_remote_code, head="classifier" if task is not None else LANGUAGE_MODEL)
     masked_lm = task is None and not loaded.causal
     if mask_share is not None and not masked_lm:
-        raise BertologyError("--mask-share applies to the masked-LM loss, not a task's" if task is not None else
-                             f"--mask-share applies to the masked-LM loss: {loaded.name} is a decoder, which has none (its loss is the next-token cross-entropy)")
+        raise BertologyError("--mask-share applies to the masked-LM loss, not a task's" if task is not None else f"--mask-share applies to the "
+                             f"masked-LM loss: {loaded.name} is a decoder, which has none (its loss is the next-token cross-entropy)")
     share = DEFAULT_MASK_SHARE if mask_share is None else mask_share
     labels = None
     if task is not None:
@@ -252,8 +234,8 @@ def attention_gradients(model=None, corpus=None, *, task=None, format: str = "au
     stats.seconds = time.perf_counter() - started
     loss = f"masked LM ({share:.0%} of pieces masked)" if masked_lm else NEXT_TOKEN_LOSS if task is None else f"{task.name} cross-entropy"
     result = GradientStudy(study.result(), loaded.info(), corpus_info, stats,
-                           {"loss": loss, "batch_size": batch_size, "max_length": engine.max_length, "mask_share": share if masked_lm else None, "punct": punct, "seed": seed,
-                            "limit": limit, "device": device})
+                           {"loss": loss, "batch_size": batch_size, "max_length": engine.max_length, "mask_share": share if masked_lm else None,
+                            "punct": punct, "seed": seed, "limit": limit, "device": device})
     if out is not None:
         result.save(out, command=command)
     return result

@@ -1,4 +1,5 @@
-"""The figure and report section of ``bertology gradients`` (Clark et al. 2019, Figure 3). Layers are numbered from 0."""
+"""The figure and report section of ``bertology gradients`` (Clark et al. 2019, Figure 3; on a decoder, the first token in
+[CLS]'s place and no [SEP]). Layers are numbered from 0."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from bertology.render.figures import layer_lines, plt
 from bertology.render.html import Figure, Section
 
 #: How each target of :data:`~bertology.studies.gradients.gradients.GRADIENT_TARGETS` reads in the figure and table.
-TARGET_TITLES = {"sep": "[SEP]", "cls": "[CLS]", "punct": "punctuation", "all": "every token"}
+TARGET_TITLES = {"sep": "[SEP]", "cls": "[CLS]", "first": "the first token", "punct": "punctuation", "all": "every token"}
 
 
 def gradients_by_layer(table: pd.DataFrame):
@@ -29,15 +30,23 @@ def gradients_by_layer(table: pd.DataFrame):
     return figure
 
 
-def gradients_section(folder: RunFolder, table: pd.DataFrame, loss: str) -> Section:
-    """Write the figure into ``folder`` and return the report section."""
-    section = Section(
-        title="Attention to [SEP] and its gradient",
-        intro=(f"Clark et al. (2019, section 3.2): per layer, the mean attention to [SEP], [CLS] and punctuation beside the mean "
-               f"magnitude of the gradient of the loss ({loss}) with respect to each of those attention weights, with 95% intervals "
-               "over sequences (gradients.csv). Where attention to [SEP] is high but its gradient is small next to every "
-               "token's, attending to [SEP] changes little: a no-op."),
-    )
+def gradients_section(folder: RunFolder, table: pd.DataFrame, loss: str, causal: bool = False) -> Section:
+    """Write the figure into ``folder`` and return the report section; ``causal``: the model is a decoder, whose first token
+    stands in [CLS]'s place and which has no [SEP] (docs/methods.md#decoders)."""
+    if causal:
+        title, intro = "Attention to the first token and its gradient", (
+            "Clark et al. (2019, section 3.2) on a decoder: per layer, the mean attention to the first token (in [CLS]'s place; a decoder "
+            f"has no [SEP]) and punctuation beside the mean magnitude of the gradient of the loss ({loss}) with respect to each of those "
+            "attention weights, over the keys each query sees (j <= i) and the queries after the first, with 95% intervals over sequences "
+            "(gradients.csv). Where attention to the first token is high but its gradient is small next to every token's, that attention "
+            "changes little: a no-op, as of an attention sink.")
+    else:
+        title, intro = "Attention to [SEP] and its gradient", (
+            f"Clark et al. (2019, section 3.2): per layer, the mean attention to [SEP], [CLS] and punctuation beside the mean "
+            f"magnitude of the gradient of the loss ({loss}) with respect to each of those attention weights, with 95% intervals "
+            "over sequences (gradients.csv). Where attention to [SEP] is high but its gradient is small next to every "
+            "token's, attending to [SEP] changes little: a no-op.")
+    section = Section(title=title, intro=intro)
     section.figures.append(Figure(folder.write_figure("gradients_by_layer", gradients_by_layer(table)),
                                   "Mean attention (left) and mean |dL/da| per weight (right, log scale) by layer (0-based), with 95% intervals."))
     wide = table.pivot(index="layer", columns="target", values=["attention", "gradient"])

@@ -13,8 +13,7 @@ from bertology.studies import Study, default_out, read_task, register_study
 
 #: The split a task's gradient importance is measured on unless ``--importance-split`` says otherwise.
 DEFAULT_IMPORTANCE_SPLIT = "train"
-MAX_EXAMPLES = Option("max_examples", None, "Evaluate on a seeded random subset of this size of the dev split (of the --corpus).", type=int,
-                      minimum=1)
+MAX_EXAMPLES = Option("max_examples", None, "Evaluate on a seeded random subset of the dev split of this size.", type=int, minimum=1)
 IMPORTANCE = (
     Option("importance_split", None, f"Split of the task the gradient importance is measured on: train or dev [default: {DEFAULT_IMPORTANCE_SPLIT}].",
            type=str),
@@ -117,7 +116,7 @@ class Prune(HeadsCommand):
         Option("step", 0.1, "Share of all heads pruned per step.", minimum=0.01, maximum=0.5),
         Option("prune_to", None, "Also remove heads physically down to K heads, save that model and time it (encoders only).", type=int, minimum=1),
         *IMPORTANCE,
-        MAX_EXAMPLES,
+        MAX_EXAMPLES.but(help="Evaluate on a seeded random subset of this size of the dev split, or of the --corpus's texts."),
         model=LM_MODEL,
         corpus=LM_CORPUS,
     )

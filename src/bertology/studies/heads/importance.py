@@ -34,10 +34,10 @@ import torch
 from statsmodels.stats.multitest import multipletests
 from tqdm.auto import tqdm
 
+from bertology.core.corpora import open_corpus
 from bertology.core.errors import BertologyError
 from bertology.core.hooks import Hooks
 from bertology.core.interventions import INTERVENTIONS, HeadGates, Intervention, LayerReplay, attach_variants, prune_heads, reads_first_token_only
-from bertology.core.corpora import open_corpus
 from bertology.core.runfolder import claims_out
 from bertology.core.stats import MIN_SAMPLE, corrected, paired_bootstrap
 from bertology.core.tasks import (
@@ -422,6 +422,9 @@ def study_heads(model: str | Path | TaskModel | LanguageModel, task: TaskData | 
         raise BertologyError("ablate measures a task's dev metric: give a task, or run importance or prune on the corpus")
     if corpus is not None and importance_split is not None:
         raise BertologyError("importance_split applies only to a task (a corpus has no splits)")
+    if corpus is not None and prune_to is not None:
+        raise BertologyError("--prune-to removes heads physically, which bertology knows for encoders (BERT, RoBERTa, ELECTRA, DistilBERT), "
+                             "not decoders; leave it out to draw the pruning curve with the heads masked")
     settings = {**_applying({"intervention": intervention, "bootstrap": bootstrap, "correction": correction, "min_sample": min_sample},
                             ABLATE_DEFAULTS, ablate, "ablate"),
                 **_applying({"importance_split": importance_split, "importance_examples": importance_examples, "normalise": normalise},
@@ -438,9 +441,6 @@ def study_heads(model: str | Path | TaskModel | LanguageModel, task: TaskData | 
         raise BertologyError("a corpus needs a LanguageModel (a decoder with its LM head), a task a TaskModel (a fine-tuned classifier)")
     if task_model.info()["pruned_heads"]:
         raise BertologyError(f"{task_model.name}: heads were removed from this model; disabling and pruning start from a model with all its heads")
-    if prune_to is not None and corpus is not None:
-        raise BertologyError("--prune-to removes heads physically, which bertology knows for encoders (BERT, RoBERTa, ELECTRA, DistilBERT), "
-                             "not decoders; leave it out to draw the pruning curve with the heads masked")
     if prune_to is not None and not task_model.num_layers <= prune_to < task_model.num_layers * task_model.num_heads:
         raise BertologyError(f"--prune-to must be between {task_model.num_layers} (one head per layer) and {task_model.num_layers * task_model.num_heads - 1}")
     torch.manual_seed(seed)

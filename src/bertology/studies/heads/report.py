@@ -42,7 +42,7 @@ def importance_section(folder: RunFolder, study) -> Section:
     unpruned = study.baseline[metric]
     measured = ""
     if study.importance is not None:
-        where = f"{study.settings['importance_split']} examples" if study.corpus is None else "texts of the corpus (which has no splits: the curve reads it too)"
+        where = f"{study.settings['importance_split']} examples" if study.corpus is None else "texts of the corpus (no splits: the curve reads it too)"
         measured = f"Measured on {study.importance_examples} {where}; importance_normalised is {NORMALISED[study.settings['normalise']]}. "
     loss = study.loss if study.corpus is None else f"{study.loss}, each text's mean over its real pieces, none on padding"
     section = Section(
