@@ -389,7 +389,8 @@ def require_hook_point(model: PreTrainedModel, source: str) -> None:
     fired = []
     hooks = Hooks().add("pattern", lambda layer, pattern: fired.append(layer))
     with torch.inference_mode(), hooks.attach(model):
-        model(input_ids=torch.ones((1, 2), dtype=torch.long, device=model.device))
+        ids = torch.ones((1, 2), dtype=torch.long, device=model.device)
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
     if not fired:
         raise ModelError(f"{source}: {bypasses_interface(model.config.model_type)}")
 

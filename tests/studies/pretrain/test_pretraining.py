@@ -260,3 +260,121 @@ def test_a_resume_on_an_edited_corpus_is_refused_in_one_line(tmp_path):
     with pytest.raises(BertologyError, match="other settings or another corpus") as error:
         pretrain(books, tmp_path / "run", steps=12, save_every=5, **SMALL)
     assert "\n" not in str(error.value)
+
+
+def test_causal_pretraining_writes_decoder_checkpoints_every_command_can_load(tmp_path):
+    books = write_books(tmp_path / "books")
+    summary = pretrain(books, tmp_path / "run", steps=20, **CAUSAL)
+    folders = sorted((tmp_path / "run" / "checkpoints").iterdir())
+    assert [f.name for f in folders] == ["step-000000", "step-000010", "step-000014", "step-000020"]
+    for folder in folders:
+        loaded = load_model(folder, device="cpu", head="causal-lm")
+        assert loaded.causal and not loaded.adds_bos and loaded.cls_token_id is None and loaded.sep_token_id is None
+        assert (loaded.num_layers, loaded.num_heads, type(loaded.model).__name__) == (2, 2, "GPT2LMHeadModel")
+        assert checkpoint_step(str(folder)) == int(folder.name.split("-")[1])
+    tokenizer = loaded.tokenizer
+    ids = tokenizer("The dog ran.")["input_ids"]
+    assert ids == tokenizer("The dog ran.", add_special_tokens=False)["input_ids"]  # nothing added: the first piece is the first token
+    assert not set(ids) & set(tokenizer.all_special_ids) and tokenizer.decode(ids) == " The dog ran."
+    assert tokenizer.model_input_names == ["input_ids", "attention_mask"]  # GPT-2 would add a token type's embedding
+    losses = pd.read_csv(tmp_path / "run" / "loss.csv")
+    assert list(losses.columns) == ["step", "lm_loss", "learning_rate"] and losses.step.tolist() == list(range(1, 21))
+    evaluations = pd.read_csv(tmp_path / "run" / "checkpoints.csv")
+    assert list(evaluations.columns) == ["step", "checkpoint", "val_lm_loss"] and evaluations.step.tolist() == [0, 10, 14, 20]
+    # at step 0 the next-token loss is near ln(vocabulary); twenty steps on this repetitive text bring it clearly below
+    assert evaluations.val_lm_loss.iloc[0] == pytest.approx(np.log(summary["model"]["vocab_size"]), abs=0.1)
+    assert evaluations.val_lm_loss.iloc[-1] < evaluations.val_lm_loss.iloc[0] - 0.5
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["objective"] == summary["objective"] == "causal-lm" and manifest["model"]["architecture"] == "GPT-2"
+    assert manifest["loss"] == "causal LM loss: next-token cross-entropy (Radford et al. 2019)"
+    assert summary["val_lm_loss"] == pytest.approx(evaluations.val_lm_loss.iloc[-1]) and "val_mlm_loss" not in summary
+    report = (tmp_path / "run" / "report.html").read_text()
+    assert "causal LM loss" in report and "next-sentence" not in report
+    assert not (tmp_path / "run" / "training").exists()
+
+
+def test_causal_validation_loss_is_the_next_token_cross_entropy_of_each_run_alone(tmp_path):
+    """The batched, padded validation loss against transformers' own ``labels=`` loss on each run, one at a time (no padding),
+    weighted by its n - 1 predicted pieces; the unigram baseline against the training pieces' counts."""
+    from transformers import GPT2LMHeadModel
+
+    books = write_books(tmp_path / "books")
+    summary = pretrain(books, tmp_path / "run", steps=10, validation_share=0.2, **{**CAUSAL, "checkpoints": 2})
+    folder = tmp_path / "run" / "checkpoints" / "step-000010"
+    tokenizer = load_model(folder, device="cpu").tokenizer
+    train_text, validation_text = split_documents(documents_for_pairs(read_documents(corpus_files([books]))), 0.2)
+    runs = make_causal_instances([[tokenizer(s, add_special_tokens=False)["input_ids"] for s in document] for document in validation_text], 32)
+    assert len(runs) > 8 and len({len(run["input_ids"]) for run in runs}) > 1  # more than one batch, of runs of several lengths
+    model = GPT2LMHeadModel.from_pretrained(folder).eval()
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        for run in runs:
+            ids = torch.tensor([run["input_ids"]])
+            total += float(model(input_ids=ids, labels=ids).loss) * (ids.shape[1] - 1)
+            count += ids.shape[1] - 1
+    saved = pd.read_csv(tmp_path / "run" / "checkpoints.csv").set_index("step").val_lm_loss
+    assert saved[10] == pytest.approx(total / count, rel=1e-5)
+    assert json.loads((folder / "pretraining_step.json").read_text())["lm_loss"] == pytest.approx(total / count, rel=1e-5)
+
+    counts = np.bincount([piece for document in train_text for s in document for piece in tokenizer(s, add_special_tokens=False)["input_ids"]],
+                         minlength=len(tokenizer)) + 1.0
+    targets = [piece for run in runs for piece in run["input_ids"][1:]]
+    assert summary["unigram_cross_entropy"] == pytest.approx(-np.mean(np.log(counts[targets] / counts.sum())))
+
+
+def test_causal_lm_loss_of_a_padded_batch_is_transformers_loss_over_the_real_pieces():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    network = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2, pad_token_id=0)).eval()
+    rows = [torch.randint(1, 50, (length,)) for length in (9, 5)]
+    input_ids = torch.stack([torch.cat([row, torch.zeros(9 - len(row), dtype=torch.long)]) for row in rows])
+    attention_mask = (torch.arange(9)[None] < torch.tensor([[9], [5]])).long()
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": input_ids.masked_fill(attention_mask == 0, -100)}
+    with torch.inference_mode():
+        loss = causal_lm_loss(network, batch)
+        assert float(loss) == pytest.approx(float(network(**batch).loss), rel=1e-6)  # transformers shifts the labels itself
+        by_hand = [-torch.log_softmax(network(input_ids=row[None]).logits[0, :-1], dim=-1).gather(1, row[1:, None]).squeeze(1) for row in rows]
+    assert float(loss) == pytest.approx(float(torch.cat(by_hand).mean()), rel=1e-5)  # 8 + 4 predicted pieces, each run alone
+
+
+def test_causal_instances_are_runs_of_whole_sentences():
+    # sentence s of a document has 2 + s % 4 pieces, 100 d + 10 s + k; sentence 5 of document 0 has 13, more than max_length
+    documents = [[[100 * d + 10 * s + k for k in range(13 if (d, s) == (0, 5) else 2 + s % 4)] for s in range(9)] for d in range(2)]
+    runs = [row["input_ids"] for row in make_causal_instances(documents, max_length=8)]
+
+    def joined(d: int, *sentences: int) -> list[int]:
+        return [piece for s in sentences for piece in documents[d][s]]
+
+    long = documents[0][5]  # cut into runs of its own: 8 pieces and the other 5
+    assert runs == [joined(0, 0, 1), joined(0, 2), joined(0, 3, 4), long[:8], long[8:], joined(0, 6), joined(0, 7, 8),  # 5 + 4 > 8, 4 + 5 > 8, ...
+                    joined(1, 0, 1), joined(1, 2), joined(1, 3, 4), joined(1, 5, 6), joined(1, 7, 8)]  # never across documents
+
+
+def test_the_byte_level_vocabulary_is_the_same_on_every_training():
+    sentences = [line for _ in range(3) for line in ("The cat sat on the mat.", "A dog ran, and it rained!", "Was it the cat?")]
+    first, second = (train_byte_level_bpe(sentences, 300, 32) for _ in range(2))
+    assert first.backend_tokenizer.to_str() == second.backend_tokenizer.to_str()
+    assert first.convert_ids_to_tokens(first("The cat sat.")["input_ids"])[0] == "ĠThe"  # the first word has its space marker too
+
+
+def test_a_state_of_the_other_objective_is_refused(tmp_path):
+    books = write_books(tmp_path / "books")
+    pretrain(books, tmp_path / "run", steps=12, save_every=5, max_steps=5, **SMALL)
+    with pytest.raises(BertologyError, match="other settings or another corpus"):
+        pretrain(books, tmp_path / "run", steps=12, save_every=5, **{**SMALL, "objective": "causal-lm"})
+    with pytest.raises(BertologyError, match="^unknown objective 'gpt': use masked-lm or causal-lm$"):
+        pretrain(books, tmp_path / "other", objective="gpt", **{k: v for k, v in SMALL.items()})
+
+
+def test_a_causal_state_with_a_masked_lm_evaluation_is_refused_in_one_line(tmp_path):
+    books = write_books(tmp_path / "books")
+    pretrain(books, tmp_path / "run", steps=12, save_every=5, max_steps=5, **CAUSAL)
+    [state] = (tmp_path / "run").rglob("state.pt")
+    saved = torch.load(state, weights_only=True)
+    assert [tuple(row[:2]) for row in saved["evaluations"]] == [(0, "step-000000")] and len(saved["losses"][0]) == 3
+    saved["evaluations"] = [(0, "step-000000", 5.0, 0.5)]
+    torch.save(saved, state)
+    with pytest.raises(StateError) as error:
+        pretrain(books, tmp_path / "run", steps=12, save_every=5, **CAUSAL)
+    assert str(error.value) == f"{state}: 'evaluations' must hold (step, checkpoint name, validation loss) rows"

@@ -3,6 +3,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from conftest import TEXTS, write_books
 
 from bertology.core.corpora import Example
@@ -21,7 +22,7 @@ from bertology.studies.track.dynamics import (
     parse_steps,
     track,
 )
-from studies.pretrain.test_pretraining import SMALL
+from studies.pretrain.test_pretraining import CAUSAL, SMALL
 
 
 def test_checkpoint_steps_come_from_marker_files_or_names(tmp_path):
@@ -326,6 +327,10 @@ PART_DAMAGE = [  # (file: npz, rows, layers; damage; what the refusal says)
     ("npz", lambda p: rewrite_npz(p, meta=np.array('{"step": "5", "checkpoint": "x"}')), "its 'meta' is damaged: 'step' must be int or NoneType"),
     ("npz", lambda p: rewrite_npz(p, meta=np.array('{"step": null, "checkpoint": "elsewhere"}')), "it is the part of another checkpoint ('elsewhere')"),
     ("npz", lambda p: rewrite_npz(p, key=np.array([1, 2])), "'key' is a int64 array of shape (2,)"),
+    ("npz", lambda p: rewrite_npz(p, meta=np.array(json.dumps({**json.loads(str(np.load(p)["meta"])), "causal": "yes"}))),
+     "its 'meta' is damaged: 'causal' must be bool"),
+    ("npz", lambda p: rewrite_npz(p, meta=np.array(json.dumps({**json.loads(str(np.load(p)["meta"])), "causal": True}))),
+     "'means' has shape (21, 2, 3), expected (21, any, 2)"),  # an encoder's part that says it is a decoder's
     ("rows", lambda p: p.write_bytes(b"PAR1 garbage PAR1"), "cannot read it as a table"),
     ("rows", lambda p: p.unlink(), "cannot read it as a table"),
     ("rows", lambda p: pd.read_parquet(p).drop(columns="head").to_parquet(p), "its columns are step, checkpoint, layer, metric, value"),
@@ -385,3 +390,95 @@ def test_parts_of_an_unfinished_track_with_other_settings_or_weights_are_refused
     shutil.copytree(out, tmp_path / "finished")
     again = track([str(tiny_bert_dir)], examples, out=tmp_path / "finished", **{**settings, "bootstrap": 30})
     assert again.results[0].means.shape[0] == 31
+
+
+@pytest.fixture(scope="module")
+def causal_series_run(tmp_path_factory):
+    """A tiny causal (GPT-2-style) pre-training run with checkpoints at steps 0, 10, 14 and 20."""
+    folder = tmp_path_factory.mktemp("pretrained-causal")
+    pretrain(write_books(folder / "books"), folder / "run", steps=20, **CAUSAL)
+    return folder / "run"
+
+
+def first_token_attention(checkpoint, texts: list[str]) -> np.ndarray:
+    """``[sequence, layer, head]``: ``alpha_0 = mean_{i>=1} a[i, 0]`` of every head, from transformers' own eager attention maps
+    (each text alone, NaN for a text of one piece): the independent reference of track's numbers on a decoder."""
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model = GPT2LMHeadModel.from_pretrained(checkpoint, attn_implementation="eager").eval()
+    rows = []
+    with torch.inference_mode():
+        for text in texts:
+            ids = tokenizer(text, return_tensors="pt", truncation=True, max_length=model.config.n_positions)["input_ids"]
+            maps = torch.stack(model(input_ids=ids, output_attentions=True).attentions)[:, 0]  # [layer, head, n, n]
+            rows.append(maps[..., 1:, 0].mean(dim=-1).double().numpy())  # NaN where n = 1
+    return np.stack(rows)
+
+
+def test_track_over_causal_checkpoints_leaves_sep_out_and_follows_the_sinks(causal_series_run, tmp_path):
+    from bertology.core.models import load_model
+
+    checkpoints = find_checkpoints(causal_series_run)
+    first, final = checkpoints[0], checkpoints[-1]
+    tokenizer = load_model(final, device="cpu").tokenizer
+    one_piece = next(tokenizer.decode([i]).strip() for i in range(len(tokenizer))
+                     if tokenizer.decode([i]).strip().isalpha() and len(tokenizer(tokenizer.decode([i]).strip())["input_ids"]) == 1)
+    texts = [*TEXTS, one_piece]  # a sequence of one piece has no query i >= 1: it must take no part
+    expected = {checkpoint: first_token_attention(checkpoint, texts) for checkpoint in (first, final)}
+    assert np.isnan(expected[final][-1]).all() and np.isfinite(expected[final][:-1]).all()
+    heads = np.nanmean(expected[final], axis=0)  # [layer, head]: each head's alpha_0
+    eps = float(np.mean(np.sort(heads.ravel())[1:3]))  # halfway between the second and third of the four heads: two pass, two do not
+
+    result = track([final, first], [Example(text) for text in texts], out=tmp_path / "track", bootstrap=50, sink_eps=eps, device="cpu", progress=False)
+    table = pd.read_csv(tmp_path / "track" / "track.csv")
+    assert {"first", "punct", "self", "prev", "entropy", "distance", "role:local", "role:delimiter"} <= set(table.metric)
+    assert not {"cls", "sep", "next", "cls_entropy", "role:cls", "role:sep"} & set(table.metric)  # [SEP] and [CLS] have no meaning here
+    layers = pd.read_csv(tmp_path / "track" / "track_layers.csv")
+    assert set(layers.metric) == {"first", "punct", "self", "prev", "entropy", "distance", "sink_eps"}
+    assert set(pd.read_csv(tmp_path / "track" / "peaks.csv").metric) == set(pd.read_csv(tmp_path / "track" / "emergence.csv").metric) == {"first", "punct"}
+    verdict = json.loads((tmp_path / "track" / "verdict.json").read_text())
+    assert set(verdict["depth"]["layer_means"]) == set(verdict["training"]["patterns"]) == {"first", "punct"}
+    assert "first token" in verdict["depth"]["claim"] and "[SEP]" not in verdict["depth"]["statement"] + verdict["training"]["statement"]
+
+    for k, (step, checkpoint) in enumerate(((0, first), (20, final))):  # against transformers' maps: per sequence the head mean, then over sequences
+        layer_means = np.nanmean(expected[checkpoint].mean(axis=2), axis=0)
+        at_step = layers[(layers.step == step) & (layers.metric == "first")].sort_values("layer")
+        np.testing.assert_allclose(at_step.value, layer_means, rtol=1e-5)  # the profile's
+        np.testing.assert_allclose(result.results[k].means[0, :, 0], layer_means, rtol=1e-5)  # the peaks' (the verdict's)
+    rates = (heads > eps).mean(axis=1)  # Sink_eps per layer: the share of its heads past eps
+    assert 0 < rates.mean() < 1
+    sinks = layers[(layers.step == 20) & (layers.metric == "sink_eps")].sort_values("layer")
+    np.testing.assert_array_equal(sinks.value, rates)
+    assert sinks.ci_low.isna().all()
+    assert verdict["sinks"]["steps"] == [0, 20] and verdict["sinks"]["by_layer"][1] == rates.tolist()
+    assert verdict["sinks"]["overall"][1] == pytest.approx(rates.mean()) and f"{rates.mean():.0%} at step 20" in verdict["sinks"]["statement"]
+    for figure in ("peak_layers", "layer_by_step", "sinks_by_step", "emergence"):
+        assert (tmp_path / "track" / f"{figure}.png").stat().st_size > 0
+    assert "attention sink" in (tmp_path / "track" / "report.html").read_text()
+
+
+def test_a_series_of_encoders_and_decoders_is_refused(causal_series_run, tiny_bert_dir):
+    with pytest.raises(BertologyError, match="^the checkpoints mix encoders and decoders: a series must share one architecture$"):
+        track([str(tiny_bert_dir), find_checkpoints(causal_series_run)[-1]], [Example(text) for text in TEXTS], steps=[0, 1], bootstrap=20,
+              device="cpu", progress=False)
+
+
+def test_pretrain_causal_and_track_from_the_command_line(tmp_path):
+    """``bertology pretrain --causal`` gives a decoder series that ``bertology track --checkpoints`` follows, sinks included."""
+    from test_cli import bertology
+
+    books = write_books(tmp_path / "books")
+    pretrained = bertology("pretrain", books, "--causal", "--out", tmp_path / "pt", "--steps", 10, "--layers", 2, "--heads", 2, "--hidden", 32,
+                           "--vocab-size", 300, "--max-length", 32, "--batch-size", 8, "--checkpoints", 3, "--device", "cpu", "-q")
+    assert pretrained.returncode == 0, pretrained.stderr
+    assert "validation causal LM loss" in pretrained.stdout and "next-sentence" not in pretrained.stdout
+    assert json.loads((tmp_path / "pt" / "manifest.json").read_text())["settings"]["objective"] == "causal-lm"
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    tracked = bertology("track", "--checkpoints", tmp_path / "pt", "--corpus", corpus, "--bootstrap", 100, "--sink-eps", 0.2, "--out", tmp_path / "t",
+                        "--device", "cpu", "-q")
+    assert tracked.returncode == 0, tracked.stderr
+    assert "attention sinks: Sink_0.2 (the share of heads whose mean attention to the first token exceeds 0.2" in tracked.stdout
+    assert sorted(pd.read_csv(tmp_path / "t" / "track.csv").step.unique()) == [0, 10]
+    assert json.loads((tmp_path / "t" / "verdict.json").read_text())["sinks"]["eps"] == 0.2

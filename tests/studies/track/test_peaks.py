@@ -29,7 +29,7 @@ def test_layer_peaks_bootstrap_by_hand():
     from bertology.core.engine import LayerMaps
 
     batch = SimpleNamespace(attentions=torch.stack(per_layer), mask=m["mask"], cls_mask=m["cls"], sep_mask=m["sep"], punct_mask=m["punct"], examples=examples,
-                            num_layers=len(per_layer), layer_maps=lambda layer: LayerMaps(layer, per_layer[layer]))
+                            num_layers=len(per_layer), layer_maps=lambda layer: LayerMaps(layer, per_layer[layer]), causal=False, query_mask=m["mask"])
     peaks = LayerPeaks(bootstrap=30, seed=2)
     peaks.update(batch)
 
@@ -53,6 +53,59 @@ def test_layer_peaks_bootstrap_by_hand():
     peak_low, peak_high = np.percentile(expected[1:].argmax(axis=1), [2.5, 97.5], axis=0)
     np.testing.assert_array_equal(found.loc[["cls", "sep", "punct"], "ci_low"], peak_low)
     np.testing.assert_array_equal(found.loc[["cls", "sep", "punct"], "ci_high"], peak_high)
+
+
+def test_layer_peaks_on_a_decoder_by_hand():
+    """A decoder's first token and punctuation over the queries i >= 1 (row 0 sees only itself); a sequence of one token,
+    with no such query, takes no part (docs/methods.md#decoders)."""
+    from types import SimpleNamespace
+
+    from bertology.core.corpora import Example
+    from bertology.core.engine import LayerMaps
+    from bertology.core.stats import bootstrap_weights
+    from bertology.studies.track.peaks import DECODER_PEAK_METRICS, LayerPeaks
+
+    rng = np.random.default_rng(3)
+    lengths, punct = [5, 1, 7], [[2, 4], [], [3]]
+
+    def causal_map(n: int) -> np.ndarray:
+        """Row i: a Dirichlet draw over the keys j <= i."""
+        rows = np.zeros((n, n))
+        for i in range(n):
+            rows[i, : i + 1] = rng.dirichlet(np.full(i + 1, 0.5))
+        return rows
+
+    maps = [[[causal_map(n) for _ in range(2)] for _ in range(2)] for n in lengths]  # [sequence][layer][head]
+    width = max(lengths)
+    attention = torch.zeros(2, len(lengths), 2, width, width, dtype=torch.float64)  # [layer, batch, head, n, n]
+    mask, punct_mask = torch.zeros(len(lengths), width, dtype=torch.bool), torch.zeros(len(lengths), width, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = True
+        punct_mask[b, punct[b]] = True
+        for layer in range(2):
+            for head in range(2):
+                attention[layer, b, head, :n, :n] = torch.tensor(maps[b][layer][head])
+    first = torch.zeros_like(mask)
+    first[:, 0] = True
+    examples = [Example(f"sequence {b}", source=f"d:{b}") for b in range(len(lengths))]
+    batch = SimpleNamespace(attentions=attention, mask=mask, cls_mask=first, sep_mask=torch.zeros_like(mask), punct_mask=punct_mask,
+                            examples=examples, num_layers=2, layer_maps=lambda layer: LayerMaps(layer, attention[layer]), causal=True,
+                            query_mask=mask & (torch.arange(width) > 0))
+    peaks = LayerPeaks(bootstrap=20, seed=4)
+    peaks.update(batch)
+    assert peaks.metrics == DECODER_PEAK_METRICS == ("first", "punct")
+
+    # by hand: mean over heads of (1/(n-1)) sum_{i>=1} a[i, K], for the sequences of more than one token
+    kept = [b for b, n in enumerate(lengths) if n > 1]
+    values = np.array([[[np.mean([maps[b][layer][head][1:][:, keys].sum() / (lengths[b] - 1) for head in range(2)]) for keys in ([0], punct[b])]
+                        for layer in range(2)] for b in kept])  # [sequence, layer, metric]
+    weights = np.stack([bootstrap_weights(4, 20, examples[b]) for b in kept])
+    with np.errstate(invalid="ignore"):
+        expected = np.einsum("br,blm->rlm", weights, values) / weights.sum(axis=0)[:, None, None]
+    np.testing.assert_allclose(peaks.replicate_means(), expected, rtol=1e-10)
+    table = peaks.result()
+    assert table.metric.tolist() == ["first", "punct"] * 2 and (table.n == 2).all()
+    assert peaks.peaks().metric.tolist() == ["first", "punct"]
 
 
 def test_peak_layers_interval_is_the_95_percent_percentile_interval():

@@ -166,7 +166,7 @@ def test_a_smaller_budget_keeps_fewer_keys_and_the_page_within_it(monkeypatch, t
     maps = 2 * (4 + 4 + 1)  # layers x (heads of the weights and of the norm shares, one rollout map)
     assert view.kept == ((2**20 - maps * 72 * 72) // (maps * 2048) - 1) // 3 == 8
     page = view.save(tmp_path / "2048.html").read_text()
-    map_chars = sum(len(value) for stored_view in view.payload()["views"].values() for value in stored_view.values() if isinstance(value, str) and len(value) > 100)
+    map_chars = sum(len(stored_view[key]) for stored_view in view.payload()["views"].values() for key in ("weights", "indices", "rest", "overview"))
     assert map_chars <= 4 / 3 * 2**20 + 16 and len(page) - map_chars < 128 * 1024
 
 
@@ -421,4 +421,64 @@ def test_the_report_links_each_head_to_the_viewer(browser, tiny_bert, tmp_path):
     assert page.inner_text("#head-title") == "Head view: layer 1, head 2"
     assert page.locator(".thumb .labels").first.inner_text() != "" or page.locator("#label-filter option").count() > 1
     assert problems == []
+    page.close()
+
+
+THUMBNAIL_PIXELS = "(selector) => Array.from(document.querySelector(selector).getContext('2d').getImageData(0, 0, 72, 72).data)"
+
+
+def test_a_decoders_page_greys_what_its_queries_cannot_see_and_has_no_sentence_filters(browser, tiny_gpt2_dir, tmp_path):
+    """100 tokens: each thumbnail pixel is the largest weight of its 72 x 72 block, drawn as before (255 - round(255 sqrt w), on
+    blue), except the blocks after the diagonal, grey: not visible to their queries, not zero attention. No [SEP], no
+    sentence A/B filter (one text)."""
+    from bertology.core.models import load_model
+
+    path = attention_view(LONG_TEXT, model=load_model(tiny_gpt2_dir, device="cpu"), max_length=100).save(tmp_path / "decoder.html")
+    page, problems, _ = open_page(browser, path)
+    data = json.loads(page.inner_text("#bertology-data"))
+    pixels = np.array(page.evaluate(THUMBNAIL_PIXELS, ".thumb[data-layer='1'][data-head='2'] canvas")).reshape(72, 72, 4)
+    level = 255 - np.round(255 * np.sqrt(max_pooled(stored(data, "attention", "weights")[1, 2], 72) / 255))
+    expected = np.stack([level, level, np.full_like(level, 255), np.full_like(level, 255)], -1)
+    expected[np.triu_indices(72, 1)] = [222, 222, 222, 255]
+    np.testing.assert_array_equal(pixels, expected)
+    assert page.locator("#query-filter, #key-filter").count() == 0 and "[SEP]" not in path.read_text() and "sentence B" not in path.read_text()
+    assert "attends only to itself and the tokens before it" in page.inner_text("#causal-note") and page.locator("#hidden-legend").count() == 1
+    assert problems == []
+    page.close()
+
+
+def test_a_2048_token_decoder_page_opens_and_responds(browser, tiny_gpt2_dir, tmp_path):
+    from bertology.core.models import load_model
+
+    loaded = load_model(tiny_gpt2_dir, device="cpu")
+    started = time.perf_counter()
+    path = attention_view(LONG_TEXT, model=loaded, max_length=2048).save(tmp_path / "2048.html")
+    built = time.perf_counter() - started
+    page, problems, seconds = open_page(browser, path)
+    data = json.loads(page.inner_text("#bertology-data"))
+    assert data["n"] == 2048 and data["views"]["attention"]["k"] == 20 and problems == []
+    assert path.stat().st_size <= 4 / 3 * 2 * 9 * (2048 * (3 * 20 + 1) + 72 * 72) + 128 * 1024  # linear in n: 18 maps of 2,048 rows of 20 keys
+    page.click(".thumb[data-layer='1'][data-head='2']")
+    page.wait_for_function("!window.bertologyViewer.drawing")
+    page.evaluate("window.bertologyViewer.switchMs = undefined")
+    page.select_option("#layer", "0")
+    page.wait_for_function("window.bertologyViewer.switchMs !== undefined && !window.bertologyViewer.drawing")
+    switch_ms = page.evaluate("window.bertologyViewer.switchMs")
+    assert page.evaluate("window.bertologyViewer.linesDrawn") > 0
+    page.evaluate("window.bertologyViewer.linesDrawn = -1; document.getElementById('head-scroll').scrollTop = 16 * 1500")  # far down the list
+    page.wait_for_function("window.bertologyViewer.linesDrawn >= 0 && !window.bertologyViewer.drawing")  # redrawn for the rows in sight
+    box = page.locator("#head-canvas").bounding_box()
+    page.mouse.move(box["x"] + 100, box["y"] + 8 + 3 * 16 + 8)
+    hover = page.evaluate("window.bertologyViewer.state.hover")
+    assert hover["side"] == "query" and hover["index"] > 1500
+    row = hover["index"]
+    keys, weights = stored(data, "attention", "indices", "<u2")[0, 2, row, :3], stored(data, "attention", "weights")[0, 2, row, :3]
+    strongest = ", ".join(f'{key} {json.dumps(data["tokens"][key])} {100 * weight / 255:.1f}%' for key, weight in zip(keys, weights) if weight)
+    left_out = round(100 * int(stored(data, "attention", "rest")[0, 2, row]) / 255)
+    assert page.inner_text("#row-note").splitlines() == [
+        f'Token {row} {json.dumps(data["tokens"][row])}: its strongest keys; the share of its row beyond its 20 largest weights',
+        f"head 2: {strongest or 'every weight under 0.2%'}; left out {left_out}%"]
+    assert problems == []
+    print(f"\n2,048-token tiny GPT-2 page: {path.stat().st_size / 1e6:.2f} MB, built in {built:.2f} s, opened in {seconds:.2f} s, "
+          f"layer switch: next frame after {switch_ms:.0f} ms")
     page.close()

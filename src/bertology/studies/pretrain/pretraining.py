@@ -207,9 +207,8 @@ def train_byte_level_bpe(sentences: list[str], vocab_size: int, max_length: int)
     Cased, every byte a piece (no unknown piece), and nothing added around a text: no [CLS]/[SEP] and no BOS, the
     first piece is the first token, as with GPT-2's tokenizer. ``<|endoftext|>`` is its BOS and EOS, ``<pad>`` pads
     batches. A text's first word gets the space marker ``Ġ`` too (``add_prefix_space``): a sentence is cut into the
-    same pieces alone as inside a run. Only the input ids and the attention mask go to the model: GPT-2 would add the
-    embedding of a token type id (its token embedding) to every position. The trainer ranks merges by count, ties by
-    the pair, so the same corpus gives the same pieces and ids.
+    same pieces alone as inside a run. The trainer ranks merges by count, ties by the pair, so the same corpus gives the
+    same pieces and ids.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -221,8 +220,7 @@ def train_byte_level_bpe(sentences: list[str], vocab_size: int, max_length: int)
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     bpe.train_from_iterator(sentences, trainer)
     end = BPE_SPECIAL_TOKENS[0]
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=end, eos_token=end, pad_token=BPE_SPECIAL_TOKENS[1],
-                                   model_input_names=["input_ids", "attention_mask"], model_max_length=max_length)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=end, eos_token=end, pad_token=BPE_SPECIAL_TOKENS[1], model_max_length=max_length)
 
 
 def make_instances(documents: list[list[list[int]]], max_length: int, rng: np.random.Generator,
@@ -355,7 +353,7 @@ def scored_labels(batch: dict[str, torch.Tensor], objective: Objective) -> torch
     return labels[labels != -100]
 
 
-def step_losses(network, batch: dict[str, torch.Tensor], objective: Objective) -> tuple[torch.Tensor, ...]:
+def training_losses(network, batch: dict[str, torch.Tensor], objective: Objective) -> tuple[torch.Tensor, ...]:
     """The ``objective``'s training losses of one batch (:attr:`Objective.step_losses`); their sum is minimised."""
     if objective.name == "masked-lm":
         return pretraining_losses(network, batch)[:2]
@@ -384,8 +382,9 @@ def evaluate(network, batches: list[dict[str, torch.Tensor]], objective: Objecti
                 pairs += len(next_logits)
             else:
                 loss = causal_lm_loss(network, batch)
-            total += float(loss) * scored
-            count += scored
+            if scored:  # a batch with no scored piece (a lone run of one piece) adds nothing: its mean is NaN
+                total += float(loss) * scored
+                count += scored
     network.train()
     loss = total / max(count, 1)
     return {"mlm_loss": loss, "nsp_accuracy": correct / max(pairs, 1)} if objective.name == "masked-lm" else {"lm_loss": loss}
@@ -560,7 +559,7 @@ def pretrain(
                 rows = epoch_rows(epoch)
             batch = _collate(collator, rows[position : position + batch_size], torch_device)
             position += batch_size
-            parts = step_losses(network, batch, goal)
+            parts = training_losses(network, batch, goal)
             sum(parts).backward()
             torch.nn.utils.clip_grad_norm_(network.parameters(), 1.0)
             optimizer.step()

@@ -13,7 +13,8 @@ from bertology.studies import Study, default_out, register_study
 
 class Track(Study):
     name = "track"
-    title = "Profile, roles and syntactic heads over training checkpoints, and the verdict on the learning-curve hypothesis."
+    title = ("Profile, roles and syntactic heads (a decoder's attention sinks too) over training checkpoints, and the verdict on the "
+             "learning-curve hypothesis.")
     options = (
         Option("checkpoint", None, "Checkpoints in any order: model folders or hub names ('default': the bundled model).", type=str,
                argument=True, multiple=True),
@@ -22,7 +23,7 @@ class Track(Study):
                type=str),
         CORPUS[0].but(help="Corpus file; CoNLL-U adds syntactic heads [default: the bundled sample corpus]."),
         *pick(CORPUS, "format"), *pick(TREES, "parser"), *pick(RUN, "out"), *pick(CORPUS, "batch_size", "max_length", "limit"),
-        family_option("syntax", "bootstrap"), family_option("roles", "tau"), family_option("syntax", "min_dependents"),
+        family_option("syntax", "bootstrap"), family_option("roles", "tau"), family_option("syntax", "min_dependents"), family_option("sinks", "sink_eps"),
         *pick(CORPUS, "punct"), *pick(RUN, "seed", "quiet"), *pick(MODEL, "device", "trust_remote_code"), *RAY,
     )
     outputs = ("track", "track_layers", "peaks")
@@ -43,12 +44,15 @@ class Track(Study):
         s["out"] = s["out"] or default_out(self.name, label, s["corpus"])
         return track(series, s["corpus"], format=s["format"], parser=s["parser"], out=s["out"], batch_size=s["batch_size"],
                      max_length=s["max_length"], limit=s["limit"], bootstrap=s["bootstrap"], tau=s["tau"], min_dependents=s["min_dependents"],
-                     punct=s["punct"], seed=s["seed"], device=s["device"], trust_remote_code=s["trust_remote_code"], progress=not s["quiet"],
+                     punct=s["punct"], seed=s["seed"], device=s["device"], trust_remote_code=s["trust_remote_code"], sink_eps=s["sink_eps"],
+                     progress=not s["quiet"],
                      command=command, steps=parse_steps(s["steps"]) if s["steps"] is not None else None, backend=s["backend"],
                      workers=s["workers"], address=s["address"])
 
     def summary(self, result, settings: dict) -> list[str]:
         lines = [f"{claim}: {result.verdict[claim]['verdict']}: {result.verdict[claim]['statement']}" for claim in ("depth", "training")]
+        if "sinks" in result.verdict:  # a decoder's series
+            lines.append(f"attention sinks: {result.verdict['sinks']['statement']}")
         return [*lines, f"report: {(Path(settings['out']) / 'report.html').resolve()}"]
 
 

@@ -164,8 +164,8 @@ def _in_order(values: np.ndarray) -> np.ndarray:
 
 
 def _order(metrics: tuple[str, ...]) -> str:
-    """``[CLS] < [SEP] < punctuation``: the order a claim tests."""
-    return " < ".join(METRIC_NAMES[metric] for metric in metrics)
+    """``[CLS] < [SEP] < punctuation`` (a decoder's ``first token < punctuation``): the order a claim tests."""
+    return " < ".join(METRIC_NAMES[metric].removeprefix("the ") for metric in metrics)
 
 
 def depth_verdict(means: np.ndarray, step: int | None = None, checkpoint: str | None = None, metrics: tuple[str, ...] = PEAK_METRICS) -> dict:
@@ -295,8 +295,14 @@ class CheckpointResult:
     checkpoint: str
     rows: pd.DataFrame  # TRACK_COLUMNS
     layers: pd.DataFrame  # step, checkpoint, layer, metric, value, ci_low, ci_high
-    means: np.ndarray  # [1 + B, layer, metric] of PEAK_METRICS
+    means: np.ndarray  # [1 + B, layer, metric] of `metrics`
     syntax: np.ndarray | None  # [1 + B]: mean over relations of the best head's accuracy
+    causal: bool = False  # a decoder's
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The token sets of ``means``: a decoder's (the first token, punctuation) or an encoder's ([CLS], [SEP], punctuation)."""
+        return DECODER_PEAK_METRICS if self.causal else PEAK_METRICS
 
 
 @dataclass
@@ -305,8 +311,9 @@ class Track:
 
     ``table``: ``step, checkpoint, layer, head, metric, value, ci_low, ci_high`` (profile metrics
     per head; ``role:<role>`` mean sieve scores; ``syntax:<relation>`` for the best head of each
-    relation). ``layers``: profile metrics per layer. ``peaks``: where [CLS]/[SEP]/punctuation peak
-    at each checkpoint. ``emergence``: claim 2's table (None for one checkpoint).
+    relation). ``layers``: profile metrics per layer, and a decoder's ``sink_eps`` (the layer's Sink_eps, no interval).
+    ``peaks``: where [CLS]/[SEP]/punctuation (a decoder's first token and punctuation) peak at each checkpoint.
+    ``emergence``: claim 2's table (None for one checkpoint).
     """
 
     results: list[CheckpointResult]
@@ -322,6 +329,16 @@ class Track:
         return [r.step for r in self.results]
 
     @property
+    def causal(self) -> bool:
+        """Whether the series is a decoder's (every checkpoint is of one kind)."""
+        return self.results[0].causal
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The token sets whose peaks and emergence the claims order (:attr:`CheckpointResult.metrics`)."""
+        return self.results[0].metrics
+
+    @property
     def table(self) -> pd.DataFrame:
         return pd.concat([r.rows for r in self.results], ignore_index=True)
 
@@ -331,7 +348,7 @@ class Track:
 
     @property
     def peaks(self) -> pd.DataFrame:
-        return pd.concat([peak_layers(r.means).assign(step=r.step, checkpoint=r.checkpoint) for r in self.results], ignore_index=True)
+        return pd.concat([peak_layers(r.means, r.metrics).assign(step=r.step, checkpoint=r.checkpoint) for r in self.results], ignore_index=True)
 
     def syntax_series(self) -> pd.DataFrame | None:
         """``step, value, ci_low, ci_high``: mean over relations of the best head's accuracy, with its bootstrap interval."""
@@ -342,7 +359,7 @@ class Track:
 
     def strength(self) -> pd.DataFrame:
         """``step, metric, value``: each pattern's strength (max over layers of the layer mean; syntax: the mean best-head accuracy)."""
-        rows = [(r.step, metric, float(r.means[0, :, k].max())) for r in self.results for k, metric in enumerate(PEAK_METRICS)]
+        rows = [(r.step, metric, float(r.means[0, :, k].max())) for r in self.results for k, metric in enumerate(r.metrics)]
         rows += [(r.step, "syntax", float(r.syntax[0])) for r in self.results if r.syntax is not None]
         return pd.DataFrame(rows, columns=["step", "metric", "value"])
 
@@ -389,8 +406,8 @@ def _load_part(parts: Path, name: str, key: str, replicates: int, finished: bool
     """The saved part ``name``: None when there is none, or when it was computed with other settings or weights (``key``)
     in a run that finished (``finished``); in an unfinished run such a part is refused, never overwritten.
 
-    It is checked before use: the ``.npz``'s arrays (``meta`` naming this part's checkpoint and a whole-number or null step;
-    ``means [replicates, layer, metric]`` and ``syntax [replicates]`` or empty, shares in [0, 1], NaN only in bootstrap
+    It is checked before use: the ``.npz``'s arrays (``meta`` naming this part's checkpoint, a whole-number or null step
+    and whether the model is a decoder; ``means [replicates, layer, metric]`` and ``syntax [replicates]`` or empty, shares in [0, 1], NaN only in bootstrap
     replicates) and the two tables (their columns, this checkpoint's rows, of the layers of ``means``); a damaged part is
     refused (:func:`_damaged_part`).
     """
@@ -416,18 +433,19 @@ def _load_part(parts: Path, name: str, key: str, replicates: int, finished: bool
         checkpoint = document_field(meta, "checkpoint", str, marker)
         step = document_field(meta, "step", (int, type(None)), marker)
         step = None if step is None else whole_number(step, "step", marker, high=MAX_STEP)
+        causal = document_field(meta, "causal", bool, marker) if "causal" in meta else False  # a part from before decoders: an encoder's
     except StateError as exc:
         raise _damaged_part(marker, marker, f"its 'meta' is damaged: {exc.message}") from None
     if _part_name(checkpoint) != name:
         raise _damaged_part(marker, marker, f"it is the part of another checkpoint ({checkpoint[:80]!r})")
-    means = _part_shares(arrays["means"], "means", (replicates, None, len(PEAK_METRICS)), marker)
+    means = _part_shares(arrays["means"], "means", (replicates, None, len(DECODER_PEAK_METRICS if causal else PEAK_METRICS)), marker)
     syntax = _part_shares(arrays["syntax"], "syntax", (replicates,), marker) if arrays["syntax"].size else None
     tables = []
     for kind, columns in (("rows", TRACK_COLUMNS), ("layers", TRACK_LAYER_COLUMNS)):
         tables.append(_part_table(parts / f"{name}.{kind}.parquet", columns, step, checkpoint, marker))
         if set(tables[-1]["layer"]) != set(range(means.shape[1])):
             raise _damaged_part(marker, marker, f"'means' has {means.shape[1]} layers, not those of {name}.{kind}.parquet")
-    return CheckpointResult(step, checkpoint, *tables, means, syntax)
+    return CheckpointResult(step, checkpoint, *tables, means, syntax, causal)
 
 
 def _part_shares(values: np.ndarray, member: str, shape: tuple, marker: Path) -> np.ndarray:
@@ -467,7 +485,7 @@ def _save_part(parts: Path, name: str, key: str, result: CheckpointResult) -> No
     """One checkpoint's results, written before the next checkpoint starts; the ``.npz``, written last, marks the part complete."""
     atomic_write(parts / f"{name}.rows.parquet", lambda p: result.rows.to_parquet(p, index=False))
     atomic_write(parts / f"{name}.layers.parquet", lambda p: result.layers.to_parquet(p, index=False))
-    meta = json.dumps({"step": result.step, "checkpoint": result.checkpoint})
+    meta = json.dumps({"step": result.step, "checkpoint": result.checkpoint, "causal": result.causal})
     syntax = result.syntax if result.syntax is not None else np.array([])
 
     def write(path: Path) -> None:
@@ -479,8 +497,8 @@ def _save_part(parts: Path, name: str, key: str, result: CheckpointResult) -> No
 
 def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_trees: bool, settings: dict, progress: bool,
                         source: str | None = None, device: str | None = None) -> CheckpointResult:
-    """One checkpoint's profile, roles and syntax. On a Ray task, ``source`` is where to load it from (the folder's absolute
-    path) and ``device`` the task's own."""
+    """One checkpoint's profile, roles and syntax, and a decoder's Sink_eps per layer (:func:`layer_sink_rates`). On a Ray task,
+    ``source`` is where to load it from (the folder's absolute path) and ``device`` the task's own."""
     source = source or checkpoint
     loaded = load_model(None if source in ("default", DEFAULT_MODEL) else source, device=device or settings["device"],
                         trust_remote_code=settings["trust_remote_code"])
@@ -503,8 +521,29 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
         syntax = relations.best_accuracy_replicates(settings["min_dependents"])
         syntax = syntax if np.isfinite(syntax[0]) else None  # no relation has enough dependents
     rows = pd.concat([frame.assign(step=step, checkpoint=checkpoint)[TRACK_COLUMNS] for frame in frames], ignore_index=True)
-    layers = profile.layers().assign(step=step, checkpoint=checkpoint)[TRACK_LAYER_COLUMNS]
-    return CheckpointResult(step, checkpoint, rows, layers, peaks.replicate_means(), syntax)
+    layers = pd.concat([profile.layers()] + ([layer_sink_rates(heads, settings["sink_eps"])] if loaded.causal else []), ignore_index=True)
+    layers = layers.assign(step=step, checkpoint=checkpoint)[TRACK_LAYER_COLUMNS]
+    return CheckpointResult(step, checkpoint, rows, layers, peaks.replicate_means(), syntax, loaded.causal)
+
+
+def layer_sink_rates(heads: pd.DataFrame, eps: float) -> pd.DataFrame:
+    """A decoder's ``Sink_eps`` per layer (Gu et al. 2025; the sinks family's :func:`~bertology.families.sinks.analyzer.sink_rates`):
+    ``layer, metric = "sink_eps", value, ci_low, ci_high`` (no interval: NaN), from the profile's per-head ``first``, the mean
+    over sequences of ``(1/(n-1)) sum_{i>=1} a[i, 0]``, which is the sinks family's ``alpha_0``."""
+    rates = sink_rates(heads[heads.metric == "first"].assign(quantity="attention"), eps)
+    rates = rates[rates.layer != "all"]
+    return pd.DataFrame({"layer": rates.layer.astype(int), "metric": "sink_eps", "value": rates.rate, "ci_low": np.nan, "ci_high": np.nan})
+
+
+def sink_series(results: list[CheckpointResult], eps: float) -> dict:
+    """A decoder's ``Sink_eps`` over its checkpoints (in training order): per layer, and overall (the mean over layers: every
+    layer has the same heads), with the sentence that says when sinks appear."""
+    steps = [r.step for r in results]
+    grid = [r.layers[r.layers.metric == "sink_eps"].sort_values("layer").value.tolist() for r in results]
+    overall = [float(np.mean(rates)) for rates in grid]
+    where = ", ".join(f"{rate:.0%} at {'step unknown' if step is None else f'step {step}'}" for step, rate in zip(steps, overall))
+    return {"eps": eps, "steps": steps, "by_layer": grid, "overall": overall,
+            "statement": f"Sink_{eps:g} (the share of heads whose mean attention to the first token exceeds {eps:g}, Gu et al. 2025): {where}."}
 
 
 @claims_out(work="parts", words=("format", "parser", "punct", "device", "backend", "address"))
@@ -525,6 +564,7 @@ def track(
     seed: int = 0,
     device: str = "auto",
     trust_remote_code: bool = False,
+    sink_eps: float = SINK_EPS,
     progress: bool = True,
     command: list[str] | None = None,
     steps: list[int] | None = None,
@@ -540,6 +580,8 @@ def track(
     :func:`bertology.analyze` (trees from CoNLL-U or ``parser="spacy"`` add syntax). With ``out``,
     each checkpoint's results are saved under ``out/parts`` as soon as they exist (a rerun skips
     them) and the run folder is written at the end. ``punct``: the punctuation set, as in :func:`bertology.analyze`.
+    On a decoder's checkpoints (docs/methods.md#decoders) the first token takes [CLS]'s place, nothing about [SEP] is
+    reported, and ``Sink_eps`` at ``sink_eps`` is followed per layer (``track_layers``' ``sink_eps``) and overall (``verdict["sinks"]``).
     ``backend="ray"``: one checkpoint per Ray task across the cluster (``workers``, ``address`` as in
     :func:`bertology.analyze`); each part is saved as its task finishes.
     """
@@ -554,7 +596,7 @@ def track(
     with_trees = any(example.has_tree for example in examples)
     settings = {"batch_size": batch_size, "max_length": max_length, "limit": limit, "bootstrap": bootstrap, "tau": tau,
                 "min_dependents": min_dependents, "punct": punct, "seed": seed, "device": device, "trust_remote_code": trust_remote_code,
-                "parser": parser or ("gold" if with_trees else None)}
+                "parser": parser or ("gold" if with_trees else None), "sink_eps": sink_eps}
     key = json.dumps({"corpus": corpus_info.get("sha256"), "examples": len(examples), **{k: v for k, v in settings.items() if k != "device"}}, sort_keys=True)
     parts = Path(out) / "parts" if out is not None else None
     finished = parts is not None and finished_run(Path(out))
@@ -576,12 +618,16 @@ def track(
     else:
         for k in todo:
             keep(k, _analyze_checkpoint(*series[k], examples, with_trees, settings, progress))
+    if len({r.causal for r in results}) > 1:
+        raise BertologyError("the checkpoints mix encoders and decoders: a series must share one architecture")
     shapes = {r.means.shape for r in results}
     if len(shapes) > 1:
         raise BertologyError("the checkpoints differ in depth: a series must share one architecture")
     steps = [r.step for r in results]
     syntax = np.stack([r.syntax for r in results]) if with_trees and all(r.syntax is not None for r in results) else None
-    verdict, emergence = hypothesis_verdict(steps, [r.checkpoint for r in results], np.stack([r.means for r in results]), syntax)
+    verdict, emergence = hypothesis_verdict(steps, [r.checkpoint for r in results], np.stack([r.means for r in results]), syntax, results[0].metrics)
+    if results[0].causal:
+        verdict["sinks"] = sink_series(results, sink_eps)
     corpus_info["examples"] = len(examples)
     result = Track(results, corpus_info, settings, verdict, emergence, started)
     if out is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from bertology.core.runfolder import RunFolder
@@ -12,25 +13,37 @@ from bertology.render.html import Figure, Report, Section
 def track_report(folder: RunFolder, track) -> str:
     """The verdict on the learning-curve hypothesis and the figures of a ``bertology track`` run."""
     depth, training = track.verdict["depth"], track.verdict["training"]
+    claim = ("Claim (its decoder form, docs/methods.md#decoders): the first token, the candidate attention sink (Gu et al. 2025), takes "
+             "[CLS]'s place and [SEP] has none; first-token attention peaks below punctuation and emerges before it. "
+             if track.causal else
+             "Claim: heads pass through phases over depth and over pre-training: [CLS] (and broad) attention early, [SEP] and dependency "
+             "relations in the middle, punctuation deep (docs/methods.md#track-and-the-learning-curve-verdict). ")
     section = Section(
         title="The learning-curve hypothesis",
         intro=(
-            "Claim: heads pass through phases over depth and over pre-training: [CLS] (and broad) attention early, [SEP] and dependency "
-            "relations in the middle, punctuation deep (docs/methods.md#track-and-the-learning-curve-verdict). "
-            "Attention to a token set follows Clark et al. (2019); "
+            claim + "Attention to a token set follows Clark et al. (2019); "
             "intervals come from a Poisson bootstrap over sequences, paired across checkpoints. A claim is supported when its order "
             "holds in the data and in at least 95% of the replicates, contradicted when it holds in at most 5%."
         ),
     )
     section.notes.append(f"Depth ({depth['checkpoint']}): {depth['statement']}")
     section.notes.append(f"Training: {training['statement']}")
+    if "sinks" in track.verdict:
+        section.notes.append(f"Attention sinks: {track.verdict['sinks']['statement']}")
     peaks = folder.write_figure("peak_layers", peak_layers_by_metric(depth["layer_means"], depth["peaks"]))
     section.figures.append(Figure(peaks, "Final checkpoint: the layer mean of each pattern; the star marks its peak, the bar its 95% bootstrap interval."))
     section.tables.append(("Where each pattern peaks, per checkpoint (peak_layers; interval: 2.5th-97.5th percentile of the replicates)",
                            track.peaks[["step", "metric", "peak_layer", "ci_low", "ci_high", "agreement"]]))
     if len(track.results) > 1:
-        heatmaps = folder.write_figure("layer_by_step", layer_by_step_heatmaps(track.layers))
-        section.figures.append(Figure(heatmaps, "Attention to [CLS], [SEP] and punctuation per layer (rows) at each checkpoint (columns)."))
+        *others, last = (METRIC_TITLES[metric].removeprefix("attention to ") for metric in track.metrics)
+        named = f"{', '.join(others)} and {last}"
+        heatmaps = folder.write_figure("layer_by_step", layer_by_step_heatmaps(track.layers, track.metrics))
+        section.figures.append(Figure(heatmaps, f"Attention to {named} per layer (rows) at each checkpoint (columns)."))
+        if "sinks" in track.verdict:
+            sinks = track.verdict["sinks"]
+            section.figures.append(Figure(folder.write_figure("sinks_by_step", sinks_by_step(sinks)),
+                                          f"Sink_{sinks['eps']:g}: the share of heads whose mean attention to the first token exceeds "
+                                          f"{sinks['eps']:g}, per layer and over all heads, at each checkpoint."))
         curves = folder.write_figure("emergence", emergence_curves(track.strength(), track.emergence))
         section.figures.append(Figure(curves, "Left: each pattern's strength (max over layers of the layer mean). Right: the patterns that rise, "
                                               "as a share of their rise; dotted: where each crosses half."))
@@ -51,6 +64,8 @@ def track_report(folder: RunFolder, track) -> str:
             "bootstrap replicates": track.settings["bootstrap"],
             "depth claim": depth["verdict"],
             "training claim": training["verdict"],
+            **({"attention sinks": f"Sink_{track.verdict['sinks']['eps']:g} = {track.verdict['sinks']['overall'][-1]:.0%} of heads at the final checkpoint"}
+               if "sinks" in track.verdict else {}),
             "started": track.started,
         },
         sections=[section],
@@ -70,6 +85,26 @@ def layer_by_step_heatmaps(layers: pd.DataFrame, metrics=("cls", "sep", "punct")
         axis.set_ylabel("layer (0-based)")
         axis.set_title(METRIC_TITLES[metric])
         plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+    figure.set_layout_engine("tight")  # laid out once, when drawn
+    return figure
+
+
+def sinks_by_step(sinks: dict):
+    """A decoder's Sink_eps (``verdict["sinks"]``) over checkpoints: layer (rows) x checkpoint (columns), and over all heads against step."""
+    figure, (grid, overall) = plt.subplots(1, 2, figsize=(11, 3.8))
+    labels = ["?" if step is None else str(step) for step in sinks["steps"]]
+    image = grid.imshow(np.array(sinks["by_layer"]).T, aspect="auto", cmap="viridis", origin="lower", vmin=0, vmax=1)
+    grid.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
+    grid.set_yticks(range(len(sinks["by_layer"][0])))
+    grid.set_xlabel("checkpoint (training step)")
+    grid.set_ylabel("layer (0-based)")
+    grid.set_title(f"Sink_{sinks['eps']:g} per layer")
+    plt.colorbar(image, ax=grid, fraction=0.046, pad=0.04)
+    overall.plot(np.clip(sinks["steps"], 1, None), sinks["overall"], "o-", color="black", label="all heads")
+    overall.set_ylim(-0.02, 1.02)
+    overall.set_ylabel(f"Sink_{sinks['eps']:g} (share of all heads)")
+    overall.set_title("attention-sink heads over training")
+    log_step_axis(overall)
     figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 

@@ -18,7 +18,8 @@ class View(Study):
         *pick(MODEL, "model"),
         Option("out", Path("view.html"), "The page to write.", flag="--out -o"),
         Option("run", None, "A run folder whose roles and patterns label the heads.", type=Path),
-        Option("top_k", None, "Keep each row's K largest weights (0: all) [default: all up to 128 tokens, else 20].", type=int, minimum=0),
+        Option("top_k", None, "Keep each row's K largest weights (0: all); by default all up to 128 tokens, else 20, fewer where the maps "
+               "would pass the page's 16 MiB.", type=int, minimum=0),
         *pick(CORPUS, "max_length"), *pick(MODEL, "device", "trust_remote_code"),
     )
     writes = "file"

@@ -15,8 +15,10 @@ the cells after the diagonal grey, as not visible rather than as zero attention.
 What the page stores (:class:`StoredMaps`): weights quantised to one byte (``round(255 a)``); each thumbnail, every
 head's full map max-pooled to at most :data:`OVERVIEW_SIZE` cells a side; and, up to :data:`DENSE_UP_TO` tokens,
 every weight, above it only each row's ``k`` largest (pieces indexed with two bytes) with the mass of the keys left
-out, one byte a row. ``k`` is :data:`DEFAULT_TOP_K`, fewer where the maps would pass :data:`MAP_BYTES`
-(:func:`kept_keys`): the page holds at most ``4/3 MAP_BYTES`` of maps (base64) besides its tokens, text and code.
+out, one byte a row (hovering a query names its three strongest keys and that share). ``k`` is :data:`DEFAULT_TOP_K`,
+fewer where the maps would pass :data:`MAP_BYTES` (:func:`kept_keys`): the page holds at most ``4/3 MAP_BYTES`` of maps
+(base64; 22.4 MB) besides its tokens, text (the part the tokens cover) and code, for any model up to 1,254 maps at
+2,048 tokens (GPT-2 small, 300 maps, keeps 7 keys a row).
 The model runs layer by layer (the engine's ``on_layer``): one layer's maps are in memory at a time.
 
 Tokens and text reach the page only as JSON (with ``<``, ``>`` and ``&`` escaped) read by ``JSON.parse``
@@ -105,23 +107,38 @@ def kept_keys(n: int, maps: int, top_k: int | None = None) -> int:
     """How many keys each row of an ``n``-token input keeps on the page (0: every key), for ``maps`` maps in all (layers x
     heads, over the views): as asked by ``top_k``; else every key up to :data:`DENSE_UP_TO` tokens and :data:`DEFAULT_TOP_K`
     above, each as far as the maps fit :data:`MAP_BYTES` (a thumbnail, and a byte a kept weight, two for its position and
-    one a row for the mass left out), and never fewer than one."""
+    one a row for the mass left out), and never fewer than one. So the maps take at most ``MAP_BYTES`` wherever
+    ``maps (S^2 + 4 n) <= MAP_BYTES`` (``S`` a thumbnail's side; at 2,048 tokens up to 1,254 maps, as 24 layers x
+    16 heads with the norm shares and the rollout), else ``maps (S^2 + 4 n)`` bytes with one key a row."""
     if top_k is not None:
         return 0 if top_k >= n else top_k
     thumbnails = maps * min(n, OVERVIEW_SIZE) ** 2
     if n <= DENSE_UP_TO and thumbnails + maps * n * n <= MAP_BYTES:
         return 0
     fitting = ((MAP_BYTES - thumbnails) // (maps * n) - 1) // 3
-    return int(min(DEFAULT_TOP_K, max(1, fitting)))
+    return int(min(DEFAULT_TOP_K, n - 1, max(1, fitting)))  # 0 (every key) for a one-token input
 
 
-def overview_starts(n: int) -> np.ndarray:
-    """The first token of each thumbnail cell, rows and columns alike: token ``i`` falls in cell ``floor(i / (n / S))``,
+def overview_cells(n: int) -> list[tuple[int, int]]:
+    """Each thumbnail cell's tokens ``[start, stop)``, rows and columns alike: token ``i`` falls in cell ``floor(i / (n / S))``,
     ``S = min(n, OVERVIEW_SIZE)``; every cell holds at least one token, so on a causal map the cells after the diagonal
     (column > row) hold only keys their queries cannot see."""
     size = min(n, OVERVIEW_SIZE)
     cells = np.floor(np.arange(n) / (n / size)).astype(np.int64)
-    return np.flatnonzero(np.diff(cells, prepend=-1))
+    bounds = [*np.flatnonzero(np.diff(cells, prepend=-1)).tolist(), n]
+    return list(zip(bounds, bounds[1:]))
+
+
+def max_pooled(maps: torch.Tensor) -> torch.Tensor:
+    """``maps [..., n, n]`` max-pooled to the thumbnail's cells (:func:`overview_cells`): ``[..., S, S]``."""
+    cells = overview_cells(maps.shape[-1])
+    # Each reduction runs over a block of whole rows (contiguous): the queries' blocks first, then the keys' of the transpose.
+    by_query = torch.stack([maps[..., start:stop, :].amax(-2) for start, stop in cells], dim=-1)  # [..., n keys, S queries]
+    return torch.stack([by_query[..., start:stop, :].amax(-2) for start, stop in cells], dim=-1)
+
+
+def as_base64(arrays: list[np.ndarray]) -> str:
+    return base64.b64encode(np.concatenate(arrays).tobytes()).decode("ascii")
 
 
 @dataclass
@@ -129,7 +146,7 @@ class StoredMaps:
     """One view of attention as the page stores it, added layer by layer (:meth:`add`): ``weights[l]`` each map quantised
     to a byte, ``[heads, n, n]`` where ``k == 0``, else each row's ``k`` largest, ``[heads, n, k]``, largest first, at the
     key positions ``indices[l]``, with ``rest[l] [heads, n]`` the row's mass outside them (quantised the same way);
-    ``overview[l] [heads, S, S]`` each quantised map max-pooled to the thumbnail's cells (:func:`overview_starts`)."""
+    ``overview[l] [heads, S, S]`` each quantised map max-pooled to the thumbnail's cells (:func:`max_pooled`)."""
 
     heads: int
     n: int
@@ -145,24 +162,20 @@ class StoredMaps:
 
     def add(self, maps: torch.Tensor) -> None:
         """Store the next layer's maps ``[heads, n, n]`` (any device)."""
-        quantised = self.quantised(maps)
-        starts = overview_starts(self.n)
-        on_host = quantised.cpu().numpy()
-        self.overview.append(np.maximum.reduceat(np.maximum.reduceat(on_host, starts, axis=-1), starts, axis=-2))
+        self.overview.append(self.quantised(max_pooled(maps)).cpu().numpy())  # rounding keeps order: the max of the quantised maps
         if self.k == 0:
-            self.weights.append(on_host)
+            self.weights.append(self.quantised(maps).cpu().numpy())
             return
         kept, order = torch.topk(maps, self.k, dim=-1)
-        self.weights.append(quantised.gather(-1, order).cpu().numpy())
+        self.weights.append(self.quantised(kept).cpu().numpy())
         self.indices.append(order.cpu().numpy().astype("<u2"))
         self.rest.append(self.quantised((maps.sum(-1) - kept.sum(-1)).clamp_(min=0)).cpu().numpy())
 
     def payload(self) -> dict:
         """The page's form: each array base64-encoded, layers in order."""
-        encoded = lambda arrays: base64.b64encode(np.concatenate(arrays).tobytes()).decode("ascii")  # noqa: E731
-        data = {"format": "dense" if self.k == 0 else "topk", "heads": self.heads, "weights": encoded(self.weights), "overview": encoded(self.overview)}
+        data = {"format": "dense" if self.k == 0 else "topk", "heads": self.heads, "weights": as_base64(self.weights), "overview": as_base64(self.overview)}
         if self.k:
-            data.update(k=self.k, indices=encoded(self.indices), rest=encoded(self.rest))
+            data.update(k=self.k, indices=as_base64(self.indices), rest=as_base64(self.rest))
         return data
 
 
@@ -182,6 +195,7 @@ class AttentionView:
     labels: dict[str, list[str]] = field(default_factory=dict)  # "layer-head" -> labels
     start_head: int = 0  # the head the page opens on, of layer 0 (:func:`distinctive_head`)
     causal: bool = False  # a decoder's maps: query i sees keys j <= i only
+    truncated: bool = False  # the input was cut to the model's (or the asked) length: ``text`` and ``text_pair`` are the parts kept
 
     @classmethod
     def from_maps(cls, tokens: list[str], segments: list[int], attention: np.ndarray, model: str, text: str, text_pair: str | None = None, *,
@@ -294,7 +308,11 @@ def attention_view(text: str, text_pair: str | None = None, *, model: str | Path
         stored["rollout"].add(rolled)
 
     engine.run_batch(items, norms="norm" in stored, on_layer=keep_layer)
-    tokens = loaded.tokenizer.convert_ids_to_tokens(items[0].input_ids)
-    segments = [-1 if s is None else int(s) for s in items[0].sequence_ids]
+    item = items[0]
+    tokens = loaded.tokenizer.convert_ids_to_tokens(item.input_ids)
+    segments = [-1 if s is None else int(s) for s in item.sequence_ids]
+    if item.truncated:  # the page holds only the text its tokens cover (a long passage cut to 2,048 tokens stays small)
+        covered = [max((end for (_, end), s in zip(item.offsets, segments) if s == segment), default=0) for segment in (0, 1)]
+        text, text_pair = text[:covered[0]], None if text_pair is None else text_pair[:covered[1]]
     return AttentionView(tokens, segments, stored, loaded.name, text, text_pair, head_labels(run) if run is not None else {},
-                         start_head, loaded.causal)
+                         start_head, loaded.causal, item.truncated)

@@ -136,16 +136,23 @@
     step();
   }
 
-  // Hovering a query of a "topk" view says how much of its row the lines leave out.
+  // Hovering a query of a "topk" view names its strongest keys (its lines may leave the visible band) and the share of its
+  // row beyond the k weights kept, a line for each head drawn.
   const rowNote = document.getElementById("row-note");
   function noteRow(hover) {
     if (rowNote === null) return;  // every weight is on the page
     if (!hover || hover.side !== "query") { rowNote.textContent = ""; return; }
-    const shares = Array.from(drawnHeads()).sort((a, b) => a - b).map(function (head) {
-      const left = Math.round(100 * restOf(state.layer, head, hover.index));
-      return current.heads === 1 ? left + "%" : left + "% (head " + head + ")";
+    const lines = ["Token " + hover.index + " " + JSON.stringify(data.tokens[hover.index]) + ": its strongest keys; the share of its row beyond its " +
+                   current.k + " largest weights"];
+    Array.from(drawnHeads()).sort((a, b) => a - b).forEach(function (head) {
+      const strongest = [];
+      eachWeight(state.layer, head, hover.index, function (j, w) {  // largest first
+        if (strongest.length < 3) strongest.push(j + " " + JSON.stringify(data.tokens[j]) + " " + (100 * w).toFixed(1) + "%");
+      });
+      lines.push((current.heads === 1 ? "" : "head " + head + ": ") + (strongest.join(", ") || "every weight under 0.2%") +
+                 "; left out " + Math.round(100 * restOf(state.layer, head, hover.index)) + "%");
     });
-    rowNote.textContent = "Token " + hover.index + ": the keys beyond its " + current.k + " largest weights hold " + shares.join(", ") + " of its row.";
+    rowNote.textContent = lines.join("\n");
   }
 
   // A decoder's query sees only the keys at or before it: hovering a token greys the tokens it cannot see, or that cannot see it.
@@ -234,7 +241,7 @@
   }
   const grid = document.getElementById("grid");
   grid.style.gridTemplateColumns = "repeat(" + H + ", max-content)";
-  // A thumbnail is the whole map, max-pooled to size x size cells (bertology.viewer.overview_starts). On a decoder's map the
+  // A thumbnail is the whole map, max-pooled to size x size cells (overview_cells in viewer.py). On a decoder's map the
   // cells after the diagonal hold only keys their queries cannot see: grey, not the white of zero attention.
   const size = data.overview_size;
   const allLabels = new Set();
