@@ -162,7 +162,10 @@ def test_a_smaller_budget_keeps_fewer_keys_and_the_page_within_it(monkeypatch, t
     from bertology.core.models import load_model
 
     monkeypatch.setattr(viewer, "MAP_BYTES", 2**20)
-    view = attention_view(LONG_TEXT, model=load_model(tiny_gpt2_dir, device="cpu"), max_length=2048)
+    loaded = load_model(tiny_gpt2_dir, device="cpu")
+    view = attention_view(LONG_TEXT, model=loaded, max_length=2048)
+    assert view.truncated and LONG_TEXT.startswith(view.text) and len(view.text) < len(LONG_TEXT) / 10  # the page holds the text its tokens cover
+    assert loaded.tokenizer.convert_ids_to_tokens(loaded.tokenizer(view.text)["input_ids"]) == view.tokens
     maps = 2 * (4 + 4 + 1)  # layers x (heads of the weights and of the norm shares, one rollout map)
     assert view.kept == ((2**20 - maps * 72 * 72) // (maps * 2048) - 1) // 3 == 8
     page = view.save(tmp_path / "2048.html").read_text()
