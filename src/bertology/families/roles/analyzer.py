@@ -67,8 +67,8 @@ def sieve_mean(inside: torch.Tensor, size: torch.Tensor, queries: torch.Tensor, 
         inside = inside * n.to(torch.float64)[:, None]
     used = (queries & (size > 0)).to(torch.float64)[:, None]  # [batch, 1, n]
     count = used.sum(-1)
-    mean = (inside * used).sum(-1) / count.clamp(min=1)
-    return torch.where(count > 0, mean if per_row else n.to(torch.float64) * mean, torch.nan)
+    total = (inside * used).sum(-1) if per_row else n.to(torch.float64) * (inside * used).sum(-1)
+    return torch.where(count > 0, total / count.clamp(min=1), torch.nan)
 
 
 def role_scores(attention: torch.Tensor, mask: torch.Tensor, cls_mask: torch.Tensor, sep_mask: torch.Tensor,

@@ -114,25 +114,31 @@ class AttentionGradients:
         attentions = torch.stack([pattern.detach() for pattern in patterns]).double()  # [layer, batch, head, n, n]
         magnitudes = torch.stack(gradients).abs().double()
         original = tensors["input_ids"]  # the token sets are the input's, masked pieces included
-        queries = mask.clone()
         if model.causal:  # the first token in [CLS]'s place, no [SEP]; row 0 sees only itself and is no query
             first = torch.zeros_like(mask)
             first[:, 0] = True
             sets = {"first": first & mask}
-            queries[:, 0] = False
         else:
             sets = {"sep": (original == model.sep_token_id) & mask, "cls": (original == model.cls_token_id) & mask}
         sets.update(punct=engine.punctuation(original) & mask, all=mask)
-        visible = queries[:, :, None] & mask[:, None, :]  # [batch, query, key]: the weights there are
-        if model.causal:
-            visible = visible & torch.ones(visible.shape[1:], dtype=torch.bool, device=visible.device).tril()
-        heads, count = attentions.shape[2], queries.sum(dim=1)
+        heads, real = attentions.shape[2], mask.double()
+        if model.causal:  # the weights there are: queries i >= 1, keys j <= i
+            queries = mask.clone()
+            queries[:, 0] = False
+            visible = queries[:, :, None] & mask[:, None, :] & torch.ones(mask.shape[1], mask.shape[1], dtype=torch.bool, device=mask.device).tril()
+            count = queries.sum(dim=1)
         rows = []
         for name in self.targets:
-            pairs = (visible & sets[name][:, None, :]).double()
-            size = pairs.sum(dim=(1, 2))
-            weight = torch.einsum("lbhij,bij->lb", attentions, pairs) / (heads * count)
-            gradient = torch.einsum("lbhij,bij->lb", magnitudes, pairs) / (heads * size)
+            if model.causal:
+                pairs = (visible & sets[name][:, None, :]).double()
+                size = pairs.sum(dim=(1, 2))
+                weight = torch.einsum("lbhij,bij->lb", attentions, pairs) / (heads * count)
+                gradient = torch.einsum("lbhij,bij->lb", magnitudes, pairs) / (heads * size)
+            else:  # every query sees every key: the sums factor into queries and keys
+                keys, n = sets[name].double(), real.sum(dim=1)
+                weight = torch.einsum("lbhij,bi,bj->lb", attentions, real, keys) / (heads * n)
+                size = keys.sum(dim=1)
+                gradient = torch.einsum("lbhij,bi,bj->lb", magnitudes, real, keys) / (heads * n * size)
             gradient = torch.where(size > 0, gradient, torch.nan)
             weight = torch.where(size > 0, weight, torch.nan)
             rows.append(torch.stack([weight, gradient], dim=-1))  # [layer, batch, 2]
