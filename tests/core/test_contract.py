@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import tiny_examples
+from conftest import float64_model, tiny_examples
 
 from bertology.core.analyzer import Analyzer
 from bertology.core.corpora import Corpus
-from bertology.core.models import load_model
 from bertology.core.parsing import spacy_trees
 from bertology.core.testing import ANALYZER_CHECKS, AnalyzerContract, check_analyzer
 from bertology.families import registered
@@ -54,18 +53,12 @@ COVERED_ELSEWHERE = {
 
 @pytest.fixture(scope="module")
 def bert64(tiny_bert_dir):
-    """The tiny BERT in float64: padding then changes results by ~1e-16, not float32's ~1e-7, which
-    ill-conditioned statistics (a t statistic near 0, a tiny spread) would amplify past any fair tolerance."""
-    model = load_model(tiny_bert_dir, device="cpu")
-    model.model.double()
-    return model
+    return float64_model(tiny_bert_dir)
 
 
 @pytest.fixture(scope="module")
 def roberta64(tiny_roberta_dir):
-    model = load_model(tiny_roberta_dir, device="cpu")
-    model.model.double()
-    return model
+    return float64_model(tiny_roberta_dir)
 
 
 def examples_for(name):
@@ -92,21 +85,13 @@ def test_every_analyzer_is_registered_here():
 
 
 @pytest.fixture(scope="module")
-def decoders64(tiny_decoder_dirs):
-    loaded = {kind: load_model(tiny_decoder_dirs[kind], device="cpu") for kind in ("gpt2", "llama")}
-    for model in loaded.values():
-        model.model.double()
-    return loaded
-
-
-@pytest.fixture(scope="module")
-def contracts(bert64, roberta64, decoders64):
+def contracts(bert64, roberta64, gpt2_64, llama64):
     """``(model, analyzer)`` -> its contract, made once per module: the one-batch run every rule compares against is shared."""
     made = {}
 
     def contract(model: str, name: str) -> AnalyzerContract:
         if (model, name) not in made:
-            loaded = {"bert": bert64, "roberta": roberta64, **decoders64}[model]
+            loaded = {"bert": bert64, "roberta": roberta64, "gpt2": gpt2_64, "llama": llama64}[model]
             made[model, name] = AnalyzerContract(ANALYZERS[name], loaded, examples_for(name), rtol=1e-9, atol=1e-12)
         return made[model, name]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import DECODER_KINDS
+from conftest import DECODER_KINDS, float64_model
 
 from bertology.core.corpora import Example
 from bertology.core.engine import Engine, RunStats
@@ -15,12 +15,6 @@ from bertology.core.hooks import Hooks
 from bertology.core.models import attends_causally, attention_blocks, load_model
 
 SENTENCES = ["the cat sat on the mat.", "where is the dog?", "the big red house is under the tree, and the cat ran fast."]
-
-
-def float64_decoder(folder):
-    loaded = load_model(folder, device="cpu")
-    loaded.model.double()
-    return loaded
 
 
 def test_causal_configurations_are_told_from_encoders():
@@ -55,7 +49,7 @@ def test_a_decoder_has_no_masked_lm_head_and_an_encoder_no_causal_one(tiny_gpt2_
 
 @pytest.mark.parametrize("kind", DECODER_KINDS)
 def test_maps_equal_transformers_eager_attention(tiny_decoder_dirs, kind):
-    loaded = float64_decoder(tiny_decoder_dirs[kind])
+    loaded = float64_model(tiny_decoder_dirs[kind])
     model = loaded.model
     engine = Engine(loaded, batch_size=3, progress=False)
     items = list(engine.encode(enumerate([Example(text) for text in SENTENCES]), RunStats()))
@@ -84,7 +78,7 @@ def test_maps_equal_transformers_eager_attention(tiny_decoder_dirs, kind):
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_grouped_query_heads_share_their_key_value_head(tiny_decoder_dirs, kind):
-    loaded = float64_decoder(tiny_decoder_dirs[kind])
+    loaded = float64_model(tiny_decoder_dirs[kind])
     values, keys = [], []
     hooks = Hooks().add("value", lambda layer, value: values.append(value.clone())).add("key", lambda layer, key: keys.append(key.clone()))
     with torch.inference_mode(), hooks.attach(loaded.model):
@@ -101,7 +95,7 @@ def test_grouped_query_heads_share_their_key_value_head(tiny_decoder_dirs, kind)
 def test_norm_view_on_a_pre_norm_block_equals_numpy(tiny_decoder_dirs, kind):
     # Kobayashi et al. 2020 on a pre-norm block: f_h(x) = LN(x) W_V^h W_O^h with the real normalised input LN(x)
     # (docs/methods.md#decoders); numpy from the architecture's own weights and the layer input
-    loaded = float64_decoder(tiny_decoder_dirs[kind])
+    loaded = float64_model(tiny_decoder_dirs[kind])
     model = loaded.model
     ids = torch.tensor([loaded.tokenizer("the big red house is under the tree.")["input_ids"]])
     blocks = attention_blocks(model)
@@ -153,7 +147,7 @@ def test_norm_view_on_a_pre_norm_block_equals_numpy(tiny_decoder_dirs, kind):
 def test_mixing_ratios_are_refused_on_a_pre_norm_block(tiny_gpt2_dir):
     from bertology.core.errors import BertologyError
 
-    engine = Engine(float64_decoder(tiny_gpt2_dir), progress=False)
+    engine = Engine(float64_model(tiny_gpt2_dir), progress=False)
     items = list(engine.encode(enumerate([Example("the cat sat.")]), RunStats()))
     with pytest.raises(BertologyError, match="pre-norm"):
         engine.run_batch(items, mixing=True)
@@ -162,7 +156,7 @@ def test_mixing_ratios_are_refused_on_a_pre_norm_block(tiny_gpt2_dir):
 def test_a_uniform_head_on_a_decoder_is_uniform_over_the_keys_each_query_sees(tiny_gpt2_dir):
     from bertology.core.interventions import Intervention, attach_variants
 
-    loaded = float64_decoder(tiny_gpt2_dir)
+    loaded = float64_model(tiny_gpt2_dir)
     ids = torch.tensor([loaded.tokenizer("the cat sat on the mat.")["input_ids"]])
     seen = []
     hooks = attach_variants(Hooks(), [Intervention(uniform=frozenset({(0, 1)}))], loaded.num_heads)
