@@ -311,6 +311,9 @@ class Engine:
         self.progress = progress
         self.punct = punct
         self.layerwise = layerwise
+        # The engine counts and truncates (or skips) sequences over max_length itself: transformers' one-time warning that they
+        # "will result in indexing errors" is marked as given.
+        model.tokenizer.deprecation_warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
         table = model.punct_by_id if punct == "upos" else punctuation_table(model.tokenizer, punct)
         self._punct_by_id = torch.as_tensor(table, device=model.device)
 
