@@ -236,3 +236,10 @@ def test_view_refuses_a_folder_as_its_page_before_loading_the_model(tmp_path):
     result = CliRunner().invoke(app, ["view", "a cat sat.", "--model", str(tmp_path / "missing"), "--out", str(tmp_path)])
     assert isinstance(result.exception, BertologyError)
     assert str(result.exception) == f"{tmp_path}: is a folder; give the file to write, for instance {tmp_path / 'view.html'}"
+
+
+def test_help_text_keeps_its_square_brackets():
+    # typer reads help as rich markup: "[default: ...]" and "bertology[ray]" would vanish from the help without escaping
+    result = bertology("track", "--help")
+    text = " ".join(result.stdout.replace("│", " ").split())
+    assert result.returncode == 0 and "pip install 'bertology[ray]'" in text and "Most pieces per sequence [default: the model's]" in text

@@ -14,19 +14,24 @@ from bertology.core.options import Option
 from bertology.studies import Study, registered_studies
 
 
+def _plain(text: str) -> str:
+    """Help text as written: typer reads its help as rich markup, where "[default: ...]" and "bertology[ray]" would vanish."""
+    return text.replace("[", "\\[")
+
+
 def _parameter(option: Option) -> inspect.Parameter:
     """An :class:`~bertology.core.options.Option` as a typer argument or option."""
     if option.argument:
         annotation = list[option.cli_type] if option.multiple else option.cli_type
         if not option.required:
             annotation = Optional[annotation]
-        default = typer.Argument(... if option.required else None, help=option.help, show_default=False)
+        default = typer.Argument(... if option.required else None, help=_plain(option.help), show_default=False)
     elif option.multiple:
         annotation = Optional[list[str]]
-        default = typer.Option(None, *option.cli_flag.split(), help=option.help + " Repeat the flag for several.")
+        default = typer.Option(None, *option.cli_flag.split(), help=_plain(option.help) + " Repeat the flag for several.")
     else:
         annotation = option.cli_type if option.default is not None or option.required else Optional[option.cli_type]
-        default = typer.Option(... if option.required else option.default, *option.cli_flag.split(), help=option.help,
+        default = typer.Option(... if option.required else option.default, *option.cli_flag.split(), help=_plain(option.help),
                                min=option.minimum, max=option.maximum)
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
