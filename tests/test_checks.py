@@ -26,16 +26,23 @@ def family_corpus(name, treebank):
     return FRAMES_EXAMPLE if registered()[name].needs_frames else treebank
 
 
+def family_model(name, tiny_bert_dir, tiny_gpt2_dir):
+    """The tiny BERT, or for a family that measures what only a decoder has (the sinks), the tiny GPT-2."""
+    return tiny_gpt2_dir if registered()[name].decoders_only else tiny_bert_dir
+
+
 @pytest.fixture(scope="module")
-def family_runs(tiny_bert_dir, treebank, tmp_path_factory):
+def family_runs(tiny_bert_dir, tiny_gpt2_dir, treebank, tmp_path_factory):
     """Each family run once on its own over a small corpus (trees, or frames), by name, made when first asked for."""
     from bertology.checks import run_family
 
-    model, runs = load_model(tiny_bert_dir, device="cpu"), {}
+    models, runs = {}, {}
 
     def run(name):
         if name not in runs:
             family = registered()[name]
+            folder = family_model(name, tiny_bert_dir, tiny_gpt2_dir)
+            model = models.setdefault(folder, load_model(folder, device="cpu"))
             settings = {key: value for key, value in SMALL.items() if key in {option.name for option in family.options} or key == "seed"}
             runs[name] = run_family(family, model, str(family_corpus(name, treebank)), tmp_path_factory.mktemp(name) / "run", **settings)
         return runs[name]
@@ -58,7 +65,7 @@ def test_family(name, check, family_runs, tmp_path):
 
 
 @pytest.fixture
-def study_inputs(tiny_bert_dir, tiny_classifier_dir, tiny_mlm_dir, tuned_dir, treebank, cat_task, tmp_path):
+def study_inputs(tiny_bert_dir, tiny_gpt2_dir, tiny_classifier_dir, tiny_mlm_dir, tuned_dir, treebank, cat_task, tmp_path):
     """Each study's small inputs (its options by name), its run folder inside ``tmp_path``."""
     from conftest import write_books
 
@@ -66,7 +73,7 @@ def study_inputs(tiny_bert_dir, tiny_classifier_dir, tiny_mlm_dir, tuned_dir, tr
     text.write_text("\n".join(TEXTS) + "\n")
     out = tmp_path / "out" / "run"
     task = {"task": cat_task, "model": str(tiny_classifier_dir), "out": out, "seed": 1, "quiet": True, "device": "cpu"}
-    families = {name: {"model": str(tiny_bert_dir), "corpus": family_corpus(name, treebank), "out": out, "quiet": True, "device": "cpu",
+    families = {name: {"model": str(family_model(name, tiny_bert_dir, tiny_gpt2_dir)), "corpus": family_corpus(name, treebank), "out": out, "quiet": True, "device": "cpu",
                        **{key: value for key, value in SMALL.items() if key in {option.name for option in registered()[name].options}}}
                 for name in FAMILIES}
     return {

@@ -20,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from bertology.core.alignment import WordAlignment, align, default_word_spans, to_word_level
+from bertology.core.contributions import CONTRIBUTION_MEASURES, alti_contributions, value_zeroing
 from bertology.core.corpora import Example
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.hooks import Hooks
@@ -76,7 +77,8 @@ class Batch:
     context-mixing ratios (:func:`~bertology.core.norms.mixing_ratios`) where an analyzer ``needs`` them;
     ``hidden_states[l, b, i, :]`` every layer's output (``l = 0``: the embeddings) where an analyzer ``needs`` them;
     ``vector_norms[l, b, h, k, j]`` where an analyzer ``needs`` ``"vectors"``: the norms of key j's key vector ``||k_j||``
-    (``k = 0``), value vector ``||v_j||`` (1) and transformed vector ``||f_h(x_j)||`` (2) in head h (:data:`VECTOR_NORMS`).
+    (``k = 0``), value vector ``||v_j||`` (1) and transformed vector ``||f_h(x_j)||`` (2) in head h (:data:`VECTOR_NORMS`);
+    ``contributions[measure][l, b, i, j]`` where an analyzer ``needs`` ALTI or value zeroing (:mod:`bertology.core.contributions`).
     """
 
     items: list[Encoded]
@@ -93,6 +95,7 @@ class Batch:
     mixing: torch.Tensor | None = field(default=None, repr=False)
     hidden_states: torch.Tensor | None = field(default=None, repr=False)
     vector_norms: torch.Tensor | None = field(default=None, repr=False)
+    contributions: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # measure -> [layer, batch, n, n]
     layer_count: int | None = None  # where there are no maps to count them from (the layer-by-layer pass)
     head_count: int | None = None
     causal: bool = False
@@ -142,7 +145,8 @@ class Batch:
     def layer_maps(self, layer: int) -> "LayerMaps":
         """Layer ``layer``'s maps of this (whole) batch, as the layer-by-layer pass hands them out."""
         return LayerMaps(layer, self.attentions[layer], mixing=None if self.mixing is None else self.mixing[layer],
-                         vector_norms=None if self.vector_norms is None else self.vector_norms[layer])
+                         vector_norms=None if self.vector_norms is None else self.vector_norms[layer],
+                         contributions={measure: maps[layer] for measure, maps in self.contributions.items()})
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -202,6 +206,8 @@ class LayerMaps:
     attention: torch.Tensor
     mixing: torch.Tensor | None = None
     vector_norms: torch.Tensor | None = None
+    #: The layer's contribution maps ``c[b, i, j]`` by measure (``alti``, ``value_zeroing``) where an analyzer ``needs`` them.
+    contributions: dict[str, torch.Tensor] = field(default_factory=dict)
     _word_maps: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
 
     def word_attention(self, batch: Batch, b: int) -> torch.Tensor:
@@ -420,10 +426,12 @@ class Engine:
             return self.model.model(**inputs)
 
     def run_batch(self, items: list[Encoded], *, norms: bool = False, mixing: bool = False, hidden_states: bool = False,
-                  vectors: bool = False, on_layer: Callable[[Batch, int, Callable[[str], LayerMaps]], object] | None = None) -> Batch:
+                  vectors: bool = False, contributions: tuple[str, ...] = (),
+                  on_layer: Callable[[Batch, int, Callable[[str], LayerMaps]], object] | None = None) -> Batch:
         """Run the model on one batch and capture every layer's attention; with ``norms``, also every head's
         ``||f_h(x_j)||`` (for the ``norm`` view); with ``mixing``, every token's context-mixing ratios; with
-        ``hidden_states``, every layer's output; with ``vectors``, every head's key, value and transformed vector norms.
+        ``hidden_states``, every layer's output; with ``vectors``, every head's key, value and transformed vector norms; with
+        ``contributions``, each named measure's maps (``alti``, ``value_zeroing``: :mod:`bertology.core.contributions`).
 
         With ``on_layer``, the layer-by-layer pass: the maps are not kept. ``on_layer(batch, layer, maps)`` is called inside
         the forward pass as soon as a layer's attention has run, with the batch (its masks and items, no maps) and
@@ -458,6 +466,7 @@ class Engine:
         key_norms: list[torch.Tensor] = []
         ratios: list[torch.Tensor] = []
         vector_norms: list[torch.Tensor] = []
+        contribution_maps: dict[str, list[torch.Tensor]] = {measure: [] for measure in contributions}
         layer_inputs: list[torch.Tensor] = []
         current: dict[str, torch.Tensor] = {}
 
@@ -469,6 +478,12 @@ class Engine:
             norm = transformed_norms(current["value"], self.blocks[layer]) if norms or (vectors and self.knows_blocks) else None
             ratio = (mixing_ratios(pattern, current["value"], head_output, layer_inputs[layer], self.blocks[layer]) * mask[:, :, None]
                      if mixing else None)
+            layer_contributions = {}
+            for measure in contributions:  # padding rows zero (their columns are: padding keys get no weight)
+                block = self.blocks[layer]
+                maps = (alti_contributions(pattern, current["value"], layer_inputs[layer], block) if measure == "alti"
+                        else value_zeroing(pattern, current["value"], head_output, layer_inputs[layer], block))
+                layer_contributions[measure] = maps * mask[:, :, None] if padded else maps
             vector = None
             if vectors:
                 key_norm, value_norm = torch.linalg.vector_norm(current.pop("key"), dim=-1), torch.linalg.vector_norm(current["value"], dim=-1)
@@ -479,15 +494,18 @@ class Engine:
                 key_norms.append(norm)
                 ratios.append(ratio)
                 vector_norms.append(vector)
+                for measure, maps in layer_contributions.items():
+                    contribution_maps[measure].append(maps)
                 return
             views: dict[str, LayerMaps] = {}
 
             def maps(weighting: str) -> LayerMaps:
                 if weighting not in views:
                     if weighting == "attention":
-                        views[weighting] = LayerMaps(layer, pattern, mixing=ratio, vector_norms=vector)
+                        views[weighting] = LayerMaps(layer, pattern, mixing=ratio, vector_norms=vector, contributions=layer_contributions)
                     elif weighting == "norm" and norm is not None:
-                        views[weighting] = LayerMaps(layer, norm_shares(pattern, norm), mixing=ratio, vector_norms=vector)
+                        views[weighting] = LayerMaps(layer, norm_shares(pattern, norm), mixing=ratio, vector_norms=vector,
+                                                     contributions=layer_contributions)
                     else:
                         raise ValueError(f"this pass has no {weighting!r} view (the engine computes the views its run asks for)")
                 return views[weighting]
@@ -495,7 +513,7 @@ class Engine:
             on_layer(batch, layer, maps)
 
         hooks = Hooks().add("pattern", lambda layer, pattern: current.__setitem__("pattern", pattern))
-        if norms or mixing or vectors:
+        if norms or mixing or vectors or contributions:
             hooks.add("value", lambda layer, value: current.__setitem__("value", value))
         if vectors:
             hooks.add("key", lambda layer, key: current.__setitem__("key", key))
@@ -508,7 +526,7 @@ class Engine:
         # layer's output these are the hidden states, taken without transformers' output recorder (it leaves hooks in the
         # model that no pickle, and so no Ray actor, can carry). Other layouts ask transformers for them.
         own_states = hidden_states and self.model.model.config.model_type in ENCODER_LAYOUTS  # post-norm: the attention reads x itself
-        shared = {id(block.attention): block.attention for block in self.blocks} if mixing or own_states else {}  # ALBERT shares one
+        shared = {id(block.attention): block.attention for block in self.blocks} if mixing or contributions or own_states else {}  # ALBERT shares one
         handles = [module.register_forward_pre_hook(keep_layer_input, with_kwargs=True) for module in shared.values()]
         try:
             outputs = self.forward(tensors, hooks, hidden_states=hidden_states and not own_states)
@@ -520,6 +538,7 @@ class Engine:
             batch.key_norms = torch.stack(key_norms) if norms else None
             batch.mixing = torch.stack(ratios) if mixing else None
             batch.vector_norms = torch.stack(vector_norms) if vectors else None
+            batch.contributions = {measure: torch.stack(maps) for measure, maps in contribution_maps.items()}
         if hidden_states:
             batch.hidden_states = torch.stack([*layer_inputs, outputs.last_hidden_state]) if own_states else torch.stack(outputs.hidden_states)
         return batch
@@ -564,10 +583,12 @@ class Engine:
         mixing = any("mixing" in getattr(analyzer, "needs", ()) for analyzer in analyzers)
         hidden_states = any("hidden_states" in getattr(analyzer, "needs", ()) for analyzer in analyzers)
         vectors = any("vectors" in getattr(analyzer, "needs", ()) for analyzer in analyzers)
+        contributions = tuple(measure for measure in CONTRIBUTION_MEASURES if any(measure in getattr(analyzer, "needs", ()) for analyzer in analyzers))
         layerwise = step is None and self.layerwise and all(is_layerwise(analyzer) for analyzer in analyzers)
         if step is None:
-            step = partial(self.run_batch, norms="norm" in weightings, mixing=mixing, hidden_states=hidden_states, vectors=vectors)
-        elif mixing or hidden_states or vectors or "norm" in weightings:
+            step = partial(self.run_batch, norms="norm" in weightings, mixing=mixing, hidden_states=hidden_states, vectors=vectors,
+                           contributions=contributions)
+        elif mixing or hidden_states or vectors or contributions or "norm" in weightings:
             raise BertologyError("norm weighting, mixing ratios, vector norms and hidden states need the engine's own forward pass")
 
         def feed(position: int, call: Callable[[], object]) -> None:

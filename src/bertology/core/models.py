@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +131,9 @@ class AttentionBlock:
     output: torch.nn.Module
     layer_norm: torch.nn.Module
     pre_norm: bool = False
+    #: The rest of the layer after its attention, ``finish(W_O-projected attention output + b_O, x) -> layer output`` (residual,
+    #: layer norm, feed-forward), for value zeroing's reruns; None where bertology does not know it.
+    finish: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = field(default=None, compare=False)
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -152,6 +156,17 @@ ENCODER_LAYOUTS = BERT_LAYOUT | {"distilbert", "albert"}
 BLOCK_LAYOUTS = ENCODER_LAYOUTS | DECODER_LAYOUTS
 
 
+def _bert_layer_finish(layer: torch.nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """BERT's layer after its attention: ``h = LN1(projected + x)``, then ``LN2(FFN(h) + h)`` (``BertLayer.feed_forward_chunk``)."""
+    return layer.feed_forward_chunk(layer.attention.output.LayerNorm(projected + x))
+
+
+def _distilbert_layer_finish(layer: torch.nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """DistilBERT's ``TransformerBlock`` after its attention: ``h = LN1(projected + x)``, then ``LN2(FFN(h) + h)``."""
+    hidden = layer.sa_layer_norm(projected + x)
+    return layer.output_layer_norm(layer.ffn(hidden) + hidden)
+
+
 def attention_blocks(model: PreTrainedModel) -> list[AttentionBlock]:
     """One :class:`AttentionBlock` per attention layer, in the order the forward pass runs them.
 
@@ -168,10 +183,10 @@ def attention_blocks(model: PreTrainedModel) -> list[AttentionBlock]:
     """
     config = model.config
     model_type = config.model_type
-    model = model.base_model
+    model = getattr(model, "base_model", model)
     if model_type in BERT_LAYOUT:
-        return [AttentionBlock(layer.attention.self, layer.attention.output.dense, layer.attention.output.LayerNorm)
-                for layer in model.encoder.layer]
+        return [AttentionBlock(layer.attention.self, layer.attention.output.dense, layer.attention.output.LayerNorm,
+                               finish=partial(_bert_layer_finish, layer)) for layer in model.encoder.layer]
     if model_type == "gpt2":
         return [AttentionBlock(layer.attn, layer.attn.c_proj, layer.ln_1, pre_norm=True) for layer in model.h]
     if model_type == "gpt_neo":
@@ -186,7 +201,8 @@ def attention_blocks(model: PreTrainedModel) -> list[AttentionBlock]:
     if model_type in LLAMA_LAYOUT:
         return [AttentionBlock(layer.self_attn, layer.self_attn.o_proj, layer.input_layernorm, pre_norm=True) for layer in model.layers]
     if model_type == "distilbert":
-        return [AttentionBlock(layer.attention, layer.attention.out_lin, layer.sa_layer_norm) for layer in model.transformer.layer]
+        return [AttentionBlock(layer.attention, layer.attention.out_lin, layer.sa_layer_norm, finish=partial(_distilbert_layer_finish, layer))
+                for layer in model.transformer.layer]
     if model_type == "albert":
         groups = model.encoder.albert_layer_groups
         blocks = []

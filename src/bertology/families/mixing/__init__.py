@@ -7,7 +7,18 @@ vector that comes from the other tokens, by the attention alone (``attn``), with
 
 from __future__ import annotations
 
-from bertology.families import Family, FamilyResult, register_family
+from bertology.families import Family, FamilyResult, Option, register_family
+
+
+def parse_measures(text: str | None) -> tuple[str, ...]:
+    """``alti,value-zeroing`` -> the contribution measures (:data:`~bertology.core.contributions.CONTRIBUTION_MEASURES`)."""
+    from bertology.core.errors import BertologyError
+
+    names = tuple(dict.fromkeys(name.strip().replace("-", "_") for name in (text or "").split(",") if name.strip()))
+    unknown = [name for name in names if name not in ("alti", "value_zeroing")]
+    if unknown:
+        raise BertologyError(f"unknown contribution measure {unknown[0]!r}: use alti, value-zeroing or both")
+    return names
 
 
 class Mixing(Family):
@@ -16,13 +27,18 @@ class Mixing(Family):
     outputs = ("mixing",)
     weighted = False
     needs_blocks = True
+    options = (
+        Option("contributions", None, "Also the share of each token's representation from the other tokens by alti (Ferrando et al. 2022) "
+               "and value-zeroing (Mohebbi et al. 2023), comma-separated; value zeroing reruns each layer once per token.", parse=parse_measures),
+    )
     not_on_decoders = ("its ratios take the residual and the layer norm after attention (a post-norm block); a decoder normalises "
                        "before attention (pre-norm), where they have no such meaning")
 
     def analyzers(self, settings):
         from bertology.families.mixing.analyzer import ContextMixing
 
-        return {"mixing": ContextMixing()}
+        measures = settings["contributions"]
+        return {"mixing": ContextMixing(parse_measures(measures) if isinstance(measures, str) or measures is None else tuple(measures))}
 
     def finish(self, analyzers, context):
         return FamilyResult(tables={"mixing": analyzers["mixing"].result()})
@@ -36,12 +52,13 @@ class Mixing(Family):
         """One line: each mixing ratio from the first layer to the last (with the highest and lowest layers between)."""
         from bertology.families.summaries import by_view, trend
 
-        names = {"attn": "by attention alone", "attn_res": "with the residual", "attn_res_ln": "with the residual and layer norm"}
+        names = {"attn": "by attention alone", "attn_res": "with the residual", "attn_res_ln": "with the residual and layer norm",
+                 "alti": "by ALTI", "value_zeroing": "by value zeroing"}
         lines = []
         for prefix, table in by_view(result.tables["mixing"]):
             if table.empty:
                 continue
-            parts = [f"{name} {trend(table[table.ratio == ratio].set_index('layer').value)}" for ratio, name in names.items()]
+            parts = [f"{name} {trend(table[table.ratio == ratio].set_index('layer').value)}" for ratio, name in names.items() if (table.ratio == ratio).any()]
             lines.append(f"{prefix}context mixing, the share of a token's new vector from the other tokens (Kobayashi et al. 2021): " + "; ".join(parts))
         return lines
 

@@ -1,9 +1,12 @@
-"""How much each token mixes in from the others: Kobayashi et al.'s (2021) residual-aware mixing ratios (docs/methods.md#norms-and-mixing).
+"""How much each token mixes in from the others: Kobayashi et al.'s (2021) residual-aware mixing ratios (docs/methods.md#norms-and-mixing),
+and where asked for, ALTI's and value zeroing's share of each token's representation that comes from the other tokens.
 
 :class:`ContextMixing`: per layer, the mean over a sequence's tokens of each context-mixing ratio
 ``||M_i|| / (||M_i|| + ||P_i||)`` (:func:`bertology.core.norms.mixing_ratios`: the attention alone, with the
-residual, and with the residual and the layer norm), then the mean over sequences with a 95% interval. It
-reads the engine's ``Batch.mixing``, not the maps, so it is the same under every view of attention.
+residual, and with the residual and the layer norm), and of ``1 - c[i, i]`` for each contribution measure
+(:mod:`bertology.core.contributions`: ALTI, Ferrando et al. 2022; value zeroing, Mohebbi et al. 2023; rows of ``c`` sum
+to 1, so this is the share from the other tokens), then the mean over sequences with a 95% interval. It reads the
+engine's ``Batch.mixing`` and contribution maps, not the attention maps, so it is the same under every view of attention.
 """
 
 from __future__ import annotations
@@ -12,18 +15,24 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
+from bertology.core.contributions import CONTRIBUTION_MEASURES
 from bertology.core.engine import Batch, LayerMaps
 from bertology.core.norms import MIXING_RATIOS
 from bertology.core.stats import RunningMoments, interval_frame, merge_moments
 
 
 class ContextMixing(LayerwiseAnalyzer):
-    """Kobayashi et al.'s (2021) context-mixing ratios per layer (see the module docstring)."""
+    """Kobayashi et al.'s (2021) context-mixing ratios per layer, and the share from other tokens by each of ``measures``
+    (``alti``, ``value_zeroing``; see the module docstring)."""
 
     name = "mixing"
-    needs = frozenset({"mixing"})
 
-    def __init__(self) -> None:
+    def __init__(self, measures: tuple[str, ...] = ()) -> None:
+        unknown = set(measures) - set(CONTRIBUTION_MEASURES)
+        if unknown:
+            raise ValueError(f"unknown contribution measures {sorted(unknown)}: use {', '.join(CONTRIBUTION_MEASURES)}")
+        self.measures = tuple(measure for measure in CONTRIBUTION_MEASURES if measure in measures)
+        self.needs = frozenset({"mixing", *self.measures})
         self._moments: RunningMoments | None = None
         self._pending: list[torch.Tensor] = []  # one [batch, ratio] per layer
 
@@ -31,7 +40,10 @@ class ContextMixing(LayerwiseAnalyzer):
         if maps.layer == 0:
             self._pending = []
         real = batch.mask.to(maps.mixing.dtype)  # [batch, n]
-        self._pending.append(torch.einsum("bir,bi->br", maps.mixing, real) / real.sum(dim=1)[:, None])  # [batch, ratio]
+        ratios = maps.mixing
+        if self.measures:  # 1 - c[i, i]: the share of token i's representation from the other tokens
+            ratios = torch.cat([ratios, *(1 - maps.contributions[measure].diagonal(dim1=-2, dim2=-1)[..., None] for measure in self.measures)], dim=-1)
+        self._pending.append(torch.einsum("bir,bi->br", ratios, real) / real.sum(dim=1)[:, None])  # [batch, ratio]
 
     def finish_batch(self, batch: Batch) -> None:
         values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, ratio]: one copy to the host
@@ -49,5 +61,5 @@ class ContextMixing(LayerwiseAnalyzer):
         """``layer, ratio, value, ci_low, ci_high, n``: the mean context-mixing ratio of each kind per layer."""
         if self._moments is None:
             return pd.DataFrame(columns=["layer", "ratio", "value", "ci_low", "ci_high", "n"])
-        index = pd.MultiIndex.from_product([range(self._moments.count.shape[0]), MIXING_RATIOS], names=["layer", "ratio"])
+        index = pd.MultiIndex.from_product([range(self._moments.count.shape[0]), MIXING_RATIOS + self.measures], names=["layer", "ratio"])
         return interval_frame(self._moments, index)

@@ -9,7 +9,8 @@ from bertology.render.figures import layer_lines, plt
 from bertology.render.html import Figure, Section, without_rows
 
 RATIO_TITLES = {"attn": "attention alone (Attn-N)", "attn_res": "with the residual (AttnRes-N)",
-                "attn_res_ln": "with the residual and the layer norm (AttnResLn-N)"}
+                "attn_res_ln": "with the residual and the layer norm (AttnResLn-N)", "alti": "ALTI: 1 - c[i, i] (Ferrando et al. 2022)",
+                "value_zeroing": "value zeroing: 1 - c[i, i] (Mohebbi et al. 2023)"}
 
 
 def mixing_by_layer(table: pd.DataFrame):
@@ -37,6 +38,6 @@ def mixing_section(folder: RunFolder, table: pd.DataFrame) -> Section:
         return without_rows(section, "mixing.csv")
     section.figures.append(Figure(folder.write_figure("mixing_by_layer", mixing_by_layer(table)),
                                   "Context-mixing ratios by layer (0-based), mean over sequences with 95% intervals."))
-    wide = table.pivot(index="layer", columns="ratio", values="value")[list(RATIO_TITLES)].reset_index()
+    wide = table.pivot(index="layer", columns="ratio", values="value")[[ratio for ratio in RATIO_TITLES if (table.ratio == ratio).any()]].reset_index()
     section.tables.append(("Mean context-mixing ratio per layer", wide))
     return section

@@ -52,6 +52,8 @@ class Sinks(Family):
 
     def summary(self, result):
         rates = result.tables["sink_rates"]
+        if rates.empty:
+            return ["attention sinks: no sequence with a query after the first token, nothing to measure"]
         overall = rates[rates.layer == "all"].iloc[0]
         per_layer = ", ".join(f"{row.layer}: {row.rate:.0%}" for row in rates[rates.layer != "all"].itertuples())
         lines = [f"attention sinks (Gu et al. 2025): Sink_{overall.eps:g} = {overall.rate:.0%} of heads ({overall.sink_heads} of {overall.heads}); "

@@ -1,0 +1,122 @@
+"""How much each input token contributes to each token's new representation, beyond norms (docs/methods.md#norms-and-mixing).
+
+ALTI (Ferrando, Gallego & Costa-jussa 2022, "Measuring the Mixing of Contextual Information in the Transformer"; the
+authors' code, mt-upc/transformer-contributions, ``ModelWrapper.get_contributions``): a post-norm attention block's output,
+residual and layer norm included, is written as ``y_i = sum_j T_i(x_j) + (L(b_O) / s_i + beta)`` with
+
+    T_i(x_j) = L(sum_h a_h[i, j] v_j^h W_O^h + [i == j] x_i) / s_i,    L(z) = gamma * (z - mean(z)),
+
+``v_j^h = x_j W_V^h + b_V^h`` (the value bias travels with its token), ``s_i = sqrt(var(s) + eps)`` the real scale of the
+vector the layer norm normalises; the contribution of j to i is ``c[i, j] = max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)``,
+each row normalised to sum 1, and rolled out across layers as ``R_l = c_l R_{l-1}`` (the residual is already inside c).
+
+Value zeroing (Mohebbi, Zuidema, Chrupala & Alishahi 2023, "Quantifying Context Mixing in Transformers"; the authors'
+code, hmohebbi/ValueZeroing): the layer is run again with token t's value vectors set to zero (in every head, or in one
+head for a per-head score), the attention weights left as they are, the feed-forward included; the score of i on t is the
+cosine distance ``1 - cos`` between token i's layer output with and without t's values; rows normalised to sum 1.
+
+Both are computed on the model's device in chunks: never the whole ``n x n x d`` tensor of one sequence at once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bertology.core.errors import BertologyError
+from bertology.core.models import AttentionBlock
+
+#: The contribution measures an analyzer can ask the engine's pass for (in its ``needs``): each layer's maps ``c[b, i, j]``.
+CONTRIBUTION_MEASURES = ("alti", "value_zeroing")
+#: Most elements of one chunk of ``[batch, rows, n, d]`` vectors (ALTI's ``T_i(x_j)``, value zeroing's reruns).
+CHUNK_ELEMENTS = 2**24
+
+
+def _rows_normalised(scores: torch.Tensor) -> torch.Tensor:
+    total = scores.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, scores / torch.where(total > 0, total, 1), 0)
+
+
+def head_vectors(value: torch.Tensor, block: AttentionBlock) -> torch.Tensor:
+    """``v_j^h W_O^h`` of every head and key: ``value [batch, head, key, head_dim]`` -> ``[batch, head, key, hidden]``."""
+    heads, head_dim = value.shape[1], value.shape[-1]
+    return torch.einsum("bhjv,hvd->bhjd", value, block.output_weight.to(value.dtype).reshape(heads, head_dim, -1))
+
+
+def _post_norm(block: AttentionBlock, what: str) -> None:
+    if block.pre_norm:
+        raise BertologyError(f"{what} is defined here for post-norm blocks (an encoder's); this model normalises before attention")
+
+
+def alti_contributions(pattern: torch.Tensor, value: torch.Tensor, layer_input: torch.Tensor, block: AttentionBlock,
+                       chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    """ALTI's contributions ``c[b, i, j]`` of one layer (see the module docstring), rows normalised; padding rows and columns 0.
+
+    ``pattern [batch, head, n, n]`` (padding rows zero), ``value [batch, head, n, head_dim]`` (``x W_V + b_V``),
+    ``layer_input [batch, n, hidden]`` (x, also the residual). ``T_i(x_j)`` is built a chunk of queries at a time, at most
+    ``chunk_elements`` of ``[batch, rows, n, hidden]``: the result does not depend on the chunk."""
+    _post_norm(block, "ALTI")
+    batch, n, hidden = layer_input.shape
+    vectors = head_vectors(value, block)  # [batch, head, n, hidden]
+    gamma, beta = block.layer_norm.weight.to(value.dtype), block.layer_norm.bias.to(value.dtype)
+
+    def linear_part(z: torch.Tensor) -> torch.Tensor:  # L(z) = gamma * (z - mean(z)): the layer norm without its scale
+        return gamma * (z - z.mean(dim=-1, keepdim=True))
+
+    mixed = torch.einsum("bhij,bhjd->bid", pattern, vectors)  # sum_j sum_h a v W_O
+    bias = block.output_bias.to(value.dtype) if block.output_bias is not None else torch.zeros_like(gamma)
+    scale = torch.sqrt((mixed + bias + layer_input).var(dim=-1, unbiased=False, keepdim=True) + block.layer_norm.eps)  # s_i, [batch, n, 1]
+    resultant = (linear_part(mixed + layer_input) + linear_part(bias)) / scale + beta  # y_i: the layer norm's real output
+    resultant_norm = resultant.abs().sum(dim=-1)  # ||y_i||_1
+    contributions = torch.zeros(batch, n, n, dtype=value.dtype, device=value.device)
+    rows = max(1, chunk_elements // max(1, batch * n * hidden))
+    for start in range(0, n, rows):
+        stop = min(n, start + rows)
+        parts = torch.einsum("bhij,bhjd->bijd", pattern[:, :, start:stop], vectors)  # [batch, rows, n, hidden]
+        own = torch.arange(start, stop, device=value.device)
+        parts[:, own - start, own] += layer_input[:, start:stop]  # the residual: x_i is token i's own
+        parts = linear_part(parts) / scale[:, start:stop, None]
+        distance = (resultant[:, start:stop, None] - parts).abs().sum(dim=-1)  # ||y_i - T_i(x_j)||_1
+        contributions[:, start:stop] = (resultant_norm[:, start:stop, None] - distance).clamp(min=0)
+    return _rows_normalised(contributions)
+
+
+def value_zeroing(pattern: torch.Tensor, value: torch.Tensor, head_output: torch.Tensor, layer_input: torch.Tensor, block: AttentionBlock,
+                  per_head: bool = False, chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    """Value zeroing's scores of one layer (see the module docstring), rows normalised: ``[batch, n, n]`` (t's values zeroed in
+    every head), or with ``per_head`` ``[batch, head, n, n]`` (in one head at a time). Padding rows and columns 0.
+
+    The attention weights stay as they are, so zeroing t's values takes ``a_h[i, t] v_t^h W_O^h`` out of token i's
+    attention output; the rest of the layer (residual, layer norm, feed-forward: ``block.finish``) is run again on every
+    such output, ``chunk_elements`` of ``[batch, zeroed, n, hidden]`` at a time."""
+    _post_norm(block, "value zeroing")
+    if block.finish is None:
+        raise BertologyError("value zeroing reruns the layer after its attention, which bertology knows for BERT, RoBERTa, XLM-R, "
+                             "CamemBERT, ELECTRA and DistilBERT layers only")
+    batch, heads, n, _ = value.shape
+    hidden = layer_input.shape[-1]
+    vectors = head_vectors(value, block)  # [batch, head, n, hidden]
+    bias = block.output_bias.to(value.dtype) if block.output_bias is not None else 0
+    projected = torch.einsum("bhiv,hvd->bid", head_output, block.output_weight.to(value.dtype).reshape(heads, value.shape[-1], -1)) + bias
+    original = block.finish(projected, layer_input)  # [batch, n, hidden]: the layer's output
+    original_norm = torch.linalg.vector_norm(original, dim=-1)
+    zeroed_count = heads * n if per_head else n  # per head: (h, t) pairs, head-major
+    scores = torch.zeros(batch, zeroed_count, n, dtype=value.dtype, device=value.device)
+    step = max(1, chunk_elements // max(1, batch * n * hidden))
+    for start in range(0, zeroed_count, step):
+        chosen = torch.arange(start, min(zeroed_count, start + step), device=value.device)
+        if per_head:  # a_h[i, t] v_t^h W_O^h of one head: [batch, chunk, n, hidden]
+            h, t = chosen // n, chosen % n
+            removed = pattern[:, h, :, t].permute(1, 0, 2)[..., None] * vectors[:, h, t][:, :, None, :]
+        else:  # summed over the heads
+            removed = torch.einsum("bhit,bhtd->btid", pattern[..., chosen], vectors[:, :, chosen])
+        outputs = block.finish(projected[:, None] - removed, layer_input[:, None])  # [batch, chunk, n, hidden]
+        norms = torch.linalg.vector_norm(outputs, dim=-1) * original_norm[:, None]
+        cosine = (outputs * original[:, None]).sum(dim=-1) / torch.where(norms > 0, norms, 1)  # a zero vector: cosine 0, as sklearn's
+        scores[:, chosen] = (1 - cosine).clamp(0, 2)
+    scores = scores.unflatten(1, (heads, n)) if per_head else scores  # [batch, (head,) t, i]
+    return _rows_normalised(scores.transpose(-1, -2))
+
+
+def rolled_out(contributions: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+    """``R_l = c_l R_{l-1}`` (``R_0 = c_0``): the contributions of the input tokens to layer l's output (ALTI, value zeroing)."""
+    return contributions if previous is None else torch.matmul(contributions, previous)

@@ -1,0 +1,123 @@
+"""ALTI and value zeroing (bertology.core.contributions) against numpy ports of the authors' code (tests/reference: ALTI's
+mt-upc/transformer-contributions, value zeroing's hmohebbi/ValueZeroing) on tiny float64 BERT, RoBERTa and DistilBERT."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from reference.alti import alti
+from reference.value_zeroing import value_zeroing as value_zeroing_port
+
+from bertology.core.contributions import alti_contributions, rolled_out, value_zeroing
+from bertology.core.hooks import Hooks, register_attention
+from bertology.core.models import attention_blocks
+
+TEXTS = ["the cat sat on the mat .", "where is the dog ?", "the big red house is under the tree"]
+
+
+def tiny(kind: str):
+    """A random float64 ``kind`` model with bertology's attention."""
+    from transformers import BertConfig, BertModel, DistilBertConfig, DistilBertModel, RobertaConfig, RobertaModel
+
+    register_attention()
+    torch.manual_seed(0)
+    if kind == "bert":
+        model = BertModel(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64))
+    elif kind == "roberta":
+        model = RobertaModel(RobertaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                           max_position_embeddings=40, layer_norm_eps=1e-5))
+    else:
+        model = DistilBertModel(DistilBertConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4, hidden_dim=64))
+    model.config._attn_implementation = "bertology"
+    return model.double().eval().requires_grad_(False)
+
+
+def captured(model, ids: torch.Tensor, mask: torch.Tensor):
+    """Every layer's pattern (padding rows zeroed), values, head outputs and input x, from one forward pass."""
+    layers: list[dict] = []
+    values: list[torch.Tensor] = []
+    hooks = (Hooks().add("value", lambda layer, t: values.append(t.clone())).add("pattern", lambda layer, t: layers.append({"pattern": t.clone()}))
+             .add("head_output", lambda layer, t: layers[-1].__setitem__("head_output", t.clone())))
+    inputs = []
+    blocks = attention_blocks(model)
+    handles = [block.attention.register_forward_pre_hook(lambda module, args, kwargs: inputs.append((args[0] if args else kwargs["hidden_states"]).clone()),
+                                                         with_kwargs=True) for block in blocks]
+    try:
+        with torch.no_grad(), hooks.attach(model):
+            model(input_ids=ids, attention_mask=mask)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for layer, value, x in zip(layers, values, inputs):
+        layer["pattern"] *= mask[:, None, :, None]
+        layer.update(value=value, x=x)
+    return blocks, layers
+
+
+def padded(texts):
+    rng = np.random.default_rng(0)
+    sequences = [rng.integers(3, 50, size=len(text.split()) + 2).tolist() for text in texts]
+    width = max(map(len, sequences))
+    ids = torch.tensor([s + [0] * (width - len(s)) for s in sequences])
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
+    return sequences, ids, mask
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta", "distilbert"])
+def test_alti_equals_the_authors_code_on_every_sequence_of_a_padded_batch(kind):
+    model = tiny(kind)
+    sequences, ids, mask = padded(TEXTS)
+    blocks, layers = captured(model, ids, mask)
+    rolled = None
+    for layer, (block, maps) in enumerate(zip(blocks, layers)):
+        ours = alti_contributions(maps["pattern"], maps["value"], maps["x"], block) * mask[:, :, None]
+        small = alti_contributions(maps["pattern"], maps["value"], maps["x"], block, chunk_elements=1) * mask[:, :, None]
+        torch.testing.assert_close(small, ours, rtol=0, atol=0)  # chunked (a row at a time) and whole: identical
+        rolled = rolled_out(ours, rolled)
+        for b, sequence in enumerate(sequences):
+            n = len(sequence)
+            # the port with the paper's distance (no 1e-6 per component) and the layer norm's real scale sqrt(var + eps)
+            reference = alti(model, torch.tensor(sequence), ln_eps="model", distance_eps=0.0)
+            np.testing.assert_allclose(ours[b, :n, :n].numpy(), reference.contributions[layer], atol=1e-8, rtol=0)
+            np.testing.assert_allclose(rolled[b, :n, :n].numpy(), reference.rollout[layer], atol=1e-8, rtol=0)
+            assert not ours[b, n:].any() and not ours[b, :, n:].any()
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta", "distilbert"])
+def test_value_zeroing_equals_the_authors_code_on_every_sequence_of_a_padded_batch(kind):
+    model = tiny(kind)
+    sequences, ids, mask = padded(TEXTS)
+    blocks, layers = captured(model, ids, mask)
+    references = [value_zeroing_port(model, torch.tensor(sequence)) for sequence in sequences]
+    for layer, (block, maps) in enumerate(zip(blocks, layers)):
+        arguments = (maps["pattern"], maps["value"], maps["head_output"], maps["x"], block)
+        whole = value_zeroing(*arguments) * mask[:, :, None]
+        heads = value_zeroing(*arguments, per_head=True) * mask[:, None, :, None]
+        # one zeroed token at a time against all at once: the same up to the feed-forward's matrix blocking, which 1 - cos
+        # (a difference of numbers near 1) magnifies to about 1e-10 relative
+        torch.testing.assert_close(value_zeroing(*arguments, chunk_elements=1) * mask[:, :, None], whole, rtol=1e-8, atol=1e-12)
+        torch.testing.assert_close(value_zeroing(*arguments, per_head=True, chunk_elements=1) * mask[:, None, :, None], heads, rtol=1e-8, atol=1e-12)
+        for b, (sequence, reference) in enumerate(zip(sequences, references)):
+            n = len(sequence)
+            np.testing.assert_allclose(whole[b, :n, :n].numpy(), reference.layers[layer], atol=1e-8, rtol=0)
+            np.testing.assert_allclose(heads[b, :, :n, :n].numpy(), reference.heads[layer], atol=1e-8, rtol=0)
+
+
+def test_a_token_whose_values_are_zero_contributes_nothing_under_both():
+    # a hand-built block: token 2's value vectors are zero in every head, so nothing of it reaches another token
+    model = tiny("bert")
+    sequences, ids, mask = padded(TEXTS[:1])
+    blocks, layers = captured(model, ids, mask)
+    maps = layers[0]
+    maps["value"][:, :, 2] = 0
+    heads = maps["pattern"].shape[1]
+    maps["head_output"] = maps["pattern"] @ maps["value"]
+    assert heads == 4
+    contributions = alti_contributions(maps["pattern"], maps["value"], maps["x"], blocks[0])
+    zeroing = value_zeroing(maps["pattern"], maps["value"], maps["head_output"], maps["x"], blocks[0])
+    others = [i for i in range(ids.shape[1]) if i != 2]
+    assert torch.all(zeroing[0, :, 2] < 1e-9)  # removing nothing changes nothing (up to the rerun's float rounding)
+    assert torch.all(zeroing[0, others].sum(-1) > 0.999)
+    # under ALTI token 2 keeps only its own residual: no other token gets anything from it
+    assert torch.all(contributions[0, others, 2] == 0) and contributions[0, 2, 2] > 0
