@@ -73,7 +73,8 @@ def study_inputs(tiny_bert_dir, tiny_gpt2_dir, tiny_classifier_dir, tiny_mlm_dir
     text.write_text("\n".join(TEXTS) + "\n")
     out = tmp_path / "out" / "run"
     task = {"task": cat_task, "model": str(tiny_classifier_dir), "out": out, "seed": 1, "quiet": True, "device": "cpu"}
-    families = {name: {"model": str(family_model(name, tiny_bert_dir, tiny_gpt2_dir)), "corpus": family_corpus(name, treebank), "out": out, "quiet": True, "device": "cpu",
+    families = {name: {"model": str(family_model(name, tiny_bert_dir, tiny_gpt2_dir)), "corpus": family_corpus(name, treebank), "out": out,
+                       "quiet": True, "device": "cpu",
                        **{key: value for key, value in SMALL.items() if key in {option.name for option in registered()[name].options}}}
                 for name in FAMILIES}
     return {
