@@ -47,9 +47,31 @@ def _post_norm(block: AttentionBlock, what: str) -> None:
         raise BertologyError(f"{what} is defined here for post-norm blocks (an encoder's); this model normalises before attention")
 
 
+def _linear_part(block: AttentionBlock, dtype: torch.dtype):
+    """``L(z) = gamma * (z - mean(z))``: the layer norm's linear part, without its scale."""
+    gamma = block.layer_norm.weight.to(dtype)
+    return lambda z: gamma * (z - z.mean(dim=-1, keepdim=True))
+
+
+def _layer_norm_scale(mixed: torch.Tensor, layer_input: torch.Tensor, block: AttentionBlock) -> torch.Tensor:
+    """``s_i = sqrt(var(s) + eps)`` of the vector the layer norm really normalises, ``s = sum_j sum_h a v W_O + b_O + x``: ``[batch, n, 1]``."""
+    bias = block.output_bias.to(mixed.dtype) if block.output_bias is not None else 0
+    return torch.sqrt((mixed + bias + layer_input).var(dim=-1, unbiased=False, keepdim=True) + block.layer_norm.eps)
+
+
+def _distance_contributions(parts: torch.Tensor, resultant: torch.Tensor) -> torch.Tensor:
+    """``max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)`` of ``parts [batch, rows, n, hidden]`` against ``resultant [batch, rows, hidden]``."""
+    distance = (resultant[:, :, None] - parts).abs().sum(dim=-1)
+    return (resultant.abs().sum(dim=-1)[:, :, None] - distance).clamp(min=0)
+
+
+def _chunk_rows(batch: int, n: int, hidden: int, chunk_elements: int) -> int:
+    return max(1, chunk_elements // max(1, batch * n * hidden))
+
+
 def alti_contributions(pattern: torch.Tensor, value: torch.Tensor, layer_input: torch.Tensor, block: AttentionBlock,
                        chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
-    """ALTI's contributions ``c[b, i, j]`` of one layer (see the module docstring), rows normalised; padding rows and columns 0.
+    """ALTI's contributions ``c[b, i, j]`` of one layer (see the module docstring), rows normalised; padding columns 0.
 
     ``pattern [batch, head, n, n]`` (padding rows zero), ``value [batch, head, n, head_dim]`` (``x W_V + b_V``),
     ``layer_input [batch, n, hidden]`` (x, also the residual). ``T_i(x_j)`` is built a chunk of queries at a time, at most
@@ -57,26 +79,41 @@ def alti_contributions(pattern: torch.Tensor, value: torch.Tensor, layer_input: 
     _post_norm(block, "ALTI")
     batch, n, hidden = layer_input.shape
     vectors = head_vectors(value, block)  # [batch, head, n, hidden]
-    gamma, beta = block.layer_norm.weight.to(value.dtype), block.layer_norm.bias.to(value.dtype)
-
-    def linear_part(z: torch.Tensor) -> torch.Tensor:  # L(z) = gamma * (z - mean(z)): the layer norm without its scale
-        return gamma * (z - z.mean(dim=-1, keepdim=True))
-
+    linear_part = _linear_part(block, value.dtype)
     mixed = torch.einsum("bhij,bhjd->bid", pattern, vectors)  # sum_j sum_h a v W_O
-    bias = block.output_bias.to(value.dtype) if block.output_bias is not None else torch.zeros_like(gamma)
-    scale = torch.sqrt((mixed + bias + layer_input).var(dim=-1, unbiased=False, keepdim=True) + block.layer_norm.eps)  # s_i, [batch, n, 1]
-    resultant = (linear_part(mixed + layer_input) + linear_part(bias)) / scale + beta  # y_i: the layer norm's real output
-    resultant_norm = resultant.abs().sum(dim=-1)  # ||y_i||_1
+    scale = _layer_norm_scale(mixed, layer_input, block)  # s_i
+    bias = block.output_bias.to(value.dtype) if block.output_bias is not None else torch.zeros(hidden, dtype=value.dtype, device=value.device)
+    resultant = (linear_part(mixed + layer_input) + linear_part(bias)) / scale + block.layer_norm.bias.to(value.dtype)  # y_i: the norm's output
     contributions = torch.zeros(batch, n, n, dtype=value.dtype, device=value.device)
-    rows = max(1, chunk_elements // max(1, batch * n * hidden))
+    rows = _chunk_rows(batch, n, hidden, chunk_elements)
     for start in range(0, n, rows):
         stop = min(n, start + rows)
         parts = torch.einsum("bhij,bhjd->bijd", pattern[:, :, start:stop], vectors)  # [batch, rows, n, hidden]
         own = torch.arange(start, stop, device=value.device)
         parts[:, own - start, own] += layer_input[:, start:stop]  # the residual: x_i is token i's own
-        parts = linear_part(parts) / scale[:, start:stop, None]
-        distance = (resultant[:, start:stop, None] - parts).abs().sum(dim=-1)  # ||y_i - T_i(x_j)||_1
-        contributions[:, start:stop] = (resultant_norm[:, start:stop, None] - distance).clamp(min=0)
+        contributions[:, start:stop] = _distance_contributions(linear_part(parts) / scale[:, start:stop, None], resultant[:, start:stop])
+    return _rows_normalised(contributions)
+
+
+def alti_per_head(pattern: torch.Tensor, value: torch.Tensor, layer_input: torch.Tensor, block: AttentionBlock,
+                  chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    """A per-head variant of ALTI (bertology's, for the ``alti`` view of every per-head analysis): head h's own output
+    decomposed the same way, ``T^h_i(x_j) = L(a_h[i, j] v_j^h W_O^h) / s_i`` and ``y^h_i = sum_j T^h_i(x_j)`` (no residual,
+    which belongs to no head; ``s_i`` the layer norm's real scale), ``c_h[i, j] = max(0, ||y^h_i||_1 - ||y^h_i - T^h_i(x_j)||_1)``,
+    rows normalised: ``[batch, head, n, n]``. Chunked over queries like :func:`alti_contributions`."""
+    _post_norm(block, "ALTI")
+    batch, heads, n, _ = value.shape
+    hidden = layer_input.shape[-1]
+    vectors = head_vectors(value, block)
+    linear_part = _linear_part(block, value.dtype)
+    scale = _layer_norm_scale(torch.einsum("bhij,bhjd->bid", pattern, vectors), layer_input, block)
+    contributions = torch.zeros(batch, heads, n, n, dtype=value.dtype, device=value.device)
+    rows = _chunk_rows(batch, n, hidden, chunk_elements)
+    for head in range(heads):
+        for start in range(0, n, rows):
+            stop = min(n, start + rows)
+            parts = linear_part(pattern[:, head, start:stop, :, None] * vectors[:, head, None]) / scale[:, start:stop, None]  # [batch, rows, n, hidden]
+            contributions[:, head, start:stop] = _distance_contributions(parts, parts.sum(dim=2))
     return _rows_normalised(contributions)
 
 
@@ -101,7 +138,7 @@ def value_zeroing(pattern: torch.Tensor, value: torch.Tensor, head_output: torch
     original_norm = torch.linalg.vector_norm(original, dim=-1)
     zeroed_count = heads * n if per_head else n  # per head: (h, t) pairs, head-major
     scores = torch.zeros(batch, zeroed_count, n, dtype=value.dtype, device=value.device)
-    step = max(1, chunk_elements // max(1, batch * n * hidden))
+    step = _chunk_rows(batch, n, hidden, chunk_elements)
     for start in range(0, zeroed_count, step):
         chosen = torch.arange(start, min(zeroed_count, start + step), device=value.device)
         if per_head:  # a_h[i, t] v_t^h W_O^h of one head: [batch, chunk, n, hidden]

@@ -20,12 +20,12 @@ import torch
 from tqdm.auto import tqdm
 
 from bertology.core.alignment import WordAlignment, align, default_word_spans, to_word_level
-from bertology.core.contributions import CONTRIBUTION_MEASURES, alti_contributions, value_zeroing
+from bertology.core.contributions import CONTRIBUTION_MEASURES, alti_contributions, alti_per_head, value_zeroing
 from bertology.core.corpora import Example
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.hooks import Hooks
 from bertology.core.models import BLOCK_LAYOUTS, ENCODER_LAYOUTS, PUNCT_SETS, LoadedModel, attention_blocks, punctuation_table
-from bertology.core.norms import WEIGHTINGS, mixing_ratios, norm_shares, transformed_norms
+from bertology.core.norms import CONTRIBUTION_VIEWS, WEIGHTINGS, mixing_ratios, norm_shares, transformed_norms
 
 OVERFLOW_POLICIES = ("truncate", "skip")
 #: The vector norms of ``LayerMaps.vector_norms``, in order: ``||k_j||``, ``||v_j||`` and ``||f_h(x_j)||`` (Kobayashi et al. 2020).
@@ -96,6 +96,7 @@ class Batch:
     hidden_states: torch.Tensor | None = field(default=None, repr=False)
     vector_norms: torch.Tensor | None = field(default=None, repr=False)
     contributions: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # measure -> [layer, batch, n, n]
+    view_maps: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # alti, value-zeroing -> [layer, batch, head, n, n]
     layer_count: int | None = None  # where there are no maps to count them from (the layer-by-layer pass)
     head_count: int | None = None
     causal: bool = False
@@ -103,13 +104,18 @@ class Batch:
 
     def weighted(self, weighting: str) -> "Batch":
         """This batch under another view of attention (computed once per batch): ``attention``, the weights;
-        ``norm``, each row's norm shares ``a[i, j] ||f(x_j)|| / sum_k a[i, k] ||f(x_k)||`` (docs/methods.md#norms-and-mixing)."""
+        ``norm``, each row's norm shares ``a[i, j] ||f(x_j)|| / sum_k a[i, k] ||f(x_k)||`` (docs/methods.md#norms-and-mixing);
+        ``alti`` and ``value-zeroing``, the per-head contribution maps the pass computed (:mod:`bertology.core.contributions`)."""
         if weighting == self.weighting:
             return self
         if weighting not in self._views:
-            if weighting != "norm" or self.key_norms is None:
+            if weighting in self.view_maps:
+                maps = self.view_maps[weighting]
+            elif weighting == "norm" and self.key_norms is not None:
+                maps = norm_shares(self.attentions, self.key_norms)
+            else:
                 raise ValueError(f"this batch has no {weighting!r} view (the engine computes the views its run asks for)")
-            view = dataclasses.replace(self, attentions=norm_shares(self.attentions, self.key_norms), weighting=weighting)
+            view = dataclasses.replace(self, attentions=maps, weighting=weighting)
             view.__dict__["alignments"] = self.alignments  # shared: the pieces and words are the same
             self._views[weighting] = view
         return self._views[weighting]
@@ -426,12 +432,13 @@ class Engine:
             return self.model.model(**inputs)
 
     def run_batch(self, items: list[Encoded], *, norms: bool = False, mixing: bool = False, hidden_states: bool = False,
-                  vectors: bool = False, contributions: tuple[str, ...] = (),
+                  vectors: bool = False, contributions: tuple[str, ...] = (), views: tuple[str, ...] = (),
                   on_layer: Callable[[Batch, int, Callable[[str], LayerMaps]], object] | None = None) -> Batch:
         """Run the model on one batch and capture every layer's attention; with ``norms``, also every head's
         ``||f_h(x_j)||`` (for the ``norm`` view); with ``mixing``, every token's context-mixing ratios; with
         ``hidden_states``, every layer's output; with ``vectors``, every head's key, value and transformed vector norms; with
-        ``contributions``, each named measure's maps (``alti``, ``value_zeroing``: :mod:`bertology.core.contributions`).
+        ``contributions``, each named measure's maps (``alti``, ``value_zeroing``: :mod:`bertology.core.contributions`); with
+        ``views``, the per-head contribution maps of those views (``alti``, ``value-zeroing``) for :meth:`Batch.weighted`.
 
         With ``on_layer``, the layer-by-layer pass: the maps are not kept. ``on_layer(batch, layer, maps)`` is called inside
         the forward pass as soon as a layer's attention has run, with the batch (its masks and items, no maps) and
@@ -467,6 +474,7 @@ class Engine:
         ratios: list[torch.Tensor] = []
         vector_norms: list[torch.Tensor] = []
         contribution_maps: dict[str, list[torch.Tensor]] = {measure: [] for measure in contributions}
+        per_head_maps: dict[str, list[torch.Tensor]] = {view: [] for view in views}
         layer_inputs: list[torch.Tensor] = []
         current: dict[str, torch.Tensor] = {}
 
@@ -481,9 +489,15 @@ class Engine:
             layer_contributions = {}
             for measure in contributions:  # padding rows zero (their columns are: padding keys get no weight)
                 block = self.blocks[layer]
-                maps = (alti_contributions(pattern, current["value"], layer_inputs[layer], block) if measure == "alti"
-                        else value_zeroing(pattern, current["value"], head_output, layer_inputs[layer], block))
-                layer_contributions[measure] = maps * mask[:, :, None] if padded else maps
+                computed = (alti_contributions(pattern, current["value"], layer_inputs[layer], block) if measure == "alti"
+                            else value_zeroing(pattern, current["value"], head_output, layer_inputs[layer], block))
+                layer_contributions[measure] = computed * mask[:, :, None] if padded else computed
+            layer_views = {}
+            for view in views:  # per head, padding rows zero
+                block = self.blocks[layer]
+                computed = (alti_per_head(pattern, current["value"], layer_inputs[layer], block) if view == "alti"
+                            else value_zeroing(pattern, current["value"], head_output, layer_inputs[layer], block, per_head=True))
+                layer_views[view] = computed * mask[:, None, :, None] if padded else computed
             vector = None
             if vectors:
                 key_norm, value_norm = torch.linalg.vector_norm(current.pop("key"), dim=-1), torch.linalg.vector_norm(current["value"], dim=-1)
@@ -494,26 +508,31 @@ class Engine:
                 key_norms.append(norm)
                 ratios.append(ratio)
                 vector_norms.append(vector)
-                for measure, maps in layer_contributions.items():
-                    contribution_maps[measure].append(maps)
+                for measure, computed in layer_contributions.items():
+                    contribution_maps[measure].append(computed)
+                for view, computed in layer_views.items():
+                    per_head_maps[view].append(computed)
                 return
-            views: dict[str, LayerMaps] = {}
+            made: dict[str, LayerMaps] = {}
 
             def maps(weighting: str) -> LayerMaps:
-                if weighting not in views:
+                if weighting not in made:
                     if weighting == "attention":
-                        views[weighting] = LayerMaps(layer, pattern, mixing=ratio, vector_norms=vector, contributions=layer_contributions)
+                        made[weighting] = LayerMaps(layer, pattern, mixing=ratio, vector_norms=vector, contributions=layer_contributions)
                     elif weighting == "norm" and norm is not None:
-                        views[weighting] = LayerMaps(layer, norm_shares(pattern, norm), mixing=ratio, vector_norms=vector,
+                        made[weighting] = LayerMaps(layer, norm_shares(pattern, norm), mixing=ratio, vector_norms=vector,
                                                      contributions=layer_contributions)
+                    elif weighting in layer_views:
+                        made[weighting] = LayerMaps(layer, layer_views[weighting], mixing=ratio, vector_norms=vector,
+                                                    contributions=layer_contributions)
                     else:
                         raise ValueError(f"this pass has no {weighting!r} view (the engine computes the views its run asks for)")
-                return views[weighting]
+                return made[weighting]
 
             on_layer(batch, layer, maps)
 
         hooks = Hooks().add("pattern", lambda layer, pattern: current.__setitem__("pattern", pattern))
-        if norms or mixing or vectors or contributions:
+        if norms or mixing or vectors or contributions or views:
             hooks.add("value", lambda layer, value: current.__setitem__("value", value))
         if vectors:
             hooks.add("key", lambda layer, key: current.__setitem__("key", key))
@@ -526,7 +545,7 @@ class Engine:
         # layer's output these are the hidden states, taken without transformers' output recorder (it leaves hooks in the
         # model that no pickle, and so no Ray actor, can carry). Other layouts ask transformers for them.
         own_states = hidden_states and self.model.model.config.model_type in ENCODER_LAYOUTS  # post-norm: the attention reads x itself
-        shared = {id(block.attention): block.attention for block in self.blocks} if mixing or contributions or own_states else {}  # ALBERT shares one
+        shared = {id(block.attention): block.attention for block in self.blocks} if mixing or contributions or views or own_states else {}  # ALBERT shares one
         handles = [module.register_forward_pre_hook(keep_layer_input, with_kwargs=True) for module in shared.values()]
         try:
             outputs = self.forward(tensors, hooks, hidden_states=hidden_states and not own_states)
@@ -539,6 +558,7 @@ class Engine:
             batch.mixing = torch.stack(ratios) if mixing else None
             batch.vector_norms = torch.stack(vector_norms) if vectors else None
             batch.contributions = {measure: torch.stack(maps) for measure, maps in contribution_maps.items()}
+            batch.view_maps = {view: torch.stack(maps) for view, maps in per_head_maps.items()}
         if hidden_states:
             batch.hidden_states = torch.stack([*layer_inputs, outputs.last_hidden_state]) if own_states else torch.stack(outputs.hidden_states)
         return batch
@@ -587,9 +607,9 @@ class Engine:
         layerwise = step is None and self.layerwise and all(is_layerwise(analyzer) for analyzer in analyzers)
         if step is None:
             step = partial(self.run_batch, norms="norm" in weightings, mixing=mixing, hidden_states=hidden_states, vectors=vectors,
-                           contributions=contributions)
-        elif mixing or hidden_states or vectors or contributions or "norm" in weightings:
-            raise BertologyError("norm weighting, mixing ratios, vector norms and hidden states need the engine's own forward pass")
+                           contributions=contributions, views=tuple(view for view in CONTRIBUTION_VIEWS if view in weightings))
+        elif mixing or hidden_states or vectors or contributions or set(weightings) - {"attention"}:
+            raise BertologyError("norm, ALTI and value-zeroing views, mixing ratios, vector norms and hidden states need the engine's own forward pass")
 
         def feed(position: int, call: Callable[[], object]) -> None:
             if position in stats.failed:

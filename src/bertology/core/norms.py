@@ -20,19 +20,24 @@ import torch
 from bertology.core.errors import BertologyError
 from bertology.core.models import AttentionBlock
 
-#: The views of attention every analysis can run on (``--weighting``).
-WEIGHTINGS = ("attention", "norm")
+#: The views of attention every analysis can run on (``--weighting``): the weights, Kobayashi's norm shares, and two
+#: per-head contribution maps (:mod:`bertology.core.contributions`): ALTI's per-head variant and value zeroing per head.
+WEIGHTINGS = ("attention", "norm", "alti", "value-zeroing")
+#: The views computed from a rerun or decomposition of the block (post-norm encoders only), not from the maps alone.
+CONTRIBUTION_VIEWS = ("alti", "value-zeroing")
 #: How the report names each view.
-WEIGHTING_TITLES = {"attention": "attention weights", "norm": "norm shares (Kobayashi et al. 2020)"}
+WEIGHTING_TITLES = {"attention": "attention weights", "norm": "norm shares (Kobayashi et al. 2020)",
+                    "alti": "ALTI per head (Ferrando et al. 2022)", "value-zeroing": "value zeroing per head (Mohebbi et al. 2023)"}
 
 
 def parse_weighting(weighting: str | Iterable[str]) -> list[str]:
-    """``"attention"``, ``"norm"``, ``"attention,norm"`` (or a list of names) -> the views, in order, each once."""
+    """``"attention"``, ``"norm"``, ``"attention,norm,alti,value-zeroing"`` (or a list of names) -> the views, in order, each once."""
     names = weighting.split(",") if isinstance(weighting, str) else list(weighting)
     views = list(dict.fromkeys(name.strip() for name in names))
     unknown = [name for name in views if name not in WEIGHTINGS]
     if unknown or not views:
-        raise BertologyError(f"unknown weighting {','.join(unknown) or repr(weighting)}: use attention, norm or attention,norm")
+        raise BertologyError(f"unknown weighting {','.join(unknown) or repr(weighting)}: use attention, norm, alti, value-zeroing or several, "
+                             "comma-separated")
     return views
 
 

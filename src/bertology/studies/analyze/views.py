@@ -1,4 +1,5 @@
-"""Several views of attention in one run: attention weights beside Kobayashi et al.'s (2020) norm shares.
+"""Several views of attention in one run: attention weights beside Kobayashi et al.'s (2020) norm shares, and beside the
+per-head contribution maps of ALTI (Ferrando et al. 2022) and value zeroing (Mohebbi et al. 2023).
 
 :func:`combine_views` folds each view's results of a family into one, whose tables carry a ``weighting``
 column; :func:`views_section` sets every family's headline quantities per layer (:meth:`Family.by_layer`)
@@ -53,22 +54,35 @@ def by_layer_across_views(by_view: dict[str, dict[str, FamilyResult]]) -> pd.Dat
 
 
 def disagreements(table: pd.DataFrame, views: list[str] | None = None) -> pd.DataFrame:
-    """Per ``family, quantity, layer``: each view's value and ``difference`` (second view minus first; ``views`` in the run's
-    order, by default as the table lists them), largest ``|difference|`` first."""
+    """Per ``family, quantity, layer``: each view's value, largest disagreement first. Two views: ``difference`` (second view
+    minus first; ``views`` in the run's order, by default as the table lists them). More: ``spread`` (highest minus lowest)
+    and the views that give the ``highest`` and ``lowest`` value."""
     views = views or list(dict.fromkeys(table.weighting))
     wide = table.pivot_table(index=["family", "quantity", "layer"], columns="weighting", values="value", sort=False)[views].reset_index()
     wide.columns.name = None
-    wide["difference"] = wide[views[1]] - wide[views[0]]
-    return wide.reindex(wide["difference"].abs().sort_values(ascending=False, kind="stable").index).reset_index(drop=True)
+    if len(views) == 2:
+        wide["difference"] = wide[views[1]] - wide[views[0]]
+        order = wide["difference"].abs()
+    else:
+        values = wide[views]
+        wide["spread"] = values.max(axis=1) - values.min(axis=1)
+        wide["highest"], wide["lowest"] = values.idxmax(axis=1), values.idxmin(axis=1)
+        order = wide["spread"]
+    return wide.reindex(order.sort_values(ascending=False, kind="stable").index).reset_index(drop=True)
+
+
+#: The line style of each view in :func:`views_figure`, in the run's order.
+VIEW_STYLES = ("-o", "--s", ":^", "-.D")
+STYLE_NAMES = ("solid", "dashed", "dotted", "dash-dot")
 
 
 def views_figure(table: pd.DataFrame, views: list[str]):
-    """One panel per family: each headline quantity by layer, a colour per quantity, solid for the first view and dashed for the second."""
+    """One panel per family: each headline quantity by layer, a colour per quantity, a line style per view (:data:`VIEW_STYLES`)."""
     from bertology.render.figures import plt
 
     families = list(dict.fromkeys(table.family))
     figure, axes = plt.subplots(1, len(families), figsize=(4.4 * len(families), 4.2), squeeze=False)
-    styles = dict(zip(views, ("-o", "--s")))
+    styles = dict(zip(views, VIEW_STYLES))
     short = [WEIGHTING_TITLES[view].split(" (")[0] for view in views]
     for axis, family in zip(axes[0], families):
         rows = table[table.family == family]
@@ -76,7 +90,8 @@ def views_figure(table: pd.DataFrame, views: list[str]):
             for weighting, line in lines.groupby("weighting", sort=False):
                 axis.plot(line.layer, line.value, styles[weighting], color=f"C{colour % 10}", markersize=3,
                           label=quantity if weighting == views[0] else None)
-        axis.set_title(f"{family} (solid: {short[0]}, dashed: {short[1]})", fontsize=8)
+        legend = ", ".join(f"{style}: {name}" for style, name in zip(STYLE_NAMES, short))
+        axis.set_title(f"{family} ({legend})", fontsize=8 if len(views) == 2 else 6)
         axis.set_xlabel("layer (0-based)", fontsize=8)
         axis.tick_params(labelsize=7)
         axis.grid(alpha=0.3)
@@ -87,27 +102,41 @@ def views_figure(table: pd.DataFrame, views: list[str]):
 
 def views_section(folder: RunFolder, by_view: dict[str, dict[str, FamilyResult]], views: list[str]) -> Section:
     """Write ``views_by_layer`` and its figure; return the report section that compares the ``views`` (in the run's order)."""
+    if views == ["attention", "norm"]:
+        title = "Attention weights beside norm shares"
+    else:
+        title = "Views of attention side by side"
     section = Section(
-        title="Attention weights beside norm shares",
+        title=title,
         intro=("Kobayashi et al. (2020): a head adds a[i, j] f(x_j) to token i, and heads that put their weight on [CLS] or [SEP] "
                "often mix in little, because f of those tokens is small. Norm shares w[i, j] = ||a[i, j] f(x_j)|| / "
-               "sum_k ||a[i, k] f(x_k)|| are a distribution like the weights; every analysis above ran on both "
-               "(every table has a weighting column). Per layer, each family's headline quantities under "
-               f"{' and '.join(WEIGHTING_TITLES[view] for view in views)} (views_by_layer.csv)."),
+               "sum_k ||a[i, k] f(x_k)|| are a distribution like the weights"
+               + ("; so are the per-head contribution maps of ALTI (Ferrando et al. 2022, each head's own output decomposed through "
+                  "the layer norm's linear part) and of value zeroing (Mohebbi et al. 2023, the layer rerun with one token's values "
+                  "zeroed in one head)" if set(views) & {"alti", "value-zeroing"} else "")
+               + "; every analysis above ran on each (every table has a weighting column). Per layer, each family's headline "
+               f"quantities under {' and '.join(WEIGHTING_TITLES[view] for view in views)} (views_by_layer.csv)."),
     )
     table = by_layer_across_views(by_view)
     if table.empty or len(views) < 2:
-        section.notes.append("No family reported per-layer quantities under both views.")
+        section.notes.append("No family reported per-layer quantities under more than one view.")
         return section
     folder.write_table("views_by_layer", table)
+    styles = "; ".join(f"{style}, {WEIGHTING_TITLES[view]}" for style, view in zip(STYLE_NAMES, views))
     section.figures.append(Figure(folder.write_figure("views_by_layer", views_figure(table, views)),
-                                  f"Each family's headline quantities by layer (0-based): solid, {WEIGHTING_TITLES[views[0]]}; "
-                                  f"dashed, {WEIGHTING_TITLES[views[1]]}."))
+                                  f"Each family's headline quantities by layer (0-based): {styles}."))
     ranked = disagreements(table, views)
     top = ranked.iloc[0]
-    first, second = views[0], views[1]
+    if len(views) == 2:
+        first, second = views
+        section.notes.append(
+            f"The views disagree most on {top.quantity} ({top.family}) in layer {int(top.layer)}: {top[first]:.3f} under "
+            f"{WEIGHTING_TITLES[first]}, {top[second]:.3f} under {WEIGHTING_TITLES[second]}.")
+        section.tables.append((f"The {TOP_DISAGREEMENTS} largest differences ({second} minus {first})", ranked.head(TOP_DISAGREEMENTS)))
+        return section
     section.notes.append(
-        f"The views disagree most on {top.quantity} ({top.family}) in layer {int(top.layer)}: {top[first]:.3f} under "
-        f"{WEIGHTING_TITLES[first]}, {top[second]:.3f} under {WEIGHTING_TITLES[second]}.")
-    section.tables.append((f"The {TOP_DISAGREEMENTS} largest differences ({second} minus {first})", ranked.head(TOP_DISAGREEMENTS)))
+        f"The views disagree most on {top.quantity} ({top.family}) in layer {int(top.layer)}: "
+        + ", ".join(f"{top[view]:.3f} under {WEIGHTING_TITLES[view]}" for view in views) + ".")
+    section.tables.append((f"The {TOP_DISAGREEMENTS} largest disagreements (spread: the highest view's value minus the lowest's)",
+                           ranked.head(TOP_DISAGREEMENTS)))
     return section
