@@ -104,6 +104,34 @@ def test_contract(model, name, check, contracts):
     getattr(contracts(model, name), f"check_{check}")()
 
 
+def reads_maps(name: str) -> bool:
+    """Whether analyzer ``family:key`` reads the maps, so that it runs under every view (the studies' own analyzers do too)."""
+    family = registered().get(name.split(":")[0])
+    return family is None or family.weighted
+
+
+@pytest.fixture(scope="module")
+def view_contracts(bert64):
+    made = {}
+
+    def contract(view: str, name: str) -> AnalyzerContract:
+        if (view, name) not in made:
+            # value zeroing's 1 - cos of two nearly equal outputs magnifies float64 rounding (which padding moves) to about 1e-9
+            rtol = 1e-9 if view == "alti" else 1e-6
+            made[view, name] = AnalyzerContract(ANALYZERS[name], bert64, examples_for(name), rtol=rtol, atol=1e-12, weighting=view)
+        return made[view, name]
+
+    return contract
+
+
+@pytest.mark.parametrize("check", ANALYZER_CHECKS)
+@pytest.mark.parametrize(("view", "name"), [(view, name) for view in ("alti", "value-zeroing") for name in ANALYZERS
+                                            if reads_maps(name) and runs_on(name, "bert")])
+def test_contract_under_the_contribution_views(view, name, check, view_contracts):
+    # every analyzer that reads the maps passes the contract on ALTI's and value zeroing's per-head maps too (BERT, float64)
+    getattr(view_contracts(view, name), f"check_{check}")()
+
+
 class OrderDependent(GeneralProfile):
     """A deliberately broken analyzer: it keeps only the last batch."""
 

@@ -121,3 +121,55 @@ def test_a_token_whose_values_are_zero_contributes_nothing_under_both():
     assert torch.all(zeroing[0, others].sum(-1) > 0.999)
     # under ALTI token 2 keeps only its own residual: no other token gets anything from it
     assert torch.all(contributions[0, others, 2] == 0) and contributions[0, 2, 2] > 0
+
+
+def alti_per_head_by_hand(x: np.ndarray, w) -> np.ndarray:
+    """bertology's per-head ALTI in numpy loops: T^h_i(x_j) = L(a_h[i, j] v_j^h W_O^h) / s_i, y^h_i = sum_j T^h_i(x_j),
+    c_h[i, j] = max(0, ||y^h_i||_1 - ||y^h_i - T^h_i(x_j)||_1), rows normalised."""
+    from reference.alti import l_transform
+    from reference.encoder import layer_forward
+
+    forward = layer_forward(x, w)
+    n, heads, dh = x.shape[0], w.num_heads, w.head_dim
+    scale = np.sqrt(np.var(forward["pre_ln1"], axis=-1) + w.ln1_eps)
+    result = np.zeros((heads, n, n))
+    for h in range(heads):
+        vectors = forward["value"][h] @ w.wo[h * dh:(h + 1) * dh]  # v_j^h W_O^h, [j, hidden]
+        for i in range(n):
+            parts = l_transform(forward["probs"][h, i][:, None] * vectors, w.ln1_gamma) / scale[i]
+            y = parts.sum(axis=0)
+            row = np.maximum(0, np.abs(y).sum() - np.abs(y - parts).sum(axis=-1))
+            result[h, i] = row / row.sum()
+    return result
+
+
+def test_the_views_the_engine_hands_out_equal_numpy_on_every_sequence_of_a_padded_batch(tiny_bert_dir):
+    from conftest import float64_model, tiny_examples
+    from reference.encoder import hidden_states, layer_weights
+
+    from bertology.core.engine import Engine, RunStats
+
+    loaded = float64_model(tiny_bert_dir)
+    engine = Engine(loaded, progress=False)
+    items = list(engine.encode(enumerate(tiny_examples()[:5]), RunStats()))
+    batch = engine.run_batch(items, views=("alti", "value-zeroing"))
+    weights = layer_weights(loaded.model)
+    for b, item in enumerate(items):
+        n = len(item)
+        states = hidden_states(loaded.model, torch.tensor(item.input_ids), weights)
+        port = value_zeroing_port(loaded.model, torch.tensor(item.input_ids))
+        for layer, w in enumerate(weights):
+            np.testing.assert_allclose(batch.weighted("alti").attentions[layer, b, :, :n, :n].numpy(), alti_per_head_by_hand(states[layer], w),
+                                       atol=1e-8, rtol=0)
+            np.testing.assert_allclose(batch.weighted("value-zeroing").attentions[layer, b, :, :n, :n].numpy(), port.heads[layer], atol=1e-8, rtol=0)
+        assert not batch.view_maps["alti"][:, b, :, n:].any() and not batch.view_maps["value-zeroing"][:, b, :, n:].any()
+
+
+def test_the_views_are_refused_in_one_line_where_they_are_not_defined(tiny_gpt2_dir, tiny_bert_dir):
+    import bertology
+    from bertology.core.errors import BertologyError
+
+    with pytest.raises(BertologyError, match="alti: ALTI and value zeroing are defined here for post-norm blocks"):
+        bertology.analyze(tiny_gpt2_dir, ["the cat sat on the mat."], weighting="attention,alti", progress=False, device="cpu")
+    with pytest.raises(BertologyError, match="unknown weighting zeroing"):
+        bertology.analyze(tiny_bert_dir, ["the cat sat on the mat."], weighting="attention,zeroing", progress=False, device="cpu")

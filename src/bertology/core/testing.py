@@ -22,7 +22,7 @@ from bertology.core.engine import Engine
 from bertology.core.models import LoadedModel
 
 
-def _runner(model: LoadedModel, compare_with: LoadedModel | None):
+def _runner(model: LoadedModel, compare_with: LoadedModel | None, weighting: str = "attention"):
     def run(make_analyzer: Callable[[], Analyzer], examples: Sequence[Example], batch_size: int, layerwise: bool = True) -> Analyzer:
         analyzer = make_analyzer()
         engine = Engine(model, batch_size=batch_size, progress=False, layerwise=layerwise)
@@ -30,7 +30,7 @@ def _runner(model: LoadedModel, compare_with: LoadedModel | None):
             from bertology.core.paired import CompareEngine
 
             engine = CompareEngine(engine, Engine(compare_with, batch_size=batch_size, progress=False))
-        engine.run(examples, [analyzer])
+        engine.run(examples, [analyzer], weightings=[weighting])
         return analyzer
 
     return run
@@ -56,16 +56,17 @@ class AnalyzerContract:
 
     The tolerances absorb the float rounding that padding causes in a float32 model; with a float64 model much tighter
     ones hold. With ``compare_with``, the analyzer is a comparison analyzer fed by a
-    :class:`~bertology.core.paired.CompareEngine` of the two models.
+    :class:`~bertology.core.paired.CompareEngine` of the two models. ``weighting``: the view of attention the analyzer reads
+    (:data:`~bertology.core.norms.WEIGHTINGS`).
     """
 
     def __init__(self, make_analyzer: Callable[[], Analyzer], model: LoadedModel, examples: Sequence[Example], seed: int = 0,
-                 rtol: float = 1e-4, atol: float = 1e-6, compare_with: LoadedModel | None = None):
+                 rtol: float = 1e-4, atol: float = 1e-6, compare_with: LoadedModel | None = None, weighting: str = "attention"):
         self.make_analyzer, self.seed, self.rtol, self.atol = make_analyzer, seed, rtol, atol
         self.examples = list(examples)
         if len(self.examples) < 4:
             raise ValueError("the analyzer contract needs at least 4 examples")
-        self._run = _runner(model, compare_with)
+        self._run = _runner(model, compare_with, weighting)
         self._whole: Analyzer | None = None
 
     def run(self, examples: Sequence[Example], batch_size: int, layerwise: bool = True) -> Analyzer:

@@ -23,7 +23,7 @@ from bertology.core.corpora import Corpus, Example, has_frames, has_trees, open_
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.models import BLOCK_LAYOUTS, LoadedModel, attention_blocks, load_model
-from bertology.core.norms import WEIGHTING_TITLES, parse_weighting
+from bertology.core.norms import CONTRIBUTION_VIEWS, WEIGHTING_TITLES, parse_weighting
 from bertology.core.runfolder import RunFolder, claims_out, finish, package_versions
 from bertology.core.stats import MIN_SAMPLE
 from bertology.families import Family, FamilyContext, FamilyResult, get_family, registered
@@ -327,6 +327,17 @@ def analyze(
     else:
         late_warnings = []
     late_warnings = fit_warnings + late_warnings
+    contribution_views = [view for view in views if view in CONTRIBUTION_VIEWS]
+    measures = [measure.replace("_", "-") for measure in (settings.get("contributions") or ()) if "mixing" in settings["analyses"]]
+    if contribution_views or measures:  # refused before the pass, in one line, where the block is not one they are defined for
+        blocks = attention_blocks(loaded.model)
+        asked = ", ".join(dict.fromkeys(contribution_views + measures))
+        if blocks[0].pre_norm:
+            raise BertologyError(f"{asked}: ALTI and value zeroing are defined here for post-norm blocks (encoders); {loaded.name} normalises "
+                                 "before attention")
+        if "value-zeroing" in {*contribution_views, *measures} and blocks[0].finish is None:
+            raise BertologyError(f"value zeroing reruns each layer after its attention, which bertology knows for BERT, RoBERTa, XLM-R, "
+                                 f"CamemBERT, ELECTRA and DistilBERT layers, not {loaded.model.config.model_type}'s")
     torch.manual_seed(seed)
     engine = Engine(loaded, batch_size=batch_size, max_length=max_length, overflow=overflow, progress=progress, punct=punct)
     settings["max_length"] = engine.max_length
