@@ -485,3 +485,25 @@ def test_a_2048_token_decoder_page_opens_and_responds(browser, tiny_gpt2_dir, tm
     print(f"\n2,048-token tiny GPT-2 page: {path.stat().st_size / 1e6:.2f} MB, built in {built:.2f} s, opened in {seconds:.2f} s, "
           f"layer switch: next frame after {switch_ms:.0f} ms")
     page.close()
+
+
+def test_the_view_menu_has_the_contribution_views_when_asked(tiny_bert_dir):
+    # ALTI and value zeroing per head join the menu (analyze adds them when its run has those views); each stored map is the
+    # engine's per-head map to the page's byte
+    from conftest import float64_model
+
+    from bertology.core.corpora import Example
+    from bertology.core.engine import Engine, RunStats
+    from bertology.studies.view.viewer import attention_view
+
+    loaded = float64_model(tiny_bert_dir)
+    text = "the cat sat on the mat."
+    view = attention_view(text, model=loaded, contributions=("alti", "value-zeroing"))
+    assert list(view.maps) == ["attention", "norm", "alti", "value-zeroing", "rollout"]
+    engine = Engine(loaded, batch_size=1, progress=False)
+    batch = engine.run_batch(list(engine.encode(enumerate([Example(text)]), RunStats())), views=("alti", "value-zeroing"))
+    for name in ("alti", "value-zeroing"):
+        for layer in range(loaded.num_layers):
+            expected = np.round(batch.view_maps[name][layer, 0].numpy() * 255)
+            assert np.abs(view.maps[name].weights[layer].astype(float) - expected).max() <= 1
+    assert "value zeroing per head (Mohebbi et al. 2023)" in view.html()

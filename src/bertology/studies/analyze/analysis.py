@@ -395,7 +395,8 @@ def analyze(
     if view:
         began = time.perf_counter()
         first = next(iter(examples))
-        analysis.view = attention_view(first.text, first.text_pair, model=loaded, max_length=engine.max_length)
+        analysis.view = attention_view(first.text, first.text_pair, model=loaded, max_length=engine.max_length,
+                                       contributions=tuple(contribution_views))
         phases["viewer"] = round(time.perf_counter() - began, 2)
     if out is not None:
         analysis.save(out, command=command)

@@ -50,6 +50,7 @@ from bertology.families.rollout.analyzer import rollout_step
 
 #: How the page names each view.
 VIEW_TITLES = {"attention": "attention weights", "norm": "norm shares ||a f(x)|| (Kobayashi et al. 2020)",
+               "alti": "ALTI per head (Ferrando et al. 2022)", "value-zeroing": "value zeroing per head (Mohebbi et al. 2023)",
                "rollout": "rollout (Abnar & Zuidema 2020; one map per layer)"}
 #: Inputs longer than this keep only each row's top-k weights unless ``top_k=0`` is asked for.
 DENSE_UP_TO = 128
@@ -283,15 +284,18 @@ def head_labels(run: str | Path) -> dict[str, list[str]]:
 
 
 def attention_view(text: str, text_pair: str | None = None, *, model: str | Path | LoadedModel | None = None, run: str | Path | None = None,
-                   top_k: int | None = None, max_length: int | None = None, device: str = "auto") -> AttentionView:
-    """Run ``model`` (default: all-MiniLM-L6-v2) on one input, layer by layer, and return its :class:`AttentionView`."""
+                   top_k: int | None = None, max_length: int | None = None, device: str = "auto",
+                   contributions: tuple[str, ...] = ()) -> AttentionView:
+    """Run ``model`` (default: all-MiniLM-L6-v2) on one input, layer by layer, and return its :class:`AttentionView`.
+    ``contributions``: per-head contribution views to add to the menu (``alti``, ``value-zeroing``; an encoder's:
+    :mod:`bertology.core.contributions`)."""
     if not text or not text.strip():
         raise BertologyError("the text to view is empty")
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
     engine = Engine(loaded, batch_size=1, max_length=min(max_length or loaded.max_length, loaded.max_length, MAX_TOKENS), progress=False)
     items = list(engine.encode(enumerate([Example(text, text_pair, source="view")]), RunStats()))
     n, layers, heads = len(items[0]), loaded.num_layers, loaded.num_heads
-    views = ["attention", "norm", "rollout"] if engine.knows_blocks else ["attention", "rollout"]
+    views = ["attention", "norm", *contributions, "rollout"] if engine.knows_blocks else ["attention", "rollout"]
     k = kept_keys(n, layers * (heads * (len(views) - 1) + 1), top_k)
     stored = {name: StoredMaps(1 if name == "rollout" else heads, n, k) for name in views}
     start_head, rolled = 0, None
@@ -302,12 +306,13 @@ def attention_view(text: str, text_pair: str | None = None, *, model: str | Path
         if layer == 0:
             start_head = distinctive_head(attention.cpu().numpy())
         stored["attention"].add(attention)
-        if "norm" in stored:
-            stored["norm"].add(maps("norm").attention[0].float())
+        for view in ("norm", *contributions):
+            if view in stored:
+                stored[view].add(maps(view).attention[0].float())
         rolled = rollout_step(attention[None], rolled)
         stored["rollout"].add(rolled)
 
-    engine.run_batch(items, norms="norm" in stored, on_layer=keep_layer)
+    engine.run_batch(items, norms="norm" in stored, views=tuple(view for view in contributions if view in stored), on_layer=keep_layer)
     item = items[0]
     tokens = loaded.tokenizer.convert_ids_to_tokens(item.input_ids)
     segments = [-1 if s is None else int(s) for s in item.sequence_ids]
