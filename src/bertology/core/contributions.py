@@ -84,14 +84,20 @@ def alti_contributions(pattern: torch.Tensor, value: torch.Tensor, layer_input: 
     scale = _layer_norm_scale(mixed, layer_input, block)  # s_i
     bias = block.output_bias.to(value.dtype) if block.output_bias is not None else torch.zeros(hidden, dtype=value.dtype, device=value.device)
     resultant = (linear_part(mixed + layer_input) + linear_part(bias)) / scale + block.layer_norm.bias.to(value.dtype)  # y_i: the norm's output
+    # L is linear: T_i(x_j) = sum_h (a_h[i, j] / s_i) L(v_j^h W_O^h) + [i == j] L(x_i) / s_i, so L is applied to n vectors, not n^2
+    normalised_vectors, normalised_input = linear_part(vectors), linear_part(layer_input) / scale
+    weights = pattern / scale[:, None]  # a_h[i, j] / s_i
     contributions = torch.zeros(batch, n, n, dtype=value.dtype, device=value.device)
     rows = _chunk_rows(batch, n, hidden, chunk_elements)
     for start in range(0, n, rows):
         stop = min(n, start + rows)
-        parts = torch.einsum("bhij,bhjd->bijd", pattern[:, :, start:stop], vectors)  # [batch, rows, n, hidden]
+        # sum over heads one at a time, elementwise: each row's sum is the same whatever the chunk ([batch, rows, n, hidden])
+        parts = weights[:, 0, start:stop, :, None] * normalised_vectors[:, 0, None]
+        for head in range(1, weights.shape[1]):
+            parts.addcmul_(weights[:, head, start:stop, :, None], normalised_vectors[:, head, None])
         own = torch.arange(start, stop, device=value.device)
-        parts[:, own - start, own] += layer_input[:, start:stop]  # the residual: x_i is token i's own
-        contributions[:, start:stop] = _distance_contributions(linear_part(parts) / scale[:, start:stop, None], resultant[:, start:stop])
+        parts[:, own - start, own] += normalised_input[:, start:stop]  # the residual: x_i is token i's own
+        contributions[:, start:stop] = _distance_contributions(parts, resultant[:, start:stop])
     return _rows_normalised(contributions)
 
 
@@ -105,15 +111,17 @@ def alti_per_head(pattern: torch.Tensor, value: torch.Tensor, layer_input: torch
     batch, heads, n, _ = value.shape
     hidden = layer_input.shape[-1]
     vectors = head_vectors(value, block)
-    linear_part = _linear_part(block, value.dtype)
     scale = _layer_norm_scale(torch.einsum("bhij,bhjd->bid", pattern, vectors), layer_input, block)
+    normalised_vectors = _linear_part(block, value.dtype)(vectors)  # L(v_j^h W_O^h): L is linear, applied to n vectors, not n^2
+    weights = pattern / scale[:, None]  # a_h[i, j] / s_i
+    resultants = torch.matmul(weights, normalised_vectors)  # y^h_i = sum_j T^h_i(x_j): [batch, head, n, hidden]
     contributions = torch.zeros(batch, heads, n, n, dtype=value.dtype, device=value.device)
     rows = _chunk_rows(batch, n, hidden, chunk_elements)
     for head in range(heads):
         for start in range(0, n, rows):
             stop = min(n, start + rows)
-            parts = linear_part(pattern[:, head, start:stop, :, None] * vectors[:, head, None]) / scale[:, start:stop, None]  # [batch, rows, n, hidden]
-            contributions[:, head, start:stop] = _distance_contributions(parts, parts.sum(dim=2))
+            parts = weights[:, head, start:stop, :, None] * normalised_vectors[:, head, None]  # T^h_i(x_j): [batch, rows, n, hidden]
+            contributions[:, head, start:stop] = _distance_contributions(parts, resultants[:, head, start:stop])
     return _rows_normalised(contributions)
 
 
