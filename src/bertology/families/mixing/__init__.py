@@ -53,7 +53,8 @@ class Mixing(Family):
         from bertology.families.summaries import by_view, trend
 
         names = {"attn": "by attention alone", "attn_res": "with the residual", "attn_res_ln": "with the residual and layer norm",
-                 "alti": "by ALTI", "value_zeroing": "by value zeroing"}
+                 "alti": "by ALTI", "value_zeroing": "by value zeroing", "alti_rollout": "by ALTI rolled out",
+                 "value_zeroing_rollout": "by value zeroing rolled out"}
         lines = []
         for prefix, table in by_view(result.tables["mixing"]):
             if table.empty:

@@ -5,7 +5,9 @@ and where asked for, ALTI's and value zeroing's share of each token's representa
 ``||M_i|| / (||M_i|| + ||P_i||)`` (:func:`bertology.core.norms.mixing_ratios`: the attention alone, with the
 residual, and with the residual and the layer norm), and of ``1 - c[i, i]`` for each contribution measure
 (:mod:`bertology.core.contributions`: ALTI, Ferrando et al. 2022; value zeroing, Mohebbi et al. 2023; rows of ``c`` sum
-to 1, so this is the share from the other tokens), then the mean over sequences with a 95% interval. It reads the
+to 1, so this is the share from the other tokens) and of ``1 - R_l[i, i]`` for its rollout across layers, ``R_l = c_l R_{l-1}``
+(``MEASURE_rollout``: the share of token i's representation after layer l that comes from the other input tokens), then
+the mean over sequences with a 95% interval. It reads the
 engine's ``Batch.mixing`` and contribution maps, not the attention maps, so it is the same under every view of attention.
 """
 
@@ -15,7 +17,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.contributions import CONTRIBUTION_MEASURES
+from bertology.core.contributions import CONTRIBUTION_MEASURES, rolled_out
 from bertology.core.engine import Batch, LayerMaps
 from bertology.core.norms import MIXING_RATIOS
 from bertology.core.stats import RunningMoments, interval_frame, merge_moments
@@ -34,20 +36,24 @@ class ContextMixing(LayerwiseAnalyzer):
         self.measures = tuple(measure for measure in CONTRIBUTION_MEASURES if measure in measures)
         self.needs = frozenset({"mixing", *self.measures})
         self._moments: RunningMoments | None = None
+        self._rolled: dict[str, torch.Tensor] = {}  # each measure's R_l of the batch so far
         self._pending: list[torch.Tensor] = []  # one [batch, ratio] per layer
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
-            self._pending = []
+            self._pending, self._rolled = [], {}
         real = batch.mask.to(maps.mixing.dtype)  # [batch, n]
-        ratios = maps.mixing
-        if self.measures:  # 1 - c[i, i]: the share of token i's representation from the other tokens
-            ratios = torch.cat([ratios, *(1 - maps.contributions[measure].diagonal(dim1=-2, dim2=-1)[..., None] for measure in self.measures)], dim=-1)
+        shares = [maps.mixing]
+        for measure in self.measures:  # 1 - c[i, i] and 1 - R_l[i, i]: the share of token i's representation from the other tokens
+            contributions = maps.contributions[measure]
+            rolled = self._rolled[measure] = rolled_out(contributions, self._rolled.get(measure))
+            shares += [1 - contributions.diagonal(dim1=-2, dim2=-1)[..., None], 1 - rolled.diagonal(dim1=-2, dim2=-1)[..., None]]
+        ratios = torch.cat(shares, dim=-1)
         self._pending.append(torch.einsum("bir,bi->br", ratios, real) / real.sum(dim=1)[:, None])  # [batch, ratio]
 
     def finish_batch(self, batch: Batch) -> None:
         values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, ratio]: one copy to the host
-        self._pending = []
+        self._pending, self._rolled = [], {}
         if self._moments is None:
             self._moments = RunningMoments(values.shape[1:])
         self._moments.push(values)
@@ -61,5 +67,6 @@ class ContextMixing(LayerwiseAnalyzer):
         """``layer, ratio, value, ci_low, ci_high, n``: the mean context-mixing ratio of each kind per layer."""
         if self._moments is None:
             return pd.DataFrame(columns=["layer", "ratio", "value", "ci_low", "ci_high", "n"])
-        index = pd.MultiIndex.from_product([range(self._moments.count.shape[0]), MIXING_RATIOS + self.measures], names=["layer", "ratio"])
+        measures = tuple(name for measure in self.measures for name in (measure, f"{measure}_rollout"))
+        index = pd.MultiIndex.from_product([range(self._moments.count.shape[0]), MIXING_RATIOS + measures], names=["layer", "ratio"])
         return interval_frame(self._moments, index)

@@ -10,7 +10,8 @@ from bertology.render.html import Figure, Section, without_rows
 
 RATIO_TITLES = {"attn": "attention alone (Attn-N)", "attn_res": "with the residual (AttnRes-N)",
                 "attn_res_ln": "with the residual and the layer norm (AttnResLn-N)", "alti": "ALTI: 1 - c[i, i] (Ferrando et al. 2022)",
-                "value_zeroing": "value zeroing: 1 - c[i, i] (Mohebbi et al. 2023)"}
+                "value_zeroing": "value zeroing: 1 - c[i, i] (Mohebbi et al. 2023)", "alti_rollout": "ALTI rolled out: 1 - R[i, i]",
+                "value_zeroing_rollout": "value zeroing rolled out: 1 - R[i, i]"}
 
 
 def mixing_by_layer(table: pd.DataFrame):
