@@ -24,16 +24,12 @@ import torch
 
 from bertology.core.errors import BertologyError
 from bertology.core.models import AttentionBlock
+from bertology.core.norms import rows_normalised
 
 #: The contribution measures an analyzer can ask the engine's pass for (in its ``needs``): each layer's maps ``c[b, i, j]``.
 CONTRIBUTION_MEASURES = ("alti", "value_zeroing")
 #: Most elements of one chunk of ``[batch, rows, n, d]`` vectors (ALTI's ``T_i(x_j)``, value zeroing's reruns).
 CHUNK_ELEMENTS = 2**24
-
-
-def _rows_normalised(scores: torch.Tensor) -> torch.Tensor:
-    total = scores.sum(dim=-1, keepdim=True)
-    return torch.where(total > 0, scores / torch.where(total > 0, total, 1), 0)
 
 
 def head_vectors(value: torch.Tensor, block: AttentionBlock) -> torch.Tensor:
@@ -98,7 +94,7 @@ def alti_contributions(pattern: torch.Tensor, value: torch.Tensor, layer_input: 
         own = torch.arange(start, stop, device=value.device)
         parts[:, own - start, own] += normalised_input[:, start:stop]  # the residual: x_i is token i's own
         contributions[:, start:stop] = _distance_contributions(parts, resultant[:, start:stop])
-    return _rows_normalised(contributions)
+    return rows_normalised(contributions)
 
 
 def alti_per_head(pattern: torch.Tensor, value: torch.Tensor, layer_input: torch.Tensor, block: AttentionBlock,
@@ -122,7 +118,7 @@ def alti_per_head(pattern: torch.Tensor, value: torch.Tensor, layer_input: torch
             stop = min(n, start + rows)
             parts = weights[:, head, start:stop, :, None] * normalised_vectors[:, head, None]  # T^h_i(x_j): [batch, rows, n, hidden]
             contributions[:, head, start:stop] = _distance_contributions(parts, resultants[:, head, start:stop])
-    return _rows_normalised(contributions)
+    return rows_normalised(contributions)
 
 
 def value_zeroing(pattern: torch.Tensor, value: torch.Tensor, head_output: torch.Tensor, layer_input: torch.Tensor, block: AttentionBlock,
@@ -159,7 +155,7 @@ def value_zeroing(pattern: torch.Tensor, value: torch.Tensor, head_output: torch
         cosine = (outputs * original[:, None]).sum(dim=-1) / torch.where(norms > 0, norms, 1)  # a zero vector: cosine 0, as sklearn's
         scores[:, chosen] = (1 - cosine).clamp(0, 2)
     scores = scores.unflatten(1, (heads, n)) if per_head else scores  # [batch, (head,) t, i]
-    return _rows_normalised(scores.transpose(-1, -2))
+    return rows_normalised(scores.transpose(-1, -2))
 
 
 def rolled_out(contributions: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:

@@ -52,6 +52,13 @@ class Encoded:
         return len(self.input_ids)
 
 
+def first_token_mask(mask: torch.Tensor) -> torch.Tensor:
+    """``[batch, n]``: each sequence's first token, position 0 (a decoder's candidate sink, docs/methods.md#decoders)."""
+    first = torch.zeros_like(mask)
+    first[:, 0] = mask[:, 0]
+    return first
+
+
 def is_pair(segment_ids: torch.Tensor) -> torch.Tensor:
     """``[batch]``: True for sentence pairs (some piece belongs to sentence B)."""
     return (segment_ids == 1).any(dim=1)
@@ -161,9 +168,7 @@ class Batch:
     @cached_property
     def query_mask(self) -> torch.Tensor:
         """``[batch, n]``: the queries that enter a mean over queries: the real tokens, and in a decoder not row 0."""
-        if not self.causal:
-            return self.mask
-        return self.mask & (torch.arange(self.mask.shape[1], device=self.mask.device) > 0)
+        return self.mask & ~first_token_mask(self.mask) if self.causal else self.mask
 
     @cached_property
     def visible_counts(self) -> torch.Tensor:
@@ -447,9 +452,7 @@ class Engine:
         tensors = self.collate(items)
         mask, input_ids = tensors["mask"], tensors["input_ids"]
         if self.model.causal:  # a decoder: its first token in [CLS]'s place, no [SEP] (docs/methods.md#decoders)
-            cls_mask = torch.zeros_like(mask)
-            cls_mask[:, 0] = True
-            sep_mask = torch.zeros_like(mask)
+            cls_mask, sep_mask = first_token_mask(mask), torch.zeros_like(mask)
         else:
             cls_mask, sep_mask = (input_ids == self.model.cls_token_id) & mask, (input_ids == self.model.sep_token_id) & mask
         batch = Batch(

@@ -68,9 +68,13 @@ def norm_shares(attentions: torch.Tensor, key_norms: torch.Tensor) -> torch.Tens
     ``attentions`` is ``[..., head, query, key]``, ``key_norms`` ``[..., head, key]``. Rows whose total is
     zero (padding queries) stay zero.
     """
-    weighted = attentions * key_norms.unsqueeze(-2)
-    total = weighted.sum(dim=-1, keepdim=True)
-    return torch.where(total > 0, weighted / torch.where(total > 0, total, 1), 0)
+    return rows_normalised(attentions * key_norms.unsqueeze(-2))
+
+
+def rows_normalised(scores: torch.Tensor) -> torch.Tensor:
+    """Each row of ``scores [..., n]`` divided by its sum; a row whose sum is zero (padding) stays zero."""
+    total = scores.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, scores / torch.where(total > 0, total, 1), 0)
 
 
 def mixing_ratios(pattern: torch.Tensor, value: torch.Tensor, head_output: torch.Tensor, layer_input: torch.Tensor,

@@ -52,9 +52,18 @@ def test_decoder_sieve_scores_equal_loops_over_eager_maps(kind, gpt2_64, llama64
                 np.testing.assert_allclose(row["mean"], np.mean(values), rtol=rtol, err_msg=f"{layer}-{head} {role}")
 
 
-def test_uniform_causal_attention_scores_one_on_every_role(gpt2_64):
-    # uniform attention over the keys each row sees is the reference: every role's sieve score is 1, whatever the row
+def test_uniform_causal_attention_scores_one_on_every_role():
+    # uniform attention over the keys each row sees is the reference: causal_role_scores gives every role exactly 1 (the
+    # block's entropy weight aside), whatever the row, where a score against 1/n would drift with the row
+    import torch
+
+    from bertology.families.roles.analyzer import causal_role_scores
+
     n = 7
-    a = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
-    scores = by_hand(a, [0] * 4 + [1] * 3)
-    np.testing.assert_allclose([scores["local"], scores["delimiter"]], 1.0)
+    attention = torch.tensor(np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None])[None, None]  # [batch 1, head 1, n, n]
+    mask = torch.ones(1, n, dtype=torch.bool)
+    queries, visible = mask.clone(), torch.arange(1, n + 1)[None]
+    queries[:, 0] = False
+    scores = causal_role_scores(attention, mask, queries, visible, torch.zeros(1, n, dtype=torch.long), any_pair=False)
+    np.testing.assert_allclose([scores["local"].item(), scores["delimiter"].item()], 1.0, rtol=1e-12)
+    assert torch.isnan(scores["block"]).all()  # no pair: no block score

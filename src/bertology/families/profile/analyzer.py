@@ -94,11 +94,11 @@ def profile_metrics(
     return torch.stack([columns[name] for name in PROFILE_METRICS], dim=-1)
 
 
-def causal_profile_metrics(attention: torch.Tensor, mask: torch.Tensor, punct_mask: torch.Tensor) -> torch.Tensor:
+def causal_profile_metrics(attention: torch.Tensor, mask: torch.Tensor, first_mask: torch.Tensor, punct_mask: torch.Tensor) -> torch.Tensor:
     """The :data:`DECODER_PROFILE_METRICS` of every head on every sequence of a decoder (see the module docstring): the
     means over queries ``i >= 1`` (``m = n - 1`` of them; NaN for a sequence of one token), the entropy smoothed per row
     over the ``i + 1`` keys it sees. ``attention`` is ``[batch, head, n, n]`` (lower triangular, padding zero), the masks
-    ``[batch, n]``. Returns ``[batch, head, len(DECODER_PROFILE_METRICS)]`` in the maps' dtype."""
+    ``[batch, n]`` (``first_mask``: position 0, ``Batch.cls_mask`` of a decoder). Returns ``[batch, head, len(DECODER_PROFILE_METRICS)]`` in the maps' dtype."""
     dtype, width = attention.dtype, attention.shape[-1]
     real = mask.to(dtype)
     queries = real.sum(dim=1)[:, None] - 1  # [batch, 1]: m = n - 1
@@ -110,9 +110,7 @@ def causal_profile_metrics(attention: torch.Tensor, mask: torch.Tensor, punct_ma
     row_entropy = -torch.xlogy(smoothed, smoothed, out=smoothed).sum(dim=-1) * real[:, None, :]  # [batch, head, n]
     del smoothed
     later_rows = attention[..., 1:, :].sum(dim=-2)  # [batch, head, n]: column sums over the queries i >= 1
-    first = torch.zeros_like(mask)
-    first[:, 0] = True
-    to_sets = torch.einsum("bhj,bjk->bhk", later_rows, torch.stack([first & mask, punct_mask], dim=-1).to(dtype)) / queries[:, :, None]
+    to_sets = torch.einsum("bhj,bjk->bhk", later_rows, torch.stack([first_mask, punct_mask], dim=-1).to(dtype)) / queries[:, :, None]
     gap = (positions[:, None] - positions[None, :]).abs().to(dtype)
     columns = {
         "first": to_sets[..., 0],
@@ -149,7 +147,7 @@ class GeneralProfile(LayerwiseAnalyzer):
             self._pending = []
             self.causal = batch.causal
         if batch.causal:
-            self._pending.append(causal_profile_metrics(maps.attention, batch.mask, batch.punct_mask))
+            self._pending.append(causal_profile_metrics(maps.attention, batch.mask, batch.cls_mask, batch.punct_mask))
         else:
             self._pending.append(profile_metrics(maps.attention, batch.mask, batch.cls_mask, batch.sep_mask, batch.punct_mask))
 

@@ -111,14 +111,14 @@ def role_scores(attention: torch.Tensor, mask: torch.Tensor, cls_mask: torch.Ten
     return scores
 
 
-def causal_role_scores(attention: torch.Tensor, mask: torch.Tensor, visible: torch.Tensor, segment_ids: torch.Tensor, window: int = 2,
-                       any_pair: bool | None = None) -> dict[str, torch.Tensor]:
+def causal_role_scores(attention: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor, visible: torch.Tensor, segment_ids: torch.Tensor,
+                       window: int = 2, any_pair: bool | None = None) -> dict[str, torch.Tensor]:
     """Sieve scores ``[batch, head]`` (float64) of the :data:`DECODER_ROLES` on one layer of a decoder's attention
-    ``[batch, head, n, n]`` (see the module docstring): queries ``i >= 1``, each against its own ``1/|V_i|`` (``visible [batch, n]``).
-    Keys after the query carry no weight, so the sums run over the visible part of each set by themselves."""
+    ``[batch, head, n, n]`` (see the module docstring): ``queries [batch, n]`` the rows ``i >= 1`` (``Batch.query_mask``), each
+    against its own ``1/|V_i|`` (``visible [batch, n]``, ``Batch.visible_counts``). Keys after the query carry no weight, so the
+    sums run over the visible part of each set by themselves."""
     dtype, width = attention.dtype, attention.shape[-1]
     positions = torch.arange(width, device=attention.device)
-    queries = mask & (positions > 0)
     local = torch.zeros(attention.shape[:-1], dtype=dtype, device=attention.device)  # [batch, head, n]
     for offset in range(-window, 1):
         local[..., -offset:] += attention.diagonal(offset=offset, dim1=-2, dim2=-1)
@@ -198,7 +198,8 @@ class HeadRoles(LayerwiseAnalyzer):
             self._pending, self._tree_pending = [], []
             self._trees = [(b, example) for b, example in enumerate(batch.examples) if example.has_tree]
         if batch.causal:
-            scores = causal_role_scores(maps.attention, batch.mask, batch.visible_counts, batch.segment_ids, self.window, any_pair=batch.any_pair)
+            scores = causal_role_scores(maps.attention, batch.mask, batch.query_mask, batch.visible_counts, batch.segment_ids, self.window,
+                                        any_pair=batch.any_pair)
         else:
             scores = role_scores(maps.attention, batch.mask, batch.cls_mask, batch.sep_mask, batch.segment_ids, self.window, any_pair=batch.any_pair)
         self._pending.append(torch.stack([scores[role] for role in self._base_roles(batch)], dim=-1))  # [batch, head, role]

@@ -56,22 +56,19 @@ def first_token_norm_share(attention: torch.Tensor, transformed: torch.Tensor, m
     return shares[..., 1:].sum(dim=-1) / torch.where(queries > 0, queries, torch.nan)
 
 
-def first_token_norm_ratio(norms: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``||v_0|| / mean_{j>=1} ||v_j||`` over a sequence's real tokens; ``norms[batch, head, n]``. Returns ``[batch, head]``."""
-    others = mask.clone()
-    others[:, 0] = False
+def first_token_norm_ratio(norms: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
+    """``||v_0|| / mean_{j>=1} ||v_j||`` over a sequence's real tokens; ``norms[batch, head, n]``, ``others [batch, n]`` the real
+    tokens after the first (``Batch.query_mask``). Returns ``[batch, head]``."""
     count = others.sum(dim=1, keepdim=True).to(norms.dtype)
     mean_others = (norms * others[:, None]).sum(dim=-1) / torch.where(count > 0, count, torch.nan)
     return norms[..., 0] / mean_others
 
 
-def massive_activations(hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``[batch, layer, 2]``: the largest magnitude of position 0's hidden state and of every other real position's, per
-    layer output ``hidden_states[layer, batch, n, dim]`` (Sun et al. 2024)."""
+def massive_activations(hidden_states: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
+    """``[batch, layer, 2]``: the largest magnitude of position 0's hidden state and of every other real position's (``others
+    [batch, n]``, ``Batch.query_mask``), per layer output ``hidden_states[layer, batch, n, dim]`` (Sun et al. 2024)."""
     magnitude = hidden_states.abs().amax(dim=-1)  # [layer, batch, n]
     first = magnitude[..., 0]
-    others = mask.clone()
-    others[:, 0] = False
     rest = torch.where(others[None], magnitude, -torch.inf).amax(dim=-1)
     rest = torch.where(others.any(dim=1)[None], rest, torch.nan)
     return torch.stack([first, rest], dim=-1).transpose(0, 1)
@@ -105,13 +102,14 @@ class AttentionSinks(LayerwiseAnalyzer):
         received = received_attention(attention, mask)
         key_norms, value_norms, transformed = maps.vector_norms.unbind(dim=2)
         self._pending.append(torch.stack([received[..., 0], first_token_norm_share(attention, transformed, mask),
-                                          first_token_norm_ratio(key_norms, mask), first_token_norm_ratio(value_norms, mask)], dim=-1))
+                                          first_token_norm_ratio(key_norms, batch.query_mask), first_token_norm_ratio(value_norms, batch.query_mask)],
+                                         dim=-1))
         self._pending_received.append(received)
 
     def finish_batch(self, batch: Batch) -> None:
         heads = torch.stack(self._pending, dim=1)  # [batch, layer, head, quantity]
         received = torch.stack(self._pending_received, dim=1)  # [batch, layer, head, n]
-        activations = massive_activations(batch.hidden_states, batch.mask)  # [batch, layer + 1, 2]
+        activations = massive_activations(batch.hidden_states, batch.query_mask)  # [batch, layer + 1, 2]
         heads, received, activations = (part.double().cpu().numpy() for part in (heads, received, activations))
         self._pending, self._pending_received = [], []
         if self._heads is None:

@@ -34,7 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from bertology.core.corpora import open_corpus
-from bertology.core.engine import Encoded, Engine, RunStats
+from bertology.core.engine import Encoded, Engine, RunStats, first_token_mask
 from bertology.core.errors import BertologyError
 from bertology.core.hooks import Hooks
 from bertology.core.models import LANGUAGE_MODEL, LoadedModel, load_model
@@ -115,16 +115,13 @@ class AttentionGradients:
         magnitudes = torch.stack(gradients).abs().double()
         original = tensors["input_ids"]  # the token sets are the input's, masked pieces included
         if model.causal:  # the first token in [CLS]'s place, no [SEP]; row 0 sees only itself and is no query
-            first = torch.zeros_like(mask)
-            first[:, 0] = True
-            sets = {"first": first & mask}
+            sets = {"first": first_token_mask(mask)}
         else:
             sets = {"sep": (original == model.sep_token_id) & mask, "cls": (original == model.cls_token_id) & mask}
         sets.update(punct=engine.punctuation(original) & mask, all=mask)
         heads, real = attentions.shape[2], mask.double()
         if model.causal:  # the weights there are: queries i >= 1, keys j <= i
-            queries = mask.clone()
-            queries[:, 0] = False
+            queries = mask & ~sets["first"]
             visible = queries[:, :, None] & mask[:, None, :] & torch.ones(mask.shape[1], mask.shape[1], dtype=torch.bool, device=mask.device).tril()
             count = queries.sum(dim=1)
         rows = []

@@ -67,6 +67,7 @@ from bertology.core.models import quiet_transformers, resolve_device
 from bertology.core.runfolder import RunFolder, claims_out, finish, link_tree
 from bertology.core.safeload import finite_array, whole_number
 from bertology.core.stats import keyed_rng
+from bertology.core.tasks import next_token_losses
 from bertology.core.training import check_generator_state, load_training_state, random_states, resume_training, save_training_state
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -343,7 +344,8 @@ def causal_lm_loss(network: GPT2LMHeadModel, batch: dict[str, torch.Tensor]) -> 
     """The causal LM loss: the next-token cross-entropy ``-mean_t ln p(x_{t+1} | x_{<=t})``, the mean over the pieces
     that have a next piece (the logits at position t score the piece at t + 1; padding scores nothing)."""
     logits = network(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1), next_token_labels(batch).flatten())
+    summed, predicted = next_token_losses(logits, batch["input_ids"], batch["attention_mask"].bool())  # the loss importance and gradients use
+    return summed.sum() / predicted.sum()
 
 
 def scored_labels(batch: dict[str, torch.Tensor], objective: Objective) -> torch.Tensor:
