@@ -173,3 +173,27 @@ def test_the_views_are_refused_in_one_line_where_they_are_not_defined(tiny_gpt2_
         bertology.analyze(tiny_gpt2_dir, ["the cat sat on the mat."], weighting="attention,alti", progress=False, device="cpu")
     with pytest.raises(BertologyError, match="unknown weighting zeroing"):
         bertology.analyze(tiny_bert_dir, ["the cat sat on the mat."], weighting="attention,zeroing", progress=False, device="cpu")
+
+
+def test_on_the_bundled_model_and_real_sentences_both_measures_equal_the_ports(shared_data):
+    """The same comparison on all-MiniLM-L6-v2 (float64) and real EWT sentences, in one padded batch, not only on tiny random models."""
+    from conftest import float64_model
+
+    from bertology.core.corpora import Example
+    from bertology.core.engine import Engine, RunStats
+    from bertology.core.models import default_model_path
+
+    lines = (shared_data / "ud_english_ewt" / "en_ewt-ud-test.conllu").read_text(encoding="utf-8").splitlines()
+    # two short sentences in one batch: the numpy port reruns each layer once per token, so the test stays short
+    texts = sorted((line.split("=", 1)[1].strip() for line in lines if line.startswith("# text =")), key=len)[200:202]
+    loaded = float64_model(default_model_path())
+    engine = Engine(loaded, progress=False)
+    items = list(engine.encode(enumerate(Example(text) for text in texts), RunStats()))
+    batch = engine.run_batch(items, contributions=("alti", "value_zeroing"))
+    for b, item in enumerate(items):
+        n, ids = len(item), torch.tensor(item.input_ids)
+        reference_alti = alti(loaded.model, ids, ln_eps="model", distance_eps=0.0)
+        reference_zeroing = value_zeroing_port(loaded.model, ids, per_head=False)
+        for layer in range(loaded.num_layers):
+            np.testing.assert_allclose(batch.contributions["alti"][layer, b, :n, :n].numpy(), reference_alti.contributions[layer], atol=1e-8, rtol=0)
+            np.testing.assert_allclose(batch.contributions["value_zeroing"][layer, b, :n, :n].numpy(), reference_zeroing.layers[layer], atol=1e-8, rtol=0)
