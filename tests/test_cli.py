@@ -243,3 +243,56 @@ def test_help_text_keeps_its_square_brackets():
     result = bertology("track", "--help")
     text = " ".join(result.stdout.replace("│", " ").split())
     assert result.returncode == 0 and "pip install 'bertology[ray]'" in text and "Most pieces per sequence [default: the model's]" in text
+
+
+def test_a_seed_outside_0_to_2_32_is_refused_by_every_command_that_takes_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from bertology.cli import app
+    from bertology.studies import registered_studies
+
+    seeded = [name for name, study in registered_studies().items() if any(option.name == "seed" for option in study.options)]
+    assert {"analyze", "profile", "compare", "track", "pretrain", "finetune", "gradients", "label"} <= set(seeded)
+    for name in seeded:
+        out = ["--out", str(tmp_path / "run")] if any(option.name == "out" for option in registered_studies()[name].options) else []
+        for seed in (2**70, 2**32, -1):
+            result = CliRunner().invoke(app, [name.replace("_", "-"), "--seed", str(seed), *out])
+            assert result.exit_code == 2 and "Invalid value for '--seed'" in result.output, (name, seed, result.output)
+    assert not (tmp_path / "run").exists()
+
+
+def test_analyze_with_a_seed_of_2_to_the_70_writes_nothing(tiny_bert_dir, corpus, tmp_path):
+    result = bertology("analyze", "-m", tiny_bert_dir, "-c", corpus, "--seed", 2**70, "--out", tmp_path / "run", "--device", "cpu", "-q")
+    assert result.returncode == 2 and "Invalid value for '--seed'" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_analyze_with_a_head_distance_sample_of_0_is_one_line(tiny_bert_dir, corpus, tmp_path):
+    result = bertology("analyze", "-m", tiny_bert_dir, "-c", corpus, "--head-distance-sample", 0, "--out", tmp_path / "run", "--device", "cpu", "-q")
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: head_distance_sample ") and "more than 0" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_track_refuses_gpt2_and_llama_as_one_series_before_running_either(tiny_gpt2_dir, tiny_llama_dir, corpus, tmp_path):
+    model_types = [json.loads((folder / "config.json").read_text())["model_type"] for folder in (tiny_llama_dir, tiny_gpt2_dir)]
+    result = bertology("track", tiny_gpt2_dir, tiny_llama_dir, "--steps", "0,10", "-c", corpus, "--bootstrap", 100, "--out", tmp_path / "run",
+                       "--device", "cpu", "-q")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {tiny_llama_dir}: not of one series with {tiny_gpt2_dir}: its model type is {model_types[0]}, not {model_types[1]}"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_compare_refuses_a_bos_adding_llama_on_gpt2s_pieces(tiny_gpt2_dir, tiny_llama_dir, corpus, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+    first = tokenizer.convert_ids_to_tokens(tokenizer(TEXTS[0])["input_ids"])[0]
+    result = bertology("compare", tiny_gpt2_dir, tiny_llama_dir, "-c", corpus, "--out", tmp_path / "run", "--device", "cpu", "-q")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {tiny_gpt2_dir} and {tiny_llama_dir} cut the corpus into different pieces ({corpus.name}:1: piece 0 is {first!r} for {tiny_gpt2_dir} "
+        f"and '<s>' for {tiny_llama_dir}): the comparison runs both on model A's pieces, so compare models whose tokenizers agree"]
+    assert not (tmp_path / "run").exists()

@@ -3,6 +3,7 @@ registered study, its flags from the study's options. Every user error is printe
 
 from __future__ import annotations
 
+import errno
 import inspect
 import sys
 from typing import Optional
@@ -12,6 +13,9 @@ import typer
 from bertology.core.errors import BertologyError
 from bertology.core.options import Option
 from bertology.studies import Study, registered_studies
+
+#: A disk (or a quota) that is full: a user's error to fix, said in one line.
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _plain(text: str) -> str:
@@ -71,6 +75,13 @@ def main() -> None:
         app()
     except BertologyError as exc:
         typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except OSError as exc:
+        if exc.errno not in FULL_DISK:
+            raise
+        where = f" writing {exc.filename}" if exc.filename else ""
+        typer.echo(f"error: {exc.strerror or 'no space left on the device'}{where}: free some space or write elsewhere; what this run had "
+                   "begun to write was removed, and every earlier file is as it was", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)

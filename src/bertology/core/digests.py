@@ -81,3 +81,15 @@ def tensors_digest(module: torch.nn.Module) -> str:
         combined.update(f"{name}\0{value.dtype}\0{tuple(value.shape)}\n".encode())
         combined.update(value.reshape(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b"")
     return combined.hexdigest()
+
+
+def tokenizer_digest(tokenizer) -> str:
+    """sha256 of what decides a fast tokenizer's pieces: its whole serialisation (``tokenizer.json``: normaliser, pre-tokeniser,
+    vocabulary, merges, post-processor, added tokens) and the settings of its ``tokenizer_config.json`` that the pieces depend
+    on (the special tokens, the length and the sides it pads and cuts); the same tokenizer read from another folder has the
+    same digest."""
+    settings = {"special": tokenizer.special_tokens_map, "model_max_length": tokenizer.model_max_length,
+                "padding_side": tokenizer.padding_side, "truncation_side": tokenizer.truncation_side}
+    combined = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode("utf-8"))
+    combined.update(json.dumps(settings, sort_keys=True, default=str).encode("utf-8"))
+    return combined.hexdigest()

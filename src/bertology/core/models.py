@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -32,7 +33,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from bertology.core.errors import ModelError
+from bertology.core.errors import BertologyError, ModelError
 from bertology.core.hooks import ATTN_IMPLEMENTATION, register_attention
 
 #: Name used for the default model everywhere a model name is shown.
@@ -336,6 +337,12 @@ class LoadedModel:
             return folder_weights_digest(self.source)
         return tensors_digest(self.model)
 
+    def tokenizer_digest(self) -> str:
+        """A content hash of the tokenizer (:func:`bertology.core.digests.tokenizer_digest`): a resume must read the same pieces."""
+        from bertology.core.digests import tokenizer_digest
+
+        return tokenizer_digest(self.tokenizer)
+
     def info(self) -> dict:
         """The model facts as a plain dict (for ``bertology info`` and the manifest)."""
         config = self.model.config
@@ -365,8 +372,11 @@ def _count(config, *names: str) -> int:
     raise ModelError(f"model config has none of {names}: is this a transformer encoder?")
 
 
-def _model_max_length(config, tokenizer) -> int:
-    limits = [getattr(config, "max_position_embeddings", None), tokenizer.model_max_length]
+def _model_max_length(config, tokenizer, where: str | Path) -> int:
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is not None and positions < 1:
+        raise ModelError(f"{where}: max_position_embeddings is {positions} in its config; a model reads at least one position")
+    limits = [positions, tokenizer.model_max_length]
     limits = [int(x) for x in limits if x is not None and x < 100_000]
     if config.model_type in {"roberta", "xlm-roberta", "camembert"} and config.max_position_embeddings:
         # RoBERTa reserves padding_idx + 1 positions (514 -> 512 usable).
@@ -386,27 +396,34 @@ def require_safetensors(folder: str | Path) -> None:
 @contextmanager
 def loading_errors(source: str) -> Iterator[None]:
     """Load from ``source`` in the block quietly (:func:`quiet_transformers`), transformers' errors as one-line
-    :class:`ModelError`: a folder it cannot read, a hub name it cannot fetch, a model that needs custom code."""
+    :class:`ModelError` (:func:`loading_error`)."""
     with quiet_transformers():
         try:
             yield
-        except OSError as exc:
-            if Path(source).exists():
-                raise ModelError(f"{source}: could not load the model ({str(exc).splitlines()[0]})") from exc
-            raise ModelError(
-                f"model {source!r} is not a local folder and could not be fetched from the hub "
-                "(no network?): pass the path of a local model folder"
-            ) from exc
-        except KeyError as exc:  # a model class that looks its attention up by name in its own table (GPT-Neo)
-            if exc.args != (ATTN_IMPLEMENTATION,):
-                raise
-            model_type = AutoConfig.from_pretrained(source).model_type if Path(source, "config.json").is_file() else "this"
-            raise ModelError(f"{source}: {bypasses_interface(model_type)}") from exc
-        except ValueError as exc:
-            message = str(exc).splitlines()[0]
-            if "trust_remote_code" in str(exc):
-                message = "this model needs custom code: pass --trust-remote-code if you trust its source"
-            raise ModelError(f"{source}: {message}") from exc
+        except BertologyError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a config or weights file of any content: whatever transformers raises on it
+            raise loading_error(source, exc) from exc
+
+
+def loading_error(source: str, exc: Exception) -> ModelError:
+    """What went wrong loading ``source``, in one line: a folder transformers cannot read or a hub name it cannot fetch, a
+    model that needs custom code or computes attention in its own code, a weights file that is damaged, or a config whose
+    values build no model (a count of the wrong type, sizes that do not divide)."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, OSError):
+        if Path(source).exists():
+            return ModelError(f"{source}: could not load the model ({first})")
+        return ModelError(f"model {source!r} is not a local folder and could not be fetched from the hub (no network?): pass the path of a "
+                          "local model folder")
+    if isinstance(exc, KeyError) and exc.args == (ATTN_IMPLEMENTATION,):  # a model class that looks its attention up in its own table (GPT-Neo)
+        model_type = AutoConfig.from_pretrained(source).model_type if Path(source, "config.json").is_file() else "this"
+        return ModelError(f"{source}: {bypasses_interface(model_type)}")
+    if "trust_remote_code" in str(exc):
+        return ModelError(f"{source}: this model needs custom code: pass --trust-remote-code if you trust its source")
+    if isinstance(exc, SafetensorError):  # a truncated or damaged weights file
+        return ModelError(f"{source}: the weights file cannot be read ({first})")
+    return ModelError(f"{source}: its config.json and weights build no model ({type(exc).__name__}: {first})")
 
 
 #: What :func:`load_model` can put on top of the model: nothing, the masked-LM head, a sequence classifier's head, or
@@ -416,6 +433,94 @@ MODEL_HEADS = {None: AutoModel, "masked-lm": AutoModelForMaskedLM, "classifier":
 #: The head that :func:`load_model` names by what the model is: an encoder's masked-LM head, a decoder's causal-LM head.
 LANGUAGE_MODEL = "language-model"
 _HEAD_NAMES = {"masked-lm": "masked-LM head", "classifier": "classification head", "causal-lm": "language-model head"}
+
+
+#: Weights bertology never reads without a task head (BERT's pooler feeds only a classifier): a checkpoint saved without
+#: them (a masked-LM checkpoint loaded as the bare encoder) is whole for every analysis.
+UNUSED_WITHOUT_TASK_HEAD = ("pooler.",)
+
+
+def require_whole_weights(model: PreTrainedModel, loading: dict, source: str, *, unused: tuple[str, ...] = (), new_head: bool = False) -> None:
+    """Refuse, in one line naming ``source`` and the first offending key, a model that transformers' loading report
+    (``output_loading_info``) says is not the checkpoint: weights the config names but the checkpoint lacks (left
+    random), weights of the model's own layers the config has no place for (dropped), shapes that disagree. Keys of
+    another task's head in the checkpoint (``lm_head``, ``cls``) are not the model's and are let be; ``unused``:
+    prefixes of weights bertology never reads (:data:`UNUSED_WITHOUT_TASK_HEAD`); ``new_head``: the weights outside the
+    base model are a new task head that the caller initialises and trains (fine-tuning), as are ``unused`` ones."""
+    inside = model.base_model_prefix + "."
+
+    def excused(key: str) -> bool:
+        return key.removeprefix(inside).startswith(unused) or (new_head and not key.startswith(inside))
+
+    missing = [key for key in loading.get("missing_keys", ()) if not excused(key)]
+    if missing:
+        raise ModelError(f"{source}: the checkpoint lacks {len(missing)} weights that config.json names ({sorted(missing)[0]} first); "
+                         "they would be random: is config.json the weights' own?")
+    base = getattr(model, model.base_model_prefix, model)
+    parts = {name for name, _ in base.named_children()}
+    dropped = [key for key in loading.get("unexpected_keys", ()) if key.removeprefix(inside).split(".")[0] in parts]
+    if dropped:
+        raise ModelError(f"{source}: the checkpoint holds {len(dropped)} weights that config.json has no place for ({sorted(dropped)[0]} "
+                         "first); they would be dropped: is config.json the weights' own?")
+    mismatched = sorted(entry for entry in loading.get("mismatched_keys", ()) if not excused(entry[0]))
+    if mismatched:
+        key, stored, expected = mismatched[0]
+        raise ModelError(f"{source}: weight {key} is {tuple(stored)} in the checkpoint but {tuple(expected)} by config.json")
+    if loading.get("error_msgs"):
+        raise ModelError(f"{source}: the weights could not be loaded ({str(loading['error_msgs'][0]).splitlines()[0]})")
+
+
+def require_finite_weights(model: torch.nn.Module, source: str) -> None:
+    """Refuse, in one line naming the first such tensor, a model with a NaN or infinite weight (a diverged training run):
+    every map and table it gave would be NaN or meaningless."""
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ModelError(f"{source}: weight {name} holds NaN or infinite values (a training run that diverged?); bertology reads only "
+                             "finite weights")
+
+
+#: The files a tokenizer is read from, one of which a model folder must hold (globs).
+TOKENIZER_FILES = ("tokenizer.json", "vocab*", "merges.txt", "*.model")
+
+
+def load_tokenizer(source: str, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """The model's fast tokenizer, or one line naming ``source``: files that are missing (transformers would build an empty
+    one from the config alone), unreadable or damaged, or a slow tokenizer (no offsets to align pieces with words)."""
+    folder = Path(source)
+    try:
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - a damaged tokenizer file raises whatever its parser raises
+        if folder.is_dir() and not any(any(folder.glob(pattern)) for pattern in TOKENIZER_FILES):
+            raise ModelError(f"{source}: no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); save the model's tokenizer beside it") from exc
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelError(f"{source}: its tokenizer could not be loaded ({type(exc).__name__}: {first})") from exc
+    if folder.is_dir():  # with no files at all, transformers builds an empty tokenizer from the config alone
+        files = ["tokenizer.json", *getattr(tokenizer, "vocab_files_names", {}).values()]
+        if not any((folder / name).is_file() for name in files):
+            raise ModelError(f"{source}: no tokenizer files (none of {', '.join(sorted(set(files)))}); save the model's tokenizer beside it")
+    if not tokenizer.is_fast:
+        raise ModelError(f"{source}: bertology needs a fast tokenizer (offset mappings align pieces to words)")
+    length = tokenizer.model_max_length
+    if isinstance(length, bool) or not isinstance(length, (int, float)) or not length >= 1:
+        raise ModelError(f"{source}: the tokenizer's model_max_length is {length!r}, not a number of pieces (at least 1)")
+    vocabulary = tokenizer.get_vocab()
+    for role, piece in tokenizer.special_tokens_map.items():
+        for each in piece if isinstance(piece, list) else [piece]:
+            if not isinstance(each, str) or each not in vocabulary:
+                raise ModelError(f"{source}: the tokenizer's {role} {each!r} is not one of its pieces")
+    return tokenizer
+
+
+def require_tokenizer_fits(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, source: str) -> None:
+    """Refuse, in one line naming the first such piece, a tokenizer whose ids reach past the model's embedding table
+    (each would index outside it)."""
+    rows = model.get_input_embeddings().num_embeddings
+    beyond = sorted((index, piece) for piece, index in tokenizer.get_vocab().items() if index >= rows)
+    if beyond:
+        index, piece = beyond[0]
+        raise ModelError(f"{source}: the tokenizer's piece {piece!r} has id {index}, past the model's {rows} embeddings "
+                         f"({len(beyond)} such pieces): the tokenizer is not this model's")
 
 
 def attends_causally(config) -> bool:
@@ -466,18 +571,19 @@ def load_model(
             raise ModelError(f"{source}: a {config.model_type} model is a decoder (causal attention) and has no masked-LM head; use its causal LM loss")
         if head == "causal-lm" and not causal:
             raise ModelError(f"{source}: a {config.model_type} model is an encoder, not a causal language model")
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         model, loading = MODEL_HEADS[head].from_pretrained(
             source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code, use_safetensors=True,
-            output_loading_info=True,
+            output_loading_info=True, ignore_mismatched_sizes=True,  # reported, then refused by require_whole_weights with the key's name
         )
     if head is not None:
         prefix = model.base_model_prefix + "."
         new_weights = [key for key in loading["missing_keys"] if not key.startswith(prefix)]
         if new_weights:
             raise ModelError(f"{source}: the checkpoint has no {_HEAD_NAMES[head]} ({new_weights[0]} and {len(new_weights) - 1} more weights are missing)")
-    if not tokenizer.is_fast:
-        raise ModelError(f"{source}: bertology needs a fast tokenizer (offset mappings align pieces to words)")
+    require_whole_weights(model, loading, source, unused=UNUSED_WITHOUT_TASK_HEAD if head != "classifier" else ())
+    require_finite_weights(model, source)
+    tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)
+    require_tokenizer_fits(tokenizer, model, source)
     model.to(torch_device).eval()
     require_hook_point(model, source)
     return describe_model(model, tokenizer, name=name, device=torch_device, source=Path(source).resolve() if Path(source).is_dir() else None)
@@ -485,17 +591,30 @@ def load_model(
 
 def require_hook_point(model: PreTrainedModel, source: str) -> None:
     """Refuse, in one line, a model whose layers compute attention in their own code instead of through transformers'
-    attention interface (GPT-Neo does): bertology's hook points would never fire, and no map could be read. Checked
-    with one forward pass of two tokens."""
+    attention interface (GPT-Neo does): bertology's hook points would never fire, and no map could be read; or whose
+    maps are not finite with finite weights (a config value such as a negative norm epsilon). Checked with one forward
+    pass of two tokens."""
     from bertology.core.hooks import Hooks
 
-    fired = []
-    hooks = Hooks().add("pattern", lambda layer, pattern: fired.append(layer))
+    fired, finite = [], []
+
+    def seen(layer: int, pattern: torch.Tensor) -> None:  # returns nothing: the pattern is read, not replaced
+        fired.append(layer)
+        finite.append(bool(torch.isfinite(pattern).all()))
+
+    hooks = Hooks().add("pattern", seen)
     with torch.inference_mode(), hooks.attach(model):
         ids = torch.ones((1, 2), dtype=torch.long, device=model.device)
-        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        try:
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        except Exception as exc:  # noqa: BLE001 - a config value the model's code cannot run with (a field of the wrong type)
+            raise ModelError(f"{source}: the model fails on two tokens ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}); "
+                             "is its config.json whole?") from exc
     if not fired:
         raise ModelError(f"{source}: {bypasses_interface(model.config.model_type)}")
+    if not all(finite):
+        raise ModelError(f"{source}: layer {fired[finite.index(False)]}'s attention maps are NaN or infinite on two tokens though every weight is "
+                         "finite: a value in config.json (a norm's epsilon, a scale) breaks the model")
 
 
 def bypasses_interface(model_type: str) -> str:
@@ -527,7 +646,7 @@ def describe_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *
         device=device,
         num_layers=_count(config, "num_hidden_layers", "n_layers"),
         num_heads=_count(config, "num_attention_heads", "n_heads"),
-        max_length=_model_max_length(config, tokenizer),
+        max_length=_model_max_length(config, tokenizer, source or name),
         cls_token_id=None if cls_id is None else int(cls_id),
         sep_token_id=None if sep_id is None else int(sep_id),
         punct_by_id=punctuation_table(tokenizer),

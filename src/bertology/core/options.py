@@ -7,8 +7,11 @@ This module imports nothing heavy: declaring a family or a study, and ``bertolog
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from numbers import Integral
 from pathlib import Path
 from typing import Any, Callable
+
+from bertology.core.errors import BertologyError
 
 
 @dataclass(frozen=True)
@@ -19,7 +22,9 @@ class Option:
     API's value (a structured option); ``minimum``/``maximum`` bound a number; ``flag`` overrides the
     CLI's flags, space-separated (``"--model -m"``, ``"--probe/--no-probe"``); ``multiple``: the flag may be given
     several times (or, for an ``argument``, the argument takes several values), and ``parse`` receives the list of its
-    texts; ``argument``: a positional argument of the command, not a flag; ``required``: it has no default.
+    texts; ``argument``: a positional argument of the command, not a flag; ``required``: it has no default;
+    ``reads_files``: its text may name a file the run reads inside it (``--class NAME=words:FILE``), so the command line
+    checks ``--out`` against that text before ``parse`` turns it into a value that names no path.
     """
 
     name: str
@@ -33,6 +38,7 @@ class Option:
     multiple: bool = False
     argument: bool = False
     required: bool = False
+    reads_files: bool = False
 
     @property
     def cli_flag(self) -> str:
@@ -59,6 +65,15 @@ def pick(group: tuple[Option, ...], *names: str) -> tuple[Option, ...]:
 #: it a test decides nothing, so its p, corrected p and verdict are left empty (option ``min_sample``; syntax relations
 #: use their own ``min_dependents``, 25). Ten: a t-test on fewer rests on its normality assumption alone.
 MIN_SAMPLE = 10
+#: The largest seed: numpy's and scikit-learn's random states take seeds from 0 to 2**32 - 1 and no other.
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(seed) -> None:
+    """Refuse, in one line, a seed that is not a whole number from 0 to :data:`MAX_SEED` (the API's check of the ``seed`` option's
+    bounds, which the command line enforces itself)."""
+    if isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed <= MAX_SEED:
+        raise BertologyError(f"seed must be a whole number from 0 to {MAX_SEED}, not {seed!r}")
 
 
 # The option groups commands share, each declared once (help and defaults included).
@@ -72,7 +87,7 @@ MODEL = (
 #: The run: where it goes, its seed, its progress bar.
 RUN = (
     Option("out", None, "Run folder [default: runs/COMMAND-MODEL-CORPUS-TIME].", type=Path, flag="--out -o"),
-    Option("seed", 0, "Seed of every random choice (subsets, bootstrap, masking)."),
+    Option("seed", 0, "Seed of every random choice (subsets, bootstrap, masking).", minimum=0, maximum=MAX_SEED),
     Option("quiet", False, "No progress bar.", flag="--quiet -q"),
 )
 #: The corpus a pass reads, and how sequences are cut.

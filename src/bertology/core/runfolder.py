@@ -303,11 +303,31 @@ def _check_writable(out: str | Path, place: Path) -> None:
         raise BertologyError(f"{out}: cannot write there (no permission to write in {place})")
 
 
-def check_file_out(out: str | Path) -> None:
-    """Refuse at once, in one line, a single-file output (a page) that cannot be written; creates nothing."""
+#: How many bytes at the start of an existing file :func:`check_file_out` reads for the command's mark.
+MARK_WINDOW = 4096
+
+
+def check_file_out(out: str | Path, made_by: str | None = None) -> None:
+    """Refuse at once, in one line, a single-file output (a page) that cannot be written or would replace someone's file;
+    creates nothing.
+
+    An existing file (or what a link there points to) is replaced only when it is an earlier output of the same command:
+    its first :data:`MARK_WINDOW` bytes hold ``made_by`` (the command's mark, e.g. the viewer's title); with ``made_by``
+    None every existing file is refused. A replaced file is replaced whole (:func:`atomic_write`)."""
     path = Path(out).absolute()
     if path.is_dir():
         raise BertologyError(f"{out}: is a folder; give the file to write, for instance {Path(out) / 'view.html'}")
+    if path.exists() or path.is_symlink():
+        if not path.is_file():  # a device, a pipe, a link to nothing: never opened, never replaced
+            raise BertologyError(f"{out}: exists and is not a regular file, so it is not replaced; give a new file")
+        try:
+            with open(path, "rb") as handle:
+                start = handle.read(MARK_WINDOW)
+        except OSError as exc:
+            raise BertologyError(f"{out}: exists and cannot be read ({exc.strerror or exc}), so it is not replaced; give a new file") from exc
+        if made_by is None or made_by.encode("utf-8") not in start:
+            raise BertologyError(f"{out}: exists and is not an earlier output of this command, so it is not replaced; give a new file "
+                                 "or delete it first")
     _check_writable(out, _nearest_existing(path))
 
 

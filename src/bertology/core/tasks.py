@@ -20,7 +20,6 @@ from torch.nn.utils.rnn import pad_sequence
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
-    AutoTokenizer,
 )
 from transformers.utils import logging as hf_logging
 
@@ -34,8 +33,12 @@ from bertology.core.interventions import (
 from bertology.core.models import (
     LoadedModel,
     load_model,
-    quiet_transformers,
+    load_tokenizer,
+    loading_errors,
+    require_finite_weights,
     require_safetensors,
+    require_tokenizer_fits,
+    require_whole_weights,
     resolve_device,
 )
 from bertology.core.stats import (
@@ -212,32 +215,39 @@ def load_task_model(path: str | Path, *, device: str | torch.device = "auto", ma
     torch_device = device if isinstance(device, torch.device) else resolve_device(device)
     if Path(source).is_dir():
         require_safetensors(source)
-    try:
-        with quiet_transformers():
-            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-            if getattr(config, "bertology_pruned_heads", None):
-                model = _load_pruned(source, config, trust_remote_code)
-            else:
-                model = AutoModelForSequenceClassification.from_pretrained(source, config=config, attn_implementation=ATTN_IMPLEMENTATION,
-                                                                           trust_remote_code=trust_remote_code, use_safetensors=True)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"{source}: could not load a sequence classifier ({str(exc).splitlines()[0]})") from exc
+    with loading_errors(source):
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        if getattr(config, "bertology_pruned_heads", None):
+            model, loading = _load_pruned(source, config, trust_remote_code)
+        else:
+            model, loading = AutoModelForSequenceClassification.from_pretrained(
+                source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code, use_safetensors=True,
+                output_loading_info=True, ignore_mismatched_sizes=True)  # reported, then refused by require_whole_weights
+    tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)
     if "ForSequenceClassification" not in type(model).__name__:
         raise ModelError(f"{source}: not a sequence classifier (fine-tune one with `bertology finetune`)")
+    require_whole_weights(model, loading, source)
+    require_finite_weights(model, source)
+    require_tokenizer_fits(tokenizer, model, source)
     labels = tuple(str(model.config.id2label[i]) for i in range(model.config.num_labels))
     model.to(torch_device).eval()
     return TaskModel(model, tokenizer, source, labels, torch_device, model.config.num_hidden_layers,
                      model.config.num_attention_heads, max_length)
 
 
-def _load_pruned(source: str, config, trust_remote_code: bool) -> torch.nn.Module:
+def _load_pruned(source: str, config, trust_remote_code: bool) -> tuple[torch.nn.Module, dict]:
+    """A pruned classifier (heads removed, as its config records) and its loading report in ``from_pretrained``'s form."""
     from safetensors.torch import load_file
 
     model = AutoModelForSequenceClassification.from_config(config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code)
     shrink_to_config(model)
-    model.load_state_dict(load_file(str(Path(source) / "model.safetensors")))
-    return model
+    stored = load_file(str(Path(source) / "model.safetensors"))
+    own = model.state_dict()
+    mismatched = [(key, stored[key].shape, own[key].shape) for key in stored if key in own and stored[key].shape != own[key].shape]
+    if not mismatched:
+        model.load_state_dict(stored, strict=False)
+    persistent = set(own)
+    return model, {"missing_keys": sorted(persistent - set(stored)), "unexpected_keys": sorted(set(stored) - persistent), "mismatched_keys": mismatched}
 
 
 def task_score(task: TaskData, gold: np.ndarray, logits: np.ndarray) -> dict[str, float]:

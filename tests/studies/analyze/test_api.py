@@ -187,3 +187,29 @@ def test_every_phase_of_a_run_is_timed_in_the_manifest_and_the_report(tiny_bert,
     assert all(isinstance(seconds, float) and seconds >= 0 for seconds in phases.values())
     assert phases["pass"] == round(result.stats.seconds, 2)
     assert "finish:roles" in (out / "report.html").read_text()
+
+
+@pytest.mark.parametrize("seed", [2**70, 2**32, -1])
+def test_a_seed_numpy_cannot_take_is_refused_before_the_corpus_is_read(seed, tmp_path):
+    """numpy's random states take seeds from 0 to 2**32 - 1, and the head map's MDS takes its random state from the seed:
+    any other seed is refused in one line before the corpus is read or the model loaded (it used to drop the head map and
+    the head distance from a run whose manifest said complete, or end in a traceback)."""
+    with pytest.raises(ValueError):
+        np.random.RandomState(seed)
+    with pytest.raises(BertologyError, match=f"^seed must be a whole number from 0 to 4294967295, not {seed}$"):
+        bertology.analyze("nobody/no-such-model", tmp_path / "no-such-corpus.txt", seed=seed, out=tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_largest_seed_keeps_the_head_distance_and_map(tiny_bert, tmp_path):
+    np.random.RandomState(2**32 - 1)  # numpy's largest seed
+    bertology.analyze(tiny_bert, SENTENCES, analyses=["profile"], seed=2**32 - 1, head_distance_sample=1.0, out=tmp_path / "run", view=False,
+                      progress=False)
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["status"] == "complete"
+    assert (tmp_path / "run" / "head_distance.csv").is_file() and (tmp_path / "run" / "head_map.csv").is_file()
+
+
+def test_a_head_distance_sample_of_nothing_is_refused_before_the_model_loads(tmp_path):
+    with pytest.raises(BertologyError, match="^head_distance_sample .*more than 0"):
+        bertology.analyze("nobody/no-such-model", SENTENCES, head_distance_sample=0, out=tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()

@@ -104,3 +104,43 @@ def test_the_layer_view_on_too_few_sentences_is_a_one_line_error(tiny_bert_dir, 
     capped = compare(tiny_bert_dir, tiny_bert_dir, corpus, limit=30, probe_sentences=12, progress=False)
     assert len(capped.warnings) == 2 and all(re.fullmatch(r"layer probes: kept the first 12 of (29|30) sentences \(--probe-sentences\)", w)
                                              for w in capped.warnings)  # of those whose words all kept their pieces
+
+
+def test_models_whose_tokenizers_cut_the_corpus_otherwise_are_refused_before_the_pass(tiny_gpt2_dir, tiny_llama_dir, tmp_path, monkeypatch):
+    """GPT-2's tokenizer and the tiny Llama's share one vocabulary, but Llama's puts BOS first; a copy of GPT-2 whose tokenizer
+    lowercases agrees on lowercase lines only. Either pair would run model B on model A's pieces: refused in one line that
+    names both models and the first piece that differs, as transformers' own tokenizers give it, before anything runs."""
+    import json
+    import shutil
+
+    from bertology.core.paired import CompareEngine
+
+    monkeypatch.setattr(CompareEngine, "run", lambda *args, **kwargs: pytest.fail("the pass ran"))
+    gpt2, llama = AutoTokenizer.from_pretrained(tiny_gpt2_dir), AutoTokenizer.from_pretrained(tiny_llama_dir)
+    assert gpt2.get_vocab() == llama.get_vocab()
+    texts = ["the cat sat.", "The dog ran."]
+    first = gpt2.convert_ids_to_tokens(gpt2(texts[0])["input_ids"])[0]
+    with pytest.raises(BertologyError) as error:
+        compare(str(tiny_gpt2_dir), str(tiny_llama_dir), texts, out=tmp_path / "run", device="cpu", progress=False)
+    assert str(error.value) == (f"{tiny_gpt2_dir} and {tiny_llama_dir} cut the corpus into different pieces (example 1: piece 0 is {first!r} for "
+                                f"{tiny_gpt2_dir} and '<s>' for {tiny_llama_dir}): the comparison runs both on model A's pieces, so compare "
+                                "models whose tokenizers agree")
+    lower = tmp_path / "gpt2-lowercase"
+    shutil.copytree(tiny_gpt2_dir, lower)
+    document = json.loads((lower / "tokenizer.json").read_text())
+    document["normalizer"] = {"type": "Lowercase"}
+    (lower / "tokenizer.json").write_text(json.dumps(document))
+    pieces = [tokenizer.convert_ids_to_tokens(tokenizer(texts[1])["input_ids"]) for tokenizer in (gpt2, AutoTokenizer.from_pretrained(lower))]
+    k = next(k for k, (a, b) in enumerate(zip(*pieces)) if a != b)
+    with pytest.raises(BertologyError, match=re.escape(f"(example 2: piece {k} is {pieces[0][k]!r} for {tiny_gpt2_dir} and {pieces[1][k]!r} for {lower})")):
+        compare(str(tiny_gpt2_dir), str(lower), texts, out=tmp_path / "run", device="cpu", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("seed", [2**70, 2**32, -1])
+def test_a_seed_numpy_cannot_take_is_refused_before_a_model_loads(seed, tmp_path):
+    with pytest.raises(ValueError):
+        np.random.RandomState(seed)  # the head map's scikit-learn random state is one of numpy's
+    with pytest.raises(BertologyError, match=f"^seed must be a whole number from 0 to 4294967295, not {seed}$"):
+        compare("nobody/a", "nobody/b", tmp_path / "no-such-corpus.txt", seed=seed, out=tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -458,10 +459,69 @@ def test_track_over_causal_checkpoints_leaves_sep_out_and_follows_the_sinks(caus
     assert "attention sink" in (tmp_path / "track" / "report.html").read_text()
 
 
-def test_a_series_of_encoders_and_decoders_is_refused(causal_series_run, tiny_bert_dir):
-    with pytest.raises(BertologyError, match="^the checkpoints mix encoders and decoders: a series must share one architecture$"):
-        track([str(tiny_bert_dir), find_checkpoints(causal_series_run)[-1]], [Example(text) for text in TEXTS], steps=[0, 1], bootstrap=20,
-              device="cpu", progress=False)
+@pytest.fixture(scope="module")
+def unlike_checkpoints(tiny_gpt2_dir, tiny_llama_dir, tmp_path_factory):
+    """Checkpoints that each differ from tiny GPT-2 or tiny Llama (2 layers, 4 heads) in one way: heads, layers, the architecture
+    named in config.json, a token added to the tokenizer, a tokenizer that does not put BOS first."""
+    import shutil
+
+    from conftest import byte_level_bpe, save_tiny_decoder
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("unlike")
+    folders = {"llama-2-heads": save_tiny_decoder("llama", root / "llama-2-heads", heads=2),
+               "llama-3-layers": save_tiny_decoder("llama", root / "llama-3-layers", layers=3)}
+    for name, base in (("gpt2-base", tiny_gpt2_dir), ("gpt2-more-pieces", tiny_gpt2_dir), ("llama-no-bos", tiny_llama_dir)):
+        folders[name] = Path(shutil.copytree(base, root / name))
+    config = json.loads((folders["gpt2-base"] / "config.json").read_text())
+    (folders["gpt2-base"] / "config.json").write_text(json.dumps({**config, "architectures": ["GPT2Model"]}))
+    tokenizer = AutoTokenizer.from_pretrained(folders["gpt2-more-pieces"])
+    tokenizer.add_tokens(["<extra>"])
+    tokenizer.save_pretrained(folders["gpt2-more-pieces"])
+    PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(), bos_token="<s>", eos_token="</s>", pad_token="<pad>").save_pretrained(folders["llama-no-bos"])
+    return folders
+
+
+def _differences(tiny_bert_dir, tiny_gpt2_dir, tiny_llama_dir, folders) -> list:
+    """(first checkpoint, the one that differs, how), each difference told from config.json and transformers' tokenizers."""
+    from transformers import AutoTokenizer
+
+    model_types = [json.loads((folder / "config.json").read_text())["model_type"] for folder in (tiny_llama_dir, tiny_gpt2_dir)]
+    vocabulary = AutoTokenizer.from_pretrained(tiny_gpt2_dir).get_vocab()
+    pieces = AutoTokenizer.from_pretrained(folders["llama-no-bos"]).tokenize(dynamics.PROBE_TEXT)
+    assert AutoTokenizer.from_pretrained(folders["llama-no-bos"]).get_vocab() == AutoTokenizer.from_pretrained(tiny_llama_dir).get_vocab()
+    return [
+        (tiny_bert_dir, tiny_gpt2_dir, "it is a decoder, not an encoder"),
+        (tiny_gpt2_dir, tiny_llama_dir, "its model type is {}, not {}".format(*model_types)),
+        (tiny_gpt2_dir, folders["gpt2-base"], "its architecture is GPT2Model, not GPT2LMHeadModel"),
+        (tiny_llama_dir, folders["llama-3-layers"], "it has 3 layers, not 2"),
+        (tiny_llama_dir, folders["llama-2-heads"], "it has 2 heads per layer, not 4"),
+        (tiny_gpt2_dir, folders["gpt2-more-pieces"],
+         f"its tokenizer has another vocabulary ({len(vocabulary) + 1} pieces, not {len(vocabulary)}; '<extra>' is {len(vocabulary)}, not absent)"),
+        (tiny_llama_dir, folders["llama-no-bos"], f"its tokenizer cuts {dynamics.PROBE_TEXT!r} into {' '.join(pieces)}, not <s> {' '.join(pieces)}"),
+    ]
+
+
+def test_checkpoints_that_are_not_one_series_are_refused_before_any_runs(unlike_checkpoints, tiny_bert_dir, tiny_gpt2_dir, tiny_llama_dir,
+                                                                          tmp_path, monkeypatch):
+    """An encoder and a decoder, GPT-2 and Llama, other layers, heads, architecture, vocabulary or special tokens: refused in one
+    line naming the checkpoint that differs and how, before any checkpoint runs or the run folder is made."""
+    monkeypatch.setattr(dynamics, "_analyze_checkpoint", lambda *args, **kwargs: pytest.fail("a checkpoint ran"))
+    for first, other, how in _differences(tiny_bert_dir, tiny_gpt2_dir, tiny_llama_dir, unlike_checkpoints):
+        with pytest.raises(BertologyError) as error:
+            track([str(other), str(first)], [Example(text) for text in TEXTS], steps=[10, 0], out=tmp_path / "run", bootstrap=20, device="cpu",
+                  progress=False)
+        assert str(error.value) == f"{other}: not of one series with {first}: {how}"
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("seed", [2**70, 2**32, -1])
+def test_a_seed_numpy_cannot_take_is_refused_before_a_checkpoint_loads(seed, tmp_path):
+    with pytest.raises(ValueError):
+        np.random.RandomState(seed)  # the bootstrap's random state is numpy's
+    with pytest.raises(BertologyError, match=f"^seed must be a whole number from 0 to 4294967295, not {seed}$"):
+        track(["nobody/a", "nobody/b"], tmp_path / "no-such-corpus.txt", steps=[0, 1], seed=seed, out=tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
 
 
 def test_pretrain_causal_and_track_from_the_command_line(tmp_path):

@@ -85,7 +85,7 @@ class Classes(Family):
         Option("classes", None, "A class of words, NAME=SPEC: upos:TAG or deprel:RELATION (trees: CoNLL-U or --parser spacy), "
                "words:FILE (one word a line; 'negation' is bundled) or regex:PATTERN (matches the whole word) "
                "[default: nouns and verbs where there are trees, negation words, punctuation].",
-               parse=parse_classes, multiple=True, flag="--class"),
+               parse=parse_classes, multiple=True, flag="--class", reads_files=True),
     )
     outputs = ("classes",)
 

@@ -9,6 +9,7 @@ head map.
 
 from __future__ import annotations
 
+from bertology.core.errors import BertologyError
 from bertology.families import Family, FamilyResult, Option, register_family
 
 
@@ -19,6 +20,11 @@ class Profile(Family):
         Option("head_distance_sample", 0.1, "Share of sequences used for the head-to-head JS distance.", minimum=0.0, maximum=1.0),
     )
     outputs = ("heads", "layers", "head_labels", "clark_thresholds", "head_distance", "head_map")
+
+    def prepare(self, settings):
+        share = settings["head_distance_sample"]
+        if not 0 < share <= 1:
+            raise BertologyError(f"head_distance_sample is the share of sequences the head distance reads: give more than 0 and at most 1, not {share}")
 
     def analyzers(self, settings):
         from bertology.families.profile.analyzer import GeneralProfile, HeadDistance

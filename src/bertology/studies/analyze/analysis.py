@@ -24,6 +24,7 @@ from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.models import BLOCK_LAYOUTS, LoadedModel, attention_blocks, load_model
 from bertology.core.norms import CONTRIBUTION_VIEWS, WEIGHTING_TITLES, parse_weighting
+from bertology.core.options import check_seed
 from bertology.core.runfolder import RunFolder, claims_out, finish, package_versions
 from bertology.core.stats import MIN_SAMPLE
 from bertology.families import Family, FamilyContext, FamilyResult, get_family, registered
@@ -253,6 +254,7 @@ def analyze(
     ``failures`` (BertologyError when every family fails).
     """
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    check_seed(seed)
     examples, corpus_info = open_corpus(corpus, format, limit)
     views = parse_weighting(weighting)
     if backend not in BACKENDS:
@@ -345,7 +347,7 @@ def analyze(
     if out is not None:
         content = corpus_info.get("sha256") or hashlib.sha256(repr(list(examples)).encode("utf-8")).hexdigest()  # in memory: the examples
         facts = {"model": {key: value for key, value in loaded.info().items() if key != "device"}, "config": loaded.model.config.to_json_string(),
-                 "weights": loaded.weights_digest(), "state_format": states.STATE_FORMAT,
+                 "weights": loaded.weights_digest(), "tokenizer": loaded.tokenizer_digest(), "state_format": states.STATE_FORMAT,
                  "corpus": {"content": content, **{key: corpus_info.get(key) for key in ("format", "examples")}},
                  "settings": {key: str(value) for key, value in settings.items() if key not in ("device", "causal")},  # causal: the model's
                  "bertology": package_versions()["bertology"]}

@@ -22,6 +22,7 @@ from bertology.core.corpora import Corpus, has_trees, open_corpus
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError
 from bertology.core.models import LoadedModel, load_model
+from bertology.core.options import check_seed
 from bertology.core.paired import BatchPair, CompareEngine
 from bertology.core.runfolder import RunFolder, claims_out, finish
 from bertology.core.stats import RunningMoments, interval_frame
@@ -184,6 +185,27 @@ def comparison_of_layers(engines: Sequence[Engine], examples, similarity_layers:
     return probes, wide[["layer", "task", "accuracy_a", "accuracy_b", "change", "selectivity_a", "selectivity_b", "cosine"]]
 
 
+def piece_difference(engines: Sequence[Engine], examples) -> str | None:
+    """The first example that the two engines' tokenizers cut into different pieces (the ids each engine would give the
+    pass, special tokens included, or one skipping it as too long), in words; None where they agree on every example.
+    :class:`~bertology.core.paired.CompareEngine` feeds both models model A's pieces."""
+    names = [engine.model.name for engine in engines]
+    for number, example in enumerate(examples, start=1):
+        encoded = [next(engine.encode([(number, example)], RunStats()), None) for engine in engines]
+        ids = [None if item is None else item.input_ids for item in encoded]
+        if ids[0] == ids[1]:
+            continue
+        where = example.source or f"example {number}"
+        if None in ids:
+            kept = ids.index(None) ^ 1
+            return f"{where}: {names[kept]} cuts it into {len(ids[kept])} pieces, {names[kept ^ 1]} into more than {engines[kept].max_length}"
+        k = next((k for k, (a, b) in enumerate(zip(*ids)) if a != b), min(map(len, ids)))
+        pieces = [repr(engine.model.tokenizer.convert_ids_to_tokens(row[k])) if k < len(row) else "the end"
+                  for engine, row in zip(engines, ids)]
+        return f"{where}: piece {k} is {pieces[0]} for {names[0]} and {pieces[1]} for {names[1]}"
+    return None
+
+
 @claims_out(words=("format", "overflow", "punct", "device", "backend", "address"))
 def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, batch_size: int = 32, max_length: int | None = None,
             limit: int | None = None, overflow: str = "truncate", tau: float = 3.0, punct: str = "upos", device: str = "auto", seed: int = 0,
@@ -194,7 +216,9 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
     ``punct``: the profile's punctuation set, as in :func:`bertology.analyze`; ``backend``, ``workers``, ``address``: as there
     (on Ray, each actor loads both models). ``layer_probes`` (default: where the corpus has trees): probe every layer of
     both models for UPOS and dependency labels (:mod:`bertology.families.layers`, on the first ``probe_sentences``
-    sentences, one more pass per model) and set the accuracies side by side per layer."""
+    sentences, one more pass per model) and set the accuracies side by side per layer. The pass feeds both models model A's
+    pieces: two models whose tokenizers cut an example otherwise (:func:`piece_difference`) are refused before it runs."""
+    check_seed(seed)
     if backend not in BACKENDS:
         raise BertologyError(f"unknown backend {backend!r}: use local or ray")
     examples, corpus_info = open_corpus(corpus, format, limit)
@@ -211,6 +235,11 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
     def build() -> list:
         return [HeadSimilarity(), *(Side(make(), side) for make in (GeneralProfile, lambda: HeadRoles(tau=tau)) for side in "ab")]
 
+    paired = CompareEngine(*engines)  # one vocabulary and one shape, else refused
+    difference = piece_difference(engines, examples)
+    if difference is not None:
+        raise BertologyError(f"{loaded[0].name} and {loaded[1].name} cut the corpus into different pieces ({difference}): the comparison runs "
+                             "both on model A's pieces, so compare models whose tokenizers agree")
     analyzers = build()
     similarity, sides = analyzers[0], dict(zip([(kind, side) for kind in ("profile", "roles") for side in "ab"], analyzers[1:]))
     if backend == "ray":
@@ -219,7 +248,7 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
         stats = run_ray(engines[0], examples, plan, analyzers, model=sources[0], compare_with=sources[1], device=device,
                         trust_remote_code=trust_remote_code, workers=workers, address=address, total=total, progress=progress)
     else:
-        stats = CompareEngine(*engines).run(examples, analyzers, total=total)
+        stats = paired.run(examples, analyzers, total=total)
     if stats.sequences == 0:
         raise BertologyError("no sequence was compared (all skipped as too long)")
     warnings: list[str] = []

@@ -21,16 +21,26 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
+from transformers import AutoModelForSequenceClassification, get_linear_schedule_with_warmup
 
 from bertology.core.errors import BertologyError, StateError
-from bertology.core.models import default_model_path, loading_errors, require_safetensors, resolve_device
+from bertology.core.models import (
+    UNUSED_WITHOUT_TASK_HEAD,
+    default_model_path,
+    load_tokenizer,
+    loading_errors,
+    require_finite_weights,
+    require_safetensors,
+    require_tokenizer_fits,
+    require_whole_weights,
+    resolve_device,
+)
 from bertology.core.runfolder import RunFolder, claims_out, finish
 from bertology.core.safeload import finite_array
 from bertology.core.tasks import TaskData, collate_rows, encode_examples, predict_logits, seeded_subset, task_metrics
@@ -53,6 +63,7 @@ class FinetuneSettings:
     seed: int = 0
     data: str = ""  # sha256 of the task's examples (texts and labels, both splits): a resume never mixes two data sets
     weights: str = ""  # sha256 of the starting model's weight files (a local folder; a hub name stands for itself)
+    tokenizer: str = ""  # sha256 of the starting model's tokenizer (core.digests.tokenizer_digest): a resume reads the same pieces
 
 
 def task_digest(task: TaskData) -> str:
@@ -94,7 +105,7 @@ def finetune(
     """
     out = Path(out)
     source = str(default_model_path()) if model is None else str(model)
-    from bertology.core.digests import folder_weights_digest
+    from bertology.core.digests import folder_weights_digest, tokenizer_digest
 
     settings = FinetuneSettings(source, task.name, max_length, batch_size, epochs, learning_rate, warmup, weight_decay, max_train_examples, seed,
                                 data=task_digest(task), weights=folder_weights_digest(Path(source)) if Path(source).is_dir() else source)
@@ -105,12 +116,16 @@ def finetune(
     label_ids = {label: i for i, label in enumerate(task.labels)}
     if Path(source).is_dir():
         require_safetensors(source)
+    tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)
+    settings = replace(settings, tokenizer=tokenizer_digest(tokenizer))
     with loading_errors(source):
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        network = AutoModelForSequenceClassification.from_pretrained(
+        network, loading = AutoModelForSequenceClassification.from_pretrained(
             source, num_labels=len(task.labels), id2label=dict(enumerate(task.labels)), label2id=label_ids,
-            trust_remote_code=trust_remote_code, ignore_mismatched_sizes=True, use_safetensors=True,
+            trust_remote_code=trust_remote_code, ignore_mismatched_sizes=True, use_safetensors=True, output_loading_info=True,
         )
+    require_whole_weights(network, loading, source, unused=UNUSED_WITHOUT_TASK_HEAD, new_head=True)  # the head (and BERT's pooler) are trained here
+    require_finite_weights(network, source)
+    require_tokenizer_fits(tokenizer, network, source)
     network.to(torch_device)
 
     train = seeded_subset(task.train, max_train_examples, seed)

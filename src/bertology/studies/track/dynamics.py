@@ -43,12 +43,14 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import torch
+from transformers import AutoConfig, AutoTokenizer
 
 from bertology.core.backends import BACKENDS, map_on_ray
 from bertology.core.corpora import open_corpus
 from bertology.core.engine import Engine
 from bertology.core.errors import BertologyError, StateError
-from bertology.core.models import DEFAULT_MODEL, load_model
+from bertology.core.models import DEFAULT_MODEL, attends_causally, default_model_path, load_model, loading_errors
+from bertology.core.options import check_seed
 from bertology.core.parsing import spacy_trees
 from bertology.core.runfolder import RunFolder, atomic_write, claims_out, finish, finished_run
 from bertology.core.safeload import field as document_field
@@ -141,6 +143,52 @@ def ordered_checkpoints(checkpoints: list[str], steps: list[int] | None = None) 
     if len(set(steps)) < len(steps):
         raise BertologyError("two checkpoints have the same training step")
     return sorted(zip(steps, checkpoints))
+
+
+#: A text whose pieces tell apart two tokenizers of one vocabulary that add special tokens, normalise or split otherwise.
+PROBE_TEXT = "The cat sat on the mat."
+
+
+def series_facts(checkpoint: str, trust_remote_code: bool = False) -> dict:
+    """What the checkpoints of one series share, read from the checkpoint's config and tokenizer (no weights): its kind
+    (encoder or decoder), model type, architecture, layers, heads, its tokenizer's vocabulary and the pieces it makes of
+    :data:`PROBE_TEXT` (special tokens included)."""
+    source = str(default_model_path()) if checkpoint in ("default", DEFAULT_MODEL) else checkpoint
+    with loading_errors(source):
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    return {"kind": "a decoder" if attends_causally(config) else "an encoder", "model type": config.model_type,
+            "architecture": ", ".join(getattr(config, "architectures", None) or ()) or "none named",
+            "layers": getattr(config, "num_hidden_layers", None), "heads": getattr(config, "num_attention_heads", None),
+            "vocabulary": tokenizer.get_vocab(), "pieces": tokenizer.convert_ids_to_tokens(tokenizer(PROBE_TEXT)["input_ids"])}
+
+
+#: How a checkpoint differs from the first in each fact of :func:`series_facts` but its tokenizer's.
+_SERIES_WORDS = {"kind": "it is {}, not {}", "model type": "its model type is {}, not {}", "architecture": "its architecture is {}, not {}",
+                 "layers": "it has {} layers, not {}", "heads": "it has {} heads per layer, not {}"}
+
+
+def _series_difference(fact: str, value, first_value) -> str:
+    """How a checkpoint's ``fact`` (:func:`series_facts`) differs from the first checkpoint's, in words."""
+    if fact == "vocabulary":
+        piece = next(piece for piece in sorted(value.keys() | first_value.keys()) if value.get(piece) != first_value.get(piece))
+        return (f"its tokenizer has another vocabulary ({len(value)} pieces, not {len(first_value)}; {piece!r} is "
+                f"{'absent' if piece not in value else value[piece]}, not {'absent' if piece not in first_value else first_value[piece]})")
+    if fact == "pieces":
+        return f"its tokenizer cuts {PROBE_TEXT!r} into {' '.join(value)}, not {' '.join(first_value)}"
+    return _SERIES_WORDS[fact].format(value, first_value)
+
+
+def check_one_series(checkpoints: list[str], trust_remote_code: bool = False) -> None:
+    """Refuse checkpoints that are not one series, before any of them runs: the first (in the order given) whose
+    :func:`series_facts` differ from the first checkpoint's is named in one line, with its first difference."""
+    first, *others = checkpoints
+    expected = series_facts(first, trust_remote_code)
+    for checkpoint in others:
+        facts = series_facts(checkpoint, trust_remote_code)
+        fact = next((fact for fact in expected if facts[fact] != expected[fact]), None)
+        if fact is not None:
+            raise BertologyError(f"{checkpoint}: not of one series with {first}: {_series_difference(fact, facts[fact], expected[fact])}")
 
 
 def _json_value(value):
@@ -576,7 +624,7 @@ def track(
 
     ``checkpoints``: model folders or hub names (``"default"`` or ``"all-MiniLM-L6-v2"``: the bundled model),
     ordered by ``steps`` (one per checkpoint, in the same order) or by the step each one tells
-    (:func:`checkpoint_step`). ``corpus`` as in
+    (:func:`checkpoint_step`); checkpoints that are not one series (:func:`check_one_series`) are refused before any runs. ``corpus`` as in
     :func:`bertology.analyze` (trees from CoNLL-U or ``parser="spacy"`` add syntax). With ``out``,
     each checkpoint's results are saved under ``out/parts`` as soon as they exist (a rerun skips
     them) and the run folder is written at the end. ``punct``: the punctuation set, as in :func:`bertology.analyze`.
@@ -587,8 +635,10 @@ def track(
     """
     if backend not in BACKENDS:
         raise BertologyError(f"unknown backend {backend!r}: use local or ray")
+    check_seed(seed)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     series = ordered_checkpoints([str(c) for c in checkpoints], steps)
+    check_one_series([checkpoint for _, checkpoint in series], trust_remote_code)
     source, corpus_info = open_corpus(corpus, format, limit)
     examples = list(spacy_trees(source) if parser == "spacy" else source)
     if not examples:

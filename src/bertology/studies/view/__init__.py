@@ -31,10 +31,10 @@ class View(Study):
         from bertology.core.contributions import parse_measures
         from bertology.core.models import load_model
         from bertology.core.runfolder import check_file_out
-        from bertology.studies.view.viewer import attention_view
+        from bertology.studies.view.viewer import PAGE_MARK, attention_view
 
         s = settings
-        check_file_out(s["out"])
+        check_file_out(s["out"], made_by=PAGE_MARK)
         contributions = tuple(measure.replace("_", "-") for measure in parse_measures(s["contributions"]))  # the views' names
         loaded = load_model(s["model"], device=s["device"], trust_remote_code=s["trust_remote_code"])
         return attention_view(s["text"], s["pair"], model=loaded, run=s["run"], top_k=s["top_k"], max_length=s["max_length"],

@@ -66,6 +66,9 @@ MAX_TOKENS = 2**16 - 1
 LABEL_SHORT = {"local": "loc", "delimiter": "delim", "syntactic": "syn", "block": "block", "vertical": "vert", "diagonal": "diag",
                "vertical+diagonal": "vert+diag", "heterogeneous": "hetero"}
 
+#: The start of every viewer page's title: the mark by which ``view --out`` knows an earlier page it may replace.
+PAGE_MARK = "<title>bertology viewer: "
+
 
 def short_label(label: str) -> str:
     """A head label's short form in the model view (:data:`LABEL_SHORT`)."""
@@ -253,7 +256,8 @@ class AttentionView:
         )
 
     def save(self, path: str | Path) -> Path:
-        check_file_out(path)
+        """Write the page to ``path``: a new file, or an earlier viewer page (its title holds :data:`PAGE_MARK`), replaced whole."""
+        check_file_out(path, made_by=PAGE_MARK)
         page = self.html()
         return atomic_write(Path(path), lambda p: p.write_text(page, encoding="utf-8"))
 
