@@ -263,3 +263,52 @@ def test_a_full_disk_is_one_line_and_the_earlier_run_stays(tiny_bert_dir, corpus
     assert os.strerror(errno.ENOSPC) in line
     assert (out / "report.html").read_text() == "an earlier run"
     assert sorted(path.name for path in small_disk.iterdir()) == ["run"]  # the staging folder is gone
+
+
+# ---- case 8: a malformed roles.csv under view --run is one line naming file and line ----
+
+ROLES_HEADER = "layer,head,role,has_role\n"
+MALFORMED_ROLES = {
+    "not a table": (b"\x00\xff\xfe binary", "roles.csv: not a table bertology wrote"),
+    "empty": (b"", "roles.csv: not a table bertology wrote"),
+    "a column missing": (b"layer,head,role\n0,1,local\n", "roles.csv:1: no column 'has_role'"),
+    "a layer that is no number": ((ROLES_HEADER + "0,1,local,True\nx,1,local,True\n").encode(), "roles.csv:3: layer 'x' is not a whole number"),
+    "a negative head": ((ROLES_HEADER + "0,-1,local,True\n").encode(), "roles.csv:2: head '-1' is not a whole number"),
+    "has_role neither True nor False": ((ROLES_HEADER + "0,1,local,maybe\n").encode(), "roles.csv:2: has_role 'maybe' is neither True nor False"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_ROLES))
+def test_a_malformed_roles_table_is_one_line_naming_file_and_line(tmp_path, case):
+    from bertology.studies.view.viewer import head_labels
+
+    data, words = MALFORMED_ROLES[case]
+    (tmp_path / "roles.csv").write_bytes(data)
+    with pytest.raises(api.BertologyError) as error:
+        head_labels(tmp_path)
+    assert "\n" not in str(error.value) and str(error.value).startswith(str(tmp_path / "roles.csv")) and words in str(error.value)
+
+
+def test_view_run_with_a_malformed_roles_table_is_one_line(tiny_bert_dir, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "roles.csv").write_bytes(MALFORMED_ROLES["has_role neither True nor False"][0])
+    line = one_error_line(bertology("view", "The cat sat.", "--model", tiny_bert_dir, "--run", run, "--out", tmp_path / "v.html", "--device", "cpu"))
+    assert line == f"error: {run / 'roles.csv'}:2: has_role 'maybe' is neither True nor False"
+    assert not (tmp_path / "v.html").exists()
+
+
+# ---- case 8/9: a seed numpy cannot take is refused by every study's API, before any work ----
+
+@pytest.mark.parametrize("study", ["finetune", "study_heads", "restore_layers"])
+def test_a_seed_past_2_to_the_32_is_refused_by_the_api_before_any_work(cat_task, tiny_classifier_dir, tmp_path, study):
+    from bertology.core.tasks import load_task
+    from bertology.studies.finetune.finetuning import finetune
+    from bertology.studies.heads.importance import study_heads
+    from bertology.studies.restore.restore import restore_layers
+
+    call = {"finetune": finetune, "study_heads": study_heads, "restore_layers": restore_layers}[study]
+    with pytest.raises(api.BertologyError, match=r"seed must be a whole number from 0 to 4294967295, not 1180591620717411303424"):
+        call(tiny_classifier_dir if study != "finetune" else load_task(cat_task), *([load_task(cat_task)] if study != "finetune" else []),
+             seed=2**70, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -41,6 +41,7 @@ from bertology.core.models import (
     require_whole_weights,
     resolve_device,
 )
+from bertology.core.options import check_seed
 from bertology.core.runfolder import RunFolder, claims_out, finish
 from bertology.core.safeload import finite_array
 from bertology.core.tasks import TaskData, collate_rows, encode_examples, predict_logits, seeded_subset, task_metrics
@@ -103,6 +104,7 @@ def finetune(
     ``out`` is checked and claimed before anything else. ``max_steps`` stops training early (the run
     can be resumed later: tests use it to interrupt).
     """
+    check_seed(seed)
     out = Path(out)
     source = str(default_model_path()) if model is None else str(model)
     from bertology.core.digests import folder_weights_digest, tokenizer_digest

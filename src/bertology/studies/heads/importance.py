@@ -38,6 +38,7 @@ from bertology.core.corpora import open_corpus
 from bertology.core.errors import BertologyError
 from bertology.core.hooks import Hooks
 from bertology.core.interventions import INTERVENTIONS, HeadGates, Intervention, LayerReplay, attach_variants, prune_heads, reads_first_token_only
+from bertology.core.options import check_seed
 from bertology.core.runfolder import claims_out
 from bertology.core.stats import MIN_SAMPLE, corrected, paired_bootstrap
 from bertology.core.tasks import (
@@ -416,6 +417,7 @@ def study_heads(model: str | Path | TaskModel | LanguageModel, task: TaskData | 
     """
     from bertology.core.runfolder import RunFolder
 
+    check_seed(seed)
     if (task is None) == (corpus is None):
         raise BertologyError("give a task (for a fine-tuned classifier) or a corpus (for a causal language model), one of the two")
     if corpus is not None and ablate:

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from bertology.core.errors import BertologyError, ModelError
 from bertology.core.models import DEFAULT_MODEL, default_model_path, load_model
+from bertology.core.options import check_seed
 from bertology.core.runfolder import RunFolder, claims_out, finish
 from bertology.core.stats import MIN_SAMPLE, corrected, paired_bootstrap
 from bertology.core.tasks import TaskData, TaskModel, load_task_model, positive_index, seeded_subset, task_score
@@ -122,6 +123,7 @@ def restore_layers(model: str | Path, task: TaskData, *, base: str | Path | None
     ``first_k``: units 0..layer all restored), ``metric``, ``value``, ``delta`` (restored minus fine-tuned), its 95%
     bootstrap interval, ``p`` and ``p_adj`` (empty on fewer than ``min_sample`` dev examples: no claim on too little data).
     """
+    check_seed(seed)
     try:
         multipletests([0.5], method=correction)
     except ValueError:

@@ -443,11 +443,15 @@ def _damaged_part(path: Path, marker: Path, what: str) -> StateError:
 
 def _part_key(settings_key: str, checkpoint: str) -> str:
     """What a checkpoint's part must have been computed with to be used: the run's corpus and settings, and the
-    checkpoint's weights (a content hash of a local folder's weight files, cached; a hub name stands for itself)."""
-    from bertology.core.digests import folder_weights_digest
+    checkpoint's weights and tokenizer (content hashes of a local folder's weight files, cached, and of its tokenizer; a hub
+    name stands for itself)."""
+    from bertology.core.digests import folder_weights_digest, tokenizer_digest
+    from bertology.core.models import load_tokenizer
 
-    weights = folder_weights_digest(Path(checkpoint)) if Path(checkpoint).is_dir() else checkpoint
-    return json.dumps({"settings": json.loads(settings_key), "weights": weights}, sort_keys=True)
+    if not Path(checkpoint).is_dir():
+        return json.dumps({"settings": json.loads(settings_key), "weights": checkpoint}, sort_keys=True)
+    return json.dumps({"settings": json.loads(settings_key), "weights": folder_weights_digest(Path(checkpoint)),
+                       "tokenizer": tokenizer_digest(load_tokenizer(checkpoint))}, sort_keys=True)
 
 
 def _load_part(parts: Path, name: str, key: str, replicates: int, finished: bool) -> CheckpointResult | None:

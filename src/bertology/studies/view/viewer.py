@@ -43,7 +43,7 @@ from scipy.special import rel_entr
 
 from bertology.core.corpora import Example
 from bertology.core.engine import Engine, RunStats
-from bertology.core.errors import BertologyError
+from bertology.core.errors import BertologyError, CorpusError
 from bertology.core.models import LoadedModel, load_model
 from bertology.core.runfolder import atomic_write, check_file_out
 from bertology.families.rollout.analyzer import rollout_step
@@ -266,24 +266,50 @@ class AttentionView:
         return f'<iframe srcdoc="{html.escape(self.html(), quote=True)}" style="width:100%;height:760px;border:0" sandbox="allow-scripts"></iframe>'
 
 
+def _labels_table(path: Path, columns: tuple[str, ...], flag: str | None = None) -> pd.DataFrame:
+    """A run folder's table as :func:`head_labels` reads it, checked: it parses as CSV, holds ``columns``, its ``layer``
+    and ``head`` are whole numbers from 0 and its ``flag`` column (where named) is True or False; else one line naming the
+    file and the first bad line (a table edited by hand, or no table of bertology's)."""
+    try:
+        table = pd.read_csv(path, dtype={"layer": object, "head": object, **({flag: object} if flag else {})})
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:  # EmptyDataError is a ValueError
+        raise CorpusError(path, None, f"not a table bertology wrote ({(str(exc).splitlines() or [type(exc).__name__])[0]})") from None
+    missing = [column for column in columns if column not in table.columns]
+    if missing:
+        raise CorpusError(path, 1, f"no column {missing[0]!r}; a run folder's {path.name} has {', '.join(columns)}")
+    for column in ("layer", "head"):
+        numbers = pd.to_numeric(table[column], errors="coerce")
+        bad = ~(numbers.notna() & (numbers >= 0) & (numbers == numbers.round()))
+        if bad.any():
+            row = int(bad.to_numpy().argmax())
+            raise CorpusError(path, row + 2, f"{column} {table[column].iloc[row]!r} is not a whole number from 0")
+        table[column] = numbers.astype(int)
+    if flag is not None:
+        known = table[flag].astype(str).str.strip().map({"True": True, "False": False})
+        if known.isna().any():
+            row = int(known.isna().to_numpy().argmax())
+            raise CorpusError(path, row + 2, f"{flag} {table[flag].iloc[row]!r} is neither True nor False")
+        table[flag] = known.astype(bool)
+    return table
+
+
 def head_labels(run: str | Path) -> dict[str, list[str]]:
-    """``"layer-head" -> labels`` from a run folder: the roles a head holds (``roles.csv``) and its majority pattern."""
+    """``"layer-head" -> labels`` from a run folder: the roles a head holds (``roles.csv``) and its majority pattern
+    (``patterns.csv``), each table checked (:func:`_labels_table`)."""
     run = Path(run)
     if not run.is_dir():
         raise BertologyError(f"{run}: no such run folder")
     labels: dict[str, list[str]] = {}
     roles = run / "roles.csv"
     if roles.is_file():
-        table = pd.read_csv(roles)
-        if {"layer", "head", "role", "has_role"} <= set(table.columns):
-            for row in table[table.has_role.astype(bool)].itertuples():
-                labels.setdefault(f"{row.layer}-{row.head}", []).append(str(row.role))
+        table = _labels_table(roles, ("layer", "head", "role", "has_role"), flag="has_role")
+        for row in table[table.has_role].itertuples():
+            labels.setdefault(f"{row.layer}-{row.head}", []).append(str(row.role))
     patterns = run / "patterns.csv"
     if patterns.is_file():
-        table = pd.read_csv(patterns)
-        if {"layer", "head", "majority"} <= set(table.columns):
-            for row in table.drop_duplicates(["layer", "head"]).itertuples():
-                labels.setdefault(f"{row.layer}-{row.head}", []).append(str(row.majority))
+        table = _labels_table(patterns, ("layer", "head", "majority"))
+        for row in table.drop_duplicates(["layer", "head"]).itertuples():
+            labels.setdefault(f"{row.layer}-{row.head}", []).append(str(row.majority))
     return labels
 
 
