@@ -9,8 +9,9 @@ and on an empty one (every table without rows, as a corpus where nothing qualifi
 its command line to ``analyze()``'s keywords.
 
 Study rules: its command's ``--help`` answers without importing anything heavy; a run writes its folder whole, with a
-``manifest.json`` that says ``complete``, its declared tables and, where it has one, ``report.html``; and a run that fails
-before its folder is swapped in leaves the previous run as it was, with nothing of its own beside it.
+``manifest.json`` that says ``complete``, its declared tables and, where it has one, ``report.html``; a run that fails
+before its folder is swapped in leaves the previous run as it was, with nothing of its own beside it; and on its command
+line an ``--out`` of other files, or one that holds an input of the run, is refused in one line and left as it was.
 """
 
 from __future__ import annotations
@@ -221,9 +222,80 @@ def check_failed_run_keeps_previous(study: Study, given: dict) -> None:
     assert not _beside(out), f"study {study.name}: a failed run left {_beside(out)} beside the run folder"
 
 
-#: The study rules, by name; the last two need the study's small inputs (``given``).
+def command_line(study: Study, given: dict) -> list[str]:
+    """``given`` (options by name) as the arguments of ``bertology NAME``: flags for options, values for arguments, a switch's
+    on or off flag, a repeated flag for each value of a ``multiple`` option."""
+    arguments: list[str] = [study.name.replace("_", "-")]
+    for option in study.options:
+        if option.name not in given:
+            continue
+        value = given[option.name]
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        if option.argument:
+            arguments += [str(each) for each in values]
+        elif "/" in option.cli_flag:  # --x/--no-x
+            arguments.append(option.cli_flag.split()[0].split("/")[0 if value else 1])
+        elif isinstance(value, bool) and (option.type or type(option.default)) is bool:
+            arguments += [option.cli_flag.split()[0]] if value else []
+        else:
+            for each in values:
+                arguments += [option.cli_flag.split()[0], str(each)]
+    return arguments
+
+
+def _refusal(study: Study, given: dict) -> str:
+    """Run ``study`` from the command line (in process) with ``given`` and return the one-line error it must stop with."""
+    from typer.testing import CliRunner
+
+    from bertology.cli import app
+    from bertology.core.errors import BertologyError
+
+    outcome = CliRunner().invoke(app, command_line(study, given))
+    error = outcome.exception
+    assert isinstance(error, BertologyError), f"study {study.name}: the command was not refused ({outcome.exit_code}: {error!r} {outcome.output[-500:]})"
+    assert "\n" not in str(error), f"study {study.name}: the refusal is not one line: {error}"
+    return str(error)
+
+
+def check_out_of_other_files_refused(study: Study, given: dict) -> None:
+    """On the command line, ``--out`` naming a folder of other files (notes, not a run folder) is refused in one line, and
+    the folder is left as it was."""
+    out = Path(given["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "notes.txt").write_text("keep\n")
+    message = _refusal(study, given)
+    assert "not a bertology run folder" in message, f"study {study.name}: refused for another reason: {message}"
+    assert [path.name for path in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "keep\n", (
+        f"study {study.name}: the folder of other files changed")
+
+
+def check_input_inside_out_refused(study: Study, given: dict) -> None:
+    """On the command line, an earlier run folder given as ``--out`` that holds one of the run's inputs (its first option
+    naming a file or folder: the corpus, the task, the model, a checkpoint) is refused in one line, and nothing in it changes."""
+    import shutil
+
+    out = Path(given["out"])
+    with RunFolder(out) as folder:
+        folder.write_text("report.html", "an earlier run")
+    name, value = next((name, value) for name, value in given.items() if name != "out"
+                       and any(Path(str(each)).exists() for each in (value if isinstance(value, (list, tuple)) else [value])))
+    moved = []
+    for each in value if isinstance(value, (list, tuple)) else [value]:
+        source = Path(str(each))
+        target = out / f"input-{len(moved)}-{source.name}"
+        (shutil.copytree if source.is_dir() else shutil.copy2)(source, target)
+        moved.append(str(target))
+    before = _files(out, None)
+    message = _refusal(study, {**given, name: moved if isinstance(value, (list, tuple)) else moved[0]})
+    assert "holds the input" in message, f"study {study.name}: refused for another reason: {message}"
+    assert _files(out, None) == before, f"study {study.name}: a refused run changed the folder that holds its input"
+
+
+#: The study rules, by name; all but the first need the study's small inputs (``given``).
 STUDY_CHECKS: dict[str, Callable] = {
     "help_imports_nothing_heavy": check_help_imports_nothing_heavy,
     "folder_written_whole": check_folder_written_whole,
     "failed_run_keeps_previous": check_failed_run_keeps_previous,
+    "out_of_other_files_refused": check_out_of_other_files_refused,
+    "input_inside_out_refused": check_input_inside_out_refused,
 }
