@@ -252,7 +252,7 @@ def small_disk(tmp_path):
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(place)], capture_output=True).returncode != 0:
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     yield place
-    subprocess.run(["umount", str(place)], check=True)
+    subprocess.run(["umount", "--lazy", str(place)], check=True)  # lazy: a file torch's writer left open until collected
 
 
 def test_a_full_disk_is_one_line_and_the_earlier_run_stays(tiny_bert_dir, corpus, small_disk):
@@ -312,3 +312,14 @@ def test_a_seed_past_2_to_the_32_is_refused_by_the_api_before_any_work(cat_task,
         call(tiny_classifier_dir if study != "finetune" else load_task(cat_task), *([load_task(cat_task)] if study != "finetune" else []),
              seed=2**70, out=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_training_state_that_fills_the_disk_is_a_full_disk_error_and_leaves_nothing(small_disk):
+    """torch's writer says "enforce fail at inline_container.cc ... file write failed" on a full disk: it becomes the OSError
+    (ENOSPC) that the command line prints in one line, and the half-written state is removed."""
+    from bertology.core.training import save_training_state
+
+    with pytest.raises(OSError) as error:
+        save_training_state(small_disk / "training", {"model": {"weight": torch.zeros(64 * 1024)}, "step": 1})
+    assert error.value.errno == errno.ENOSPC
+    assert list(small_disk.iterdir()) == []

@@ -1,15 +1,20 @@
 """Where the pass runs and how it survives an interruption (bertology.core.backends): Ray against local, merges over
 many shards, kill-and-resume, and the safe state files it resumes from (bertology.core.states)."""
 
+import ipaddress
+import os
 import random
 import shutil
+import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pandas as pd
 import pytest
 from conftest import TEXTS, tiny_examples
+from test_cli import bertology as run_cli
 
 import bertology
 from bertology.core import states
@@ -123,6 +128,91 @@ def test_backend_ray_without_ray_is_one_line(monkeypatch, tmp_path):
         bertology.analyze("no/such/model", ["a sentence."], backend="spark", progress=False)
 
 
+# ---- the cluster: on loopback, or one that answers ----
+
+def _on_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip.split("%")[0])
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback  # ::ffff:127.0.0.1 is 127.0.0.1 on a dual-stack socket
+
+
+def test_a_local_ray_cluster_listens_on_loopback_only():
+    """Issue 37, case 5: gcs_server, the raylet and the workers listened on every interface (``*:PORT``), the agents on the
+    machine's own address, though the cluster was said to be on loopback."""
+    pytest.importorskip("ray")
+    import psutil  # Ray brings its own
+
+    from bertology.core.backends import _RayCluster
+
+    driver = psutil.Process()
+    before = {child.pid for child in driver.children(recursive=True)}
+    with _RayCluster(workers=1, address=None) as cluster:
+        worker = cluster.ray.get(cluster.ray.remote(lambda: os.getpid()).remote())  # a worker has started and run a task
+        started = [child for child in driver.children(recursive=True) if child.pid not in before]
+        names = {process.pid: process.name() for process in [driver, *started]}
+        deadline = time.monotonic() + 30  # the agents open their ports a moment after the cluster is up
+        while True:
+            listening = [(c.laddr.ip, c.laddr.port, names[c.pid]) for c in psutil.net_connections(kind="inet")
+                         if c.status == psutil.CONN_LISTEN and c.pid in names]
+            listeners = {name for _, _, name in listening}
+            if {"gcs_server", "raylet", names[worker]} <= listeners or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    assert {"gcs_server", "raylet", names[worker]} <= listeners, listening
+    assert [(ip, port, name) for ip, port, name in listening if not _on_loopback(ip)] == []
+    assert not cluster.ray.is_initialized()
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert alive == []  # stopped on the way out, every process of it
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def no_ray_cluster(monkeypatch):
+    """This machine as one without a Ray cluster: another test's Ray, running beside this one, is not found by ``auto``."""
+    pytest.importorskip("ray")
+    from ray._private import services
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: [])
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: None)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}", "auto"])
+def test_a_cluster_address_where_nothing_answers_fails_within_seconds_in_one_line(no_ray_cluster, address):
+    """Issue 37, case 5: 127.0.0.1:PORT with nothing there dialled the machine's own address for minutes; auto with no
+    cluster and a ray:// address that does not answer ended in tracebacks."""
+    from bertology.core.backends import map_on_ray
+
+    address = address.format(port=_free_port())
+    began = time.monotonic()
+    with pytest.raises(BertologyError) as error:
+        next(map_on_ray(print, [("never run",)], device="cpu", address=address))
+    assert time.monotonic() - began < 10
+    assert str(error.value).startswith(f"--address {address}: no Ray cluster ") and "\n" not in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}", "auto"])
+def test_a_cluster_address_where_nothing_answers_is_one_line_on_the_command_line(tiny_bert_dir, tmp_path, address):
+    pytest.importorskip("ray")
+    import psutil  # Ray brings its own
+
+    if address == "auto" and (os.environ.get("RAY_ADDRESS") or any(p.info["name"] == "gcs_server" for p in psutil.process_iter(["name"]))):
+        pytest.skip("a Ray cluster runs on this machine: auto would find it")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    address = address.format(port=_free_port())
+    result = run_cli("analyze", "--model", tiny_bert_dir, "--corpus", corpus, "--backend", "ray", "--address", address, "--out", tmp_path / "run",
+                     "--device", "cpu", "-q")
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"error: --address {address}: no Ray cluster "), line
+    assert not (tmp_path / "run").exists()
+
+
 # ---- resuming ----
 
 def _interrupt_after(monkeypatch, batches):
@@ -148,7 +238,7 @@ def test_an_interrupted_analysis_resumes_and_ends_with_the_same_tables(tiny_bert
             bertology.analyze(tiny_bert_dir, texts, out=tmp_path / "run", **options)
     saved, _ = states.load(tmp_path / "run" / "resume")
     assert saved["progress"] == {"backend": "local", "window_start": 0, "batches_done": 21, "truncated_before": 0, "skipped_before": 0,
-                                 "sources_before": 0}
+                                 "sources_before": 0, "degenerate_before": 0}
     with pytest.raises(BertologyError, match="another model, corpus or settings"):
         bertology.analyze(tiny_bert_dir, texts, out=tmp_path / "run", **{**options, "tau": 2.0})
     with monkeypatch.context() as patch:

@@ -21,18 +21,21 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
 from tqdm.auto import tqdm
 
 from bertology.core import states
 from bertology.core.engine import Engine, RunStats
-from bertology.core.errors import BertologyError, StateError
+from bertology.core.errors import BertologyError, StateError, one_line_error
 from bertology.core.safeload import field, whole_number
 
 BACKENDS = ("local", "ray")
@@ -40,6 +43,10 @@ BACKENDS = ("local", "ray")
 DEFAULT_CPU_ACTORS = 4
 #: How often a resumable pass saves its states at the least (issue 16: every 30 seconds).
 CHECKPOINT_SECONDS = 30.0
+#: How long the address of a cluster to join may take to answer (issue 37: one that did not answer hung for minutes).
+CONNECT_SECONDS = 5.0
+#: The port of a ``ray://host`` address that names none (Ray Client's).
+RAY_CLIENT_PORT = 10001
 
 
 def fingerprint(**facts) -> str:
@@ -205,19 +212,71 @@ class PassWorker:
         return shard, analyzers, stats
 
 
+@contextmanager
+def _loopback_node():
+    """Keep a node address of 127.0.0.1 while a local cluster starts, so that every Ray server binds to loopback.
+
+    Ray turns 127.0.0.1 into the machine's own address (for other machines to join) unless clusters are off, as on
+    Windows and macOS (``ray_constants.ENABLE_RAY_CLUSTER``); with that address gcs_server, the raylet and every worker
+    listen on all interfaces and the agents on the machine's address. With 127.0.0.1 kept, each listens on 127.0.0.1 only."""
+    from ray._private import ray_constants
+
+    enabled = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = enabled
+
+
+def _answers(address: str) -> None:
+    """Refuse in one line, within :data:`CONNECT_SECONDS`, a cluster ``address`` where nothing answers: ``auto`` with no
+    cluster found, or a host and port (``ray://host:port`` too) that refuse or ignore a connection. The address is tried as
+    ``ray.init`` dials it (``auto`` looked up, 127.0.0.1 made the machine's own address), which would otherwise retry for minutes."""
+    try:
+        if address.startswith("ray://"):
+            parts = urlsplit(address)
+            host, port = parts.hostname, parts.port or RAY_CLIENT_PORT
+        else:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            resolved = canonicalize_bootstrap_address(address)
+            if resolved is None:  # RAY_ADDRESS=local
+                raise ConnectionError("it names none")
+            host, _, port = resolved.rpartition(":")
+        if not host:
+            raise ValueError("no host in it")
+        port = int(port)
+    except (ConnectionError, ValueError) as exc:  # no cluster found for auto, a malformed address
+        raise BertologyError(f"--address {address}: no Ray cluster there ({one_line_error(exc)})") from None
+    try:
+        socket.create_connection((host.strip("[]"), port), timeout=CONNECT_SECONDS).close()
+    except OSError as exc:  # refused, unreachable, unknown host, timed out
+        raise BertologyError(f"--address {address}: no Ray cluster answers at {host}:{port} ({exc.strerror or 'timed out'}); start one, or leave "
+                             "--address out to run a local cluster") from None
+
+
 class _RayCluster:
-    """Joins the cluster at ``address``, or starts a local one of ``workers`` CPUs on loopback that stops on the way out."""
+    """Joins the cluster at ``address`` (refused in one line where nothing answers), or without one (or ``local``) starts a
+    cluster of ``workers`` CPUs of its own here, every socket on 127.0.0.1 and no dashboard, that stops on the way out (a
+    cluster found on this machine is not joined: that takes ``--address auto``)."""
 
     def __init__(self, workers: int | None, address: str | None):
         self.ray = require_ray()
-        self.workers, self.address = workers, address
+        self.workers, self.address = workers, None if address == "local" else address
 
     def __enter__(self):
         self.started_here = not self.ray.is_initialized()
-        if self.started_here:
-            options = {"address": self.address} if self.address else {"num_cpus": self.workers or 2, "include_dashboard": False,
-                                                                      "_node_ip_address": "127.0.0.1"}
-            self.ray.init(log_to_driver=False, configure_logging=False, **options)
+        if self.started_here and self.address:
+            _answers(self.address)
+            try:
+                self.ray.init(address=self.address, log_to_driver=False, configure_logging=False)
+            except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:  # answered, but not as a cluster that takes us
+                raise BertologyError(f"--address {self.address}: cannot join the Ray cluster there ({one_line_error(exc)})") from None
+        elif self.started_here:
+            with _loopback_node():
+                self.ray.init(address="local", num_cpus=self.workers or 2, include_dashboard=False, _node_ip_address="127.0.0.1",
+                              log_to_driver=False, configure_logging=False)
         resources = self.ray.cluster_resources()
         self.gpus = resources.get("GPU", 0)
         self.actors = self.workers or max(1, int(self.gpus) or min(int(resources.get("CPU", 1)), DEFAULT_CPU_ACTORS))

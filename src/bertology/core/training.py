@@ -5,18 +5,38 @@ against the run's own before a resume believes them.
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 import pickle
 import random
 import shutil
 import sys
+from numbers import Real
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from bertology.core.errors import StateError
+from bertology.core.errors import BertologyError, StateError
 from bertology.core.safeload import finite_array, whole_number
+
+
+class TrainingDiverged(BertologyError):
+    """A training run whose loss or weights stopped being finite numbers: stopped at that step, in one line naming the
+    last good checkpoint, which is kept (nothing non-finite is saved)."""
+
+
+def check_learning_rate(learning_rate) -> None:
+    """Refuse, in one line and before any work, a learning rate that is not a finite number above 0 (NaN passes every
+    comparison with a bound, so the command line's own check lets it through)."""
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, Real) or not (math.isfinite(learning_rate) and learning_rate > 0):
+        raise BertologyError(f"--learning-rate must be a finite number above 0, not {learning_rate!r}")
+
+
+def finite_parameters(network: torch.nn.Module) -> bool:
+    """Whether every parameter of ``network`` holds finite numbers only (one reduction on its device, one transfer)."""
+    return bool(torch.stack([parameter.isfinite().all() for parameter in network.parameters()]).all())
 
 
 def random_states() -> dict:
@@ -179,12 +199,23 @@ def load_training_state(path: Path, keys: tuple[str, ...] = ()) -> dict:
     return state
 
 
+#: Free space under which a failed write of a training state is taken for a full disk (torch does not say so itself).
+FULL_DISK_BYTES = 2**20
+
+
 def save_training_state(folder: Path, state: dict, tokenizer=None) -> None:
     """Atomically replace ``folder`` with ``state.pt`` holding ``state`` (tensors and plain values only) and the tokenizer if given."""
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    torch.save(state, partial / "state.pt")
+    try:
+        torch.save(state, partial / "state.pt")
+    except RuntimeError as exc:  # torch's writer reports a full disk as "enforce fail at inline_container.cc" or "iostream error"
+        full = shutil.disk_usage(partial).free < FULL_DISK_BYTES  # measured before the half-written state is removed
+        shutil.rmtree(partial, ignore_errors=True)
+        if not full:
+            raise
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(partial / "state.pt")) from exc
     if tokenizer is not None:
         tokenizer.save_pretrained(partial)
     old = folder.with_name(folder.name + ".old")

@@ -273,3 +273,28 @@ def test_a_model_that_needs_custom_code_is_refused_in_one_line(tiny_bert_dir, ss
     (custom / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelError, match=r"custom: this model needs custom code: pass --trust-remote-code if you trust its source$"):
         finetune(load_task(sst_like), tmp_path / "out", model=custom, progress=False)
+
+
+def test_a_diverging_fine_tuning_stops_at_its_first_non_finite_loss_keeping_a_finite_checkpoint(tiny_bert_dir, sst_like, tmp_path):
+    """With a learning rate of 1e30, step 1's update leaves the weights huge and step 2's loss NaN: the run stops there in one
+    line, step 1's checkpoint is kept with finite weights and losses, and no model is written."""
+    from bertology.core.training import TrainingDiverged, load_training_state
+
+    task = load_task(sst_like)
+    out = tmp_path / "model"
+    with pytest.raises(TrainingDiverged, match=r"^fine-tuning diverged at step 2: its loss is nan \(--learning-rate 1e\+30\); stopped, its last "
+                                                 r"checkpoint is kept in .*checkpoint; lower --learning-rate$"):
+        finetune(task, out, model=tiny_bert_dir, batch_size=4, epochs=3, learning_rate=1e30, max_length=16, progress=False, checkpoint_every=1)
+    state = load_training_state(out / "checkpoint" / "state.pt")
+    assert state["step"] == 1 and np.isfinite(state["losses"]).all()
+    assert all(torch.isfinite(tensor).all() for tensor in state["model"].values() if tensor.is_floating_point())
+    assert not (out / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("rate", [float("nan"), float("inf"), 0.0, -1e-3])
+def test_a_learning_rate_that_is_not_a_finite_number_above_0_is_refused_before_fine_tuning(sst_like, tmp_path, rate):
+    from bertology.core.errors import BertologyError
+
+    with pytest.raises(BertologyError, match="--learning-rate must be a finite number above 0"):
+        finetune(load_task(sst_like), tmp_path / "model", learning_rate=rate, progress=False)
+    assert not (tmp_path / "model").exists()

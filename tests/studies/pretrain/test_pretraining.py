@@ -1,5 +1,6 @@
 import json
 import pickle
+import re
 
 import numpy as np
 import pandas as pd
@@ -8,9 +9,12 @@ import torch
 from conftest import write_books
 from core.test_runfolder import snapshot
 from safetensors.torch import load_file
+from test_cli import bertology as run_cli
 
 from bertology.core.errors import BertologyError, CorpusError, StateError
 from bertology.core.models import load_model
+from bertology.core.training import TrainingDiverged
+from bertology.studies.pretrain import Pretrain
 from bertology.studies.pretrain import report as reports
 from bertology.studies.pretrain.pretraining import (
     causal_lm_loss,
@@ -378,3 +382,105 @@ def test_a_causal_state_with_a_masked_lm_evaluation_is_refused_in_one_line(tmp_p
     with pytest.raises(StateError) as error:
         pretrain(books, tmp_path / "run", steps=12, save_every=5, **CAUSAL)
     assert str(error.value) == f"{state}: 'evaluations' must hold (step, checkpoint name, validation loss) rows"
+
+
+#: A decoder small enough that a command-line run takes seconds.
+TINY_CLI = ("--causal", "--vocab-size", 300, "--layers", 1, "--heads", 2, "--hidden", 16, "--max-length", 16, "--batch-size", 4, "--checkpoints", 2,
+            "--device", "cpu", "-q")
+
+
+def _strict_json(path):
+    """``path`` read as JSON proper: NaN and Infinity, which Python's json writes by default, are refused."""
+    def refuse(constant):
+        raise ValueError(f"{path}: {constant} is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+@pytest.mark.parametrize("options", [SMALL, CAUSAL], ids=["masked-lm", "causal-lm"])
+@pytest.mark.parametrize("steps, loss", [(20, "training"), (2, "validation")])  # at step 2 a checkpoint is due: its validation scores
+def test_a_diverging_run_stops_at_its_first_non_finite_loss_keeping_the_good_checkpoints(tmp_path, options, steps, loss):
+    """Issue 37, case 4: `--learning-rate 1e30` gave NaN weights and `"lm_loss": NaN` in step files, and exited 0."""
+    books = write_books(tmp_path / "books")
+    out = tmp_path / "run"
+    with pytest.raises(TrainingDiverged) as error:
+        pretrain(books, out, steps=steps, save_every=1, **{**options, "learning_rate": 1e30})
+    name = "lm_loss" if options is CAUSAL else "mlm_loss"
+    prefix = "validation " if loss == "validation" else ""
+    match = re.fullmatch(rf"pre-training diverged at step (\d+): its {prefix}{name} is (nan|inf) \(--learning-rate 1e\+30\); stopped, "
+                         rf"the last good checkpoint is {re.escape(str((out / 'training' / 'checkpoints' / 'step-000000').resolve()))}; "
+                         r"lower --learning-rate and give another --out", str(error.value))
+    assert match, str(error.value)
+    assert 1 < int(match[1]) <= steps  # the first step's loss, of the random weights, is finite
+    assert not (out / "pretraining.json").exists() and not (out / "manifest.json").exists()
+    kept = sorted((out / "training" / "checkpoints").iterdir())
+    assert [folder.name for folder in kept] == ["step-000000"]
+    assert all(torch.isfinite(tensor).all() for tensor in load_file(kept[0] / "model.safetensors").values())
+    assert _strict_json(kept[0] / "pretraining_step.json")["step"] == 0
+    for path in out.rglob("*.json"):
+        _strict_json(path)
+    state = torch.load(out / "training" / "state" / "state.pt", weights_only=True)  # saved at every step before the divergence
+    assert state["step"] == int(match[1]) - 1 and all(torch.isfinite(tensor).all() for tensor in state["model"].values())
+    with pytest.raises(TrainingDiverged) as again:  # the same command resumes from that state, to the same divergence
+        pretrain(books, out, steps=steps, save_every=1, **{**options, "learning_rate": 1e30})
+    assert str(again.value) == str(error.value)
+
+
+def test_a_diverging_run_is_one_line_and_exit_status_2_on_the_command_line(tmp_path):
+    books = write_books(tmp_path / "books")
+    result = run_cli("pretrain", books, "--out", tmp_path / "run", *TINY_CLI, "--steps", 20, "--learning-rate", "1e30")
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    [line] = result.stderr.splitlines()
+    assert re.match(r"error: pre-training diverged at step \d+: its lm_loss is (nan|inf)", line), line
+    assert (tmp_path / "run" / "training" / "checkpoints" / "step-000000" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("rate", [float("nan"), float("inf"), float("-inf"), 0.0, -1e-3, "0.001"])
+def test_a_learning_rate_that_is_not_a_finite_number_above_0_is_refused_before_any_work(tmp_path, rate):
+    """Issue 37, case 8: `--learning-rate nan` trained on, every loss NaN."""
+    with pytest.raises(BertologyError, match=rf"^--learning-rate must be a finite number above 0, not {re.escape(repr(rate))}$"):
+        pretrain(tmp_path / "no-such-corpus", tmp_path / "run", **{**SMALL, "learning_rate": rate})  # refused before the corpus is read
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("rate", ["nan", "inf", "0"])
+def test_a_learning_rate_that_is_not_a_finite_number_above_0_is_one_line_on_the_command_line(tmp_path, rate):
+    books = write_books(tmp_path / "books")
+    result = run_cli("pretrain", books, "--out", tmp_path / "run", "--learning-rate", rate, *TINY_CLI, "--steps", 2)
+    assert result.returncode == 2 and result.stderr == f"error: --learning-rate must be a finite number above 0, not {float(rate)!r}\n"
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_corpus_too_small_to_hold_text_out_says_that_it_validates_on_training_text(tmp_path):
+    """Issue 37, case 9: a one-sentence corpus was validated on its training text without a word."""
+    one = tmp_path / "one.txt"
+    one.write_text("The cat sat on the mat.\n")
+    _, validation = split_documents(documents_for_pairs(read_documents([one])), 0.02)
+    assert validation == []  # no text is held out
+    result = run_cli("pretrain", one, "--out", tmp_path / "run", *TINY_CLI, "--steps", 3)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == ["warning: the corpus is too small to hold text out, so the validation scores are measured on training "
+                                          "text and say nothing of generalisation"]
+    for name in ("pretraining.json", "manifest.json"):
+        assert _strict_json(tmp_path / "run" / name)["corpus"]["validated_on_training_text"] is True, name
+    assert "so it measures fit, not generalisation" in (tmp_path / "run" / "report.html").read_text()
+    books = write_books(tmp_path / "books")  # held-out text: none of it
+    summary = pretrain(books, tmp_path / "books-run", steps=2, **{**CAUSAL, "checkpoints": 2})
+    assert summary["corpus"]["validated_on_training_text"] is False
+    assert not any(line.startswith("warning:") for line in Pretrain().summary(summary, {"out": tmp_path / "books-run"}))
+    assert "measured on held-out text" in (tmp_path / "books-run" / "report.html").read_text()
+
+
+def test_a_batch_with_no_piece_to_score_is_passed_over_not_a_nan_step(tmp_path):
+    """Runs of one piece (a document that is one frequent word) have no next piece: a batch of them had a NaN loss, written to
+    loss.csv and the training state (which a resume then refused), and taken for a divergence."""
+    books = write_books(tmp_path / "books")
+    for k in range(4):
+        (books / f"word{k}.txt").write_text("a\n")
+    options = {**CAUSAL, "batch_size": 1}
+    pretrain(books, tmp_path / "run", steps=30, save_every=5, max_steps=15, **options)
+    pretrain(books, tmp_path / "run", steps=30, save_every=5, **options)  # resumed from a state of finite losses
+    tokenizer = load_model(tmp_path / "run" / "checkpoints" / "step-000030", device="cpu").tokenizer
+    assert tokenizer("a", add_special_tokens=False)["input_ids"] == [tokenizer.convert_tokens_to_ids("Ġa")]  # one piece: nothing to predict
+    losses = pd.read_csv(tmp_path / "run" / "loss.csv")
+    assert losses.step.tolist() == list(range(1, 31)) and np.isfinite(losses.lm_loss).all()

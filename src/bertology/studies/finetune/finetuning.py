@@ -45,7 +45,15 @@ from bertology.core.options import check_seed
 from bertology.core.runfolder import RunFolder, claims_out, finish
 from bertology.core.safeload import finite_array
 from bertology.core.tasks import TaskData, collate_rows, encode_examples, predict_logits, seeded_subset, task_metrics
-from bertology.core.training import load_training_state, random_states, resume_training, save_training_state
+from bertology.core.training import (
+    TrainingDiverged,
+    check_learning_rate,
+    finite_parameters,
+    load_training_state,
+    random_states,
+    resume_training,
+    save_training_state,
+)
 
 
 @dataclass
@@ -105,6 +113,7 @@ def finetune(
     can be resumed later: tests use it to interrupt).
     """
     check_seed(seed)
+    check_learning_rate(learning_rate)
     out = Path(out)
     source = str(default_model_path()) if model is None else str(model)
     from bertology.core.digests import folder_weights_digest, tokenizer_digest
@@ -159,6 +168,10 @@ def finetune(
         step, losses = state["step"], state["losses"]
     resumed_from = step
 
+    def diverged(at: int, what: str) -> TrainingDiverged:
+        kept = f"its last checkpoint is kept in {checkpoint}" if (checkpoint / "state.pt").is_file() else "no checkpoint was saved yet"
+        return TrainingDiverged(f"fine-tuning diverged at step {at}: {what} (--learning-rate {learning_rate:g}); stopped, {kept}; lower --learning-rate")
+
     started = time.perf_counter()
     network.train()
     stop_at = total_steps if max_steps is None else min(total_steps, max_steps)
@@ -168,6 +181,8 @@ def finetune(
             order = np.random.default_rng((seed, epoch)).permutation(len(train_rows))
             chunk = order[position * batch_size : (position + 1) * batch_size]
             loss = network(**collate_rows(tokenizer, [train_rows[i] for i in chunk], torch_device)).loss
+            if not math.isfinite(loss.item()):  # stopped before the step and before any save: the last checkpoint stays good
+                raise diverged(step + 1, f"its loss is {loss.item()}")
             loss.backward()
             torch.nn.utils.clip_grad_norm_(network.parameters(), 1.0)
             optimizer.step()
@@ -178,6 +193,8 @@ def finetune(
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
             if step % checkpoint_every == 0 or step == stop_at:
+                if not finite_parameters(network):  # never saved: a checkpoint holds finite weights only
+                    raise diverged(step, "a weight is no longer finite")
                 save_training_state(checkpoint, {
                     "model": network.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step,
                     "losses": losses, "settings": asdict(settings), "random": random_states(),

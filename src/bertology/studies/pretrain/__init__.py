@@ -50,7 +50,9 @@ class Pretrain(Study):
         else:
             scores = (f"validation masked-LM loss {summary['val_mlm_loss']:.3f} (unigram baseline {summary['unigram_cross_entropy']:.3f}), "
                       f"next-sentence accuracy {summary['val_nsp_accuracy']:.3f}")
-        return [f"{summary['steps']} steps in {summary['seconds']:.0f} s: {scores}",
+        warnings = (["warning: the corpus is too small to hold text out, so the validation scores are measured on training text and say nothing "
+                     "of generalisation"] if summary["corpus"]["validated_on_training_text"] else [])
+        return [f"{summary['steps']} steps in {summary['seconds']:.0f} s: {scores}", *warnings,
                 f"checkpoints: {(out / 'checkpoints').resolve()}", f"report: {(out / 'report.html').resolve()}"]
 
 

@@ -33,11 +33,22 @@ Yardstick for "the model has learnt something": the unigram cross-entropy
 ``-mean_t ln p(t)`` over the validation pieces ``t`` the loss scores (masked LM: the masked ones; causal LM: every
 piece but a run's first), where ``p`` is the add-one smoothed piece frequency of the training text; the model's loss
 is measured on the same pieces (validation = the last ``validation_share`` of every document's sentences).
+
+A corpus too small to hold any sentence out (a document holds one out from 26 sentences at the default 2%; a
+one-sentence corpus never does) is validated on fixed training instances, and the run says so: a warning line, the
+field ``corpus.validated_on_training_text`` of the manifest and ``pretraining.json``, and the report's words. It is not
+refused: a toy or smoke-test corpus is what such a run is for, and its scores still show whether the model fits its text;
+but they are no measure of generalisation, and nothing may pass them off as one.
+
+A run that diverges (a loss, a validation score or a weight that is not a finite number, as ``--learning-rate 1e30``
+gives within two steps) stops at that step with one line (:class:`~bertology.core.training.TrainingDiverged`) that
+names the last good checkpoint; nothing non-finite is saved, so every checkpoint and training state kept is a good one.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -68,7 +79,16 @@ from bertology.core.runfolder import RunFolder, claims_out, finish, link_tree
 from bertology.core.safeload import finite_array, whole_number
 from bertology.core.stats import keyed_rng
 from bertology.core.tasks import next_token_losses
-from bertology.core.training import check_generator_state, load_training_state, random_states, resume_training, save_training_state
+from bertology.core.training import (
+    TrainingDiverged,
+    check_generator_state,
+    check_learning_rate,
+    finite_parameters,
+    load_training_state,
+    random_states,
+    resume_training,
+    save_training_state,
+)
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 #: The byte-level BPE's special tokens: GPT-2's end of text (its BOS and EOS, never added by the tokenizer) and the padding of batches.
@@ -438,11 +458,16 @@ def pretrain(
     (saved every ``save_every`` steps, read back with ``weights_only=True``) are kept in ``out/training/``:
     the same call resumes an interrupted run, and an earlier run in ``out`` stays whole until the new
     one replaces it at the end. ``max_steps`` stops early (tests use it to interrupt).
+
+    A batch with no piece to score (none masked, or runs of one piece: only a tiny corpus has them) is passed over, not
+    a step: its LM loss would be NaN. A run that diverges stops in one line with the checkpoints so far kept, and a corpus
+    too small to hold text out is validated on training text and says so (the module's docstring says why).
     """
     if objective not in OBJECTIVES:
         raise BertologyError(f"unknown objective {objective!r}: use {' or '.join(OBJECTIVES)}")
     if hidden % heads:
         raise BertologyError(f"--hidden {hidden} is not divisible by --heads {heads}")
+    check_learning_rate(learning_rate)
     goal, causal = OBJECTIVES[objective], objective == "causal-lm"
     started = time.perf_counter()
     files = corpus_files([corpus] if isinstance(corpus, (str, Path)) else list(corpus))
@@ -494,13 +519,16 @@ def pretrain(
     if not rows:
         raise CorpusError(files[0], None, "too little text to make one training instance")
     validation_rows = instances(validation_ids, keyed_rng(seed, "validation"))
-    if not validation_rows:  # a corpus too small to hold text out: validate on (fixed) training instances
+    validated_on_training_text = not validation_rows
+    if validated_on_training_text:  # a corpus too small to hold text out: validate on (fixed) training instances, and say so
         validation_rows = instances(train_ids, keyed_rng(seed, "validation"))[:batch_size]
     validation_collator = DataCollatorForLanguageModeling(tokenizer, mlm=not causal, mlm_probability=mask_probability, seed=seed + 1)
     validation_batches = [_collate(validation_collator, validation_rows[i : i + batch_size], torch_device)
                           for i in range(0, len(validation_rows), batch_size)]
-    unigram = unigram_cross_entropy(train_ids, np.concatenate([scored_labels(batch, goal).cpu().numpy() for batch in validation_batches]),
-                                    len(tokenizer))
+    targets = np.concatenate([scored_labels(batch, goal).cpu().numpy() for batch in validation_batches])
+    if not len(targets):  # no validation loss to measure: its mean would be NaN
+        raise CorpusError(files[0], None, "too little text to validate on: no validation piece is masked or has a next piece")
+    unigram = unigram_cross_entropy(train_ids, targets, len(tokenizer))
 
     if causal:
         config = GPT2Config(vocab_size=len(tokenizer), n_positions=max_length, n_embd=hidden, n_layer=layers, n_head=heads,
@@ -529,7 +557,19 @@ def pretrain(
         step, epoch, position, losses, evaluations = state["step"], state["epoch"], state["position"], state["losses"], state["evaluations"]
     resumed_from = step
 
+    def stop_if_diverged(at: int, values: dict[str, float], weights: bool = False) -> None:
+        """Stop the run at step ``at`` where one of ``values`` (losses or validation scores) or, with ``weights``, a weight
+        is not a finite number, before anything of that step is saved; what was saved before is kept."""
+        what = next((f"its {name} is {value}" for name, value in values.items() if not math.isfinite(value)), None)
+        if what is None and weights and not finite_parameters(network):
+            what = "its weights are no longer finite numbers"
+        if what is not None:
+            kept = f"the last good checkpoint is {(training / 'checkpoints' / evaluations[-1][1]).resolve()}" if evaluations else "no checkpoint was saved"
+            raise TrainingDiverged(f"pre-training diverged at step {at}: {what} (--learning-rate {learning_rate:g}); stopped, {kept}; "
+                                   "lower --learning-rate and give another --out")
+
     def save_state() -> None:
+        stop_if_diverged(step, {}, weights=True)
         save_training_state(state_folder, {
             "model": network.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "mask_rng": collator.generator.get_state(), "random": random_states(), "step": step, "epoch": epoch, "position": position,
@@ -538,12 +578,13 @@ def pretrain(
 
     def save_checkpoint() -> None:
         scores = evaluate(network, validation_batches, goal)
+        stop_if_diverged(step, {f"validation {score}": value for score, value in scores.items()}, weights=True)
         name = checkpoint_name(step)
         target = training / "checkpoints" / name
         with quiet_transformers():
             network.save_pretrained(target)
             tokenizer.save_pretrained(target)
-        (target / "pretraining_step.json").write_text(json.dumps({"step": step, **scores}, indent=2) + "\n")
+        (target / "pretraining_step.json").write_text(json.dumps({"step": step, **scores}, indent=2, allow_nan=False) + "\n")
         evaluations.append((step, name, *scores.values()))
 
     saved_steps = set(checkpoint_steps(steps, checkpoints))
@@ -554,6 +595,7 @@ def pretrain(
     stop_at = steps if max_steps is None else min(steps, max_steps)
     if epoch:  # resumed in a later epoch
         rows = epoch_rows(epoch)
+    unscored = 0  # batches in a row with no piece to score
     with tqdm(total=steps, initial=step, unit="step", desc="pre-training", disable=not progress) as bar:
         while step < stop_at:
             if position >= len(rows):
@@ -561,14 +603,22 @@ def pretrain(
                 rows = epoch_rows(epoch)
             batch = _collate(collator, rows[position : position + batch_size], torch_device)
             position += batch_size
+            if not len(scored_labels(batch, goal)):  # no piece masked, or runs of one piece (a tiny corpus): no LM loss, so no step
+                unscored += 1
+                if unscored > len(rows):  # a whole epoch and more
+                    raise CorpusError(files[0], None, "too little text to train on: no training batch has a piece masked or a next piece")
+                continue
+            unscored = 0
             parts = training_losses(network, batch, goal)
+            values = [part.item() for part in parts]
+            stop_if_diverged(step + 1, dict(zip(goal.step_losses, values)))
             sum(parts).backward()
             torch.nn.utils.clip_grad_norm_(network.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
             step += 1
-            losses.append((step, *(part.item() for part in parts), scheduler.get_last_lr()[0]))
+            losses.append((step, *values, scheduler.get_last_lr()[0]))
             bar.update(1)
             bar.set_postfix({goal.step_losses[0].removesuffix("_loss"): f"{np.mean([row[1] for row in losses[-50:]]):.3f}"})
             if step in saved_steps:
@@ -585,7 +635,7 @@ def pretrain(
         "loss": goal.loss,
         "corpus": {"files": settings.corpus, "documents": len(documents), "sentences": sum(map(len, documents)),
                    "training_pieces": int(sum(len(s) for document in train_ids for s in document)),
-                   "validation_instances": len(validation_rows)},
+                   "validation_instances": len(validation_rows), "validated_on_training_text": validated_on_training_text},
         "model": {"architecture": goal.architecture, "parameters": sum(p.numel() for p in network.base_model.parameters()),
                   "vocab_size": len(tokenizer)},
         "settings": asdict(settings),

@@ -59,9 +59,11 @@ def pretraining_report(folder: RunFolder, summary: dict, losses: pd.DataFrame, c
         intro = f"A BERT trained from scratch with the {summary['loss']}. "
         final = (f"Final validation masked-LM loss {summary['val_mlm_loss']:.3f} nats against {summary['unigram_cross_entropy']:.3f} for unigram guessing; "
                  f"next-sentence accuracy {summary['val_nsp_accuracy']:.3f} (chance 0.5).")
+    on_training = summary["corpus"]["validated_on_training_text"]
+    text = "training instances (the corpus is too small to hold text out, so it measures fit, not generalisation)" if on_training else "held-out text"
     section = Section(
         title="Pre-training",
-        intro=intro + (f"The validation {name} is measured on held-out text{' with fixed masks' if objective == 'masked-lm' else ''}; "
+        intro=intro + (f"The validation {name} is measured on {text}{' with fixed masks' if objective == 'masked-lm' else ''}; "
                        "the unigram cross-entropy is what guessing by piece frequency alone scores on the same pieces."),
     )
     curve = folder.write_figure("loss_curve", pretraining_curve(losses, checkpoints, summary["unigram_cross_entropy"], objective))
