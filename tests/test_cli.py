@@ -296,3 +296,48 @@ def test_compare_refuses_a_bos_adding_llama_on_gpt2s_pieces(tiny_gpt2_dir, tiny_
         f"error: {tiny_gpt2_dir} and {tiny_llama_dir} cut the corpus into different pieces ({corpus.name}:1: piece 0 is {first!r} for {tiny_gpt2_dir} "
         f"and '<s>' for {tiny_llama_dir}): the comparison runs both on model A's pieces, so compare models whose tokenizers agree"]
     assert not (tmp_path / "run").exists()
+
+
+def peak_memory_of(*args) -> tuple[subprocess.CompletedProcess, int]:
+    """``bertology ARGS`` as :func:`bertology` runs it, and the peak resident memory of its process in KiB (``ru_maxrss``)."""
+    code = ("import resource, runpy, sys\ntry:\n    runpy.run_module('bertology.cli', run_name='__main__', alter_sys=True)\n"
+            "finally:\n    print(f'peak KiB {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}', file=sys.stderr)")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
+    return result, int(result.stderr.rsplit("peak KiB ", 1)[1])
+
+
+def test_a_five_megabyte_line_costs_no_memory_a_short_line_does_not(tiny_gpt2_dir, tmp_path):
+    # issue 37, case 6: the line was tokenized whole before truncation (5 MB: 2.6 GB); now a part of it (Engine.read)
+    words = ("the cat sat on the mat, where is the dog? café über 日本語 " * 90_000)[:5_000_000]
+    (tmp_path / "long.txt").write_text(f"the cat sat on the mat.\n{words}\nwe saw it.\n")
+    (tmp_path / "short.txt").write_text(f"the cat sat on the mat.\n{words[:300]}\nwe saw it.\n")
+    peaks = {}
+    for name in ("short", "long"):
+        result, peaks[name] = peak_memory_of("analyze", "-m", tiny_gpt2_dir, "-c", tmp_path / f"{name}.txt", "--max-length", 16, "--out", tmp_path / name,
+                                             "--device", "cpu", "-q")
+        assert result.returncode == 0, result.stderr
+        assert "3 sequences (1 truncated, 0 skipped as too long)" in result.stdout
+    assert peaks["long"] - peaks["short"] < 400 * 1024, peaks
+    result = bertology("analyze", "-m", tiny_gpt2_dir, "-c", tmp_path / "long.txt", "--max-length", 16, "--skip-long", "--out", tmp_path / "skip",
+                       "--device", "cpu", "-q")
+    assert result.returncode == 0 and "2 sequences (0 truncated, 1 skipped as too long)" in result.stdout
+    assert json.loads((tmp_path / "skip" / "manifest.json").read_text())["skipped_sources"] == ["long.txt:2"]
+
+
+def test_one_piece_lines_of_a_decoder_are_skipped_and_counted_and_rollout_and_sinks_run(tiny_gpt2_dir, tmp_path):
+    # issue 37, case 7: "cat" and "the" are one piece each for the tiny GPT-2; the first line is one, so the report's viewer
+    # shows the first line analysed
+    from transformers import AutoTokenizer
+
+    lines = ["cat", "the cat sat on the mat.", "we saw it.", "the", "the dog ran under the table."]
+    assert [len(AutoTokenizer.from_pretrained(tiny_gpt2_dir)(line)["input_ids"]) for line in lines][::3] == [1, 1]
+    (tmp_path / "c.txt").write_text("\n".join(lines) + "\n")
+    result = bertology("analyze", "-m", tiny_gpt2_dir, "-c", tmp_path / "c.txt", "--out", tmp_path / "run", "--device", "cpu", "-q")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("3 sequences (0 truncated, 0 skipped as too long, 2 skipped as shorter than 2 pieces)")
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["failures"] == {} and manifest["stats"]["degenerate"] == 2 and manifest["skipped_sources"] == ["c.txt:1", "c.txt:4"]
+    assert "the cat sat on the mat." in (tmp_path / "run" / "viewer.html").read_text()
+    for table in ("rollout.csv", "sinks.csv"):
+        assert pd.read_csv(tmp_path / "run" / table).notna().any().all(), table

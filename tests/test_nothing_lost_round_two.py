@@ -323,3 +323,29 @@ def test_a_training_state_that_fills_the_disk_is_a_full_disk_error_and_leaves_no
         save_training_state(small_disk / "training", {"model": {"weight": torch.zeros(64 * 1024)}, "step": 1})
     assert error.value.errno == errno.ENOSPC
     assert list(small_disk.iterdir()) == []
+
+
+# ---- case 7: a corpus of degenerate sequences is one line naming the first, in every command that reads one ----
+
+@pytest.fixture
+def one_piece_lines(tmp_path, tiny_gpt2_dir):
+    """Lines that the tiny GPT-2 cuts into one piece each (it adds no BOS)."""
+    tokenizer = load_model(tiny_gpt2_dir, device="cpu").tokenizer
+    words = [word for word in ("a", "the", "cat", "dog", "it") if len(tokenizer.tokenize(word)) == 1]
+    assert len(words) >= 3
+    path = tmp_path / "short.txt"
+    path.write_text("\n".join(words) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("command", ["analyze", "track"])
+def test_a_corpus_of_one_piece_lines_is_one_line_naming_the_first(tiny_gpt2_dir, one_piece_lines, tmp_path, command):
+    model = ["--model", tiny_gpt2_dir] if command == "analyze" else [tiny_gpt2_dir, tiny_gpt2_dir, "--steps", "0,1"]
+    line = one_error_line(bertology(command, *model, "--corpus", one_piece_lines, "--out", tmp_path / "run", "-q", "--device", "cpu"))
+    assert "every one was skipped" in line and "of fewer than 2 pieces" in line and "(the first: short.txt:1)" in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_view_of_a_one_piece_text_on_a_decoder_is_one_line(tiny_gpt2_dir, tmp_path):
+    line = one_error_line(bertology("view", "a", "--model", tiny_gpt2_dir, "--out", tmp_path / "v.html", "--device", "cpu"))
+    assert line == "error: the text to view gives fewer than 2 pieces: there is no map to draw; give a longer text"

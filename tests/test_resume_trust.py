@@ -276,7 +276,8 @@ def test_a_window_of_many_small_batches_resumes_past_sort_window_batches(interru
 
     resume = Resume(tmp_path, "unused")
     stats = RunStats(sequences=40, batches=40)
-    progress = {"backend": "local", "window_start": 0, "batches_done": 40, "truncated_before": 0, "skipped_before": 0, "sources_before": 0}
+    progress = {"backend": "local", "window_start": 0, "batches_done": 40, "truncated_before": 0, "skipped_before": 0, "sources_before": 0,
+                "degenerate_before": 0}
     assert resume.checked_local_progress(progress, stats, total=100, window_size=64) == progress
     with pytest.raises(BertologyError, match="batches_done = 65 is out of range"):
         resume.checked_local_progress({**progress, "batches_done": 65}, stats, total=100, window_size=64)

@@ -114,7 +114,7 @@ def _probe_value(option: Option):
 
 
 #: What the options check's stand-in for ``analyze()`` returns: a run of nothing, for the command's summary lines.
-_NOTHING_RUN = SimpleNamespace(stats=SimpleNamespace(sequences=0, truncated=0, skipped=0, seconds=0.0), results={}, warnings=[], failures={},
+_NOTHING_RUN = SimpleNamespace(stats=SimpleNamespace(sequences=0, truncated=0, skipped=0, degenerate=0, seconds=0.0), results={}, warnings=[], failures={},
                                out=Path("unused"))
 
 
@@ -247,10 +247,10 @@ def _refusal(study: Study, given: dict) -> str:
     """Run ``study`` from the command line (in process) with ``given`` and return the one-line error it must stop with."""
     from typer.testing import CliRunner
 
-    from bertology.cli import app
+    from bertology.cli import build_app
     from bertology.core.errors import BertologyError
 
-    outcome = CliRunner().invoke(app, command_line(study, given))
+    outcome = CliRunner().invoke(build_app(), command_line(study, given))  # built now: a study registered after the import has its command
     error = outcome.exception
     assert isinstance(error, BertologyError), f"study {study.name}: the command was not refused ({outcome.exit_code}: {error!r} {outcome.output[-500:]})"
     assert "\n" not in str(error), f"study {study.name}: the refusal is not one line: {error}"
@@ -277,8 +277,10 @@ def check_input_inside_out_refused(study: Study, given: dict) -> None:
     out = Path(given["out"])
     with RunFolder(out) as folder:
         folder.write_text("report.html", "an earlier run")
-    name, value = next((name, value) for name, value in given.items() if name != "out"
-                       and any(Path(str(each)).exists() for each in (value if isinstance(value, (list, tuple)) else [value])))
+    inputs = [(name, value) for name, value in given.items() if name != "out"
+              and any(Path(str(each)).exists() for each in (value if isinstance(value, (list, tuple)) else [value]))]
+    assert inputs, f"study {study.name}: give the check an input that names a file or folder (a corpus, a model)"
+    name, value = inputs[0]
     moved = []
     for each in value if isinstance(value, (list, tuple)) else [value]:
         source = Path(str(each))

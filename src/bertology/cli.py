@@ -40,10 +40,25 @@ def _parameter(option: Option) -> inspect.Parameter:
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
+def check_out_before_parsing(study: Study, settings: dict) -> None:
+    """Refuse, in one line, an ``--out`` that is or holds what the run reads, as the command line gives it: every option of
+    type ``Path`` and every one that ``reads_files`` (a model given as text, ``--class NAME=words:FILE``), before the study
+    parses its options into values that may name no path, and whatever the study's own code checks (a study of the user's
+    too)."""
+    from pathlib import Path
+
+    from bertology.core.runfolder import check_out
+
+    inputs = [settings[option.name] for option in study.options if option.name != "out" and (option.reads_files or option.cli_type is Path)]
+    check_out(settings["out"], inputs=inputs, work=study.work)
+
+
 def _command(app: typer.Typer, study: Study) -> None:
     """Add ``bertology NAME`` to ``app``: run the study with the values given, print its summary, and fail as it says."""
 
     def command(**settings) -> None:
+        if study.writes == "folder" and settings.get("out") is not None:
+            check_out_before_parsing(study, settings)
         result = study.run(settings, command=sys.argv)
         for line in study.summary(result, settings):
             typer.echo(line, err=line.startswith("warning: "))

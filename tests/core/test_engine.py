@@ -7,6 +7,7 @@ from conftest import tiny_examples
 
 from bertology.core.corpora import Example
 from bertology.core.engine import Engine, RunStats
+from bertology.core.errors import BertologyError
 
 
 class Collect:
@@ -120,3 +121,96 @@ def test_every_family_loads_from_a_folder_and_runs(family, tiny_bert_dir, tmp_pa
     assert stats.sequences == len(tiny_examples())
     result = profile.result()
     assert len(result) == 3 * 4 * 9 and result.value.notna().all()
+
+
+def long_line(characters: int, seed: int = 0) -> str:
+    """Words of the tiny vocabulary with accented and CJK words among them (several bytes a character in UTF-8), joined by
+    spaces up to ``characters`` characters."""
+    rng = np.random.default_rng(seed)
+    words = np.array("the cat sat on the mat , where is the dog ? unbelievably tokenization ran fast café über 日本語 !".split())
+    line = " ".join(rng.choice(words, size=characters // 3))
+    return line[:characters]
+
+
+class TokenizerSpy:
+    """Records the length of every text (and pair text) the tokenizer class is called with."""
+
+    def __init__(self, monkeypatch, tokenizer):
+        self.lengths, original = [], type(tokenizer).__call__
+
+        def spy(tokenizer, text, text_pair=None, **options):
+            self.lengths.append(len(text) + len(text_pair or ""))
+            return original(tokenizer, text, text_pair, **options)
+
+        monkeypatch.setattr(type(tokenizer), "__call__", spy)
+
+
+@pytest.fixture(scope="module")
+def readers(tiny_bert, tiny_gpt2_dir, tiny_llama_dir):
+    """WordPiece with [CLS] and [SEP] (BERT), byte-level BPE without special tokens (GPT-2) and with BOS (Llama)."""
+    from bertology.core.models import load_model
+
+    return {"bert": tiny_bert, "gpt2": load_model(tiny_gpt2_dir, device="cpu"), "llama": load_model(tiny_llama_dir, device="cpu")}
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
+def test_a_multi_megabyte_line_is_tokenized_from_a_bounded_part_and_keeps_the_whole_lines_first_pieces(kind, readers, monkeypatch):
+    from bertology.core.engine import CHARS_PER_PIECE, CUT_MARGIN
+
+    model, line = readers[kind], long_line(2_000_000)
+    whole = model.tokenizer(line, truncation=True, max_length=16, return_offsets_mapping=True)  # the whole line, truncated by transformers
+    assert len(model.tokenizer(line[:100_000])["input_ids"]) > 16
+    spy = TokenizerSpy(monkeypatch, model.tokenizer)
+    stats = RunStats()
+    items = list(Engine(model, max_length=16, progress=False).encode([(0, Example(line))], stats))
+    assert 0 < max(spy.lengths) <= CUT_MARGIN + CHARS_PER_PIECE * 16
+    assert (stats.truncated, len(items)) == (1, 1) and items[0].truncated
+    assert items[0].input_ids == whole["input_ids"] and items[0].offsets == [tuple(o) for o in whole["offset_mapping"]]
+    assert items[0].sequence_ids == whole.sequence_ids()
+    skipped = RunStats()
+    assert list(Engine(model, max_length=16, overflow="skip", progress=False).encode([(0, Example(line, source="big.txt:1"))], skipped)) == []
+    assert (skipped.skipped, skipped.truncated, skipped.skipped_sources) == (1, 0, ["big.txt:1"])
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
+def test_bounded_reading_cuts_no_line_that_fits_and_pairs_keep_the_pieces_of_the_whole_pair(kind, readers):
+    model = readers[kind]
+    line = long_line(3000, seed=1)
+    examples = [Example(line), Example(line, "the cat sat."), Example("the cat sat.", line), Example(line[:1100]), Example(line[:1500], line[:40]),
+                Example(" " * 5000 + line[:60]), Example("the " + "a" * 4000 + " cat")]  # spaces make no piece in WordPiece; a long word one [UNK]
+    for max_length in (16, 17, 64):
+        for overflow in ("truncate", "skip"):
+            stats = RunStats()
+            items = {item.index: item for item in Engine(model, max_length=max_length, overflow=overflow, progress=False).encode(enumerate(examples), stats)}
+            too_long = [len(model.tokenizer(e.text, e.text_pair)["input_ids"]) > max_length for e in examples]
+            assert (stats.truncated, stats.skipped) == ((sum(too_long), 0) if overflow == "truncate" else (0, sum(too_long)))
+            for index, example in enumerate(examples):
+                if overflow == "skip" and too_long[index]:
+                    assert index not in items
+                    continue
+                whole = model.tokenizer(example.text, example.text_pair, truncation="longest_first", max_length=max_length, return_offsets_mapping=True)
+                item = items[index]
+                assert item.input_ids == whole["input_ids"] and item.offsets == [tuple(o) for o in whole["offset_mapping"]], (max_length, index)
+                assert item.sequence_ids == whole.sequence_ids() and item.truncated == too_long[index]
+
+
+def test_sequences_of_fewer_than_two_pieces_are_skipped_counted_and_named(readers):
+    gpt2, llama = readers["gpt2"], readers["llama"]
+    examples = [Example(""), Example("the cat sat on the mat."), Example("cat", source="c.txt:3"), Example("we saw it."), Example("the dog ran.")]
+    assert [len(gpt2.tokenizer(e.text)["input_ids"]) for e in examples] == [0, 11, 1, 7, 5]
+    collect, positions = Collect(), []
+    engine = Engine(gpt2, batch_size=1, sort_window=2, progress=False)
+    stats = engine.run(examples, [collect], on_batch=lambda stats, position: positions.append(position))
+    assert (stats.sequences, stats.degenerate, stats.skipped, stats.seen) == (3, 2, 0, 5)
+    assert stats.skipped_sources == ["example 1", "c.txt:3"] and stats.as_dict()["degenerate"] == 2
+    assert sorted(collect.maps) == [1, 3, 4] and min(map(len, (m[0, 0] for m in collect.maps.values()))) >= 2
+    # The second window starts after the four examples the first one read, the two it skipped included (where a resumed run starts).
+    assert [p["window_start"] for p in positions] == [0, 0, 4] and positions[-1]["degenerate_before"] == 2
+    # Llama puts BOS first: an empty text is one piece; at --max-length 1 every text is cut to one.
+    assert len(llama.tokenizer("")["input_ids"]) == 1
+    assert Engine(llama, progress=False).run([Example(""), Example("the cat.")], [Collect()]).degenerate == 1
+    stats = Engine(llama, max_length=1, progress=False).run([Example("the cat.", source="t:1"), Example("we saw it.")], [Collect()])
+    assert (stats.sequences, stats.truncated, stats.degenerate) == (0, 0, 2)
+    with pytest.raises(BertologyError) as refused:
+        stats.check_counted(1)
+    assert str(refused.value) == "no sequence to analyse: every one was skipped, 2 of fewer than 2 pieces (the first: t:1)"

@@ -5,7 +5,7 @@ import json
 
 import pandas as pd
 import pytest
-from conftest import readme_example, run_offline
+from conftest import TEXTS, readme_example, run_offline
 
 from bertology.checks import STUDY_CHECKS
 
@@ -46,7 +46,9 @@ def pieces_study():
 def test_the_readme_study_passes_the_study_checks(check, pieces_study, tmp_path):
     if check == "help_imports_nothing_heavy":
         pytest.skip("the study is registered in this process only; its --help is checked through build_app below")
-    STUDY_CHECKS[check](pieces_study, {"out": tmp_path / "runs" / "pieces", "limit": 12})
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    STUDY_CHECKS[check](pieces_study, {"out": tmp_path / "runs" / "pieces", "corpus": corpus, "limit": 12})
 
 
 def test_a_registered_study_gets_its_command_with_the_shared_options(pieces_study):

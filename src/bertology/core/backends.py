@@ -110,8 +110,9 @@ class Resume:
         whole_number(field(progress, "truncated_before", int, where), "truncated_before", where, high=stats.truncated)
         whole_number(field(progress, "skipped_before", int, where), "skipped_before", where, high=min(stats.skipped, window_start))
         whole_number(field(progress, "sources_before", int, where), "sources_before", where, high=len(stats.skipped_sources))
-        if stats.sequences + stats.skipped > (total if total is not None else stats.sequences + stats.skipped):
-            raise StateError(where, f"counts {stats.sequences + stats.skipped} examples, more than the corpus's {total}")
+        whole_number(field(progress, "degenerate_before", int, where), "degenerate_before", where, high=min(stats.degenerate, window_start))
+        if stats.seen > (total if total is not None else stats.seen):
+            raise StateError(where, f"counts {stats.seen} examples, more than the corpus's {total}")
         return progress
 
     def checked_shards(self, progress: dict, shards: int | None) -> set[int]:
@@ -165,11 +166,11 @@ def run_local(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: lis
         if progress.get("backend") != "local":
             raise BertologyError(f"{resume.folder}: saved by a run on Ray: resume it with --backend ray, or delete that folder")
         progress = resume.checked_local_progress(progress, stats, total, engine.batch_size * engine.sort_window)
-        print(f"resuming: {stats.sequences + stats.skipped} of {total if total is not None else '?'} examples were counted before "
+        print(f"resuming: {stats.seen} of {total if total is not None else '?'} examples were counted before "
               f"({resume.folder})", file=sys.stderr)
         # The current window is formed again from its first example: its truncations and skips are counted again.
         start, skip = progress["window_start"], progress["batches_done"]
-        stats.truncated, stats.skipped = progress["truncated_before"], progress["skipped_before"]
+        stats.truncated, stats.skipped, stats.degenerate = progress["truncated_before"], progress["skipped_before"], progress["degenerate_before"]
         stats.skipped_sources = stats.skipped_sources[: progress["sources_before"]]
 
     def checkpoint(stats: RunStats, position: dict) -> None:
@@ -346,7 +347,7 @@ def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list,
             if progress_state.get("backend") != "ray":
                 raise BertologyError(f"{resume.folder}: saved by a local run: resume it with --backend local, or delete that folder")
             done = resume.checked_shards(progress_state, -(-total // (engine.batch_size * engine.sort_window)) if total is not None else None)
-            print(f"resuming: {len(done)} shards ({stats.sequences + stats.skipped} examples) were counted before ({resume.folder})", file=sys.stderr)
+            print(f"resuming: {len(done)} shards ({stats.seen} examples) were counted before ({resume.folder})", file=sys.stderr)
         began = time.perf_counter() - stats.seconds
         shard_size = engine.batch_size * engine.sort_window
 
@@ -358,12 +359,12 @@ def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list,
             stats.add(shard_stats)
             done.add(shard)
             stats.seconds = time.perf_counter() - began
-            bar.update(stats.sequences + stats.skipped - bar.n)
+            bar.update(stats.seen - bar.n)
             if resume is not None and resume.due(stats):
                 resume.save({"backend": "ray", "done": sorted(done)}, stats, analyzers)
 
         iterator = iter(examples)
-        with tqdm(total=total, initial=stats.sequences + stats.skipped, unit="seq", desc="analyzing (ray)", disable=not progress, smoothing=0.1) as bar:
+        with tqdm(total=total, initial=stats.seen, unit="seq", desc="analyzing (ray)", disable=not progress, smoothing=0.1) as bar:
             for shard in itertools.count():
                 chunk = list(itertools.islice(iterator, shard_size))
                 if not chunk:

@@ -18,13 +18,15 @@ from functools import cached_property, partial
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+from transformers import BatchEncoding
 
 from bertology.core.alignment import WordAlignment, align, default_word_spans, to_word_level
 from bertology.core.contributions import CONTRIBUTION_MEASURES, alti_contributions, alti_per_head, value_zeroing
 from bertology.core.corpora import Example
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.hooks import Hooks
-from bertology.core.models import BLOCK_LAYOUTS, ENCODER_LAYOUTS, PUNCT_SETS, LoadedModel, attention_blocks, punctuation_table
+from bertology.core.layouts import ENCODER
+from bertology.core.models import PUNCT_SETS, LoadedModel, attention_blocks, punctuation_table
 from bertology.core.norms import CONTRIBUTION_VIEWS, WEIGHTINGS, mixing_ratios, norm_shares, transformed_norms
 
 OVERFLOW_POLICIES = ("truncate", "skip")
@@ -34,6 +36,14 @@ MAX_SKIPPED_SOURCES = 100  # the manifest lists the first skipped sequences; the
 #: The default cap on a batch's padded attention size, ``layers * heads * batch * n^2``: at 512 pieces, three sequences of a
 #: 6 x 12-head model (one layer's maps, all the layer-by-layer pass holds, about 40 MB in float32), whatever the batch size.
 MAX_ATTENTION_ELEMENTS = 2**26
+#: The fewest pieces a sequence needs to be analysed: with 0 or 1 there is no attention between tokens (one weight of 1, and a
+#: decoder's only row is left out of every mean over queries). Shorter sequences are skipped and counted (``RunStats.degenerate``).
+MIN_PIECES = 2
+#: Bounded reading (:meth:`Engine.read`): a sentence is tokenized from its first ``CUT_MARGIN + CHARS_PER_PIECE * max_length``
+#: characters, twice as many while that part cannot decide; the pieces in a part's last ``CUT_MARGIN`` characters (or a
+#: WordPiece model's longest word, where longer) may differ from the whole sentence's (a word cut short) and decide nothing.
+CHARS_PER_PIECE = 8
+CUT_MARGIN = 1000
 
 
 @dataclass
@@ -241,7 +251,8 @@ class RunStats:
     sequences: int = 0
     tokens: int = 0
     truncated: int = 0
-    skipped: int = 0
+    skipped: int = 0  # longer than max_length, with overflow="skip"
+    degenerate: int = 0  # fewer than MIN_PIECES pieces
     batches: int = 0
     seconds: float = 0.0
     skipped_sources: list[str] = field(default_factory=list)
@@ -254,11 +265,34 @@ class RunStats:
         self.tokens += other.tokens
         self.truncated += other.truncated
         self.skipped += other.skipped
+        self.degenerate += other.degenerate
         self.batches += other.batches
         self.skipped_sources = (self.skipped_sources + other.skipped_sources)[:MAX_SKIPPED_SOURCES]
         for position, message in other.failed.items():
             self.failed.setdefault(position, message)
         return self
+
+    @property
+    def seen(self) -> int:
+        """The examples read so far: analysed, or skipped as too long or degenerate."""
+        return self.sequences + self.skipped + self.degenerate
+
+    def leave_out(self, index: int, example: Example) -> None:
+        """Note a skipped example among the first :data:`MAX_SKIPPED_SOURCES` (its source, or its place in the corpus from 1)."""
+        if len(self.skipped_sources) < MAX_SKIPPED_SOURCES:
+            self.skipped_sources.append(example.source or f"example {index + 1}")
+
+    def check_counted(self, max_length: int) -> None:
+        """Refuse, in one line that names the first example skipped, a pass that analysed no sequence."""
+        if self.sequences:
+            return
+        reasons = [f"{count} {why}" for count, why in ((self.skipped, f"longer than {max_length} pieces"),
+                                                      (self.degenerate, f"of fewer than {MIN_PIECES} pieces")) if count]
+        if not reasons:
+            raise BertologyError("no sequence to analyse: the input has none")
+        first = f" (the first: {self.skipped_sources[0]})" if self.skipped_sources else ""
+        advice = "; raise --max-length or truncate" if self.skipped else ""
+        raise BertologyError(f"no sequence to analyse: every one was skipped, {' and '.join(reasons)}{first}{advice}")
 
     def as_dict(self) -> dict:
         return {
@@ -266,6 +300,7 @@ class RunStats:
             "tokens": self.tokens,
             "truncated": self.truncated,
             "skipped": self.skipped,
+            "degenerate": self.degenerate,
             "batches": self.batches,
             "seconds": round(self.seconds, 3),
             "sequences_per_second": round(self.sequences / self.seconds, 2) if self.seconds else None,
@@ -339,29 +374,66 @@ class Engine:
         return self._punct_by_id[input_ids]
 
     # -- tokenization and batching ---------------------------------------------------------
-    def _encode(self, example: Example, truncate: bool) -> dict:
+    def _encode(self, sentences: list[str], truncate: bool) -> BatchEncoding:
+        """The encoding of a sentence or a pair, with offsets and segment ids; with ``truncate``, cut to ``max_length``."""
         return self.model.tokenizer(
-            example.text,
-            example.text_pair,
+            *sentences,
             truncation="longest_first" if truncate else False,
             max_length=self.max_length if truncate else None,
             return_offsets_mapping=True,
             return_token_type_ids=True,
         )
 
+    def read(self, example: Example) -> tuple[list[str], BatchEncoding]:
+        """``(parts, encoding)``: the example's sentence (or two) cut to parts that decide what ``max_length`` does to it, and
+        their encoding untruncated, so that neither memory nor time grows with a sentence's length.
+
+        A sentence over the limit (:data:`CHARS_PER_PIECE`) is cut, and the cut stands once more than ``budget`` pieces
+        (``max_length`` less the special tokens) lie before the part's margin (:data:`CUT_MARGIN`): those are the whole
+        sentence's first pieces, so the whole is over ``max_length`` as well and truncation keeps only pieces among them.
+        Otherwise the limit doubles, up to the whole sentence; a sentence that fits is never cut. In a pair, a cut sentence
+        also needs more such pieces than the other sentence, where that one is whole, so that truncation (longest first)
+        shares ``max_length`` between the two as it would between the whole ones; where both are cut, the one piece an odd
+        budget leaves goes to the part with more pieces. A tokenizer that truncates on the left reads the whole sentences."""
+        tokenizer = self.model.tokenizer
+        sentences = [text for text in (example.text, example.text_pair) if text is not None]
+        if tokenizer.truncation_side != "right" or all(len(sentence) <= CUT_MARGIN + CHARS_PER_PIECE * self.max_length for sentence in sentences):
+            return sentences, self._encode(sentences, truncate=False)
+        margin = max(CUT_MARGIN, getattr(tokenizer.backend_tokenizer.model, "max_input_chars_per_word", 0))
+        budget = self.max_length - tokenizer.num_special_tokens_to_add(pair=len(sentences) == 2)
+        limits = [margin + CHARS_PER_PIECE * self.max_length] * len(sentences)
+        while True:
+            parts = [sentence[:limit] for sentence, limit in zip(sentences, limits)]
+            encoding = self._encode(parts, truncate=False)
+            cut = [len(part) < len(sentence) for part, sentence in zip(parts, sentences)]
+            sides = encoding.sequence_ids()
+            pieces = [sides.count(k) for k in range(len(parts))]
+            decided = [sum(1 for (_, end), side in zip(encoding["offset_mapping"], sides) if side == k and end <= len(part) - margin)
+                       for k, part in enumerate(parts)]
+            undecided = [k for k in range(len(parts)) if cut[k] and not (
+                decided[k] > budget and all(cut[other] or decided[k] > pieces[other] for other in range(len(parts)) if other != k))]
+            if not undecided:
+                return parts, encoding
+            for k in undecided:
+                limits[k] *= 2
+
     def encode(self, indexed: Iterable[tuple[int, Example]], stats: RunStats) -> Iterator[Encoded]:
-        """Tokenize examples, truncating or skipping those over ``max_length``."""
+        """Tokenize examples (a bounded part of each: :meth:`read`), truncating or skipping those over ``max_length``, and
+        skipping those of fewer than :data:`MIN_PIECES` pieces (degenerate); ``stats`` counts each."""
         for index, example in indexed:
-            encoding = self._encode(example, truncate=False)
+            parts, encoding = self.read(example)
             truncated = len(encoding["input_ids"]) > self.max_length
+            if truncated and self.overflow == "skip":
+                stats.skipped += 1
+                stats.leave_out(index, example)
+                continue
             if truncated:
-                if self.overflow == "skip":
-                    stats.skipped += 1
-                    if len(stats.skipped_sources) < MAX_SKIPPED_SOURCES:
-                        stats.skipped_sources.append(example.source)
-                    continue
-                encoding = self._encode(example, truncate=True)
-                stats.truncated += 1
+                encoding = self._encode(parts, truncate=True)
+            if len(encoding["input_ids"]) < MIN_PIECES:
+                stats.degenerate += 1
+                stats.leave_out(index, example)
+                continue
+            stats.truncated += int(truncated)
             yield Encoded(
                 index=index,
                 example=example,
@@ -547,7 +619,7 @@ class Engine:
         # Layer l's attention reads layer l's input, the output of layer l - 1 (l = 0: the embeddings), so with the last
         # layer's output these are the hidden states, taken without transformers' output recorder (it leaves hooks in the
         # model that no pickle, and so no Ray actor, can carry). Other layouts ask transformers for them.
-        own_states = hidden_states and self.model.model.config.model_type in ENCODER_LAYOUTS  # post-norm: the attention reads x itself
+        own_states = hidden_states and self.model.layout is not None and self.model.layout.kind == ENCODER  # post-norm: the attention reads x itself
         # x is the attention's input in a post-norm block; in a pre-norm one (a decoder's) the layer's, as its attention reads LN(x)
         inputs = [block.input_module for block in self.blocks] if mixing or contributions or views or own_states else []
         shared = {id(module): module for module in inputs}  # ALBERT shares one
@@ -571,7 +643,7 @@ class Engine:
     @property
     def knows_blocks(self) -> bool:
         """Whether :func:`~bertology.core.models.attention_blocks` knows where this model keeps ``W_O`` and its layer norms."""
-        return self.model.model.config.model_type in BLOCK_LAYOUTS
+        return self.model.layout is not None
 
     @cached_property
     def blocks(self):
@@ -596,7 +668,7 @@ class Engine:
         counts so far to go on from (a resumed run); ``skip_batches``: batches of the first window already counted.
         ``on_batch(stats, position)`` is called after every batch with where the run stands: ``window_start`` (the
         examples before the current window of ``batch_size * sort_window``), ``batches_done`` in it, and the
-        truncated and skipped counts before it. A run given ``start=window_start``, ``skip_batches=batches_done``
+        truncated, skipped (too long) and degenerate counts before it. A run given ``start=window_start``, ``skip_batches=batches_done``
         and those counts forms the same windows and batches as the uninterrupted one, so it ends with the same numbers.
         """
         weightings = list(weightings) if weightings is not None else ["attention"] * len(analyzers)
@@ -632,8 +704,8 @@ class Engine:
         stats = stats or RunStats()
         started = time.perf_counter() - stats.seconds
         encoded = self.encode(enumerate(examples, start), stats)
-        window_start, before = start, (stats.truncated, stats.skipped, len(stats.skipped_sources))
-        with tqdm(total=total, initial=stats.sequences + stats.skipped, unit="seq", desc=desc, disable=not self.progress, smoothing=0.1) as bar:
+        window_start, before = start, (stats.truncated, stats.skipped, len(stats.skipped_sources), stats.degenerate)
+        with tqdm(total=total, initial=stats.seen, unit="seq", desc=desc, disable=not self.progress, smoothing=0.1) as bar:
             for window in self.windows(encoded):
                 for done, items in enumerate(window[skip_batches:], start=skip_batches + 1):
                     if layerwise:
@@ -647,13 +719,14 @@ class Engine:
                     stats.sequences += len(items)
                     stats.tokens += sum(len(item) for item in items)
                     stats.batches += 1
-                    bar.update(stats.sequences + stats.skipped - bar.n)
+                    bar.update(stats.seen - bar.n)
                     if on_batch is not None:
                         stats.seconds = time.perf_counter() - started
                         on_batch(stats, {"window_start": window_start, "batches_done": done, "truncated_before": before[0],
-                                         "skipped_before": before[1], "sources_before": before[2]})
+                                         "skipped_before": before[1], "sources_before": before[2], "degenerate_before": before[3]})
                 skip_batches = 0
-                window_start += sum(len(items) for items in window) + stats.skipped - before[1]  # its sequences and its skips
-                before = (stats.truncated, stats.skipped, len(stats.skipped_sources))
+                # its sequences and its skips
+                window_start += sum(len(items) for items in window) + stats.skipped - before[1] + stats.degenerate - before[3]
+                before = (stats.truncated, stats.skipped, len(stats.skipped_sources), stats.degenerate)
         stats.seconds = time.perf_counter() - started
         return stats

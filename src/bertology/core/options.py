@@ -23,8 +23,9 @@ class Option:
     CLI's flags, space-separated (``"--model -m"``, ``"--probe/--no-probe"``); ``multiple``: the flag may be given
     several times (or, for an ``argument``, the argument takes several values), and ``parse`` receives the list of its
     texts; ``argument``: a positional argument of the command, not a flag; ``required``: it has no default;
-    ``reads_files``: its text may name a file the run reads inside it (``--class NAME=words:FILE``), so the command line
-    checks ``--out`` against that text before ``parse`` turns it into a value that names no path.
+    ``reads_files``: its value names a file or folder the run reads (a model given as text), or holds one in its text
+    (``--class NAME=words:FILE``); the command line checks ``--out`` against it, as against every option of type ``Path``,
+    before the run starts (and before ``parse`` turns the text into a value that names no path).
     """
 
     name: str
@@ -80,7 +81,7 @@ def check_seed(seed) -> None:
 
 #: The model a command loads.
 MODEL = (
-    Option("model", None, "Hub name or local folder [default: the bundled all-MiniLM-L6-v2].", type=str, flag="--model -m"),
+    Option("model", None, "Hub name or local folder [default: the bundled all-MiniLM-L6-v2].", type=str, flag="--model -m", reads_files=True),
     Option("device", "auto", "auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps."),
     Option("trust_remote_code", False, "Allow models that need their own code from the hub."),
 )
@@ -144,6 +145,6 @@ TASK_BATCHES = (
 )
 #: A fine-tuned classifier (the studies of heads and layers that matter for a task).
 CLASSIFIER = Option("model", None, "A fine-tuned sequence classifier (e.g. a folder written by `bertology finetune`).", type=str,
-                    flag="--model -m", required=True)
+                    flag="--model -m", required=True, reads_files=True)
 #: Every shared setting of ``bertology analyze`` and of the one-family commands, in the order of their ``--help``.
 ANALYSIS = (*CORPUS, *TREES, *PASS, *RAY, *RUN, *MODEL)

@@ -257,3 +257,29 @@ def test_mask_share_on_a_decoder_says_in_one_line_that_it_has_no_masked_lm_loss(
     with pytest.raises(BertologyError, match="is a decoder, which has none \\(its loss is the next-token cross-entropy\\)") as refused:
         attention_gradients(str(tiny_gpt2_dir), TEXTS, mask_share=0.2, device="cpu", progress=False)
     assert "\n" not in str(refused.value)
+
+
+def test_one_piece_lines_are_skipped_and_counted_or_refused_in_one_line_and_zero_gradients_need_no_log_scale(tiny_gpt2_dir, tmp_path):
+    # issue 37, cases 7 and 8: "cat" and "the" are one piece each for the tiny GPT-2; "the cat" and "the dog" two, whose one
+    # next-token loss (piece 1 from piece 0) reads only row 0, which no mean counts: every |dL/da| measured is 0.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+    assert [len(tokenizer(line)["input_ids"]) for line in ("cat", "the", "the cat", "the dog")] == [1, 1, 2, 2]
+
+    def gradients(name, lines):
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+        return subprocess.run([sys.executable, "-m", "bertology.cli", "gradients", "-m", str(tiny_gpt2_dir), "-c", str(tmp_path / name), "--out",
+                               str(tmp_path / f"{name}.run"), "-q", "--device", "cpu"], capture_output=True, text=True)
+
+    refused = gradients("ones.txt", ["cat", "the"])
+    assert refused.returncode == 2 and not (tmp_path / "ones.txt.run").exists()
+    assert refused.stderr == "error: no sequence to analyse: every one was skipped, 2 of fewer than 2 pieces (the first: ones.txt:1)\n"
+    done = gradients("twos.txt", ["the cat", "cat", "the dog"])
+    assert done.returncode == 0 and "Warning" not in done.stderr, done.stderr
+    assert "2 sequences (0 truncated, 1 of fewer than 2 pieces skipped)" in done.stdout
+    table = pd.read_csv(tmp_path / "twos.txt.run" / "gradients.csv")
+    measured, punctuation = table[table.target != "punct"], table[table.target == "punct"]  # no line has punctuation
+    assert (measured.gradient == 0).all() and (measured.n == 2).all() and punctuation.gradient.isna().all()
+    manifest = json.loads((tmp_path / "twos.txt.run" / "manifest.json").read_text())
+    assert (manifest["stats"]["sequences"], manifest["stats"]["degenerate"]) == (2, 1)

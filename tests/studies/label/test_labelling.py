@@ -31,6 +31,20 @@ def test_the_queue_is_stratified_over_layers_seeded_and_holds_the_maps(tiny_bert
     np.testing.assert_array_equal(item.weights, expected)
 
 
+def test_inputs_of_one_piece_give_no_map_and_only_such_inputs_are_refused_naming_the_first(tiny_gpt2_dir):
+    # issue 37, case 7: "cat" and "the" are one piece each for the tiny GPT-2
+    from bertology.core.models import load_model
+
+    gpt2 = load_model(tiny_gpt2_dir, device="cpu")
+    assert [len(gpt2.tokenizer(text)["input_ids"]) for text in ("cat", "the")] == [1, 1]
+    examples = [Example("cat", source="c:1"), Example("the cat sat on the mat.", source="c:2"), Example("the", source="c:3")]
+    maps = choose_maps(gpt2, examples, 8, seed=0)
+    assert maps and {item.text for item in maps} == {"the cat sat on the mat."}
+    with pytest.raises(BertologyError) as refused:
+        choose_maps(gpt2, [examples[0], examples[2]], 4, seed=0)
+    assert str(refused.value) == "no sequence to analyse: every one was skipped, 2 of fewer than 2 pieces (the first: c:1)"
+
+
 def test_an_uncertain_classifier_picks_the_maps_it_is_least_sure_of(tiny_bert):
     """A classifier whose certainty grows with the mass on the first column: the queue is the candidates (the same
     seeded draws, five times as many) with the highest entropy of its probabilities, computed here by hand."""

@@ -55,10 +55,6 @@ class Analyze(Study):
         settings = dict(settings)
         switches = {family.name: settings.pop(f"run_{family.name}") for family in self.switched()}
         declared = {option.name: option for family in self.families() for option in family.options}
-        if settings["out"] is not None:  # a file named inside an option's text (--class neg=words:OUT/list.txt) is an input too
-            from bertology.core.runfolder import check_out
-
-            check_out(settings["out"], inputs=[settings[name] for name, option in declared.items() if option.reads_files], work=self.work)
         given = {name: option.parse(settings[name]) if option.parse is not None else settings[name] for name, option in declared.items()
                  if settings[name] != option.default and not (option.multiple and not settings[name])}
         for name in declared:
@@ -73,7 +69,8 @@ class Analyze(Study):
 
     def summary(self, result, settings: dict) -> list[str]:
         stats = result.stats
-        lines = [f"{stats.sequences} sequences ({stats.truncated} truncated, {stats.skipped} skipped as too long) in {stats.seconds:.1f} s"]
+        short = f", {stats.degenerate} skipped as shorter than 2 pieces" if stats.degenerate else ""
+        lines = [f"{stats.sequences} sequences ({stats.truncated} truncated, {stats.skipped} skipped as too long{short}) in {stats.seconds:.1f} s"]
         registry = registered()
         for name, family_result in result.results.items():
             lines += registry[name].summary(family_result)

@@ -15,8 +15,9 @@ class Compare(Study):
     title = ("Per-head similarity of two models' attention on the same inputs, what changed in profile and roles (Kovaleva et al.), "
              "and with trees layer by layer.")
     options = (
-        Option("model_a", None, "Model A (hub name or folder; 'default' for the bundled all-MiniLM-L6-v2).", type=str, argument=True, required=True),
-        Option("model_b", None, "Model B, e.g. a folder written by `bertology finetune`.", type=str, argument=True, required=True),
+        Option("model_a", None, "Model A (hub name or folder; 'default' for the bundled all-MiniLM-L6-v2).", type=str, argument=True,
+               required=True, reads_files=True),
+        Option("model_b", None, "Model B, e.g. a folder written by `bertology finetune`.", type=str, argument=True, required=True, reads_files=True),
         CORPUS[0].but(help="Inputs both models see [default: the bundled sample corpus]."),
         *pick(CORPUS, "format"),
         RUN[0].but(help="Run folder [default: runs/compare-A-B-CORPUS-TIME]."),

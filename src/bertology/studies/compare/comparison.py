@@ -187,7 +187,7 @@ def comparison_of_layers(engines: Sequence[Engine], examples, similarity_layers:
 
 def piece_difference(engines: Sequence[Engine], examples) -> str | None:
     """The first example that the two engines' tokenizers cut into different pieces (the ids each engine would give the
-    pass, special tokens included, or one skipping it as too long), in words; None where they agree on every example.
+    pass, special tokens included, or one skipping it: too long, or of fewer than two pieces), in words; None where they agree on every example.
     :class:`~bertology.core.paired.CompareEngine` feeds both models model A's pieces."""
     names = [engine.model.name for engine in engines]
     for number, example in enumerate(examples, start=1):
@@ -196,9 +196,9 @@ def piece_difference(engines: Sequence[Engine], examples) -> str | None:
         if ids[0] == ids[1]:
             continue
         where = example.source or f"example {number}"
-        if None in ids:
+        if None in ids:  # one engine skips it: too long, or fewer than MIN_PIECES pieces
             kept = ids.index(None) ^ 1
-            return f"{where}: {names[kept]} cuts it into {len(ids[kept])} pieces, {names[kept ^ 1]} into more than {engines[kept].max_length}"
+            return f"{where}: {names[kept]} cuts it into {len(ids[kept])} pieces, which {names[kept ^ 1]} does not (it skips the example)"
         k = next((k for k, (a, b) in enumerate(zip(*ids)) if a != b), min(map(len, ids)))
         pieces = [repr(engine.model.tokenizer.convert_ids_to_tokens(row[k])) if k < len(row) else "the end"
                   for engine, row in zip(engines, ids)]
@@ -249,8 +249,7 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
                         trust_remote_code=trust_remote_code, workers=workers, address=address, total=total, progress=progress)
     else:
         stats = paired.run(examples, analyzers, total=total)
-    if stats.sequences == 0:
-        raise BertologyError("no sequence was compared (all skipped as too long)")
+    stats.check_counted(length)
     warnings: list[str] = []
     probes = (comparison_of_layers(engines, examples, similarity.layers(), probe_sentences, seed, warnings)
               if with_trees and layer_probes is not False else None)

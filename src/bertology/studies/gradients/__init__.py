@@ -40,6 +40,7 @@ class Gradients(Study):
                                    device=s["device"], trust_remote_code=s["trust_remote_code"], progress=not s["quiet"], command=command)
 
     def summary(self, study, settings: dict) -> list[str]:
+        from bertology.core.engine import MIN_PIECES
         from bertology.studies.gradients.report import TARGET_TITLES
 
         table = study.gradients.set_index(["target", "layer"])
@@ -48,6 +49,9 @@ class Gradients(Study):
         for layer in sorted(study.gradients.layer.unique()):
             row, every = table.loc[(target, layer)], table.loc[("all", layer)]
             lines.append(f"layer {layer}: attention to {title} {row.attention:.3f}, |dL/da| to {title} {row.gradient:.2e} (every token {every.gradient:.2e})")
+        stats = study.stats
+        lines.append(f"{stats.sequences} sequences ({stats.truncated} truncated, {stats.degenerate} of fewer than {MIN_PIECES} pieces skipped) "
+                     f"in {stats.seconds:.1f} s")
         return [*lines, f"report: {(Path(settings['out']) / 'report.html').resolve()}"]
 
 

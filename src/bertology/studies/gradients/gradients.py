@@ -34,7 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from bertology.core.corpora import open_corpus
-from bertology.core.engine import Encoded, Engine, RunStats, first_token_mask
+from bertology.core.engine import MIN_PIECES, Encoded, Engine, RunStats, first_token_mask
 from bertology.core.errors import BertologyError
 from bertology.core.hooks import Hooks
 from bertology.core.models import LANGUAGE_MODEL, LoadedModel, load_model
@@ -175,7 +175,8 @@ class GradientStudy:
         section = gradients_section(folder, self.gradients, self.settings["loss"], causal=self.model["kind"] == "decoder")
         stats = self.stats.as_dict()
         summary = {"model": self.model["name"], "corpus": f"{self.corpus['name']} ({self.corpus['format']})", "loss": self.settings["loss"],
-                   "sequences": stats["sequences"], "truncated": stats["truncated"], "time": f"{stats['seconds']} s"}
+                   "sequences": stats["sequences"], "truncated": stats["truncated"], f"skipped (fewer than {MIN_PIECES} pieces)": stats["degenerate"],
+                   "time": f"{stats['seconds']} s"}
         report = Report(f"bertology: attention and its gradient, {self.model['name']}", summary, [section]).render()
         manifest = {"model": self.model, "corpus": self.corpus, "settings": self.settings, "stats": stats}
         return finish(folder, manifest, report=report, command=command) / "report.html"
@@ -235,6 +236,7 @@ def attention_gradients(model=None, corpus=None, *, task=None, format: str = "au
             stats.batches += 1
             bar.update(len(items))
     stats.seconds = time.perf_counter() - started
+    stats.check_counted(engine.max_length)
     loss = f"masked LM ({share:.0%} of pieces masked)" if masked_lm else NEXT_TOKEN_LOSS if task is None else f"{task.name} cross-entropy"
     result = GradientStudy(study.result(), loaded.info(), corpus_info, stats,
                            {"loss": loss, "batch_size": batch_size, "max_length": engine.max_length, "mask_share": share if masked_lm else None,

@@ -14,7 +14,7 @@ TARGET_TITLES = {"sep": "[SEP]", "cls": "[CLS]", "first": "the first token", "pu
 
 
 def gradients_by_layer(table: pd.DataFrame):
-    """Left: mean attention to each token set by layer; right: the mean |dL/da| of those weights (log scale)."""
+    """Left: mean attention to each token set by layer; right: the mean |dL/da| of those weights (log scale where any is positive)."""
     figure, axes = plt.subplots(1, 2, figsize=(10.0, 3.6))
     weights = table[table.target != "all"].rename(columns={"attention": "value", "attention_ci_low": "ci_low", "attention_ci_high": "ci_high"})
     layer_lines(axes[0], weights, "target", TARGET_TITLES)
@@ -22,7 +22,8 @@ def gradients_by_layer(table: pd.DataFrame):
     axes[0].set_title("attention to the token set")
     gradients = table.rename(columns={"gradient": "value", "gradient_ci_low": "ci_low", "gradient_ci_high": "ci_high"})
     layer_lines(axes[1], gradients, "target", TARGET_TITLES)
-    axes[1].set_yscale("log")
+    if (table.gradient > 0).any():  # a log scale needs a positive value (a decoder's sequences of two pieces give none)
+        axes[1].set_yscale("log")
     axes[1].set_ylabel("mean |dL/da| per weight")
     axes[1].set_title("gradient of the loss w.r.t. those weights")
     axes[1].legend(fontsize=8)
@@ -48,7 +49,8 @@ def gradients_section(folder: RunFolder, table: pd.DataFrame, loss: str, causal:
             "token's, attending to [SEP] changes little: a no-op.")
     section = Section(title=title, intro=intro)
     section.figures.append(Figure(folder.write_figure("gradients_by_layer", gradients_by_layer(table)),
-                                  "Mean attention (left) and mean |dL/da| per weight (right, log scale) by layer (0-based), with 95% intervals."))
+                                  "Mean attention (left) and mean |dL/da| per weight (right, log scale where any is positive) by layer (0-based), "
+                                  "with 95% intervals."))
     wide = table.pivot(index="layer", columns="target", values=["attention", "gradient"])
     wide.columns = [f"{quantity} {TARGET_TITLES[target]}" for quantity, target in wide.columns]
     section.tables.append(("Attention and gradient per layer", wide.reset_index()))

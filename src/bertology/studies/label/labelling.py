@@ -82,9 +82,12 @@ def choose_maps(model: LoadedModel, examples: list[Example], count: int, *, seed
     draws = [(int(rng.integers(len(examples))), k % layers, int(rng.integers(heads))) for k in range(wanted)]  # every layer in turn
     draws = list(dict.fromkeys(draws))
     engine = Engine(model, batch_size=8, max_length=max_length, progress=False)
-    maps, uncertainty = [], []
+    maps, uncertainty, stats = [], [], RunStats()
     for index in sorted({i for i, _, _ in draws}):
-        items = list(engine.encode([(index, examples[index])], RunStats()))
+        items = list(engine.encode([(index, examples[index])], stats))
+        if not items:  # fewer than two pieces: no map to label
+            continue
+        stats.sequences += 1
         batch = engine.run_batch(items)
         n = len(items[0])
         tokens = model.tokenizer.convert_ids_to_tokens(items[0].input_ids)
@@ -98,6 +101,7 @@ def choose_maps(model: LoadedModel, examples: list[Example], count: int, *, seed
             weights = np.clip(np.rint(batch.attentions[layer, 0, head, :n, :n].float().cpu().numpy() * 255), 0, 255).astype(np.uint8)
             example = examples[index]
             maps.append(MapToLabel(example.text, example.text_pair, layer, head, tokens, weights))
+    stats.check_counted(engine.max_length)
     order = {key: position for position, key in enumerate((examples[i].text, examples[i].text_pair, layer, head) for i, layer, head in draws)}
     if classifier is not None:
         ranked = sorted(range(len(maps)), key=lambda k: (-uncertainty[k], order[maps[k].key]))[:count]

@@ -15,7 +15,7 @@ class Restore(Study):
              "(the Primer, section 6.3).")
     options = (
         *pick(TASK, "task"), CLASSIFIER,
-        Option("base", None, "The pre-trained model [default: the one `bertology finetune` recorded in the model folder].", type=str),
+        Option("base", None, "The pre-trained model [default: the one `bertology finetune` recorded in the model folder].", type=str, reads_files=True),
         Option("max_dev_examples", None, "Evaluate on a seeded random subset of the dev split of this size.", type=int, minimum=1),
         Option("bootstrap", 10000, "Paired bootstrap replicates over dev examples.", minimum=100),
         TESTS[0].but(help="Multiple-testing correction within each kind of restoration (statsmodels)."),

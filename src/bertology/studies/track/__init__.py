@@ -17,7 +17,7 @@ class Track(Study):
              "learning-curve hypothesis.")
     options = (
         Option("checkpoint", None, "Checkpoints in any order: model folders or hub names ('default': the bundled model).", type=str,
-               argument=True, multiple=True),
+               argument=True, multiple=True, reads_files=True),
         Option("checkpoints", None, "A folder of checkpoints (e.g. a `bertology pretrain` run).", type=Path),
         Option("steps", None, "Training steps of the CKPT arguments, one each in the same order, e.g. 0,500,1000 [default: from each checkpoint].",
                type=str),

@@ -561,8 +561,10 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
     relations = RelationHeads(bootstrap=settings["bootstrap"], seed=settings["seed"]) if with_trees else None
     analyzers = [profile, peaks, roles] + ([relations] if relations is not None else [])
     stats = engine.run(examples, analyzers, total=len(examples), desc=Path(checkpoint).name)
-    if stats.sequences == 0:
-        raise BertologyError(f"{checkpoint}: every sequence was longer than {engine.max_length} pieces and skipped")
+    try:
+        stats.check_counted(engine.max_length)
+    except BertologyError as exc:
+        raise BertologyError(f"{checkpoint}: {exc}") from None
     heads = profile.result()
     role_rows = roles.result().rename(columns={"mean": "value"}).assign(metric=lambda t: "role:" + t.role)
     frames = [heads, role_rows]

@@ -42,7 +42,7 @@ from markupsafe import Markup
 from scipy.special import rel_entr
 
 from bertology.core.corpora import Example
-from bertology.core.engine import Engine, RunStats
+from bertology.core.engine import MIN_PIECES, Engine, RunStats
 from bertology.core.errors import BertologyError, CorpusError
 from bertology.core.models import LoadedModel, load_model
 from bertology.core.runfolder import atomic_write, check_file_out
@@ -323,7 +323,10 @@ def attention_view(text: str, text_pair: str | None = None, *, model: str | Path
         raise BertologyError("the text to view is empty")
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
     engine = Engine(loaded, batch_size=1, max_length=min(max_length or loaded.max_length, loaded.max_length, MAX_TOKENS), progress=False)
-    items = list(engine.encode(enumerate([Example(text, text_pair, source="view")]), RunStats()))
+    stats = RunStats()
+    items = list(engine.encode(enumerate([Example(text, text_pair, source="the text to view")]), stats))
+    if not items:  # skipped as degenerate: one piece (a decoder's one-word text) attends to nothing else
+        raise BertologyError(f"the text to view gives fewer than {MIN_PIECES} pieces: there is no map to draw; give a longer text")
     n, layers, heads = len(items[0]), loaded.num_layers, loaded.num_heads
     views = ["attention", "norm", *contributions, "rollout"] if engine.knows_blocks else ["attention", "rollout"]
     k = kept_keys(n, layers * (heads * (len(views) - 1) + 1), top_k)
