@@ -167,7 +167,8 @@ def save_tiny_decoder(kind: str, folder: Path, layers: int = 2, heads: int = 4, 
 def tiny_decoder_configs() -> dict:
     """Tiny configurations (2 layers, 4 heads, hidden 32, 100 pieces) of every decoder layout bertology serves, as
     ``AutoModelForCausalLM.from_config`` takes them: grouped-query attention, sliding windows, soft caps, parallel residuals
-    (GPT-NeoX, Phi), norms after each branch (Gemma 2, OLMo 2), Granite's multipliers and OPT's post-norm variant (OPT-350m)."""
+    (GPT-NeoX, Phi, StableLM), norms after each branch (Gemma 2, OLMo 2), Granite's multipliers, OPT's post-norm variant (OPT-350m),
+    StableLM's partial rotary embeddings and per-head query and key norms."""
     import transformers as T
 
     small = dict(vocab_size=100)
@@ -191,6 +192,25 @@ def tiny_decoder_configs() -> dict:
         "granite": T.GraniteConfig(residual_multiplier=0.5, attention_multiplier=0.3, **llama_like),
         "phi": T.PhiConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64, **small),
         "phi3": T.Phi3Config(pad_token_id=0, **llama_like),
+        "stablelm": T.StableLmConfig(**llama_like),
+        "stablelm_parallel": T.StableLmConfig(use_parallel_residual=True, qk_layernorm=True, use_qkv_bias=True, **llama_like),
+    }
+
+
+def tiny_encoder_configs(vocab_size: int = 100) -> dict:
+    """Tiny configurations (hidden 32, 4 heads, 64 positions) of every encoder layout bertology serves, as ``AutoModel.from_config``
+    takes them: BERT, RoBERTa (two positions reserved), DistilBERT, ALBERT (one shared layer run three times) and ELECTRA
+    (embeddings narrower than the layers)."""
+    import transformers as T
+
+    size = dict(vocab_size=vocab_size, max_position_embeddings=64)
+    layers = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    return {
+        "bert": T.BertConfig(**layers, **size),
+        "roberta": T.RobertaConfig(**layers, **{**size, "max_position_embeddings": 66}),
+        "distilbert": T.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, **size),
+        "albert": T.AlbertConfig(embedding_size=16, **{**layers, "num_hidden_layers": 3}, **size),
+        "electra": T.ElectraConfig(embedding_size=16, **layers, **size),
     }
 
 
@@ -278,21 +298,16 @@ def randomise_biases_and_norms(model):
 def tiny_encoder_dirs(tiny_bert_dir, tmp_path_factory) -> dict[str, Path]:
     """A tiny random model folder of every attention-block layout bertology knows (BERT, RoBERTa, DistilBERT, ALBERT with a
     shared layer, ELECTRA), each with the tiny WordPiece tokenizer (RoBERTa's own BPE one); float64 for exact comparisons."""
-    from transformers import AlbertConfig, AlbertModel, DistilBertConfig, DistilBertModel, ElectraConfig, ElectraModel
+    from transformers import AlbertModel, DistilBertModel, ElectraModel
 
     tokenizer = BertTokenizerFast.from_pretrained(tiny_bert_dir)
-    size = dict(vocab_size=len(tokenizer), max_position_embeddings=64)
-    configs = {
-        "distilbert": (DistilBertModel, DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, **size)),
-        "albert": (AlbertModel, AlbertConfig(embedding_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, **size)),
-        "electra": (ElectraModel, ElectraConfig(embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, **size)),
-    }
+    configs = tiny_encoder_configs(vocab_size=len(tokenizer))
     folders = {"bert": tiny_bert_dir}
-    for name, (model_class, config) in configs.items():
+    for name, model_class in {"distilbert": DistilBertModel, "albert": AlbertModel, "electra": ElectraModel}.items():
         folder = tmp_path_factory.mktemp(f"tiny-{name}")
         tokenizer.save_pretrained(folder)
         torch.manual_seed(2)
-        model = randomise_biases_and_norms(model_class(config))
+        model = randomise_biases_and_norms(model_class(configs[name]))
         model.save_pretrained(folder)
         folders[name] = folder
     return folders

@@ -153,6 +153,18 @@ def alti_per_head_by_hand(maps: dict, block, b: int, n: int, rms=None) -> np.nda
     return result
 
 
+def real_block_output(kind: str, block, x: torch.Tensor, attention_output: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The block's output as transformers has it, from the layer input ``x`` and the attention's own output (``W_O``-projected,
+    ``+ b_O``): the residual stream after the attention branch (Granite: times its multiplier; Gemma 2, OLMo 2: through the
+    RMS norm, which transformers runs in float32, hence a tolerance of 1e-6 rather than 1e-10), then, in a post-norm block,
+    the layer norm's output."""
+    attention_output, tolerance = getattr(block.layer, "residual_multiplier", 1.0) * attention_output, 1e-10
+    if rms_norm_after_attention(kind, block) is not None:
+        attention_output, tolerance = block.layer.post_attention_layernorm(attention_output), 1e-6
+    output = x + attention_output
+    return (output if block.pre_norm else block.layer_norm(output)), tolerance
+
+
 @pytest.mark.parametrize("kind", DECODERS)
 def test_alti_adds_up_to_the_blocks_real_output_and_equals_numpy(kind):
     _, _, _, blocks, layers = tiny_decoder_run(kind)
@@ -160,14 +172,8 @@ def test_alti_adds_up_to_the_blocks_real_output_and_equals_numpy(kind):
         arguments = (maps["pattern"], maps["value"], maps["x"], block)
         contributions, heads = alti_contributions(*arguments), alti_per_head(*arguments)
         torch.testing.assert_close(alti_contributions(*arguments, chunk_elements=1), contributions, rtol=0, atol=0)  # a row at a time
-        # the residual stream after the attention branch, as transformers has it (its RMS norms run in float32)
-        attention_output, tolerance = getattr(block.layer, "residual_multiplier", 1.0) * maps["attention_output"], 1e-10
+        block_output, tolerance = real_block_output(kind, block, maps["x"], maps["attention_output"])
         rms = rms_norm_after_attention(kind, block)
-        if rms is not None:
-            attention_output, tolerance = block.layer.post_attention_layernorm(attention_output), 1e-6
-        block_output = maps["x"] + attention_output
-        if not block.pre_norm:
-            block_output = block.layer_norm(block_output)
         for b, n in enumerate(LENGTHS):
             expected, resultant = alti_by_hand(maps, block, b, n, rms)
             np.testing.assert_allclose(resultant, block_output[b, :n].numpy(), atol=tolerance, rtol=0)  # the decomposition is exact

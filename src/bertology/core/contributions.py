@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from bertology.core.errors import BertologyError
-from bertology.core.models import AttentionBlock
+from bertology.core.layouts import AttentionBlock
 from bertology.core.norms import rows_normalised
 
 #: The contribution measures an analyzer can ask the engine's pass for (in its ``needs``): each layer's maps ``c[b, i, j]``.
@@ -153,8 +153,6 @@ def value_zeroing(pattern: torch.Tensor, value: torch.Tensor, head_output: torch
     The attention weights stay as they are, so zeroing t's values takes ``a_h[i, t] v_t^h W_O^h`` out of token i's
     attention output; the rest of the layer (residual, layer norm, feed-forward: ``block.finish``) is run again on every
     such output, ``chunk_elements`` of ``[batch, zeroed, n, hidden]`` at a time."""
-    if block.finish is None:
-        raise BertologyError("value zeroing reruns the layer after its attention, which bertology knows for every layout but GPT-Neo's")
     batch, heads, n, _ = value.shape
     hidden = layer_input.shape[-1]
     vectors = head_vectors(value, block)  # [batch, head, n, hidden]

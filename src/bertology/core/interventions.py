@@ -31,6 +31,7 @@ from torch import nn
 
 from bertology.core.errors import ModelError
 from bertology.core.hooks import Hooks, active_hooks
+from bertology.core.layouts import layout_of
 
 INTERVENTIONS = ("mask", "uniform")
 
@@ -142,14 +143,12 @@ class HeadGates:
 
 
 def layer_modules(model: nn.Module) -> list[nn.Module]:
-    """The encoder's layer modules in call order (ALBERT's shared layers appear once; calls are counted)."""
-    base = model.base_model
-    encoder = getattr(base, "encoder", None) or getattr(base, "transformer", None)
-    if encoder is not None and hasattr(encoder, "layer"):
-        return list(encoder.layer)
-    if encoder is not None and hasattr(encoder, "albert_layer_groups"):
-        return [layer for group in encoder.albert_layer_groups for layer in group.albert_layers]
-    raise ModelError(f"{type(model).__name__}: bertology does not know where this model keeps its layers")
+    """The model's layer modules in call order (ALBERT's shared layers appear once; calls are counted), as its layout
+    (:mod:`bertology.core.layouts`) lists them."""
+    layout = layout_of(model.config)
+    if layout is None:
+        raise ModelError(f"{type(model).__name__}: bertology does not know where this model keeps its layers")
+    return layout.layers(model.base_model)
 
 
 class LayerReplay:

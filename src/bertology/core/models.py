@@ -3,7 +3,8 @@
 Any Hugging Face model whose attention goes through transformers' ``AttentionInterface`` is loaded with
 ``attn_implementation="bertology"``: eager attention with named hook points (see :mod:`bertology.core.hooks`).
 Encoders (BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA, MiniLM, XLM-R, ...) and decoders, causal language models
-(GPT-2, GPT-Neo, GPT-NeoX/Pythia, OPT, Llama, Mistral, Qwen2/3, Gemma, Phi, ...; docs/methods.md#decoders).
+(GPT-2, GPT-NeoX/Pythia, OPT, Llama, Mistral, Qwen2/3, Gemma, Phi, StableLM, ...; docs/methods.md#decoders); where
+each keeps its attention parts is its layout's (:mod:`bertology.core.layouts`).
 Special tokens come from the tokenizer, never from hard-coded ids: a decoder has no [CLS] or [SEP], and its
 first token (BOS where the tokenizer adds one) takes [CLS]'s place.
 """
@@ -12,10 +13,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,7 @@ from transformers.utils import logging as hf_logging
 
 from bertology.core.errors import BertologyError, ModelError
 from bertology.core.hooks import ATTN_IMPLEMENTATION, register_attention
+from bertology.core.layouts import LAYOUTS, AttentionBlock, Layout, layout_of
 
 #: Name used for the default model everywhere a model name is shown.
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -118,188 +119,16 @@ def punctuation_table(tokenizer: PreTrainedTokenizerBase, kind: str = "upos") ->
     return table
 
 
-@dataclass(frozen=True)
-class AttentionBlock:
-    """Where one layer's attention parts live, whatever the architecture names them.
-
-    ``attention``: the module that calls the attention function (its first argument is the attention's input, in a
-    post-norm block the layer input ``x``, which is also the residual); ``output``: the output projection ``W_O``
-    (``nn.Linear``, or GPT-2's ``Conv1D``, input ``heads * head_dim``); ``layer_norm``: the layer norm applied to
-    ``attention output + x`` (post-norm blocks: BERT's), or, where ``pre_norm``, the one applied to ``x`` before attention
-    (GPT-2, Llama: docs/methods.md#decoders); ``layer``: the whole layer, whose first input is ``x`` (ALBERT's shared one
-    runs as several layers; needed where ``pre_norm``: the attention there reads ``LN(x)``, not the residual).
-    """
-
-    attention: torch.nn.Module
-    output: torch.nn.Module
-    layer_norm: torch.nn.Module
-    pre_norm: bool = False
-    layer: torch.nn.Module | None = field(default=None, compare=False)
-    #: The rest of the layer after its attention, ``finish(W_O-projected attention output + b_O, x) -> layer output`` (residual,
-    #: layer norms, feed-forward), for value zeroing's reruns; None where bertology does not know it.
-    finish: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = field(default=None, compare=False)
-    #: ``m``, the scalar the attention output is multiplied by before it joins the residual (Granite's ``residual_multiplier``).
-    output_multiplier: float = 1.0
-    #: The RMS norm the attention output passes through before it joins the residual (Gemma 2's and OLMo 2's
-    #: ``post_attention_layernorm``), ``N(z) = g * z / sqrt(mean(z^2) + eps)``, and what its weight lacks of ``g`` (Gemma
-    #: stores ``g - 1``).
-    output_norm: torch.nn.Module | None = field(default=None, compare=False)
-    output_norm_gain_offset: float = 0.0
-
-    def output_norm_parts(self) -> tuple[torch.Tensor, float]:
-        """``(g, eps)`` of :attr:`output_norm`."""
-        norm = self.output_norm
-        return norm.weight + self.output_norm_gain_offset, getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
-
-    @property
-    def input_module(self) -> torch.nn.Module:
-        """The module whose first input is the layer input ``x`` (the residual): the attention in a post-norm block, the
-        whole layer in a pre-norm one."""
-        return self.layer if self.pre_norm else self.attention
-
-    @property
-    def output_weight(self) -> torch.Tensor:
-        """``W_O`` as ``[heads * head_dim, hidden]`` (``x W_O``): a Linear's weight transposed, a Conv1D's as it is."""
-        from transformers.pytorch_utils import Conv1D
-
-        return self.output.weight if isinstance(self.output, Conv1D) else self.output.weight.T
-
-    @property
-    def output_bias(self) -> torch.Tensor | None:
-        return self.output.bias
-
-
-#: Architectures whose attention blocks :func:`attention_blocks` knows, by ``config.model_type``.
-BERT_LAYOUT = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
-#: Pre-norm decoders whose layers are ``layers[l].self_attn`` with ``o_proj`` and ``input_layernorm`` (Llama's layout).
-LLAMA_LAYOUT = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "phi3", "granite"})
-DECODER_LAYOUTS = LLAMA_LAYOUT | {"olmo2", "gpt2", "gpt_neox", "gpt_neo", "phi", "opt"}
-ENCODER_LAYOUTS = BERT_LAYOUT | {"distilbert", "albert"}
-BLOCK_LAYOUTS = ENCODER_LAYOUTS | DECODER_LAYOUTS
-
-
-def _bert_layer_finish(layer: torch.nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """BERT's layer after its attention: ``h = LN1(projected + x)``, then ``LN2(FFN(h) + h)`` (``BertLayer.feed_forward_chunk``)."""
-    return layer.feed_forward_chunk(layer.attention.output.LayerNorm(projected + x))
-
-
-def _distilbert_layer_finish(layer: torch.nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """DistilBERT's ``TransformerBlock`` after its attention: ``h = LN1(projected + x)``, then ``LN2(FFN(h) + h)``."""
-    hidden = layer.sa_layer_norm(projected + x)
-    return layer.output_layer_norm(layer.ffn(hidden) + hidden)
-
-
-def _albert_layer_finish(layer: torch.nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """ALBERT's ``AlbertLayer`` after its attention: ``h = attention.LayerNorm(projected + x)``, then
-    ``full_layer_layer_norm(FFN(h) + h)`` (``AlbertLayer.ff_chunk``)."""
-    hidden = layer.attention.LayerNorm(projected + x)
-    return layer.full_layer_layer_norm(layer.ff_chunk(hidden) + hidden)
-
-
-def _sequential_layer_finish(feed_forward: torch.nn.Module, norm: torch.nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """A sequential pre-norm layer after its attention: ``h = x + projected``, then ``h + feed_forward(norm(h))`` (GPT-2's
-    ``mlp`` and ``ln_2``; Llama's, Mistral's, Qwen's, Gemma's, OLMo's and Phi-3's ``mlp`` and ``post_attention_layernorm``;
-    GPT-NeoX's without a parallel residual)."""
-    hidden = x + projected
-    return hidden + feed_forward(norm(hidden))
-
-
-def _parallel_layer_finish(feed_forward: torch.nn.Module, norm: torch.nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """A parallel-residual layer after its attention: ``x + projected + feed_forward(norm(x))`` (GPT-NeoX's with
-    ``use_parallel_residual`` and ``post_attention_layernorm``; Phi's, whose one ``input_layernorm`` feeds both branches)."""
-    return x + projected + feed_forward(norm(x))
-
-
-def _granite_layer_finish(layer: torch.nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Granite's decoder layer: Llama's with both branches scaled, ``h = x + m projected``, ``h + m MLP(post_attention_layernorm(h))``."""
-    hidden = x + projected * layer.residual_multiplier
-    return hidden + layer.mlp(layer.post_attention_layernorm(hidden)) * layer.residual_multiplier
-
-
-def _gemma2_layer_finish(layer: torch.nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Gemma 2's decoder layer: ``h = x + post_attention_layernorm(projected)``, then
-    ``h + post_feedforward_layernorm(MLP(pre_feedforward_layernorm(h)))``."""
-    hidden = x + layer.post_attention_layernorm(projected)
-    return hidden + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
-
-
-def _olmo2_layer_finish(layer: torch.nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """OLMo 2's decoder layer (norms after each branch): ``h = x + post_attention_layernorm(projected)``, then
-    ``h + post_feedforward_layernorm(MLP(h))``."""
-    hidden = x + layer.post_attention_layernorm(projected)
-    return hidden + layer.post_feedforward_layernorm(layer.mlp(hidden))
-
-
-def _opt_layer_finish(layer: torch.nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """OPT's decoder layer: pre-norm (``do_layer_norm_before``) ``h = x + projected``, ``h + FC2(act(FC1(final_layer_norm(h))))``;
-    post-norm (OPT-350m) ``h = self_attn_layer_norm(x + projected)``, ``final_layer_norm(h + FC2(act(FC1(h))))``."""
-    hidden = x + projected
-    if not layer.do_layer_norm_before:
-        hidden = layer.self_attn_layer_norm(hidden)
-    feed_forward = layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(hidden) if layer.do_layer_norm_before else hidden)))
-    return hidden + feed_forward if layer.do_layer_norm_before else layer.final_layer_norm(hidden + feed_forward)
-
-
 def attention_blocks(model: PreTrainedModel) -> list[AttentionBlock]:
-    """One :class:`AttentionBlock` per attention layer, in the order the forward pass runs them.
+    """One :class:`AttentionBlock` per attention layer, in the order the forward pass runs them, as the model's layout
+    (:mod:`bertology.core.layouts`, one module per family of architectures) says; a model whose type no layout serves is
+    refused in one line."""
+    layout = layout_of(model.config)
+    if layout is None:
+        raise ModelError(f"norm weighting and mixing know the attention blocks of {', '.join(sorted(LAYOUTS))}, "
+                         f"not of {model.config.model_type!r} models")
+    return layout.blocks(getattr(model, "base_model", model), model.config)
 
-    BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA (and MiniLM, a BERT): ``encoder.layer[l].attention.self``,
-    ``.output.dense`` and ``.output.LayerNorm``; DistilBERT: ``transformer.layer[l].attention``,
-    ``.attention.out_lin`` and ``.sa_layer_norm``; ALBERT: layer ``l`` runs the shared layers of group
-    ``floor(l / (L / G))``, each with ``attention``, ``attention.dense`` and ``attention.LayerNorm``.
-
-    Decoders, pre-norm (the layer norm is the one before attention): GPT-2 ``h[l].attn`` with ``c_proj`` and ``ln_1``;
-    GPT-Neo ``h[l].attn.attention`` with ``out_proj`` and ``ln_1``; GPT-NeoX ``layers[l].attention`` with ``dense`` and
-    ``input_layernorm``; Phi ``layers[l].self_attn`` with ``dense``; OPT ``decoder.layers[l].self_attn`` with ``out_proj`` and
-    ``self_attn_layer_norm`` (pre-norm where ``do_layer_norm_before``); Llama and its kin (:data:`LLAMA_LAYOUT`)
-    ``layers[l].self_attn`` with ``o_proj`` and ``input_layernorm``; OLMo 2 the same with no norm before attention.
-    Every block knows the rest of its layer (``finish``) but GPT-Neo's.
-    """
-    config = model.config
-    model_type = config.model_type
-    model = getattr(model, "base_model", model)
-    if model_type in BERT_LAYOUT:
-        return [AttentionBlock(layer.attention.self, layer.attention.output.dense, layer.attention.output.LayerNorm, layer=layer,
-                               finish=partial(_bert_layer_finish, layer)) for layer in model.encoder.layer]
-    if model_type == "gpt2":
-        return [AttentionBlock(layer.attn, layer.attn.c_proj, layer.ln_1, pre_norm=True, layer=layer,
-                               finish=partial(_sequential_layer_finish, layer.mlp, layer.ln_2)) for layer in model.h]
-    if model_type == "gpt_neo":
-        return [AttentionBlock(layer.attn.attention, layer.attn.attention.out_proj, layer.ln_1, pre_norm=True, layer=layer) for layer in model.h]
-    if model_type == "gpt_neox":
-        return [AttentionBlock(layer.attention, layer.attention.dense, layer.input_layernorm, pre_norm=True, layer=layer,
-                               finish=partial(_parallel_layer_finish if layer.use_parallel_residual else _sequential_layer_finish, layer.mlp,
-                                              layer.post_attention_layernorm)) for layer in model.layers]
-    if model_type == "phi":
-        return [AttentionBlock(layer.self_attn, layer.self_attn.dense, layer.input_layernorm, pre_norm=True, layer=layer,
-                               finish=partial(_parallel_layer_finish, layer.mlp, layer.input_layernorm)) for layer in model.layers]
-    if model_type == "opt":
-        return [AttentionBlock(layer.self_attn, layer.self_attn.out_proj, layer.self_attn_layer_norm, pre_norm=bool(config.do_layer_norm_before),
-                               layer=layer, finish=partial(_opt_layer_finish, layer)) for layer in model.decoder.layers]
-    if model_type == "olmo2":  # no norm before attention: the norms follow each branch, before it joins the residual
-        return [AttentionBlock(layer.self_attn, layer.self_attn.o_proj, torch.nn.Identity(), pre_norm=True, layer=layer,
-                               finish=partial(_olmo2_layer_finish, layer), output_norm=layer.post_attention_layernorm) for layer in model.layers]
-    if model_type in LLAMA_LAYOUT:
-        special = {"gemma2": _gemma2_layer_finish, "granite": _granite_layer_finish}.get(model_type)
-        return [AttentionBlock(layer.self_attn, layer.self_attn.o_proj, layer.input_layernorm, pre_norm=True, layer=layer,
-                               finish=partial(special, layer) if special else partial(_sequential_layer_finish, layer.mlp, layer.post_attention_layernorm),
-                               output_multiplier=float(getattr(config, "residual_multiplier", 1.0)) if model_type == "granite" else 1.0,
-                               output_norm=layer.post_attention_layernorm if model_type == "gemma2" else None,
-                               output_norm_gain_offset=1.0 if model_type == "gemma2" else 0.0)
-                for layer in model.layers]
-    if model_type == "distilbert":
-        return [AttentionBlock(layer.attention, layer.attention.out_lin, layer.sa_layer_norm, layer=layer, finish=partial(_distilbert_layer_finish, layer))
-                for layer in model.transformer.layer]
-    if model_type == "albert":
-        groups = model.encoder.albert_layer_groups
-        blocks = []
-        for layer in range(config.num_hidden_layers):
-            group = groups[int(layer / (config.num_hidden_layers / config.num_hidden_groups))]
-            blocks += [AttentionBlock(inner.attention, inner.attention.dense, inner.attention.LayerNorm, layer=inner,
-                                      finish=partial(_albert_layer_finish, inner)) for inner in group.albert_layers]
-        return blocks
-    raise ModelError(f"norm weighting and mixing know the attention blocks of {', '.join(sorted(BLOCK_LAYOUTS))}, "
-                     f"not of {model_type!r} models")
 
 
 @dataclass
@@ -327,6 +156,11 @@ class LoadedModel:
     def kind(self) -> str:
         """``encoder`` or ``decoder`` (causal attention), as ``info`` says."""
         return "decoder" if self.causal else "encoder"
+
+    @property
+    def layout(self) -> Layout | None:
+        """Where the model keeps its attention parts (:mod:`bertology.core.layouts`); None where bertology does not know."""
+        return layout_of(self.model.config)
 
     def weights_digest(self) -> str:
         """A content hash of the weights: of the source folder's safetensors files (cached by path, size and time), else of
@@ -378,9 +212,9 @@ def _model_max_length(config, tokenizer, where: str | Path) -> int:
         raise ModelError(f"{where}: max_position_embeddings is {positions} in its config; a model reads at least one position")
     limits = [positions, tokenizer.model_max_length]
     limits = [int(x) for x in limits if x is not None and x < 100_000]
-    if config.model_type in {"roberta", "xlm-roberta", "camembert"} and config.max_position_embeddings:
-        # RoBERTa reserves padding_idx + 1 positions (514 -> 512 usable).
-        limits.append(int(config.max_position_embeddings) - 2)
+    reserved = getattr(layout_of(config), "reserved_positions", 0)  # RoBERTa's padding_idx + 1 (514 -> 512 usable)
+    if reserved and config.max_position_embeddings:
+        limits.append(int(config.max_position_embeddings) - reserved)
     return min(limits) if limits else 512
 
 

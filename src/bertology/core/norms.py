@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import torch
 
 from bertology.core.errors import BertologyError
-from bertology.core.models import AttentionBlock
+from bertology.core.layouts import AttentionBlock
 
 #: The views of attention every analysis can run on (``--weighting``): the weights, Kobayashi's norm shares, and two
 #: per-head contribution maps (:mod:`bertology.core.contributions`): ALTI's per-head variant and value zeroing per head.

@@ -98,10 +98,9 @@ def test_disagreements_rank_by_the_absolute_difference():
 
 
 def test_a_layout_without_known_blocks_leaves_mixing_out_and_refuses_norms(tiny_bert, monkeypatch):
-    import bertology.studies.analyze.analysis as analysis
+    from bertology.core.layouts import LAYOUTS
 
-    monkeypatch.setattr(analysis, "BLOCK_LAYOUTS", frozenset({"roberta"}))  # as if bertology did not know BERT's blocks
-    monkeypatch.setattr("bertology.core.models.BERT_LAYOUT", frozenset({"roberta"}))
+    monkeypatch.delitem(LAYOUTS, "bert")  # as if bertology did not know BERT's blocks
     result = bertology.analyze(tiny_bert, TEXTS, progress=False, view=False, analyses=None)
     assert "mixing" not in result.results and "rollout" in result.results
     assert any("mixing left out" in warning for warning in result.warnings)

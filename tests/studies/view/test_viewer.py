@@ -174,10 +174,10 @@ def test_a_smaller_budget_keeps_fewer_keys_and_the_page_within_it(monkeypatch, t
 
 
 def test_the_norm_view_only_where_the_models_layout_is_known(monkeypatch, tiny_gpt2_dir):
-    from bertology.core import engine
+    from bertology.core.layouts import LAYOUTS
     from bertology.core.models import load_model
 
-    monkeypatch.setattr(engine, "BLOCK_LAYOUTS", engine.BLOCK_LAYOUTS - {"gpt2"})
+    monkeypatch.delitem(LAYOUTS, "gpt2")
     assert list(attention_view("the cat sat.", model=load_model(tiny_gpt2_dir, device="cpu")).payload()["views"]) == ["attention", "rollout"]
 
 

@@ -22,7 +22,7 @@ from bertology.core.backends import BACKENDS, PassPlan, Resume, fingerprint, req
 from bertology.core.corpora import Corpus, Example, has_frames, has_trees, open_corpus
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, one_line_error
-from bertology.core.models import BLOCK_LAYOUTS, LoadedModel, attention_blocks, load_model
+from bertology.core.models import LoadedModel, attention_blocks, load_model
 from bertology.core.norms import CONTRIBUTION_VIEWS, WEIGHTING_TITLES, parse_weighting
 from bertology.core.options import check_seed
 from bertology.core.runfolder import RunFolder, claims_out, finish, package_versions
@@ -101,6 +101,7 @@ class Analysis:
             "tokens": stats["tokens"],
             "truncated": stats["truncated"],
             "skipped (too long)": stats["skipped"],
+            "skipped (fewer than 2 pieces)": stats["degenerate"],
             "max length": self.settings["max_length"],
             "device": self.model["device"],
             "time": f"{stats['seconds']} s ({stats['sequences_per_second']} sequences/s)",
@@ -191,6 +192,15 @@ def _family_settings(chosen: list[Family], options: dict) -> dict:
         if owners[name] not in chosen:
             raise BertologyError(f"{name} is a setting of {owners[name].name}, which this run does not include")
     return {option.name: options.get(option.name, option.default) for family in chosen for option in family.options}
+
+
+def first_analysed(engine: Engine, examples) -> Example:
+    """The first example the pass analysed, not skipped (too long with ``overflow="skip"``, or of fewer than
+    :data:`~bertology.core.engine.MIN_PIECES` pieces): the one the report's viewer shows."""
+    for index, example in enumerate(examples):
+        if list(engine.encode(iter([(index, example)]), RunStats())):
+            return example
+    raise BertologyError("no sequence to view: every one was skipped")
 
 
 @claims_out(work="resume", words=("analyses", "include", "exclude", "format", "parser", "device", "punct", "overflow", "correction",
@@ -317,7 +327,7 @@ def analyze(
             for option in get_family(name).options:
                 settings.pop(option.name, None)
     fit_warnings = [f"{name} left out on {kind}: {reason}" for name, reason in unfit.items() if not get_family(name).decoders_only]
-    if loaded.model.config.model_type not in BLOCK_LAYOUTS:  # norms and mixing need to know where W_O and the layer norm are
+    if loaded.layout is None:  # norms and mixing need to know where W_O and the layer norm are
         if "norm" in views:
             attention_blocks(loaded.model)  # its one-line error names the layouts it knows
         unknown = [family.name for family in chosen if family.needs_blocks]
@@ -359,8 +369,7 @@ def analyze(
                         progress=progress)
     else:
         stats = run_local(engine, examples, plan, in_order, total=total, resume=resume)
-    if stats.sequences == 0:
-        raise BertologyError(f"every sequence was longer than {engine.max_length} pieces and skipped: raise --max-length or truncate")
+    stats.check_counted(engine.max_length)
 
     phases["pass"] = round(stats.seconds, 2)
     analysis = Analysis(model=loaded.info(), corpus=corpus_info, stats=stats, settings=settings, started=started, warnings=late_warnings,
@@ -388,7 +397,7 @@ def analyze(
         raise BertologyError("; ".join(analysis.failures.values()))
     if view:
         began = time.perf_counter()
-        first = next(iter(examples))
+        first = first_analysed(engine, examples)
         analysis.view = attention_view(first.text, first.text_pair, model=loaded, max_length=engine.max_length,
                                        contributions=tuple(contribution_views))
         phases["viewer"] = round(time.perf_counter() - began, 2)
