@@ -151,21 +151,21 @@ PROBE_TEXT = "The cat sat on the mat."
 
 def series_facts(checkpoint: str, trust_remote_code: bool = False) -> dict:
     """What the checkpoints of one series share, read from the checkpoint's config and tokenizer (no weights): its kind
-    (encoder or decoder), model type, architecture, layers, heads, its tokenizer's vocabulary and the pieces it makes of
-    :data:`PROBE_TEXT` (special tokens included)."""
+    (encoder or decoder), model type, layers, heads, its tokenizer's vocabulary and the pieces it makes of :data:`PROBE_TEXT`
+    (special tokens included). Not the task head (``architectures``): a series may run from a pre-trained model to its
+    fine-tuned classifier."""
     source = str(default_model_path()) if checkpoint in ("default", DEFAULT_MODEL) else checkpoint
     with loading_errors(source):
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     return {"kind": "a decoder" if attends_causally(config) else "an encoder", "model type": config.model_type,
-            "architecture": ", ".join(getattr(config, "architectures", None) or ()) or "none named",
             "layers": getattr(config, "num_hidden_layers", None), "heads": getattr(config, "num_attention_heads", None),
             "vocabulary": tokenizer.get_vocab(), "pieces": tokenizer.convert_ids_to_tokens(tokenizer(PROBE_TEXT)["input_ids"])}
 
 
 #: How a checkpoint differs from the first in each fact of :func:`series_facts` but its tokenizer's.
-_SERIES_WORDS = {"kind": "it is {}, not {}", "model type": "its model type is {}, not {}", "architecture": "its architecture is {}, not {}",
-                 "layers": "it has {} layers, not {}", "heads": "it has {} heads per layer, not {}"}
+_SERIES_WORDS = {"kind": "it is {}, not {}", "model type": "its model type is {}, not {}", "layers": "it has {} layers, not {}",
+                 "heads": "it has {} heads per layer, not {}"}
 
 
 def _series_difference(fact: str, value, first_value) -> str:
