@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import inspect
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -45,9 +46,7 @@ def check_out_before_parsing(study: Study, settings: dict) -> None:
     type ``Path`` and every one that ``reads_files`` (a model given as text, ``--class NAME=words:FILE``), before the study
     parses its options into values that may name no path, and whatever the study's own code checks (a study of the user's
     too)."""
-    from pathlib import Path
-
-    from bertology.core.runfolder import check_out
+    from bertology.core.runfolder import check_out  # here: --help imports nothing heavy
 
     inputs = [settings[option.name] for option in study.options if option.name != "out" and (option.reads_files or option.cli_type is Path)]
     check_out(settings["out"], inputs=inputs, work=study.work)
