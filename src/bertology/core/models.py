@@ -304,13 +304,23 @@ def require_whole_weights(model: PreTrainedModel, loading: dict, source: str, *,
         raise ModelError(f"{source}: the weights could not be loaded ({str(loading['error_msgs'][0]).splitlines()[0]})")
 
 
+def first_non_finite(module: torch.nn.Module) -> str | None:
+    """The name of ``module``'s first parameter or floating-point buffer that holds a NaN or an infinite value, else None;
+    one reduction per tensor on its device and one transfer for all of them."""
+    named = [(name, tensor) for name, tensor in [*module.named_parameters(), *module.named_buffers()] if tensor.is_floating_point()]
+    if not named:
+        return None
+    finite = torch.stack([tensor.isfinite().all() for _, tensor in named]).cpu()
+    return None if bool(finite.all()) else named[int((~finite).nonzero()[0, 0])][0]
+
+
 def require_finite_weights(model: torch.nn.Module, source: str) -> None:
     """Refuse, in one line naming the first such tensor, a model with a NaN or infinite weight (a diverged training run):
     every map and table it gave would be NaN or meaningless."""
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise ModelError(f"{source}: weight {name} holds NaN or infinite values (a training run that diverged?); bertology reads only "
-                             "finite weights")
+    name = first_non_finite(model)
+    if name is not None:
+        raise ModelError(f"{source}: weight {name} holds NaN or infinite values (a training run that diverged?); bertology reads only "
+                         "finite weights")
 
 
 #: The files a tokenizer is read from, one of which a model folder must hold (globs).

@@ -34,11 +34,6 @@ def check_learning_rate(learning_rate) -> None:
         raise BertologyError(f"--learning-rate must be a finite number above 0, not {learning_rate!r}")
 
 
-def finite_parameters(network: torch.nn.Module) -> bool:
-    """Whether every parameter of ``network`` holds finite numbers only (one reduction on its device, one transfer)."""
-    return bool(torch.stack([parameter.isfinite().all() for parameter in network.parameters()]).all())
-
-
 def random_states() -> dict:
     """Python's, NumPy's, torch's and CUDA's random states as tensors and plain values (what a ``weights_only`` load reads)."""
     name, keys, position, has_gauss, cached_gaussian = np.random.get_state()

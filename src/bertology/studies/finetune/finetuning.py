@@ -33,6 +33,7 @@ from bertology.core.errors import BertologyError, StateError
 from bertology.core.models import (
     UNUSED_WITHOUT_TASK_HEAD,
     default_model_path,
+    first_non_finite,
     load_tokenizer,
     loading_errors,
     require_finite_weights,
@@ -48,7 +49,6 @@ from bertology.core.tasks import TaskData, collate_rows, encode_examples, predic
 from bertology.core.training import (
     TrainingDiverged,
     check_learning_rate,
-    finite_parameters,
     load_training_state,
     random_states,
     resume_training,
@@ -193,7 +193,7 @@ def finetune(
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
             if step % checkpoint_every == 0 or step == stop_at:
-                if not finite_parameters(network):  # never saved: a checkpoint holds finite weights only
+                if first_non_finite(network) is not None:  # never saved: a checkpoint holds finite weights only
                     raise diverged(step, "a weight is no longer finite")
                 save_training_state(checkpoint, {
                     "model": network.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step,

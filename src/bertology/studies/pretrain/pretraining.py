@@ -74,7 +74,7 @@ from transformers.utils import logging as hf_logging
 from bertology.core.corpora import numbered_lines
 from bertology.core.digests import file_digest
 from bertology.core.errors import BertologyError, CorpusError, StateError
-from bertology.core.models import quiet_transformers, resolve_device
+from bertology.core.models import first_non_finite, quiet_transformers, resolve_device
 from bertology.core.runfolder import RunFolder, claims_out, finish, link_tree
 from bertology.core.safeload import finite_array, whole_number
 from bertology.core.stats import keyed_rng
@@ -83,7 +83,6 @@ from bertology.core.training import (
     TrainingDiverged,
     check_generator_state,
     check_learning_rate,
-    finite_parameters,
     load_training_state,
     random_states,
     resume_training,
@@ -561,7 +560,7 @@ def pretrain(
         """Stop the run at step ``at`` where one of ``values`` (losses or validation scores) or, with ``weights``, a weight
         is not a finite number, before anything of that step is saved; what was saved before is kept."""
         what = next((f"its {name} is {value}" for name, value in values.items() if not math.isfinite(value)), None)
-        if what is None and weights and not finite_parameters(network):
+        if what is None and weights and first_non_finite(network) is not None:
             what = "its weights are no longer finite numbers"
         if what is not None:
             kept = f"the last good checkpoint is {(training / 'checkpoints' / evaluations[-1][1]).resolve()}" if evaluations else "no checkpoint was saved"
