@@ -34,9 +34,9 @@ def main() -> None:
 
     import torch
 
-    from bertology.core.corpora import open_corpus
     from bertology.core.engine import Engine
-    from bertology.core.models import load_model
+    from bertology.core.model.models import load_model
+    from bertology.core.text.corpora import open_corpus
     from bertology.families import get_family
     from bertology.families.mixing.analyzer import ContextMixing
 

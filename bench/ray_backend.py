@@ -10,7 +10,7 @@ Part 2, in-process measurements that feed the estimate:
 - ``merge_seconds``: the driver's cost to merge one shard's analyzers into its own (timed over the shards of a run
   of --sentences split in shards of 1,024 sentences, as the Ray backend cuts them);
 - ``state_bytes``: the size of one shard's analyzer states as Ray ships them (cloudpickle, what the object store
-  holds) and as a resume state (bertology.core.states).
+  holds) and as a resume state (bertology.core.storage.states).
 
 The estimate for N sentences (default 1M) on G GPUs (default 8), one actor per GPU:
 
@@ -62,10 +62,10 @@ def in_process(corpus: Path, device: str) -> dict:
     import cloudpickle
 
     import bertology
-    from bertology.core import states
-    from bertology.core.corpora import open_corpus
     from bertology.core.engine import Engine
-    from bertology.core.models import load_model
+    from bertology.core.model.models import load_model
+    from bertology.core.storage import states
+    from bertology.core.text.corpora import open_corpus
     from bertology.studies.analyze.analysis import _choose_families, _family_settings
 
     texts = corpus.read_text(encoding="utf-8").splitlines()

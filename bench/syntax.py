@@ -15,9 +15,9 @@ import json
 import time
 from pathlib import Path
 
-from bertology.core.corpora import Corpus
 from bertology.core.engine import Engine
-from bertology.core.models import load_model
+from bertology.core.model.models import load_model
+from bertology.core.text.corpora import Corpus
 from bertology.families.profile.analyzer import GeneralProfile
 from bertology.families.syntax.analyzer import RelationHeads
 from bertology.families.syntax.probes import ProbeData, cross_validate

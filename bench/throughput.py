@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModel
 
-from bertology.core.corpora import Corpus
 from bertology.core.engine import Engine, RunStats
-from bertology.core.models import default_model_path, load_model
+from bertology.core.model.models import default_model_path, load_model
+from bertology.core.text.corpora import Corpus
 from bertology.families.profile.analyzer import GeneralProfile, HeadDistance
 
 EWT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud_english_ewt" / "en_ewt-ud-test.conllu"
@@ -55,7 +55,7 @@ def peak_memory(count: int, device: str) -> float:
     """Max RSS (MiB) of a fresh process that runs the engine with the general profile over ``count`` sentences."""
     code = (
         "import resource, sys; sys.path.insert(0, %r);"
-        "from throughput import sentences; from bertology.core.models import load_model; from bertology.core.engine import Engine;"
+        "from throughput import sentences; from bertology.core.model.models import load_model; from bertology.core.engine import Engine;"
         "from bertology.families.profile.analyzer import GeneralProfile, HeadDistance;"
         "examples = sentences(%d); model = load_model(None, device=%r);"
         "Engine(model, progress=False).run(examples, [GeneralProfile(), HeadDistance()]);"

@@ -32,7 +32,7 @@ def main() -> None:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from bertology.core.models import load_model
+    from bertology.core.model.models import load_model
     from bertology.studies.pretrain.pretraining import train_byte_level_bpe
     from bertology.studies.view.viewer import MAP_BYTES, attention_view
 

@@ -42,7 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    from bertology.core.models import load_model
+    from bertology.core.model.models import load_model
     from bertology.studies.view.viewer import attention_view
 
     print(f"load average: {os.getloadavg()[0]:.2f} (torch and chromium share these {os.cpu_count()} cores)")

@@ -8,7 +8,7 @@ report and viewer. Two processes, each timed end to end (wall clock, from start 
 
 (a) ``bertology analyze --corpus SENTENCES.txt --out TMP --quiet --device D``;
 (b) ``python bench/whole_process.py --bare ...``: imports torch and transformers, loads the default model
-    (bertology.core.models.default_model_path(), looked up once beforehand) with
+    (bertology.core.model.models.default_model_path(), looked up once beforehand) with
     ``AutoModel.from_pretrained(path, attn_implementation="sdpa")``, tokenizes the same sentences, batches
     them as the engine does (sorted by length within windows of 32 batches, at most --batch-size a batch,
     the same cap on attention size) and runs the forward pass under ``torch.inference_mode()``.
@@ -158,7 +158,7 @@ def memory(args: argparse.Namespace) -> int:
 
 def default_model() -> str:
     """The default model's folder, as bertology finds it (in a process of its own: bertology imports torch)."""
-    code = "from bertology.core.models import default_model_path; print(default_model_path())"
+    code = "from bertology.core.model.models import default_model_path; print(default_model_path())"
     done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True)
     if done.returncode == 0:
         return done.stdout.strip().splitlines()[-1]

@@ -29,8 +29,8 @@ from transformers import (  # noqa: E402
     RobertaTokenizerFast,
 )
 
-from bertology.core.corpora import Example  # noqa: E402
-from bertology.core.models import load_model  # noqa: E402
+from bertology.core.model.models import load_model  # noqa: E402
+from bertology.core.text.corpora import Example  # noqa: E402
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -377,8 +377,8 @@ def tiny_mlm_dir(tiny_bert_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def treebank(tmp_path_factory):
     """A small CoNLL-U file (trees from spaCy over the test sentences, written as UD would)."""
-    from bertology.core.corpora import Example
-    from bertology.core.parsing import spacy_trees
+    from bertology.core.text.corpora import Example
+    from bertology.core.text.parsing import spacy_trees
 
     blocks = []
     for number, example in enumerate(spacy_trees([Example(t) for t in TEXTS * 2]), start=1):

@@ -10,7 +10,7 @@ import pytest
 from conftest import TEXTS
 
 from bertology.checks import FAMILY_CHECKS, STUDY_CHECKS, check_failed_run_keeps_previous, check_options_round_trip, check_tables_declared
-from bertology.core.models import load_model
+from bertology.core.model.models import load_model
 from bertology.families import registered
 from bertology.studies import registered_studies
 
@@ -143,7 +143,7 @@ def test_the_round_trip_check_catches_an_option_the_command_drops(monkeypatch):
 
 
 def test_the_whole_folder_check_catches_a_run_that_swaps_in_before_it_fails(study_inputs, monkeypatch):
-    from bertology.core.runfolder import RunFolder
+    from bertology.core.storage.runfolder import RunFolder
 
     study, given = registered_studies()["gradients"], study_inputs["gradients"]
     commit = RunFolder.commit

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import bertology
-from bertology.core.stats import MIN_SAMPLE, RunningMoments, corrected, paired_bootstrap, t_test_greater
+from bertology.core.statistics.stats import MIN_SAMPLE, RunningMoments, corrected, paired_bootstrap, t_test_greater
 
 
 def _conllu(sentences: int, rare: int) -> str:

@@ -18,8 +18,8 @@ from test_cli import bertology
 
 import bertology as api
 from bertology.core.errors import ModelError
-from bertology.core.models import load_model
-from bertology.core.runfolder import RunFolder
+from bertology.core.model.models import load_model
+from bertology.core.storage.runfolder import RunFolder
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +188,7 @@ def test_a_model_that_is_not_whole_is_one_line_on_the_command_line(llama_dir, co
 
 
 def test_a_classifier_missing_a_layer_is_refused(tiny_classifier_dir, tmp_path):
-    from bertology.core.tasks import load_task_model
+    from bertology.core.learning.tasks import load_task_model
 
     model = copy_model(tiny_classifier_dir, tmp_path / "C", lambda config: config.update(num_hidden_layers=4))
     with pytest.raises(ModelError, match=r"lacks \d+ weights that config.json names \(bert.encoder.layer.3"):
@@ -233,7 +233,7 @@ def test_a_resume_after_the_tokenizer_changed_is_refused(llama_dir, tmp_path):
 
 
 def test_the_tokenizer_digest_follows_the_pieces_not_the_folder(llama_dir, tmp_path):
-    from bertology.core.digests import tokenizer_digest
+    from bertology.core.storage.digests import tokenizer_digest
 
     same = copy_model(llama_dir, tmp_path / "same")
     lowered = copy_model(llama_dir, tmp_path / "lowered")
@@ -302,7 +302,7 @@ def test_view_run_with_a_malformed_roles_table_is_one_line(tiny_bert_dir, tmp_pa
 
 @pytest.mark.parametrize("study", ["finetune", "study_heads", "restore_layers"])
 def test_a_seed_past_2_to_the_32_is_refused_by_the_api_before_any_work(cat_task, tiny_classifier_dir, tmp_path, study):
-    from bertology.core.tasks import load_task
+    from bertology.core.learning.tasks import load_task
     from bertology.studies.finetune.finetuning import finetune
     from bertology.studies.heads.importance import study_heads
     from bertology.studies.restore.restore import restore_layers
@@ -317,7 +317,7 @@ def test_a_seed_past_2_to_the_32_is_refused_by_the_api_before_any_work(cat_task,
 def test_a_training_state_that_fills_the_disk_is_a_full_disk_error_and_leaves_nothing(small_disk):
     """torch's writer says "enforce fail at inline_container.cc ... file write failed" on a full disk: it becomes the OSError
     (ENOSPC) that the command line prints in one line, and the half-written state is removed."""
-    from bertology.core.training import save_training_state
+    from bertology.core.learning.training import save_training_state
 
     with pytest.raises(OSError) as error:
         save_training_state(small_disk / "training", {"model": {"weight": torch.zeros(64 * 1024)}, "step": 1})

@@ -10,9 +10,9 @@ from conftest import TEXTS
 from core.test_backends import _interrupt_after
 
 import bertology
-from bertology.core import states
 from bertology.core.errors import BertologyError
-from bertology.core.runfolder import RunFolder, check_out, claims_out
+from bertology.core.storage import states
+from bertology.core.storage.runfolder import RunFolder, check_out, claims_out
 
 OPTIONS = dict(batch_size=2, progress=False, view=False, analyses=["profile", "roles"], checkpoint_every=2)
 SENTENCES = [f"{text} number {k}." for k in range(3) for text in TEXTS]
@@ -78,7 +78,7 @@ def test_an_analysis_into_a_folder_holding_a_finetuning_checkpoint_is_refused(ti
 
 
 def test_a_finetuning_into_a_folder_holding_an_unfinished_analysis_is_refused(interrupted, tmp_path, cat_task, tiny_bert_dir):
-    from bertology.core.tasks import load_task
+    from bertology.core.learning.tasks import load_task
     from bertology.studies.finetune.finetuning import finetune
 
     out = _copy(interrupted, tmp_path)
@@ -125,7 +125,7 @@ def test_a_resume_with_other_weights_under_the_same_config_is_refused(interrupte
 def test_the_weights_digest_is_cached_by_path_size_and_time(tiny_bert_dir, tmp_path, monkeypatch):
     import hashlib
 
-    from bertology.core import digests
+    from bertology.core.storage import digests
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     expected = hashlib.sha256(f"model.safetensors\0{hashlib.sha256((tiny_bert_dir / 'model.safetensors').read_bytes()).hexdigest()}\n"

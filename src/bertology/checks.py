@@ -29,7 +29,7 @@ import pandas as pd
 from markupsafe import escape
 
 from bertology.core.options import Option
-from bertology.core.runfolder import RunFolder
+from bertology.core.storage.runfolder import RunFolder
 from bertology.families import COMMON_SETTINGS, Family, FamilyResult
 from bertology.render.html import Report
 from bertology.studies import Study
@@ -210,7 +210,7 @@ def check_failed_run_keeps_previous(study: Study, given: dict) -> None:
             raise OSError(28, "No space left on device")
         rename(source, target)
 
-    with mock.patch("bertology.core.runfolder.os.rename", side_effect=full_disk):
+    with mock.patch("bertology.core.storage.runfolder.os.rename", side_effect=full_disk):
         try:
             study.run(settings_with_defaults(study, given), command=["check"])
         except OSError:

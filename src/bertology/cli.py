@@ -46,7 +46,7 @@ def check_out_before_parsing(study: Study, settings: dict) -> None:
     type ``Path`` and every one that ``reads_files`` (a model given as text, ``--class NAME=words:FILE``), before the study
     parses its options into values that may name no path, and whatever the study's own code checks (a study of the user's
     too)."""
-    from bertology.core.runfolder import check_out  # here: --help imports nothing heavy
+    from bertology.core.storage.runfolder import check_out  # here: --help imports nothing heavy
 
     inputs = [settings[option.name] for option in study.options if option.name != "out" and (option.reads_files or option.cli_type is Path)]
     check_out(settings["out"], inputs=inputs, work=study.work)

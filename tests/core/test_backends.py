@@ -1,5 +1,5 @@
 """Where the pass runs and how it survives an interruption (bertology.core.backends): Ray against local, merges over
-many shards, kill-and-resume, and the safe state files it resumes from (bertology.core.states)."""
+many shards, kill-and-resume, and the safe state files it resumes from (bertology.core.storage.states)."""
 
 import ipaddress
 import os
@@ -17,12 +17,12 @@ from conftest import TEXTS, tiny_examples
 from test_cli import bertology as run_cli
 
 import bertology
-from bertology.core import states
 from bertology.core.backends import PassPlan, run_local
 from bertology.core.engine import Engine
 from bertology.core.errors import BertologyError
-from bertology.core.models import load_model
-from bertology.core.parsing import spacy_trees
+from bertology.core.model.models import load_model
+from bertology.core.storage import states
+from bertology.core.text.parsing import spacy_trees
 from bertology.families import registered
 from bertology.families.profile.analyzer import GeneralProfile
 from core.test_contract import CONTRACT_SETTINGS
@@ -296,8 +296,8 @@ def test_a_planted_class_or_pickle_in_a_state_is_refused(tmp_path):
 
     states.save(tmp_path / "state", {}, {"x": np.arange(3)})
     for planted in ("os:system", "subprocess:Popen", "bertology.core.errors:one_line_error",
-                    "bertology.core.states:torch.hub.tempfile._TemporaryFileCloser",  # a class reached through modules bertology imports
-                    "bertology.core.states:np.ndarray", "bertology.core.backends:RunStats.__class__"):
+                    "bertology.core.storage.states:torch.hub.tempfile._TemporaryFileCloser",  # a class reached through modules bertology imports
+                    "bertology.core.storage.states:np.ndarray", "bertology.core.backends:RunStats.__class__"):
         (tmp_path / "state" / "state.json").write_text(json.dumps({"values": {"__object__": planted, "state": {"__dict__": []}}}))
         with pytest.raises(BertologyError, match="refused"):
             states.load(tmp_path / "state")

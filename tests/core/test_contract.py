@@ -11,9 +11,9 @@ import pytest
 from conftest import float64_model, tiny_examples
 
 from bertology.core.analyzer import Analyzer
-from bertology.core.corpora import Corpus
-from bertology.core.parsing import spacy_trees
 from bertology.core.testing import ANALYZER_CHECKS, AnalyzerContract, check_analyzer
+from bertology.core.text.corpora import Corpus
+from bertology.core.text.parsing import spacy_trees
 from bertology.families import registered
 from bertology.families.patterns.analyzer import PATTERNS, HeadPatterns
 from bertology.families.profile.analyzer import GeneralProfile, HeadDistance

@@ -5,9 +5,9 @@ import pytest
 import torch
 from conftest import tiny_examples
 
-from bertology.core.corpora import Example
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError
+from bertology.core.text.corpora import Example
 
 
 class Collect:
@@ -99,7 +99,7 @@ def test_roberta_pairs_mark_both_separators(tiny_roberta):
 def test_every_family_loads_from_a_folder_and_runs(family, tiny_bert_dir, tmp_path):
     import transformers as tf
 
-    from bertology.core.models import load_model
+    from bertology.core.model.models import load_model
     from bertology.families.profile.analyzer import GeneralProfile
 
     tokenizer = tf.AutoTokenizer.from_pretrained(tiny_bert_dir)
@@ -148,7 +148,7 @@ class TokenizerSpy:
 @pytest.fixture(scope="module")
 def readers(tiny_bert, tiny_gpt2_dir, tiny_llama_dir):
     """WordPiece with [CLS] and [SEP] (BERT), byte-level BPE without special tokens (GPT-2) and with BOS (Llama)."""
-    from bertology.core.models import load_model
+    from bertology.core.model.models import load_model
 
     return {"bert": tiny_bert, "gpt2": load_model(tiny_gpt2_dir, device="cpu"), "llama": load_model(tiny_llama_dir, device="cpu")}
 

@@ -13,8 +13,8 @@ import torch
 from conftest import gold_example
 from torch.overrides import TorchFunctionMode
 
-from bertology.core.corpora import Example
 from bertology.core.engine import Engine
+from bertology.core.text.corpora import Example
 from bertology.families.mixing.analyzer import ContextMixing
 from bertology.families.patterns.analyzer import HeadPatterns
 from bertology.families.profile.analyzer import GeneralProfile, HeadDistance

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from studies.label.test_labelling import VALID_LABEL, hand_maps, post_label
 
-from bertology.core.corpora import GLUE_LAYOUTS, PATTERN_LABELS, Corpus, json_records, prepare_jsonl_append, read_labels
 from bertology.core.errors import CorpusError
+from bertology.core.text.corpora import GLUE_LAYOUTS, PATTERN_LABELS, Corpus, json_records, prepare_jsonl_append, read_labels
 from bertology.studies.label.labelling import MAX_LABEL_BYTES, LabelServer
 
 # No example database (it would be written into the checkout); a fixture's folder is reused by every example.

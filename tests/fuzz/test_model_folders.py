@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import save_tiny_decoder
-from core.test_runfolder import snapshot
+from core.storage.test_runfolder import snapshot
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from bertology.core.errors import BertologyError
-from bertology.core.models import load_model
+from bertology.core.model.models import load_model
 from fuzz.documents import DELETE, changed, paths
 
 FUZZ = settings(deadline=None, database=None, max_examples=80,

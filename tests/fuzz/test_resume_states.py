@@ -81,7 +81,7 @@ def write_state(folder: Path, document_text: str | bytes, arrays: dict | bytes) 
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats(allow_nan=True, allow_infinity=True)
-    | st.text(max_size=12) | st.sampled_from(["__array__", "__tensor__", "__object__", "a0", "bertology.core.stats:RunningMoments", "os:system"]),
+    | st.text(max_size=12) | st.sampled_from(["__array__", "__tensor__", "__object__", "a0", "bertology.core.statistics.stats:RunningMoments", "os:system"]),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["__array__", "__tensor__", "__tuple__", "__set__", "__dict__",
                                                                                  "__object__", "state", "x"]) | st.text(max_size=6), inner, max_size=3),
     max_leaves=12,

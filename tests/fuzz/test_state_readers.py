@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import TEXTS, gold_example
-from core.test_runfolder import snapshot
+from core.storage.test_runfolder import snapshot
 from families.patterns.test_trained_patterns import classifier_document
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -29,7 +29,7 @@ from hypothesis.extra import numpy as hnp
 from transformers import BertConfig, BertForSequenceClassification, get_linear_schedule_with_warmup
 
 from bertology.core.errors import BertologyError
-from bertology.core.training import load_training_state, random_states, resume_training, save_training_state
+from bertology.core.learning.training import load_training_state, random_states, resume_training, save_training_state
 from bertology.families.patterns.analyzer import PATTERNS
 from bertology.families.patterns.trained import TrainedClassifier
 from bertology.studies.track.dynamics import MAX_STEP, _load_part, checkpoint_step, hypothesis_verdict, track

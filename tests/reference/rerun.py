@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bertology.core.hooks import Hooks
-from bertology.core.models import attention_blocks
+from bertology.core.model.hooks import Hooks
+from bertology.core.model.models import attention_blocks
 
 from .value_zeroing import cosine_distances_diagonal
 

@@ -1,6 +1,6 @@
 import pandas as pd
 
-from bertology.core.runfolder import RunFolder
+from bertology.core.storage.runfolder import RunFolder
 from bertology.families.profile.report import metric_heatmaps
 from bertology.render.html import Figure, Report, Section
 

@@ -21,8 +21,8 @@ def test_the_readme_study_runs_as_a_command_and_counts_the_pieces_the_tokenizer_
     assert manifest["status"] == "complete" and manifest["corpus"]["name"] == "sample" and "versions" in manifest
     assert "20 examples" in result.stdout and "Word pieces per example" in (out / "report.html").read_text()
 
-    from bertology.core.corpora import open_corpus
-    from bertology.core.models import load_model
+    from bertology.core.model.models import load_model
+    from bertology.core.text.corpora import open_corpus
 
     examples, _ = open_corpus(None, "auto", 20)
     tokenizer = load_model(None, device="cpu").tokenizer

@@ -9,7 +9,7 @@ the driver folds them in with the analyzers' own ``merge``. Either way the run f
 and the tables agree to float rounding: analyzers pass the contract of :mod:`bertology.core.testing`, and every
 random draw is keyed by the sequence, never by the shard.
 
-Resuming (:class:`Resume`): the merged analyzer states are saved into ``OUT/resume/`` (:mod:`bertology.core.states`,
+Resuming (:class:`Resume`): the merged analyzer states are saved into ``OUT/resume/`` (:mod:`bertology.core.storage.states`,
 no pickle) at least every ``every_seconds`` or every ``every_batches`` batches: locally after a batch (the resumed
 run forms the same windows and batches again, so its numbers are the uninterrupted run's to the bit), on Ray
 whenever a shard has been merged. Started again with the same command, the run checks a fingerprint of the
@@ -33,10 +33,10 @@ from urllib.parse import urlsplit
 import torch
 from tqdm.auto import tqdm
 
-from bertology.core import states
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, StateError, one_line_error
-from bertology.core.safeload import field, whole_number
+from bertology.core.storage import states
+from bertology.core.storage.safeload import field, whole_number
 
 BACKENDS = ("local", "ray")
 #: Actors on a cluster without GPUs when --workers is not given (each loads its own model).
@@ -152,7 +152,7 @@ class PassPlan:
 def _stream(examples: Iterable, plan: PassPlan):
     if not plan.parse:
         return examples
-    from bertology.core.parsing import spacy_trees
+    from bertology.core.text.parsing import spacy_trees
 
     return spacy_trees(examples, plan.spacy_pipeline)
 
@@ -186,8 +186,8 @@ class PassWorker:
     """A Ray actor: one model, loaded once, and an engine that runs shards of the corpus through fresh analyzers."""
 
     def __init__(self, model, engine_options: dict, device: str, trust_remote_code: bool, threads: int, compare_with=None):
-        from bertology.core.hooks import register_attention
-        from bertology.core.models import LoadedModel, load_model, resolve_device
+        from bertology.core.model.hooks import register_attention
+        from bertology.core.model.models import LoadedModel, load_model, resolve_device
 
         torch.set_num_threads(max(1, threads))
         register_attention()

@@ -20,14 +20,14 @@ import torch
 from tqdm.auto import tqdm
 from transformers import BatchEncoding
 
-from bertology.core.alignment import WordAlignment, align, default_word_spans, to_word_level
-from bertology.core.contributions import CONTRIBUTION_MEASURES, alti_contributions, alti_per_head, value_zeroing
-from bertology.core.corpora import Example
 from bertology.core.errors import BertologyError, one_line_error
-from bertology.core.hooks import Hooks
-from bertology.core.layouts import ENCODER
-from bertology.core.models import PUNCT_SETS, LoadedModel, attention_blocks, punctuation_table
-from bertology.core.norms import CONTRIBUTION_VIEWS, WEIGHTINGS, mixing_ratios, norm_shares, transformed_norms
+from bertology.core.measures.contributions import CONTRIBUTION_MEASURES, alti_contributions, alti_per_head, value_zeroing
+from bertology.core.measures.norms import CONTRIBUTION_VIEWS, WEIGHTINGS, mixing_ratios, norm_shares, transformed_norms
+from bertology.core.model.hooks import Hooks
+from bertology.core.model.kinds import ENCODER, Kind
+from bertology.core.model.models import PUNCT_SETS, LoadedModel, attention_blocks, punctuation_table
+from bertology.core.text.alignment import WordAlignment, align, default_word_spans, to_word_level
+from bertology.core.text.corpora import Example
 
 OVERFLOW_POLICIES = ("truncate", "skip")
 #: The vector norms of ``LayerMaps.vector_norms``, in order: ``||k_j||``, ``||v_j||`` and ``||f_h(x_j)||`` (Kobayashi et al. 2020).
@@ -62,13 +62,6 @@ class Encoded:
         return len(self.input_ids)
 
 
-def first_token_mask(mask: torch.Tensor) -> torch.Tensor:
-    """``[batch, n]``: each sequence's first token, position 0 (a decoder's candidate sink, docs/methods.md#decoders)."""
-    first = torch.zeros_like(mask)
-    first[:, 0] = mask[:, 0]
-    return first
-
-
 def is_pair(segment_ids: torch.Tensor) -> torch.Tensor:
     """``[batch]``: True for sentence pairs (some piece belongs to sentence B)."""
     return (segment_ids == 1).any(dim=1)
@@ -84,25 +77,25 @@ class Batch:
     and the batch carries the rest. Masks are ``[batch, n]`` booleans.
     ``segment_ids`` is 0 or 1 for the pieces of sentence A or B and -1 for special tokens and padding.
 
-    ``causal``: the model is a decoder (docs/methods.md#decoders): query i sees keys ``j <= i`` only, ``cls_mask`` marks each
-    sequence's first token (the candidate sink, BOS where the tokenizer adds one) in [CLS]'s place and ``sep_mask`` nothing;
-    ``query_mask`` leaves row 0 out of every mean over queries (it sees only itself).
+    ``kind`` (:mod:`bertology.core.model.kinds`) says which keys each query sees (``visible_counts``), which queries enter a
+    mean over queries (``query_mask``: a decoder's leaves out row 0, which sees only itself), and which anchor tokens
+    ``anchors`` marks: an encoder's ``cls`` and ``sep``, a decoder's ``first`` (the candidate sink, BOS where the tokenizer
+    adds one; docs/methods.md#decoders).
 
-    ``weighting`` says which view of attention ``attentions`` holds (:data:`~bertology.core.norms.WEIGHTINGS`):
+    ``weighting`` says which view of attention ``attentions`` holds (:data:`~bertology.core.measures.norms.WEIGHTINGS`):
     the weights, or Kobayashi et al.'s norm shares (:meth:`weighted`); analyzers never need to know.
     ``key_norms[l, b, h, j]`` is ``||f_h(x_j)||`` where the run asked for norms; ``mixing[l, b, i, r]`` the
-    context-mixing ratios (:func:`~bertology.core.norms.mixing_ratios`) where an analyzer ``needs`` them;
+    context-mixing ratios (:func:`~bertology.core.measures.norms.mixing_ratios`) where an analyzer ``needs`` them;
     ``hidden_states[l, b, i, :]`` every layer's output (``l = 0``: the embeddings) where an analyzer ``needs`` them;
     ``vector_norms[l, b, h, k, j]`` where an analyzer ``needs`` ``"vectors"``: the norms of key j's key vector ``||k_j||``
     (``k = 0``), value vector ``||v_j||`` (1) and transformed vector ``||f_h(x_j)||`` (2) in head h (:data:`VECTOR_NORMS`);
-    ``contributions[measure][l, b, i, j]`` where an analyzer ``needs`` ALTI or value zeroing (:mod:`bertology.core.contributions`).
+    ``contributions[measure][l, b, i, j]`` where an analyzer ``needs`` ALTI or value zeroing (:mod:`bertology.core.measures.contributions`).
     """
 
     items: list[Encoded]
     input_ids: torch.Tensor
     mask: torch.Tensor
-    cls_mask: torch.Tensor
-    sep_mask: torch.Tensor
+    anchors: dict[str, torch.Tensor]  # the kind's anchor tokens by name -> [batch, n]
     punct_mask: torch.Tensor
     segment_ids: torch.Tensor
     attentions: torch.Tensor | None
@@ -116,22 +109,17 @@ class Batch:
     view_maps: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # alti, value-zeroing -> [layer, batch, head, n, n]
     layer_count: int | None = None  # where there are no maps to count them from (the layer-by-layer pass)
     head_count: int | None = None
-    causal: bool = False
+    kind: Kind = ENCODER
     _views: dict[str, "Batch"] = field(default_factory=dict, init=False, repr=False)
 
     def weighted(self, weighting: str) -> "Batch":
         """This batch under another view of attention (computed once per batch): ``attention``, the weights;
         ``norm``, each row's norm shares ``a[i, j] ||f(x_j)|| / sum_k a[i, k] ||f(x_k)||`` (docs/methods.md#norms-and-mixing);
-        ``alti`` and ``value-zeroing``, the per-head contribution maps the pass computed (:mod:`bertology.core.contributions`)."""
+        ``alti`` and ``value-zeroing``, the per-head contribution maps the pass computed (:mod:`bertology.core.measures.contributions`)."""
         if weighting == self.weighting:
             return self
         if weighting not in self._views:
-            if weighting in self.view_maps:
-                maps = self.view_maps[weighting]
-            elif weighting == "norm" and self.key_norms is not None:
-                maps = norm_shares(self.attentions, self.key_norms)
-            else:
-                raise ValueError(f"this batch has no {weighting!r} view (the engine computes the views its run asks for)")
+            maps = attention_view(weighting, self.attentions, self.key_norms, self.view_maps)
             view = dataclasses.replace(self, attentions=maps, weighting=weighting)
             view.__dict__["alignments"] = self.alignments  # shared: the pieces and words are the same
             self._views[weighting] = view
@@ -177,17 +165,19 @@ class Batch:
 
     @cached_property
     def query_mask(self) -> torch.Tensor:
-        """``[batch, n]``: the queries that enter a mean over queries: the real tokens, and in a decoder not row 0."""
-        return self.mask & ~first_token_mask(self.mask) if self.causal else self.mask
+        """``[batch, n]``: the queries that enter a mean over queries (:meth:`~bertology.core.model.kinds.Kind.query_mask`)."""
+        return self.kind.query_mask(self.mask)
 
     @cached_property
     def visible_counts(self) -> torch.Tensor:
-        """``[batch, n]`` int: the keys each query sees, ``|S_i|`` (an encoder's n for every query; a decoder's ``i + 1``),
-        0 for padding: per-row uniform attention is ``1 / |S_i|`` (docs/methods.md#decoders)."""
-        n = self.mask.sum(dim=1, keepdim=True)
-        if not self.causal:
-            return n * self.mask
-        return torch.minimum(torch.arange(1, self.mask.shape[1] + 1, device=self.mask.device)[None], n) * self.mask
+        """``[batch, n]`` int: the keys each query sees, ``|S_i|``, 0 for padding: per-row uniform attention is ``1 / |S_i|``
+        (:meth:`~bertology.core.model.kinds.Kind.visible_counts`)."""
+        return self.kind.visible_counts(self.mask)
+
+    @cached_property
+    def anchor_mask(self) -> torch.Tensor:
+        """``[batch, n]``: every anchor token of the kind (an encoder's [CLS] and [SEP], a decoder's first token)."""
+        return torch.stack(list(self.anchors.values())).any(dim=0)
 
     @property
     def examples(self) -> list[Example]:
@@ -237,6 +227,70 @@ class LayerMaps:
             n = int(batch.host_lengths[b])
             self._word_maps[b] = to_word_level(self.attention[b, :, :n, :n], batch.alignments[b])
         return self._word_maps[b]
+
+
+def attention_view(weighting: str, attention: torch.Tensor, key_norms: torch.Tensor | None,
+                   per_head_views: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The maps of one view of attention (:data:`~bertology.core.measures.norms.WEIGHTINGS`), for a layer or a stack of
+    layers: ``attention``, the weights; ``norm``, each row's norm shares ``a[i, j] ||f(x_j)|| / sum_k a[i, k] ||f(x_k)||``
+    (docs/methods.md#norms-and-mixing) from ``key_norms``; ``alti`` and ``value-zeroing``, the per-head contribution maps
+    the pass computed (:mod:`bertology.core.measures.contributions`)."""
+    if weighting == "attention":
+        return attention
+    if weighting in per_head_views:
+        return per_head_views[weighting]
+    if weighting == "norm" and key_norms is not None:
+        return norm_shares(attention, key_norms)
+    raise ValueError(f"this pass has no {weighting!r} view (the engine computes the views its run asks for)")
+
+
+#: What an analyzer's ``needs`` may name: the mixing ratios, every layer's output, the key/value/transformed vector norms
+#: and the contribution measures (:data:`~bertology.core.measures.contributions.CONTRIBUTION_MEASURES`).
+KNOWN_NEEDS = frozenset({"mixing", "hidden_states", "vectors", *CONTRIBUTION_MEASURES})
+
+
+@dataclass(frozen=True)
+class PassNeeds:
+    """What one pass computes beyond the attention weights, decoded once from its analyzers' ``needs`` and the views they
+    receive (:meth:`of`): ``norms``, every head's ``||f_h(x_j)||`` (the ``norm`` view); ``mixing``, every token's
+    context-mixing ratios; ``hidden_states``, every layer's output; ``vectors``, every head's key, value and transformed
+    vector norms; ``contributions``, each named measure's maps (``alti``, ``value_zeroing``); ``views``, the per-head
+    contribution maps of those views (``alti``, ``value-zeroing``) for :meth:`Batch.weighted`."""
+
+    norms: bool = False
+    mixing: bool = False
+    hidden_states: bool = False
+    vectors: bool = False
+    contributions: tuple[str, ...] = ()
+    views: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, analyzers: Sequence, weightings: Sequence[str]) -> "PassNeeds":
+        """The needs of ``analyzers``, analyzer k receiving the view ``weightings[k]``; an unknown need is refused."""
+        named = set().union(*(getattr(analyzer, "needs", frozenset()) for analyzer in analyzers))
+        if named - KNOWN_NEEDS:
+            raise BertologyError(f"unknown analyzer needs {sorted(named - KNOWN_NEEDS)}: an analyzer may need {', '.join(sorted(KNOWN_NEEDS))}")
+        return cls(norms="norm" in weightings, mixing="mixing" in named, hidden_states="hidden_states" in named,
+                   vectors="vectors" in named, contributions=tuple(measure for measure in CONTRIBUTION_MEASURES if measure in named),
+                   views=tuple(view for view in CONTRIBUTION_VIEWS if view in weightings))
+
+    @property
+    def anything(self) -> bool:
+        """Whether the pass computes more than the weights (a pass that does needs the engine's own forward pass)."""
+        return self != NO_NEEDS
+
+    @property
+    def values(self) -> bool:
+        """Whether the pass captures each layer's value vectors."""
+        return self.norms or self.mixing or self.vectors or bool(self.contributions or self.views)
+
+    @property
+    def layer_inputs(self) -> bool:
+        """Whether the pass keeps each layer's input ``x`` (the residual): for the mixing ratios and the contributions."""
+        return self.mixing or bool(self.contributions or self.views)
+
+
+NO_NEEDS = PassNeeds()
 
 
 def is_layerwise(analyzer) -> bool:
@@ -331,7 +385,7 @@ class Engine:
         inside the forward pass and keep none (peak memory: one layer's maps); otherwise, or with False, every layer's maps
         of a batch are stacked and each analyzer's ``update`` gets them all.
     punct : {"upos", "clark"}
-        The punctuation set of ``Batch.punct_mask`` (:data:`~bertology.core.models.PUNCT_SETS`,
+        The punctuation set of ``Batch.punct_mask`` (:data:`~bertology.core.model.models.PUNCT_SETS`,
         docs/methods.md#head-profile), so every analyzer of a run measures attention to the same punctuation.
     """
 
@@ -508,146 +562,47 @@ class Engine:
         with torch.inference_mode(), hooks.attach(self.model.model):
             return self.model.model(**inputs)
 
-    def run_batch(self, items: list[Encoded], *, norms: bool = False, mixing: bool = False, hidden_states: bool = False,
-                  vectors: bool = False, contributions: tuple[str, ...] = (), views: tuple[str, ...] = (),
+    def new_batch(self, items: list[Encoded], tensors: dict[str, torch.Tensor]) -> Batch:
+        """The batch every analyzer receives, before its maps: its masks, the kind's anchor tokens and its counts."""
+        mask, input_ids = tensors["mask"], tensors["input_ids"]
+        model = self.model
+        return Batch(
+            items=items,
+            input_ids=input_ids,
+            mask=mask,
+            anchors=model.kind.anchor_masks(input_ids, mask, model.cls_token_id, model.sep_token_id),
+            punct_mask=self.punctuation(input_ids) & mask,
+            segment_ids=tensors["segment_ids"],
+            attentions=None,
+            layer_count=model.num_layers,
+            head_count=model.num_heads,
+            embedding=model.model.get_input_embeddings(),
+            kind=model.kind,
+        )
+
+    def run_batch(self, items: list[Encoded], needs: PassNeeds = NO_NEEDS,
                   on_layer: Callable[[Batch, int, Callable[[str], LayerMaps]], object] | None = None) -> Batch:
-        """Run the model on one batch and capture every layer's attention; with ``norms``, also every head's
-        ``||f_h(x_j)||`` (for the ``norm`` view); with ``mixing``, every token's context-mixing ratios; with
-        ``hidden_states``, every layer's output; with ``vectors``, every head's key, value and transformed vector norms; with
-        ``contributions``, each named measure's maps (``alti``, ``value_zeroing``: :mod:`bertology.core.contributions`); with
-        ``views``, the per-head contribution maps of those views (``alti``, ``value-zeroing``) for :meth:`Batch.weighted`.
+        """Run the model on one batch and capture every layer's attention, and what ``needs`` asks for beyond it
+        (:class:`PassNeeds`).
 
         With ``on_layer``, the layer-by-layer pass: the maps are not kept. ``on_layer(batch, layer, maps)`` is called inside
         the forward pass as soon as a layer's attention has run, with the batch (its masks and items, no maps) and
         ``maps(weighting)`` giving that layer's :class:`LayerMaps` in a view (made once per layer and view); the layer's
         tensors are released when it returns, and the batch comes back with ``attentions`` None."""
         tensors = self.collate(items)
-        mask, input_ids = tensors["mask"], tensors["input_ids"]
-        if self.model.causal:  # a decoder: its first token in [CLS]'s place, no [SEP] (docs/methods.md#decoders)
-            cls_mask, sep_mask = first_token_mask(mask), torch.zeros_like(mask)
-        else:
-            cls_mask, sep_mask = (input_ids == self.model.cls_token_id) & mask, (input_ids == self.model.sep_token_id) & mask
-        batch = Batch(
-            items=items,
-            input_ids=input_ids,
-            mask=mask,
-            cls_mask=cls_mask,
-            sep_mask=sep_mask,
-            punct_mask=self.punctuation(input_ids) & mask,
-            segment_ids=tensors["segment_ids"],
-            attentions=None,
-            layer_count=self.model.num_layers,
-            head_count=self.model.num_heads,
-            embedding=self.model.model.get_input_embeddings(),
-            causal=self.model.causal,
-        )
-        # Zero the rows of padding queries: they are no query of the sequence (docs/methods.md#head-profile).
-        query_mask = mask[:, None, :, None]
-        padded = len({len(item) for item in items}) > 1  # known on the host: no padding rows to zero in a batch of one length
-        patterns: list[torch.Tensor] = []
-        key_norms: list[torch.Tensor] = []
-        ratios: list[torch.Tensor] = []
-        vector_norms: list[torch.Tensor] = []
-        contribution_maps: dict[str, list[torch.Tensor]] = {measure: [] for measure in contributions}
-        per_head_maps: dict[str, list[torch.Tensor]] = {view: [] for view in views}
-        layer_inputs: list[torch.Tensor] = []
-        current: dict[str, torch.Tensor] = {}
-
-        def end_of_layer(layer: int, head_output: torch.Tensor) -> None:
-            # Called at the layer's last hook point: its pattern has been used, so its padding rows are zeroed in place.
-            pattern = current.pop("pattern")
-            if padded:
-                pattern.masked_fill_(~query_mask, 0)
-            norm = transformed_norms(current["value"], self.blocks[layer]) if norms or (vectors and self.knows_blocks) else None
-            ratio = (mixing_ratios(pattern, current["value"], head_output, layer_inputs[layer], self.blocks[layer]) * mask[:, :, None]
-                     if mixing else None)
-            layer_contributions = {}
-            for measure in contributions:  # padding rows zero (their columns are: padding keys get no weight)
-                block = self.blocks[layer]
-                computed = (alti_contributions(pattern, current["value"], layer_inputs[layer], block) if measure == "alti"
-                            else value_zeroing(pattern, current["value"], head_output, layer_inputs[layer], block))
-                layer_contributions[measure] = computed * mask[:, :, None] if padded else computed
-            layer_views = {}
-            for view in views:  # per head, padding rows zero
-                block = self.blocks[layer]
-                computed = (alti_per_head(pattern, current["value"], layer_inputs[layer], block) if view == "alti"
-                            else value_zeroing(pattern, current["value"], head_output, layer_inputs[layer], block, per_head=True))
-                layer_views[view] = computed * mask[:, None, :, None] if padded else computed
-            vector = None
-            if vectors:
-                key_norm, value_norm = torch.linalg.vector_norm(current.pop("key"), dim=-1), torch.linalg.vector_norm(current["value"], dim=-1)
-                vector = torch.stack([key_norm, value_norm, norm if norm is not None else torch.full_like(key_norm, torch.nan)], dim=2)
-            current.pop("value", None)
-            if on_layer is None:
-                patterns.append(pattern)
-                key_norms.append(norm)
-                ratios.append(ratio)
-                vector_norms.append(vector)
-                for measure, computed in layer_contributions.items():
-                    contribution_maps[measure].append(computed)
-                for view, computed in layer_views.items():
-                    per_head_maps[view].append(computed)
-                return
-            made: dict[str, LayerMaps] = {}
-
-            def maps(weighting: str) -> LayerMaps:
-                if weighting not in made:
-                    if weighting == "attention":
-                        made[weighting] = LayerMaps(layer, pattern, mixing=ratio, vector_norms=vector, contributions=layer_contributions)
-                    elif weighting == "norm" and norm is not None:
-                        made[weighting] = LayerMaps(layer, norm_shares(pattern, norm), mixing=ratio, vector_norms=vector,
-                                                     contributions=layer_contributions)
-                    elif weighting in layer_views:
-                        made[weighting] = LayerMaps(layer, layer_views[weighting], mixing=ratio, vector_norms=vector,
-                                                    contributions=layer_contributions)
-                    else:
-                        raise ValueError(f"this pass has no {weighting!r} view (the engine computes the views its run asks for)")
-                return made[weighting]
-
-            on_layer(batch, layer, maps)
-
-        hooks = Hooks().add("pattern", lambda layer, pattern: current.__setitem__("pattern", pattern))
-        if norms or mixing or vectors or contributions or views:
-            hooks.add("value", lambda layer, value: current.__setitem__("value", value))
-        if vectors:
-            hooks.add("key", lambda layer, key: current.__setitem__("key", key))
-        hooks.add("head_output", end_of_layer)
-
-        def keep_layer_input(module, args, kwargs):  # x, the layer's input and the residual
-            layer_inputs.append(args[0] if args else kwargs["hidden_states"])
-
-        # Layer l's attention reads layer l's input, the output of layer l - 1 (l = 0: the embeddings), so with the last
-        # layer's output these are the hidden states, taken without transformers' output recorder (it leaves hooks in the
-        # model that no pickle, and so no Ray actor, can carry). Other layouts ask transformers for them.
-        own_states = hidden_states and self.model.layout is not None and self.model.layout.kind == ENCODER  # post-norm: the attention reads x itself
-        # x is the attention's input in a post-norm block; in a pre-norm one (a decoder's) the layer's, as its attention reads LN(x)
-        inputs = [block.input_module for block in self.blocks] if mixing or contributions or views or own_states else []
-        shared = {id(module): module for module in inputs}  # ALBERT shares one
-        handles = [module.register_forward_pre_hook(keep_layer_input, with_kwargs=True) for module in shared.values()]
-        try:
-            outputs = self.forward(tensors, hooks, hidden_states=hidden_states and not own_states)
-        finally:
-            for handle in handles:
-                handle.remove()
-        if on_layer is None:
-            batch.attentions = torch.stack(patterns)
-            batch.key_norms = torch.stack(key_norms) if norms else None
-            batch.mixing = torch.stack(ratios) if mixing else None
-            batch.vector_norms = torch.stack(vector_norms) if vectors else None
-            batch.contributions = {measure: torch.stack(maps) for measure, maps in contribution_maps.items()}
-            batch.view_maps = {view: torch.stack(maps) for view, maps in per_head_maps.items()}
-        if hidden_states:
-            batch.hidden_states = torch.stack([*layer_inputs, outputs.last_hidden_state]) if own_states else torch.stack(outputs.hidden_states)
+        batch = self.new_batch(items, tensors)
+        capture = BatchCapture(self, batch, needs, on_layer)
+        capture.stack_into_batch(capture.forward(tensors))
         return batch
 
     @property
     def knows_blocks(self) -> bool:
-        """Whether :func:`~bertology.core.models.attention_blocks` knows where this model keeps ``W_O`` and its layer norms."""
+        """Whether :func:`~bertology.core.model.models.attention_blocks` knows where this model keeps ``W_O`` and its layer norms."""
         return self.model.layout is not None
 
     @cached_property
     def blocks(self):
-        """The model's attention blocks (:func:`~bertology.core.models.attention_blocks`), found when norms or mixing are first asked for."""
+        """The model's attention blocks (:func:`~bertology.core.model.models.attention_blocks`), found when norms or mixing are first asked for."""
         return attention_blocks(self.model.model)
 
     def run(self, examples: Iterable[Example], analyzers: Sequence, *, total: int | None = None,
@@ -677,31 +632,14 @@ class Engine:
         for weighting in weightings:
             if weighting not in WEIGHTINGS:
                 raise BertologyError(f"unknown weighting {weighting!r}: use {' or '.join(WEIGHTINGS)}")
-        mixing = any("mixing" in getattr(analyzer, "needs", ()) for analyzer in analyzers)
-        hidden_states = any("hidden_states" in getattr(analyzer, "needs", ()) for analyzer in analyzers)
-        vectors = any("vectors" in getattr(analyzer, "needs", ()) for analyzer in analyzers)
-        contributions = tuple(measure for measure in CONTRIBUTION_MEASURES if any(measure in getattr(analyzer, "needs", ()) for analyzer in analyzers))
+        needs = PassNeeds.of(analyzers, weightings)
         layerwise = step is None and self.layerwise and all(is_layerwise(analyzer) for analyzer in analyzers)
         if step is None:
-            step = partial(self.run_batch, norms="norm" in weightings, mixing=mixing, hidden_states=hidden_states, vectors=vectors,
-                           contributions=contributions, views=tuple(view for view in CONTRIBUTION_VIEWS if view in weightings))
-        elif mixing or hidden_states or vectors or contributions or set(weightings) - {"attention"}:
+            step = partial(self.run_batch, needs=needs)
+        elif needs.anything:
             raise BertologyError("norm, ALTI and value-zeroing views, mixing ratios, vector norms and hidden states need the engine's own forward pass")
-
-        def feed(position: int, call: Callable[[], object]) -> None:
-            if position in stats.failed:
-                return
-            try:
-                call()
-            except Exception as exc:
-                if not isolate or len(stats.failed) == len(analyzers) - 1:
-                    raise
-                stats.failed[position] = one_line_error(exc)
-
-        def on_layer(batch: Batch, layer: int, maps: Callable[[str], LayerMaps]) -> None:
-            for position, analyzer in enumerate(analyzers):
-                feed(position, lambda: analyzer.update_layer(batch, maps(weightings[position])))
         stats = stats or RunStats()
+        feeder = Feeder(analyzers, weightings, stats, isolate)
         started = time.perf_counter() - stats.seconds
         encoded = self.encode(enumerate(examples, start), stats)
         window_start, before = start, (stats.truncated, stats.skipped, len(stats.skipped_sources), stats.degenerate)
@@ -709,13 +647,9 @@ class Engine:
             for window in self.windows(encoded):
                 for done, items in enumerate(window[skip_batches:], start=skip_batches + 1):
                     if layerwise:
-                        batch = step(items, on_layer=on_layer)
-                        for position, analyzer in enumerate(analyzers):
-                            feed(position, lambda: analyzer.finish_batch(batch))
+                        feeder.finish_batch(step(items, on_layer=feeder.on_layer))
                     else:
-                        batch = step(items)
-                        for position, analyzer in enumerate(analyzers):
-                            feed(position, lambda: analyzer.update(batch.weighted(weightings[position]) if weightings[position] != "attention" else batch))
+                        feeder.update(step(items))
                     stats.sequences += len(items)
                     stats.tokens += sum(len(item) for item in items)
                     stats.batches += 1
@@ -730,3 +664,161 @@ class Engine:
                 before = (stats.truncated, stats.skipped, len(stats.skipped_sources), stats.degenerate)
         stats.seconds = time.perf_counter() - started
         return stats
+
+
+class Feeder:
+    """Hands each batch (or each layer's maps) to every analyzer of a pass in the view of attention it receives; with
+    ``isolate``, an analyzer whose update raises is left out of the rest of the pass and its error recorded in
+    ``stats.failed``, so the others lose nothing; the error is raised only when every analyzer failed."""
+
+    def __init__(self, analyzers: Sequence, weightings: Sequence[str], stats: RunStats, isolate: bool):
+        self.analyzers, self.weightings, self.stats, self.isolate = analyzers, weightings, stats, isolate
+
+    def feed(self, position: int, call: Callable[[], object]) -> None:
+        if position in self.stats.failed:
+            return
+        try:
+            call()
+        except Exception as exc:
+            if not self.isolate or len(self.stats.failed) == len(self.analyzers) - 1:
+                raise
+            self.stats.failed[position] = one_line_error(exc)
+
+    def on_layer(self, batch: Batch, layer: int, maps: Callable[[str], LayerMaps]) -> None:
+        for position, analyzer in enumerate(self.analyzers):
+            self.feed(position, lambda: analyzer.update_layer(batch, maps(self.weightings[position])))
+
+    def finish_batch(self, batch: Batch) -> None:
+        for position, analyzer in enumerate(self.analyzers):
+            self.feed(position, lambda: analyzer.finish_batch(batch))
+
+    def update(self, batch: Batch) -> None:
+        for position, analyzer in enumerate(self.analyzers):
+            weighting = self.weightings[position]  # a paired step's batches have the weights alone
+            self.feed(position, lambda: analyzer.update(batch if weighting == "attention" else batch.weighted(weighting)))
+
+
+class BatchCapture:
+    """One batch's forward pass (:meth:`Engine.run_batch`): named hook points capture each layer's pattern and, as ``needs``
+    asks, its values, keys and input ``x``; at the layer's last hook point (``head_output``) :meth:`end_of_layer` computes what
+    the analyzers receive from that layer and either keeps it (the stacked pass) or hands it to ``on_layer`` and lets it go
+    (the layer-by-layer pass)."""
+
+    def __init__(self, engine: Engine, batch: Batch, needs: PassNeeds, on_layer: Callable | None):
+        self.engine, self.batch, self.needs, self.on_layer = engine, batch, needs, on_layer
+        # Rows of padding queries are zeroed: they are no query of the sequence (docs/methods.md#head-profile); known on the
+        # host, so a batch of one length has none to zero.
+        self.padded = len({len(item) for item in batch.items}) > 1
+        self.captured: dict[int, dict[str, torch.Tensor]] = {}  # layer -> what its hook points gave so far
+        self.layer_inputs: list[torch.Tensor] = []
+        self.kept: list[LayerCapture] = []
+        # Layer l's attention reads layer l's input, the output of layer l - 1 (l = 0: the embeddings), so with the last
+        # layer's output these are the hidden states, taken without transformers' output recorder (it leaves hooks in the
+        # model that no pickle, and so no Ray actor, can carry): an encoder's post-norm attention reads x itself. Other layouts
+        # ask transformers for them.
+        layout = engine.model.layout
+        self.own_states = needs.hidden_states and layout is not None and layout.kind is ENCODER
+
+    def hooks(self) -> Hooks:
+        """The hook points this pass reads (:mod:`bertology.core.model.hooks`)."""
+        keep = self.keep
+        hooks = Hooks().add("pattern", partial(keep, "pattern"))
+        if self.needs.values:
+            hooks.add("value", partial(keep, "value"))
+        if self.needs.vectors:
+            hooks.add("key", partial(keep, "key"))
+        return hooks.add("head_output", self.end_of_layer)
+
+    def keep(self, name: str, layer: int, tensor: torch.Tensor) -> None:
+        self.captured.setdefault(layer, {})[name] = tensor
+
+    def forward(self, tensors: dict[str, torch.Tensor]):
+        """The model's forward pass with this capture's hooks, and, where needed, each layer's input ``x``: a post-norm
+        block's attention reads it, a pre-norm (decoder) block's layer (its attention reads ``LN(x)``)."""
+        needs = self.needs
+        blocks = self.engine.blocks if needs.layer_inputs or self.own_states else []
+        shared = {id(block.input_module): block.input_module for block in blocks}  # ALBERT shares one
+
+        def keep_layer_input(module, args, kwargs):  # x, the layer's input and the residual
+            self.layer_inputs.append(args[0] if args else kwargs["hidden_states"])
+
+        handles = [module.register_forward_pre_hook(keep_layer_input, with_kwargs=True) for module in shared.values()]
+        try:
+            return self.engine.forward(tensors, self.hooks(), hidden_states=needs.hidden_states and not self.own_states)
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def end_of_layer(self, layer: int, head_output: torch.Tensor) -> None:
+        """The layer's last hook point: its pattern has been used, so its padding rows are zeroed in place."""
+        captured = self.captured.pop(layer)
+        pattern = captured["pattern"]
+        if self.padded:
+            pattern.masked_fill_(~self.batch.mask[:, None, :, None], 0)
+        result = self.measure(layer, pattern, captured.get("value"), captured.get("key"), head_output)
+        if self.on_layer is None:
+            self.kept.append(result)
+        else:
+            self.on_layer(self.batch, layer, result.maps)
+
+    def measure(self, layer: int, pattern: torch.Tensor, value: torch.Tensor | None, key: torch.Tensor | None,
+                head_output: torch.Tensor) -> "LayerCapture":
+        """What the analyzers receive from one layer: its pattern and what ``needs`` asks for (padding rows zero)."""
+        needs, mask = self.needs, self.batch.mask
+        wants_block = needs.norms or needs.layer_inputs or (needs.vectors and self.engine.knows_blocks)
+        block = self.engine.blocks[layer] if wants_block else None
+        x = self.layer_inputs[layer] if needs.layer_inputs else None
+        norm = transformed_norms(value, block) if needs.norms or (needs.vectors and block is not None) else None
+        ratio = mixing_ratios(pattern, value, head_output, x, block) * mask[:, :, None] if needs.mixing else None
+        contributions = {}
+        for measure in needs.contributions:  # padding rows zero (their columns are: padding keys get no weight)
+            computed = (alti_contributions(pattern, value, x, block) if measure == "alti"
+                        else value_zeroing(pattern, value, head_output, x, block))
+            contributions[measure] = computed * mask[:, :, None] if self.padded else computed
+        views = {}
+        for view in needs.views:  # per head, padding rows zero
+            computed = (alti_per_head(pattern, value, x, block) if view == "alti"
+                        else value_zeroing(pattern, value, head_output, x, block, per_head=True))
+            views[view] = computed * mask[:, None, :, None] if self.padded else computed
+        vectors = None
+        if needs.vectors:
+            key_norm, value_norm = torch.linalg.vector_norm(key, dim=-1), torch.linalg.vector_norm(value, dim=-1)
+            vectors = torch.stack([key_norm, value_norm, norm if norm is not None else torch.full_like(key_norm, torch.nan)], dim=2)
+        return LayerCapture(layer, pattern, norm, ratio, vectors, contributions, views)
+
+    def stack_into_batch(self, outputs) -> None:
+        """Stack what the layers gave into the batch (the stacked pass), and the hidden states where needed."""
+        batch, needs = self.batch, self.needs
+        if self.on_layer is None:
+            kept = self.kept
+            batch.attentions = torch.stack([layer.pattern for layer in kept])
+            batch.key_norms = torch.stack([layer.key_norms for layer in kept]) if needs.norms else None
+            batch.mixing = torch.stack([layer.mixing for layer in kept]) if needs.mixing else None
+            batch.vector_norms = torch.stack([layer.vector_norms for layer in kept]) if needs.vectors else None
+            batch.contributions = {measure: torch.stack([layer.contributions[measure] for layer in kept]) for measure in needs.contributions}
+            batch.view_maps = {view: torch.stack([layer.views[view] for layer in kept]) for view in needs.views}
+        if needs.hidden_states:
+            batch.hidden_states = (torch.stack([*self.layer_inputs, outputs.last_hidden_state]) if self.own_states
+                                   else torch.stack(outputs.hidden_states))
+
+
+@dataclass
+class LayerCapture:
+    """What one layer of a batch gave: its ``pattern`` (padding rows zero), ``key_norms`` ``||f_h(x_j)||``, ``mixing``
+    ratios, ``vector_norms``, contribution maps by measure and per-head contribution ``views``, each where the pass needs it."""
+
+    layer: int
+    pattern: torch.Tensor
+    key_norms: torch.Tensor | None
+    mixing: torch.Tensor | None
+    vector_norms: torch.Tensor | None
+    contributions: dict[str, torch.Tensor]
+    views: dict[str, torch.Tensor]
+    _made: dict[str, LayerMaps] = field(default_factory=dict, init=False, repr=False)
+
+    def maps(self, weighting: str) -> LayerMaps:
+        """The layer's :class:`LayerMaps` in one view of attention (:func:`attention_view`), made once per view."""
+        if weighting not in self._made:
+            self._made[weighting] = LayerMaps(self.layer, attention_view(weighting, self.pattern, self.key_norms, self.views),
+                                              mixing=self.mixing, vector_norms=self.vector_norms, contributions=self.contributions)
+        return self._made[weighting]

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from bertology.core.corpora import Example
 from bertology.core.engine import Batch, Engine, RunStats
 from bertology.core.errors import BertologyError
+from bertology.core.text.corpora import Example
 
 
 @dataclass

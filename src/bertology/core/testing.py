@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 
 from bertology.core.analyzer import Analyzer
-from bertology.core.corpora import Example
 from bertology.core.engine import Engine
-from bertology.core.models import LoadedModel
+from bertology.core.model.models import LoadedModel
+from bertology.core.text.corpora import Example
 
 
 def _runner(model: LoadedModel, compare_with: LoadedModel | None, weighting: str = "attention"):
@@ -57,7 +57,7 @@ class AnalyzerContract:
     The tolerances absorb the float rounding that padding causes in a float32 model; with a float64 model much tighter
     ones hold. With ``compare_with``, the analyzer is a comparison analyzer fed by a
     :class:`~bertology.core.paired.CompareEngine` of the two models. ``weighting``: the view of attention the analyzer reads
-    (:data:`~bertology.core.norms.WEIGHTINGS`).
+    (:data:`~bertology.core.measures.norms.WEIGHTINGS`).
     """
 
     def __init__(self, make_analyzer: Callable[[], Analyzer], model: LoadedModel, examples: Sequence[Example], seed: int = 0,

@@ -20,14 +20,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from bertology.core.errors import BertologyError
 from bertology.core.options import ANALYSIS, Option
-from bertology.core.trusted import trust_module
+from bertology.core.storage.trusted import trust_module
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from bertology.core.analyzer import Analyzer
     from bertology.core.engine import Engine
-    from bertology.core.runfolder import RunFolder
+    from bertology.core.model.kinds import Kind
+    from bertology.core.storage.runfolder import RunFolder
     from bertology.render.html import Section
 
 #: The families bertology ships, in report order.
@@ -84,13 +85,13 @@ class Family:
     CLI gets a ``bertology NAME`` command for it; ``weighted``: its analyzers read the attention maps, so
     it runs once per view of attention the run asks for (``weighting="attention,norm"``); a family that
     does not read them (the mixing ratios) runs once; ``needs_blocks``: it needs to know where the model keeps
-    its output projection and layer norm (:func:`~bertology.core.models.attention_blocks`): by default it is left out,
+    its output projection and layer norm (:func:`~bertology.core.model.models.attention_blocks`): by default it is left out,
     with a warning, for other layouts; ``needs_frames``: it needs frame annotations (the ``frames`` corpus
     format) and runs by default only on such a corpus; ``corpus_flag``: another name its command gives ``--corpus``
-    (``--frames``); ``not_on_decoders``: where the family has no meaning on a decoder (causal attention,
-    docs/methods.md#decoders), the one line that says why: it is left out of a decoder's run, and refused there when asked
-    for by name; ``decoders_only``: it measures what only a decoder has (the attention sinks) and is left out of an
-    encoder's run the same way.
+    (``--frames``); ``kinds``: the kinds of model (:mod:`bertology.core.model.kinds`) on which the family has a meaning, and
+    ``unfit``: the one line that says why not on the others (an encoder's families have none on a decoder's causal attention,
+    docs/methods.md#decoders; the sinks family measures what only a decoder has): it is left out of such a model's run, and
+    refused there when asked for by name.
     """
 
     name: ClassVar[str]
@@ -106,21 +107,19 @@ class Family:
     needs_blocks: ClassVar[bool] = False
     needs_frames: ClassVar[bool] = False
     corpus_flag: ClassVar[str | None] = None
-    not_on_decoders: ClassVar[str | None] = None
-    decoders_only: ClassVar[bool] = False
+    kinds: ClassVar[frozenset[str]] = frozenset({"encoder", "decoder"})
+    unfit: ClassVar[str | None] = None
 
-    def fits(self, causal: bool, settings: dict | None = None) -> str | None:
-        """None where the family has a meaning on this kind of model (``causal``: a decoder) with these ``settings``, else
-        the line that says why not."""
-        if causal:
-            return self.not_on_decoders
-        return "it measures attention sinks, a decoder's (an encoder's [CLS] and [SEP] are in the profile)" if self.decoders_only else None
+    def fits(self, kind: Kind, settings: dict | None = None) -> str | None:
+        """None where the family has a meaning on this ``kind`` of model with these ``settings``, else the line that says why
+        not (:attr:`unfit`)."""
+        return None if kind.name in self.kinds else self.unfit
 
     def prepare(self, settings: dict) -> None:
         """Check the family's inputs before the model loads; raise :class:`~bertology.core.errors.BertologyError` for bad ones."""
 
-    def analyzers(self, settings: dict) -> dict[str, Analyzer]:
-        """The analyzers this family feeds from the engine's pass, by name."""
+    def analyzers(self, settings: dict, kind: Kind) -> dict[str, Analyzer]:
+        """The analyzers this family feeds from the engine's pass on a model of this ``kind``, by name."""
         raise NotImplementedError
 
     def finish(self, analyzers: dict[str, Analyzer], context: FamilyContext) -> FamilyResult:

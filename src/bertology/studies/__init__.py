@@ -3,7 +3,7 @@
 A study is one room, ``bertology/studies/<name>/``, whose :class:`Study` subclasses declare in its ``__init__.py``:
 each command's ``name`` and ``title`` (its help), its ``options`` (the shared groups of :mod:`bertology.core.options`
 and its own, help included), what it runs (:meth:`Study.run`, which writes the run folder through
-:func:`~bertology.core.runfolder.finish`), the tables it writes (``outputs``) and the lines it prints
+:func:`~bertology.core.storage.runfolder.complete_run`), the tables it writes (``outputs``) and the lines it prints
 (:meth:`Study.summary`). ``bertology.cli`` generates a command for every registered study; users add their own
 with :func:`register_study`, as they add families with :func:`~bertology.families.register_family`.
 
@@ -37,7 +37,7 @@ class Study:
     ``outputs``: the tables (``NAME.csv`` and ``NAME.parquet``) a run always writes; ``optional_outputs``: those it
     writes only when asked (``prune --prune-to``) or when the data allow (``track``'s emergence needs three
     checkpoints); ``writes``: one of :data:`WRITES`; ``report``: the run folder holds ``report.html``; ``work``: the folder
-    inside ``out`` where a run keeps the work it resumes from as it goes (:data:`bertology.core.runfolder.WORK_FOLDERS`).
+    inside ``out`` where a run keeps the work it resumes from as it goes (:data:`bertology.core.storage.runfolder.WORK_FOLDERS`).
     """
 
     name: ClassVar[str]
@@ -80,8 +80,8 @@ def default_out(command: str, model: str | None, corpus: str | Path | None) -> P
 def read_task(settings: dict, also: tuple = (), work: str | None = None):
     """The task of a study's ``TASK`` options (:data:`bertology.core.options.TASK`), read after ``out`` is checked (when
     given) against the task's files, the model and ``also``: replacing ``out`` must not delete an input."""
-    from bertology.core.runfolder import check_out
-    from bertology.core.tasks import load_task
+    from bertology.core.learning.tasks import load_task
+    from bertology.core.storage.runfolder import check_out
 
     if settings["out"] is not None:
         check_out(settings["out"], inputs=(settings["task"], settings["train"], settings["dev"], settings["model"], *also), work=work)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 from conftest import TEXTS, eager_reference
 
-from bertology.core.alignment import align, default_word_spans, to_word_level
-from bertology.core.corpora import Example
 from bertology.core.engine import Engine
+from bertology.core.text.alignment import align, default_word_spans, to_word_level
+from bertology.core.text.corpora import Example
 from bertology.families.classes.analyzer import DECODER_CLASS_ROWS, ClassAttention, TokenClass
 
 EXAMPLES = [Example(text) for text in TEXTS]

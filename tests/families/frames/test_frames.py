@@ -14,11 +14,11 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 import bertology
-from bertology.core.alignment import default_word_spans
-from bertology.core.corpora import Corpus
 from bertology.core.engine import Engine
 from bertology.core.errors import CorpusError
-from bertology.core.stats import keyed_rng, sequence_key
+from bertology.core.statistics.stats import keyed_rng, sequence_key
+from bertology.core.text.alignment import default_word_spans
+from bertology.core.text.corpora import Corpus
 from bertology.families.frames.analyzer import FrameHeads, shifted_pair
 
 FRAMES_EXAMPLE = Path(str(resources.files("bertology") / "data" / "frames_example.jsonl"))

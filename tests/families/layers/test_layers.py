@@ -14,8 +14,8 @@ from conftest import gold_example
 from transformers import AutoModel, AutoTokenizer
 
 import bertology
-from bertology.core.corpora import Example
 from bertology.core.engine import Engine
+from bertology.core.text.corpora import Example
 from bertology.families import FamilyResult, get_family
 from bertology.families.layers.analyzer import LayerSentence, WordVectors
 from bertology.families.layers.probes import control_labels, expected_layer_running_max, probe_layers, probe_summary
@@ -224,7 +224,7 @@ def test_the_engines_hidden_states_are_transformers_own_and_leave_the_model_pick
 def test_the_report_tables_show_the_accuracy_intervals(tmp_path):
     """Issue 26: the intervals are computed, so the report shows them: the best layer's 95% interval beside its accuracy in
     the summary, and every layer's accuracy with its interval; and the figure keeps a negative selectivity in view."""
-    from bertology.core.runfolder import RunFolder
+    from bertology.core.storage.runfolder import RunFolder
     from bertology.families.layers.report import layers_section, probes_by_layer, with_intervals
 
     table = probe_layers(planted_sentences(), bootstrap=200)

@@ -7,7 +7,7 @@ from conftest import tiny_examples
 
 import bertology
 from bertology.core.engine import Engine, RunStats
-from bertology.core.norms import MIXING_RATIOS
+from bertology.core.measures.norms import MIXING_RATIOS
 from bertology.families.mixing.analyzer import ContextMixing
 
 

@@ -116,8 +116,8 @@ def test_block_feature_averages_over_the_non_special_queries_only():
 def test_pattern_examples_do_not_depend_on_the_file_name(tiny_bert):
     from conftest import TEXTS
 
-    from bertology.core.corpora import Example
     from bertology.core.engine import Engine
+    from bertology.core.text.corpora import Example
     from bertology.families.patterns.analyzer import HeadPatterns
 
     def kept(folder):
@@ -154,9 +154,9 @@ def test_examples_are_distinct_heads_each_with_its_smallest_hash_and_its_tokens(
     kept as plain data that a state stores."""
     from conftest import TEXTS
 
-    from bertology.core.corpora import Example
     from bertology.core.engine import Engine
-    from bertology.core.states import decode, encode
+    from bertology.core.storage.states import decode, encode
+    from bertology.core.text.corpora import Example
     from bertology.families.patterns.analyzer import HeadPatterns
 
     examples = [Example(text, source=f"c:{line}") for line, text in enumerate(TEXTS * 3, 1)]

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import bertology
-from bertology.core.corpora import Corpus
 from bertology.core.errors import BertologyError, CorpusError, StateError
+from bertology.core.text.corpora import Corpus
 from bertology.families.patterns.analyzer import PATTERNS
 from bertology.families.patterns.trained import FEATURE_NAMES, GRID, TrainedClassifier, map_features, train_classifier
 
@@ -199,8 +199,8 @@ def labels_file(path, model, count=40):
     lines = []
     inputs = [(t, None) for t in TEXTS] + list(PAIRS)
     for k, (text, pair) in enumerate(inputs):
-        from bertology.core.corpora import Example
         from bertology.core.engine import RunStats
+        from bertology.core.text.corpora import Example
         items = list(engine.encode([(0, Example(text, pair))], RunStats()))
         batch = engine.run_batch(items)
         special = batch.cls_mask | batch.sep_mask

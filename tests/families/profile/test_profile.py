@@ -119,7 +119,7 @@ def test_clark_labels_apply_the_thresholds():
     ("$", False, False), ("+", False, False), ("=", False, False), ("|", False, False), ("~", False, False),
 ])
 def test_punctuation_sets(piece, upos, clark):
-    from bertology.core.models import is_punctuation
+    from bertology.core.model.models import is_punctuation
 
     assert (is_punctuation(piece, "upos"), is_punctuation(piece, "clark")) == (upos, clark)
 
@@ -133,8 +133,8 @@ PUNCT_WEIGHTS = {"[CLS]": 0.25, ";": 0.1, "!": 0.2, ",": 0.3, ".": 0.15}
 def test_punct_set_upos_or_clark_on_a_hand_made_map(tiny_bert, punct, expected):
     import dataclasses
 
-    from bertology.core.corpora import Example
     from bertology.core.engine import Engine, RunStats
+    from bertology.core.text.corpora import Example
     from bertology.families.profile.analyzer import GeneralProfile
 
     engine = Engine(tiny_bert, progress=False, punct=punct)
@@ -188,8 +188,8 @@ def test_punct_reaches_the_engine_from_the_api_and_the_command_line(tiny_bert, t
 def test_head_distance_sample_does_not_depend_on_the_file_name(tiny_bert):
     from conftest import TEXTS
 
-    from bertology.core.corpora import Example
     from bertology.core.engine import Engine
+    from bertology.core.text.corpora import Example
     from bertology.families.profile.analyzer import HeadDistance
 
     def matrix(name):

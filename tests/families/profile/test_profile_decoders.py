@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import TEXTS, eager_reference
 
-from bertology.core.corpora import Example
 from bertology.core.engine import Engine
+from bertology.core.text.corpora import Example
 from bertology.families.profile.analyzer import DECODER_PROFILE_METRICS, GeneralProfile
 
 EXAMPLES = [Example(text) for text in TEXTS] + [Example("the cat sat.", "the dog ran."), Example("a")]

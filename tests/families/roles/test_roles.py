@@ -7,8 +7,8 @@ import torch
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from bertology.core.corpora import Example
 from bertology.core.engine import Batch
+from bertology.core.text.corpora import Example
 from bertology.families.roles.analyzer import HeadRoles, role_colocation, role_scores, role_shares, sieve_mean, syntactic_scores
 
 
@@ -303,7 +303,7 @@ def test_block_score_on_real_rte_pairs_matches_a_plain_loop(minilm, shared_data)
     from transformers import AutoModel
 
     from bertology.api import analyze
-    from bertology.core.models import default_model_path
+    from bertology.core.model.models import default_model_path
 
     with (shared_data / "glue" / "RTE" / "dev.tsv").open() as handle:
         rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))[:8]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from conftest import TEXTS, eager_reference
 
-from bertology.core.corpora import Example
 from bertology.core.engine import Engine
+from bertology.core.text.corpora import Example
 from bertology.families.roles.analyzer import DECODER_ROLES, HeadRoles
 
 EXAMPLES = [Example(text) for text in TEXTS[:5]] + [Example("the cat sat.", "the dog ran."), Example("where is it?", "it is under the table.")]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from conftest import TEXTS, eager_reference
 
-from bertology.core.corpora import Example
 from bertology.core.engine import Engine
+from bertology.core.text.corpora import Example
 from bertology.families.rollout.analyzer import DECODER_ROLLOUT_ROWS, DECODER_ROLLOUT_TARGETS, AttentionRollout
 
 EXAMPLES = [Example(text) for text in TEXTS]

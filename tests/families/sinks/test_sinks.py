@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import TEXTS, eager_reference
 
-from bertology.core.corpora import Example
 from bertology.core.engine import Engine
+from bertology.core.text.corpora import Example
 from bertology.families.sinks.analyzer import AttentionSinks, sink_rates
 
 EXAMPLES = [Example(text) for text in TEXTS] + [Example("the cat sat.", "the dog ran.")]
@@ -126,7 +126,7 @@ def plant_sink_head(loaded, head: int):
 
 
 def test_a_planted_sink_head_is_the_one_sink(tiny_gpt2_dir):
-    from bertology.core.models import load_model
+    from bertology.core.model.models import load_model
 
     loaded = load_model(tiny_gpt2_dir, device="cpu")
     loaded.model.double()

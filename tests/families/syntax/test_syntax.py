@@ -5,9 +5,9 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-from bertology.core.corpora import Example
 from bertology.core.engine import Engine, RunStats
-from bertology.core.stats import bootstrap_weights
+from bertology.core.statistics.stats import bootstrap_weights
+from bertology.core.text.corpora import Example
 from bertology.families.syntax.analyzer import OFFSETS, RelationHeads
 
 # "the cat sat on the mat ." with UD-style heads (1-based, 0 = root)

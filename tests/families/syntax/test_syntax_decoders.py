@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 from conftest import eager_reference
 
-from bertology.core.alignment import align, to_word_level
-from bertology.core.corpora import Example
 from bertology.core.engine import Engine
+from bertology.core.text.alignment import align, to_word_level
+from bertology.core.text.corpora import Example
 from bertology.families.syntax.analyzer import RelationHeads
 
 

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from core.test_runfolder import snapshot
+from core.storage.test_runfolder import snapshot
 
 import bertology
 from bertology.core.errors import BertologyError

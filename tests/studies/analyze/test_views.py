@@ -98,7 +98,7 @@ def test_disagreements_rank_by_the_absolute_difference():
 
 
 def test_a_layout_without_known_blocks_leaves_mixing_out_and_refuses_norms(tiny_bert, monkeypatch):
-    from bertology.core.layouts import LAYOUTS
+    from bertology.core.model.layouts import LAYOUTS
 
     monkeypatch.delitem(LAYOUTS, "bert")  # as if bertology did not know BERT's blocks
     result = bertology.analyze(tiny_bert, TEXTS, progress=False, view=False, analyses=None)

@@ -8,7 +8,7 @@ from conftest import tiny_examples
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from bertology.core.errors import BertologyError
-from bertology.core.models import load_model
+from bertology.core.model.models import load_model
 from bertology.core.testing import check_analyzer
 from bertology.studies.compare.comparison import HeadSimilarity, compare, map_cosine
 

@@ -4,14 +4,14 @@ import random
 import numpy as np
 import pytest
 import torch
-from core.test_runfolder import snapshot
+from core.storage.test_runfolder import snapshot
 from safetensors.torch import load_file
 from transformers import PreTrainedTokenizerBase
 
 from bertology.core.errors import BertologyError, CorpusError, ModelError, StateError
-from bertology.core.models import load_model
-from bertology.core.tasks import TaskData, load_task, task_metrics
-from bertology.core.training import random_states, restore_random_states
+from bertology.core.learning.tasks import TaskData, load_task, task_metrics
+from bertology.core.learning.training import random_states, restore_random_states
+from bertology.core.model.models import load_model
 from bertology.studies.finetune.finetuning import finetune
 
 SENTENCES = ["the cat sat.", "the dog ran.", "a cat and a dog.", "where is the dog?", "we saw the cat.", "the big red house.",
@@ -278,7 +278,7 @@ def test_a_model_that_needs_custom_code_is_refused_in_one_line(tiny_bert_dir, ss
 def test_a_diverging_fine_tuning_stops_at_its_first_non_finite_loss_keeping_a_finite_checkpoint(tiny_bert_dir, sst_like, tmp_path):
     """With a learning rate of 1e30, step 1's update leaves the weights huge and step 2's loss NaN: the run stops there in one
     line, step 1's checkpoint is kept with finite weights and losses, and no model is written."""
-    from bertology.core.training import TrainingDiverged, load_training_state
+    from bertology.core.learning.training import TrainingDiverged, load_training_state
 
     task = load_task(sst_like)
     out = tmp_path / "model"

@@ -13,12 +13,12 @@ import torch
 from conftest import TEXTS
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
-from bertology.core.corpora import Example
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, ModelError
-from bertology.core.hooks import Hooks
-from bertology.core.models import load_model
-from bertology.core.tasks import NEXT_TOKEN_LOSS, load_task
+from bertology.core.learning.tasks import NEXT_TOKEN_LOSS, load_task
+from bertology.core.model.hooks import Hooks
+from bertology.core.model.models import load_model
+from bertology.core.text.corpora import Example
 from bertology.studies.gradients.gradients import (
     DECODER_GRADIENT_TARGETS,
     GRADIENT_TARGETS,

@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 import torch
 
-from bertology.core.corpora import Example
 from bertology.core.errors import BertologyError, CorpusError
-from bertology.core.hooks import Hooks
-from bertology.core.interventions import HeadGates, Intervention
-from bertology.core.tasks import TaskData, load_task
+from bertology.core.learning.tasks import TaskData, load_task
+from bertology.core.model.hooks import Hooks
+from bertology.core.model.interventions import HeadGates, Intervention
+from bertology.core.text.corpora import Example
 from bertology.studies.heads.importance import (
     GradientImportance,
     LeaveOneOut,
@@ -77,7 +77,7 @@ def test_gradient_importance_agrees_with_finite_differences(task_model, rows):
 
 
 def _batch(task_model, encoded):
-    from bertology.core.tasks import collate_rows
+    from bertology.core.learning.tasks import collate_rows
 
     return collate_rows(task_model.tokenizer, encoded, task_model.device)
 

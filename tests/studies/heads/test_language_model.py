@@ -14,9 +14,9 @@ import torch
 from conftest import TEXTS
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bertology.core.corpora import Example
 from bertology.core.errors import BertologyError, ModelError
-from bertology.core.tasks import NEXT_TOKEN_LOSS, load_language_model, next_token_losses, seeded_subset
+from bertology.core.learning.tasks import NEXT_TOKEN_LOSS, load_language_model, next_token_losses, seeded_subset
+from bertology.core.text.corpora import Example
 from bertology.studies.heads.importance import GradientImportance, normalise_importance, pruning_curve, study_heads
 
 KINDS = ("gpt2", "llama")

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from conftest import TEXTS
 
-from bertology.core.corpora import Corpus, Example
 from bertology.core.errors import BertologyError, CorpusError
+from bertology.core.text.corpora import Corpus, Example
 from bertology.studies.label.labelling import LabelServer, MapToLabel, choose_maps, saved_labels
 
 
@@ -33,7 +33,7 @@ def test_the_queue_is_stratified_over_layers_seeded_and_holds_the_maps(tiny_bert
 
 def test_inputs_of_one_piece_give_no_map_and_only_such_inputs_are_refused_naming_the_first(tiny_gpt2_dir):
     # issue 37, case 7: "cat" and "the" are one piece each for the tiny GPT-2
-    from bertology.core.models import load_model
+    from bertology.core.model.models import load_model
 
     gpt2 = load_model(tiny_gpt2_dir, device="cpu")
     assert [len(gpt2.tokenizer(text)["input_ids"]) for text in ("cat", "the")] == [1, 1]

@@ -7,13 +7,13 @@ import pandas as pd
 import pytest
 import torch
 from conftest import write_books
-from core.test_runfolder import snapshot
+from core.storage.test_runfolder import snapshot
 from safetensors.torch import load_file
 from test_cli import bertology as run_cli
 
 from bertology.core.errors import BertologyError, CorpusError, StateError
-from bertology.core.models import load_model
-from bertology.core.training import TrainingDiverged
+from bertology.core.learning.training import TrainingDiverged
+from bertology.core.model.models import load_model
 from bertology.studies.pretrain import Pretrain
 from bertology.studies.pretrain import report as reports
 from bertology.studies.pretrain.pretraining import (

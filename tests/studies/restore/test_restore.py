@@ -9,8 +9,8 @@ import torch
 from transformers import BertForSequenceClassification, BertModel, BertTokenizerFast
 
 from bertology.core.errors import BertologyError
-from bertology.core.models import load_model
-from bertology.core.tasks import load_task, load_task_model, task_metrics
+from bertology.core.learning.tasks import load_task, load_task_model, task_metrics
+from bertology.core.model.models import load_model
 from bertology.studies.restore.restore import Restorer, encoder_units, recorded_base, restore_layers
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import TEXTS, write_books
 
-from bertology.core.corpora import Example
 from bertology.core.errors import BertologyError, StateError
+from bertology.core.text.corpora import Example
 from bertology.studies.pretrain.pretraining import pretrain
 from bertology.studies.track import dynamics
 from bertology.studies.track.dynamics import (
@@ -368,7 +368,7 @@ def test_parts_of_an_unfinished_track_with_other_settings_or_weights_are_refused
     """Issue 25: a rerun with other settings overwrote an unfinished run's parts; the parts now carry the weights' hash too."""
     import shutil
 
-    from core.test_runfolder import snapshot
+    from core.storage.test_runfolder import snapshot
     from safetensors.torch import load_file, save_file
 
     out, examples = saved_parts
@@ -418,7 +418,7 @@ def first_token_attention(checkpoint, texts: list[str]) -> np.ndarray:
 
 
 def test_track_over_causal_checkpoints_leaves_sep_out_and_follows_the_sinks(causal_series_run, tmp_path):
-    from bertology.core.models import load_model
+    from bertology.core.model.models import load_model
 
     checkpoints = find_checkpoints(causal_series_run)
     first, final = checkpoints[0], checkpoints[-1]

@@ -9,8 +9,8 @@ from families.profile.test_profile import by_hand, padded_batch
 def test_layer_peaks_bootstrap_by_hand():
     from types import SimpleNamespace
 
-    from bertology.core.corpora import Example
-    from bertology.core.stats import bootstrap_weights
+    from bertology.core.statistics.stats import bootstrap_weights
+    from bertology.core.text.corpora import Example
     from bertology.studies.track.peaks import LayerPeaks
 
     rng = np.random.default_rng(1)
@@ -60,9 +60,9 @@ def test_layer_peaks_on_a_decoder_by_hand():
     with no such query, takes no part (docs/methods.md#decoders)."""
     from types import SimpleNamespace
 
-    from bertology.core.corpora import Example
     from bertology.core.engine import LayerMaps
-    from bertology.core.stats import bootstrap_weights
+    from bertology.core.statistics.stats import bootstrap_weights
+    from bertology.core.text.corpora import Example
     from bertology.studies.track.peaks import DECODER_PEAK_METRICS, LayerPeaks
 
     rng = np.random.default_rng(3)

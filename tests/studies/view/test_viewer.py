@@ -66,8 +66,8 @@ def quantised(maps) -> np.ndarray:
 
 def engine_maps(loaded, text):
     """The engine's maps of one text, all layers at once (not the viewer's layer-by-layer pass): weights, norm shares, rollout."""
-    from bertology.core.corpora import Example
     from bertology.core.engine import Engine, RunStats
+    from bertology.core.text.corpora import Example
     from bertology.families.rollout.analyzer import rollout
 
     engine = Engine(loaded, batch_size=1, progress=False)
@@ -136,7 +136,7 @@ def test_a_decoders_page_holds_transformers_eager_maps(tiny_decoder_dirs, kind, 
     heads, BOS first), and the rollout to Abnar & Zuidema's of those maps."""
     import torch
 
-    from bertology.core.models import load_model
+    from bertology.core.model.models import load_model
     from bertology.families.rollout.analyzer import rollout
 
     data = attention_view(LONG_TEXT, model=load_model(tiny_decoder_dirs[kind], device="cpu"), max_length=length).payload()
@@ -159,7 +159,7 @@ def test_kept_keys_keep_the_maps_within_the_budget():
 
 def test_a_smaller_budget_keeps_fewer_keys_and_the_page_within_it(monkeypatch, tiny_gpt2_dir, tmp_path):
     """The page's maps stay within 4/3 MAP_BYTES (base64); the rest of a 2,048-token page (tokens, text, code) is small."""
-    from bertology.core.models import load_model
+    from bertology.core.model.models import load_model
 
     monkeypatch.setattr(viewer, "MAP_BYTES", 2**20)
     loaded = load_model(tiny_gpt2_dir, device="cpu")
@@ -174,8 +174,8 @@ def test_a_smaller_budget_keeps_fewer_keys_and_the_page_within_it(monkeypatch, t
 
 
 def test_the_norm_view_only_where_the_models_layout_is_known(monkeypatch, tiny_gpt2_dir):
-    from bertology.core.layouts import LAYOUTS
-    from bertology.core.models import load_model
+    from bertology.core.model.layouts import LAYOUTS
+    from bertology.core.model.models import load_model
 
     monkeypatch.delitem(LAYOUTS, "gpt2")
     assert list(attention_view("the cat sat.", model=load_model(tiny_gpt2_dir, device="cpu")).payload()["views"]) == ["attention", "rollout"]
@@ -434,7 +434,7 @@ def test_a_decoders_page_greys_what_its_queries_cannot_see_and_has_no_sentence_f
     """100 tokens: each thumbnail pixel is the largest weight of its 72 x 72 block, drawn as before (255 - round(255 sqrt w), on
     blue), except the blocks after the diagonal, grey: not visible to their queries, not zero attention. No [SEP], no
     sentence A/B filter (one text)."""
-    from bertology.core.models import load_model
+    from bertology.core.model.models import load_model
 
     path = attention_view(LONG_TEXT, model=load_model(tiny_gpt2_dir, device="cpu"), max_length=100).save(tmp_path / "decoder.html")
     page, problems, _ = open_page(browser, path)
@@ -451,7 +451,7 @@ def test_a_decoders_page_greys_what_its_queries_cannot_see_and_has_no_sentence_f
 
 
 def test_a_2048_token_decoder_page_opens_and_responds(browser, tiny_gpt2_dir, tmp_path):
-    from bertology.core.models import load_model
+    from bertology.core.model.models import load_model
 
     loaded = load_model(tiny_gpt2_dir, device="cpu")
     started = time.perf_counter()
@@ -492,8 +492,8 @@ def test_the_view_menu_has_the_contribution_views_when_asked(tiny_bert_dir):
     # engine's per-head map to the page's byte
     from conftest import float64_model
 
-    from bertology.core.corpora import Example
     from bertology.core.engine import Engine, RunStats
+    from bertology.core.text.corpora import Example
     from bertology.studies.view.viewer import attention_view
 
     loaded = float64_model(tiny_bert_dir)

@@ -31,11 +31,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bertology.core.alignment import WordAlignment, default_word_spans
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.corpora import Example
 from bertology.core.engine import Batch, LayerMaps
-from bertology.core.stats import RunningMoments, interval_frame, merge_moments
+from bertology.core.statistics.stats import RunningMoments, interval_frame, merge_moments
+from bertology.core.text.alignment import WordAlignment, default_word_spans
+from bertology.core.text.corpora import Example
 
 #: What a class's words are chosen by: a UPOS tag, a dependency relation, a word list or a regular expression.
 CLASS_KINDS = ("upos", "deprel", "words", "regex")

@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from bertology.core.runfolder import RunFolder
+from bertology.core.storage.runfolder import RunFolder
 from bertology.render.figures import head_grid, plt
 from bertology.render.html import Figure, Section
 

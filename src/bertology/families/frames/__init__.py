@@ -12,8 +12,8 @@ from bertology.families import Family, FamilyResult, Option, register_family
 
 
 def corrected(table, correction: str, alpha: float = 0.05):
-    """``p_adj`` and ``significant`` for the heads that could be tested, corrected over them (:func:`bertology.core.stats.corrected`)."""
-    from bertology.core.stats import corrected as correct
+    """``p_adj`` and ``significant`` for the heads that could be tested, corrected over them (:func:`bertology.core.statistics.stats.corrected`)."""
+    from bertology.core.statistics.stats import corrected as correct
 
     p_adj, significant = correct(table.p, correction, alpha)
     table = table.assign(p_adj=p_adj, significant=significant)

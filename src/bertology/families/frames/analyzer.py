@@ -7,13 +7,13 @@ the largest attention weight between any token of the element and any token of t
 Baseline: the same score for a position-matched random pair, the target's and the element's words both moved by one
 random shift ``s != 0`` (in words, the same for both, so the pair keeps its distance, order and sizes) that keeps
 them inside the sentence; ``s`` is drawn from a generator keyed by the sentence, the frame and the element
-(:func:`~bertology.core.stats.keyed_rng`), so it does not depend on batches or shards. A pair with no such shift
+(:func:`~bertology.core.statistics.stats.keyed_rng`), so it does not depend on batches or shards. A pair with no such shift
 (a sentence too short) has no baseline.
 
 ``score`` is the mean over every (target, element) pair of the corpus, as Kovaleva et al. average it; ``baseline`` and
 ``difference`` (score minus baseline, pair by pair) are means over the pairs that have a baseline; intervals are over
 pairs. The test takes the sentence as its unit, because the pairs of one sentence share its maps: each sentence's mean
-difference over its pairs, tested one-sided, ``H0: mean <= 0`` (:func:`~bertology.core.stats.t_test_greater`), over
+difference over its pairs, tested one-sided, ``H0: mean <= 0`` (:func:`~bertology.core.statistics.stats.t_test_greater`), over
 the sentences, corrected over the heads.
 """
 
@@ -23,10 +23,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bertology.core.alignment import default_word_spans
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, Encoded, LayerMaps
-from bertology.core.stats import MIN_SAMPLE, RunningMoments, keyed_rng, merge_moments, sequence_key, t_test_greater
+from bertology.core.statistics.stats import MIN_SAMPLE, RunningMoments, keyed_rng, merge_moments, sequence_key, t_test_greater
+from bertology.core.text.alignment import default_word_spans
 
 #: What is averaged over the pairs: the pair's score, its baseline's score, and the difference of the two.
 FRAME_QUANTITIES = ("score", "baseline", "difference")

@@ -45,7 +45,7 @@ from sklearn.preprocessing import StandardScaler
 from tqdm.auto import tqdm
 
 from bertology.core.errors import BertologyError
-from bertology.core.stats import keyed_rng
+from bertology.core.statistics.stats import keyed_rng
 from bertology.families.layers.analyzer import LayerSentence
 
 PROBE_TASKS = ("upos", "deprel")

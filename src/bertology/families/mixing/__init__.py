@@ -13,8 +13,8 @@ from bertology.families import Family, FamilyResult, Option, register_family
 
 
 def parse_measures(text: str | None) -> tuple[str, ...]:
-    """``--contributions``: :func:`bertology.core.contributions.parse_measures`, imported when called (``--help`` loads no torch)."""
-    from bertology.core.contributions import parse_measures as parse
+    """``--contributions``: :func:`bertology.core.measures.contributions.parse_measures`, imported when called (``--help`` loads no torch)."""
+    from bertology.core.measures.contributions import parse_measures as parse
 
     return parse(text)
 

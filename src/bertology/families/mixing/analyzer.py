@@ -2,9 +2,9 @@
 and where asked for, ALTI's and value zeroing's share of each token's representation that comes from the other tokens.
 
 :class:`ContextMixing`: per layer, the mean over a sequence's tokens of each context-mixing ratio
-``||M_i|| / (||M_i|| + ||P_i||)`` (:func:`bertology.core.norms.mixing_ratios`: the attention alone, with the
+``||M_i|| / (||M_i|| + ||P_i||)`` (:func:`bertology.core.measures.norms.mixing_ratios`: the attention alone, with the
 residual, and with the residual and the layer norm), and of ``1 - c[i, i]`` for each contribution measure
-(:mod:`bertology.core.contributions`: ALTI, Ferrando et al. 2022; value zeroing, Mohebbi et al. 2023; rows of ``c`` sum
+(:mod:`bertology.core.measures.contributions`: ALTI, Ferrando et al. 2022; value zeroing, Mohebbi et al. 2023; rows of ``c`` sum
 to 1, so this is the share from the other tokens) and of ``1 - R_l[i, i]`` for its rollout across layers, ``R_l = c_l R_{l-1}``
 (``MEASURE_rollout``: the share of token i's representation after layer l that comes from the other input tokens), then
 the mean over sequences with a 95% interval (on a decoder the tokens' mean leaves row 0 out, which sees only itself:
@@ -18,10 +18,10 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.contributions import CONTRIBUTION_MEASURES, rolled_out
 from bertology.core.engine import Batch, LayerMaps
-from bertology.core.norms import MIXING_RATIOS
-from bertology.core.stats import RunningMoments, interval_frame, merge_moments
+from bertology.core.measures.contributions import CONTRIBUTION_MEASURES, rolled_out
+from bertology.core.measures.norms import MIXING_RATIOS
+from bertology.core.statistics.stats import RunningMoments, interval_frame, merge_moments
 
 
 class ContextMixing(LayerwiseAnalyzer):

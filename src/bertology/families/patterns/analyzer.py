@@ -31,7 +31,7 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps, is_pair
-from bertology.core.stats import keyed_rng, sequence_key
+from bertology.core.statistics.stats import keyed_rng, sequence_key
 
 PATTERNS = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
 _GOLDEN = 0.6180339887498949  # spreads one key per sequence over its layer x head maps

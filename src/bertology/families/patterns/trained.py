@@ -31,8 +31,8 @@ from sklearn.preprocessing import StandardScaler
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
 from bertology.core.errors import BertologyError, StateError
-from bertology.core.safeload import field, finite_array, read_json, whole_number
-from bertology.core.stats import sequence_key
+from bertology.core.statistics.stats import sequence_key
+from bertology.core.storage.safeload import field, finite_array, read_json, whole_number
 from bertology.families.patterns.analyzer import PATTERNS, pattern_features
 
 GRID = 8

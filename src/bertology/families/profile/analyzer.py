@@ -4,7 +4,7 @@ Per head and sequence, with ``a[i, j]`` the attention from query i to key j and 
 (special tokens included, padding excluded):
 
 - ``cls``, ``sep``, ``punct``: attention to a token set K, ``(1/n) sum_i sum_{j in K} a[i, j]``;
-  punctuation is the engine's set (``Engine(punct=...)``, :data:`~bertology.core.models.PUNCT_SETS`):
+  punctuation is the engine's set (``Engine(punct=...)``, :data:`~bertology.core.model.models.PUNCT_SETS`):
   ``upos`` (default), every token whose text without a continuation marker (``##``, ``Ġ``) is only
   Unicode punctuation (category P*); ``clark``, the tokens "." and "," only, as in Clark et al.'s code;
 - ``self``, ``prev``, ``next``: ``(1/n) sum_i a[i, i]``, ``(1/n) sum_{i>=1} a[i, i-1]``,
@@ -33,7 +33,7 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
-from bertology.core.stats import RunningMoments, interval_frame, keyed_rng, sequence_key
+from bertology.core.statistics.stats import RunningMoments, interval_frame, keyed_rng, sequence_key
 
 PROFILE_METRICS = ("cls", "sep", "punct", "self", "prev", "next", "entropy", "cls_entropy", "distance")
 #: The metrics with a meaning on a decoder (causal attention), ``first`` in place of ``cls`` (docs/methods.md#decoders).
@@ -240,7 +240,7 @@ class HeadDistance(LayerwiseAnalyzer):
 
     ``d(A, B) = sum_docs sum_i JS(A_i, B_i)`` over the rows i of the sampled sequences, reported
     divided by the number of rows (the mean JS divergence per row, in nats). A sequence is sampled
-    if a hash of its line and text (:func:`~bertology.core.stats.sequence_key`) and the seed falls below
+    if a hash of its line and text (:func:`~bertology.core.statistics.stats.sequence_key`) and the seed falls below
     ``sample``, so the sample is the same whatever the batch size, order, sharding or file name.
     """
 

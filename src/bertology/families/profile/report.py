@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bertology.core.runfolder import RunFolder
+from bertology.core.storage.runfolder import RunFolder
 from bertology.families.profile.analyzer import CLARK_THRESHOLDS, DECODER_CLARK_THRESHOLDS, DECODER_PROFILE_METRICS, PROFILE_METRICS
 from bertology.render.figures import METRIC_TITLES, plt
 from bertology.render.html import Figure, Section, without_rows

@@ -28,7 +28,7 @@ own ``1/|V_i|``.
 
 Each sieve sum is one sweep over a layer's maps in their own dtype; the scores from those sums on are float64.
 Per head and role, a one-sided one-sample t-test over sequences,
-``H0: mean(s) <= tau`` (tau = 3 by default; :func:`~bertology.core.stats.t_test_greater`: a mean within a
+``H0: mean(s) <= tau`` (tau = 3 by default; :func:`~bertology.core.statistics.stats.t_test_greater`: a mean within a
 relative 1e-6 of tau never passes), corrected with statsmodels' ``multipletests`` within each role
 over its heads, so that a role's labels do not depend on which other roles ran.
 """
@@ -41,7 +41,7 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps, is_pair
-from bertology.core.stats import MIN_SAMPLE, RunningMoments, corrected, t_test_greater
+from bertology.core.statistics.stats import MIN_SAMPLE, RunningMoments, corrected, t_test_greater
 
 BASE_ROLES = ("local", "delimiter", "cls", "sep", "block")
 #: The base roles with a meaning on a decoder (the first token is the one delimiter).

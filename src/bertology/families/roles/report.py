@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 
-from bertology.core.runfolder import RunFolder
+from bertology.core.storage.runfolder import RunFolder
 from bertology.families.roles.analyzer import SUMMARY_ROLES, role_colocation, role_shares
 from bertology.render.figures import plt
 from bertology.render.html import Figure, Section, without_rows

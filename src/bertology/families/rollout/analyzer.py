@@ -19,7 +19,7 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
-from bertology.core.stats import RunningMoments, interval_frame, merge_moments
+from bertology.core.statistics.stats import RunningMoments, interval_frame, merge_moments
 
 #: The rows of the rollout table: every query (``all``), or the [CLS] row alone (``cls_row``).
 ROLLOUT_ROWS = ("all", "cls_row")

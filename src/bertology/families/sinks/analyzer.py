@@ -27,7 +27,7 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
-from bertology.core.stats import RunningMoments, interval_frame, merge_moments
+from bertology.core.statistics.stats import RunningMoments, interval_frame, merge_moments
 
 #: The per-head quantities of the ``sinks`` table, in order.
 SINK_QUANTITIES = ("attention", "norm_share", "key_norm_ratio", "value_norm_ratio")

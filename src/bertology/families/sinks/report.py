@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bertology.core.runfolder import RunFolder
+from bertology.core.storage.runfolder import RunFolder
 from bertology.render.figures import head_grid, head_grid_size, layer_lines, plt
 from bertology.render.html import Figure, Section, without_rows
 

@@ -29,7 +29,7 @@ class Syntax(Family):
     outputs = ("syntax", "syntax_best", "syntax_baselines", "probe")
 
     def _test_corpus(self, settings):
-        from bertology.core.corpora import Corpus
+        from bertology.core.text.corpora import Corpus
 
         return Corpus(Path(settings["probe_test"]), format="conllu") if settings["probe_test"] is not None else None
 

@@ -21,7 +21,7 @@ direction; the offset baselines over every dependent.
 
 Uncertainty comes from a Poisson bootstrap over sentences (Hanley & MacGibbon 2006; Chamandy et
 al. 2012): each sentence carries ``B`` fixed weights drawn from Poisson(1) and keyed by its line
-and text (:func:`~bertology.core.stats.sequence_key`, never the file's name), so replicate counts
+and text (:func:`~bertology.core.statistics.stats.sequence_key`, never the file's name), so replicate counts
 stream, merge across shards and do not depend on batch order.
 """
 
@@ -33,7 +33,7 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
-from bertology.core.stats import bootstrap_weights, corrected
+from bertology.core.statistics.stats import bootstrap_weights, corrected
 
 DIRECTIONS = ("dep->head", "head->dep")
 OFFSETS = (-3, -2, -1, 1, 2, 3)

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
-from bertology.core.stats import keyed_rng, sequence_key
+from bertology.core.statistics.stats import keyed_rng, sequence_key
 from bertology.families.syntax.analyzer import OFFSETS
 
 VARIANTS = ("attn", "attn+emb")

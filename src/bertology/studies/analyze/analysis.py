@@ -17,16 +17,16 @@ from pathlib import Path
 
 import torch
 
-from bertology.core import states
 from bertology.core.backends import BACKENDS, PassPlan, Resume, fingerprint, require_ray, run_local, run_ray
-from bertology.core.corpora import Corpus, Example, has_frames, has_trees, open_corpus
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, one_line_error
-from bertology.core.models import LoadedModel, attention_blocks, load_model
-from bertology.core.norms import CONTRIBUTION_VIEWS, WEIGHTING_TITLES, parse_weighting
+from bertology.core.measures.norms import CONTRIBUTION_VIEWS, WEIGHTING_TITLES, parse_weighting
+from bertology.core.model.models import LoadedModel, attention_blocks, load_model
 from bertology.core.options import check_seed
-from bertology.core.runfolder import RunFolder, claims_out, finish, package_versions
-from bertology.core.stats import MIN_SAMPLE
+from bertology.core.statistics.stats import MIN_SAMPLE
+from bertology.core.storage import states
+from bertology.core.storage.runfolder import RunFolder, claims_out, complete_run, package_versions
+from bertology.core.text.corpora import Corpus, Example, has_frames, has_trees, open_corpus
 from bertology.families import Family, FamilyContext, FamilyResult, get_family, registered
 from bertology.render.html import Report
 from bertology.studies.analyze.views import combine_views, views_section
@@ -150,7 +150,7 @@ class Analysis:
                     "settings": {name: _json_setting(value) for name, value in self.settings.items()}, "seed": self.settings["seed"],
                     "stats": self.stats.as_dict(), "phases": self.phases, "skipped_sources": self.stats.skipped_sources, "started": self.started,
                     "warnings": self.warnings}
-        self.out = finish(folder, manifest, report=report.render(), status="partial" if self.failures else "complete", command=command)
+        self.out = complete_run(folder, manifest, report=report.render(), status="partial" if self.failures else "complete", command=command)
         return self.out / "report.html"
 
     def _repr_html_(self) -> str:
@@ -240,7 +240,7 @@ def analyze(
 
     ``model``: hub name, local folder, an already loaded model, or None for the default
     all-MiniLM-L6-v2. ``corpus``: a file (``format`` auto-detected), a list of strings or
-    :class:`~bertology.core.corpora.Example`, or None for the bundled sample corpus. ``analyses``: names
+    :class:`~bertology.core.text.corpora.Example`, or None for the bundled sample corpus. ``analyses``: names
     of registered families (:func:`bertology.families.registered`); by default every default family, the
     ones that need trees (syntax) only when the corpus has them (CoNLL-U, or ``parser="spacy"``), with the
     families named in ``include`` added and those in ``exclude`` left out.

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from bertology.core.norms import WEIGHTING_TITLES
-from bertology.core.runfolder import RunFolder
+from bertology.core.measures.norms import WEIGHTING_TITLES
+from bertology.core.storage.runfolder import RunFolder
 from bertology.families import FamilyResult, get_family
 from bertology.render.html import Figure, Section
 

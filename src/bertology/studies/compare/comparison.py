@@ -18,14 +18,14 @@ import torch
 
 from bertology.core.analyzer import Analyzer
 from bertology.core.backends import BACKENDS, PassPlan, run_ray
-from bertology.core.corpora import Corpus, has_trees, open_corpus
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError
-from bertology.core.models import LoadedModel, load_model
+from bertology.core.model.models import LoadedModel, load_model
 from bertology.core.options import check_seed
 from bertology.core.paired import BatchPair, CompareEngine
-from bertology.core.runfolder import RunFolder, claims_out, finish
-from bertology.core.stats import RunningMoments, interval_frame
+from bertology.core.statistics.stats import RunningMoments, interval_frame
+from bertology.core.storage.runfolder import RunFolder, claims_out, complete_run
+from bertology.core.text.corpora import Corpus, has_trees, open_corpus
 from bertology.families.profile.analyzer import GeneralProfile
 from bertology.families.roles.analyzer import HeadRoles
 from bertology.render.html import Report
@@ -158,7 +158,7 @@ class Comparison:
         summary = {"model A": name_a, "model B": name_b, "corpus": f"{self.corpus['name']} ({self.corpus['format']})",
                    "sequences": stats["sequences"], "truncated": stats["truncated"], "time": f"{stats['seconds']} s"}
         report = Report(f"bertology: {name_a} vs {name_b}", summary, sections).render()
-        return finish(folder, {"model_a": self.model_a, "model_b": self.model_b, "corpus": self.corpus, "settings": self.settings, "stats": stats,
+        return complete_run(folder, {"model_a": self.model_a, "model_b": self.model_b, "corpus": self.corpus, "settings": self.settings, "stats": stats,
                            "warnings": self.warnings}, report=report, command=command) / "report.html"
 
 

@@ -9,7 +9,7 @@ Training is a standard loop: AdamW with linear warm-up and decay (``transformers
 stopped; the state holds only tensors and plain values and is read with ``weights_only=True``, so a
 planted pickle is refused, never run. The result is a model folder (safetensors, tokenizer, config,
 ``metrics.json``) that every bertology command accepts as ``--model``; it replaces ``out`` whole at
-the end (:class:`~bertology.core.runfolder.RunFolder`), the checkpoint with it.
+the end (:class:`~bertology.core.storage.runfolder.RunFolder`), the checkpoint with it.
 
 Metrics on dev, as GLUE reports them: accuracy (SST-2, RTE), F1 and accuracy (MRPC), Matthews
 correlation (CoLA), each against the majority-class baseline (the most frequent training label).
@@ -30,7 +30,16 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification, get_linear_schedule_with_warmup
 
 from bertology.core.errors import BertologyError, StateError
-from bertology.core.models import (
+from bertology.core.learning.tasks import TaskData, collate_rows, encode_examples, predict_logits, seeded_subset, task_metrics
+from bertology.core.learning.training import (
+    TrainingDiverged,
+    check_learning_rate,
+    load_training_state,
+    random_states,
+    resume_training,
+    save_training_state,
+)
+from bertology.core.model.models import (
     UNUSED_WITHOUT_TASK_HEAD,
     default_model_path,
     first_non_finite,
@@ -43,17 +52,8 @@ from bertology.core.models import (
     resolve_device,
 )
 from bertology.core.options import check_seed
-from bertology.core.runfolder import RunFolder, claims_out, finish
-from bertology.core.safeload import finite_array
-from bertology.core.tasks import TaskData, collate_rows, encode_examples, predict_logits, seeded_subset, task_metrics
-from bertology.core.training import (
-    TrainingDiverged,
-    check_learning_rate,
-    load_training_state,
-    random_states,
-    resume_training,
-    save_training_state,
-)
+from bertology.core.storage.runfolder import RunFolder, claims_out, complete_run
+from bertology.core.storage.safeload import finite_array
 
 
 @dataclass
@@ -116,7 +116,7 @@ def finetune(
     check_learning_rate(learning_rate)
     out = Path(out)
     source = str(default_model_path()) if model is None else str(model)
-    from bertology.core.digests import folder_weights_digest, tokenizer_digest
+    from bertology.core.storage.digests import folder_weights_digest, tokenizer_digest
 
     settings = FinetuneSettings(source, task.name, max_length, batch_size, epochs, learning_rate, warmup, weight_decay, max_train_examples, seed,
                                 data=task_digest(task), weights=folder_weights_digest(Path(source)) if Path(source).is_dir() else source)
@@ -224,5 +224,5 @@ def finetune(
     network.save_pretrained(folder.path)
     tokenizer.save_pretrained(folder.path)
     folder.write_json("metrics.json", metrics)
-    finish(folder, {"task": task.name, "settings": metrics["settings"]}, command=command)
+    complete_run(folder, {"task": task.name, "settings": metrics["settings"]}, command=command)
     return metrics

@@ -26,8 +26,8 @@ class Gradients(Study):
     outputs = ("gradients",)
 
     def run(self, settings: dict, command: list[str] | None = None):
-        from bertology.core.runfolder import check_out
-        from bertology.core.tasks import load_task
+        from bertology.core.learning.tasks import load_task
+        from bertology.core.storage.runfolder import check_out
         from bertology.studies.gradients.gradients import attention_gradients
 
         s = settings

@@ -5,9 +5,9 @@ gradient of the loss with respect to those attention weights, ``|dL/da[i, j]|``:
 means that attending to the token changes little, the "no-op" reading of Clark et al.'s Figure 3.
 
 - The loss: the masked-LM loss, with a share (15%) of each sequence's non-special pieces replaced by the mask token,
-  chosen by a generator keyed by the sequence and the seed (:func:`~bertology.core.stats.keyed_rng`), the mean
+  chosen by a generator keyed by the sequence and the seed (:func:`~bertology.core.statistics.stats.keyed_rng`), the mean
   cross-entropy over them; for a decoder (docs/methods.md#decoders), which has no masked-LM loss, the causal LM loss, the
-  mean next-token cross-entropy over the sequence's real pieces (:func:`~bertology.core.tasks.next_token_losses`; none on
+  mean next-token cross-entropy over the sequence's real pieces (:func:`~bertology.core.learning.tasks.next_token_losses`; none on
   padding); or, for a sequence classifier and a task (``--task``), the cross-entropy of the gold label.
   Each sequence's own loss is differentiated (the batch's loss is their sum).
 - The gradient: the attention weights are taken at the ``pattern`` hook point, and ``dL/da`` is the derivative of the loss
@@ -33,14 +33,14 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from bertology.core.corpora import open_corpus
 from bertology.core.engine import MIN_PIECES, Encoded, Engine, RunStats, first_token_mask
 from bertology.core.errors import BertologyError
-from bertology.core.hooks import Hooks
-from bertology.core.models import LANGUAGE_MODEL, LoadedModel, load_model
-from bertology.core.runfolder import RunFolder, claims_out, finish
-from bertology.core.stats import RunningMoments, keyed_rng, sequence_key
-from bertology.core.tasks import NEXT_TOKEN_LOSS, next_token_losses
+from bertology.core.learning.tasks import NEXT_TOKEN_LOSS, next_token_losses
+from bertology.core.model.hooks import Hooks
+from bertology.core.model.models import LANGUAGE_MODEL, LoadedModel, load_model
+from bertology.core.statistics.stats import RunningMoments, keyed_rng, sequence_key
+from bertology.core.storage.runfolder import RunFolder, claims_out, complete_run
+from bertology.core.text.corpora import open_corpus
 
 #: The key sets whose attention and gradient are measured; ``all`` is every real key.
 GRADIENT_TARGETS = ("sep", "cls", "punct", "all")
@@ -179,7 +179,7 @@ class GradientStudy:
                    "time": f"{stats['seconds']} s"}
         report = Report(f"bertology: attention and its gradient, {self.model['name']}", summary, [section]).render()
         manifest = {"model": self.model, "corpus": self.corpus, "settings": self.settings, "stats": stats}
-        return finish(folder, manifest, report=report, command=command) / "report.html"
+        return complete_run(folder, manifest, report=report, command=command) / "report.html"
 
 
 @claims_out(words=("format", "punct", "device"))
@@ -189,10 +189,10 @@ def attention_gradients(model=None, corpus=None, *, task=None, format: str = "au
                         command: list[str] | None = None) -> GradientStudy:
     """Attention to [SEP], [CLS] and punctuation per layer beside the gradient of the loss with respect to it.
 
-    ``model``: a model with a masked-LM head (hub name, folder or :class:`~bertology.core.models.LoadedModel`;
+    ``model``: a model with a masked-LM head (hub name, folder or :class:`~bertology.core.model.models.LoadedModel`;
     one without is refused in one line), a decoder (a causal language model: its loss is the next-token cross-entropy, and
     the first token stands in [CLS]'s place, docs/methods.md#decoders), or with ``task`` (a
-    :class:`~bertology.core.tasks.TaskData`) a sequence classifier, whose loss is the cross-entropy of the task's gold labels
+    :class:`~bertology.core.learning.tasks.TaskData`) a sequence classifier, whose loss is the cross-entropy of the task's gold labels
     on its dev examples (then ``corpus`` must be None). ``mask_share``: the share of pieces masked for the masked-LM loss
     (0.15 when None; given for another loss, refused).
     """

@@ -42,7 +42,7 @@ class HeadsCommand(Study):
     asks: dict
 
     def run(self, settings: dict, command: list[str] | None = None):
-        from bertology.core.runfolder import check_out
+        from bertology.core.storage.runfolder import check_out
         from bertology.studies.heads.importance import study_heads
 
         corpus = settings.get("corpus")

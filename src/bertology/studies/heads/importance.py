@@ -1,14 +1,14 @@
 """Which heads matter for a task: leave-one-out disabling, gradient importance and pruning.
 
 The task is a classifier's (a fine-tuned model and its dev examples) or, for a decoder, next-token prediction on a text
-corpus (:class:`~bertology.core.tasks.LanguageModel`: the causal LM loss, its metrics ``lm_loss`` and ``perplexity``).
+corpus (:class:`~bertology.core.learning.tasks.LanguageModel`: the causal LM loss, its metrics ``lm_loss`` and ``perplexity``).
 
 * :class:`LeaveOneOut` (Kovaleva et al. 2019; Michel et al. 2019's exact ablation): the task metric with
   each single head, and each whole layer, masked or made uniform. The hidden state entering layer ``l``
   does not depend on an intervention at layer ``l``, so it is computed once per batch and the ``H + 1``
   variants of layer ``l`` run from there, stacked into one batch. For first-token classifiers the last
   layer is computed for the first token only. Each change comes with a paired bootstrap interval over
-  examples and an FDR-corrected p (:func:`bertology.core.stats.paired_bootstrap`).
+  examples and an FDR-corrected p (:func:`bertology.core.statistics.stats.paired_bootstrap`).
 * :class:`GradientImportance` (Michel et al. 2019): ``I_h = E_x |dL(x)/d xi_h|``, the absolute gradient
   of the task loss (a classifier's, or a decoder's causal LM loss) with respect to a per-example head gate, averaged over examples;
   :func:`normalise_importance` then divides it by its layer's l2 norm (or as ``--normalise`` says).
@@ -34,14 +34,8 @@ import torch
 from statsmodels.stats.multitest import multipletests
 from tqdm.auto import tqdm
 
-from bertology.core.corpora import open_corpus
 from bertology.core.errors import BertologyError
-from bertology.core.hooks import Hooks
-from bertology.core.interventions import INTERVENTIONS, HeadGates, Intervention, LayerReplay, attach_variants, prune_heads, reads_first_token_only
-from bertology.core.options import check_seed
-from bertology.core.runfolder import claims_out
-from bertology.core.stats import MIN_SAMPLE, corrected, paired_bootstrap
-from bertology.core.tasks import (
+from bertology.core.learning.tasks import (
     NEXT_TOKEN_LOSS,
     LanguageModel,
     TaskData,
@@ -54,6 +48,12 @@ from bertology.core.tasks import (
     seeded_subset,
     task_score,
 )
+from bertology.core.model.hooks import Hooks
+from bertology.core.model.interventions import INTERVENTIONS, HeadGates, Intervention, LayerReplay, attach_variants, prune_heads, reads_first_token_only
+from bertology.core.options import check_seed
+from bertology.core.statistics.stats import MIN_SAMPLE, corrected, paired_bootstrap
+from bertology.core.storage.runfolder import claims_out
+from bertology.core.text.corpora import open_corpus
 from bertology.studies import get_study
 from bertology.studies.heads import DEFAULT_IMPORTANCE_SPLIT
 
@@ -141,7 +141,7 @@ def ablation_table(task: TaskData, gold: np.ndarray, base: np.ndarray, variants:
 class GradientImportance:
     """Michel et al. (2019): ``I_h = E_x |dL(x)/d xi_h|`` with ``L(x)`` the model's loss on example ``x`` (its ``losses``): a
     classifier's cross-entropy of the gold label, or a decoder's causal LM loss, the mean next-token cross-entropy over the
-    sequence's real pieces (:func:`~bertology.core.tasks.next_token_losses`; padding takes no part).
+    sequence's real pieces (:func:`~bertology.core.learning.tasks.next_token_losses`; padding takes no part).
 
     ``MHA(x) = sum_h xi_h Att_h(x)`` with a gate ``xi_h = 1`` per example, so ``dL(x)/d xi_h`` is example
     ``x``'s own gradient: its absolute value is taken per example, then averaged over the ``N`` examples.
@@ -332,7 +332,7 @@ class HeadStudy:
     @claims_out
     def save(self, out: str | Path, command: list[str] | None = None) -> Path:
         """Write every table there is, figures, ``report.html`` and ``manifest.json``, replacing ``out`` whole; returns the report path."""
-        from bertology.core.runfolder import RunFolder, finish
+        from bertology.core.storage.runfolder import RunFolder, complete_run
         from bertology.render.html import Report
         from bertology.studies.heads.report import importance_section
 
@@ -346,7 +346,7 @@ class HeadStudy:
                    **{f"{metric} (no intervention)": f"{value:.4f}" for metric, value in self.baseline.items()}}
         section = importance_section(folder, self)
         report = Report(f"bertology: which heads matter for {self.task}", summary, [section]).render()
-        return finish(folder, {"model": self.model, "task": self.task, "corpus": self.corpus, "loss": self.loss, "examples": self.examples,
+        return complete_run(folder, {"model": self.model, "task": self.task, "corpus": self.corpus, "loss": self.loss, "examples": self.examples,
                                "importance_examples": self.importance_examples, "baseline": self.baseline, "settings": self.settings},
                       report=report, command=command) / "report.html"
 
@@ -415,7 +415,7 @@ def study_heads(model: str | Path | TaskModel | LanguageModel, task: TaskData | 
     ``max_examples`` (all by default): the corpus has no splits, so the two overlap. ``ablate``, ``importance_split``
     and ``prune_to`` (physical removal, which bertology knows for encoders only) do not apply.
     """
-    from bertology.core.runfolder import RunFolder
+    from bertology.core.storage.runfolder import RunFolder
 
     check_seed(seed)
     if (task is None) == (corpus is None):

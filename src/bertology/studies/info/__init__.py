@@ -16,7 +16,7 @@ class Info(Study):
     report = False
 
     def run(self, settings: dict, command: list[str] | None = None) -> dict:
-        from bertology.core.models import load_model
+        from bertology.core.model.models import load_model
 
         return load_model(settings["model"], device=settings["device"], trust_remote_code=settings["trust_remote_code"]).info()
 

@@ -29,9 +29,9 @@ class Label(Study):
     report = False
 
     def run(self, settings: dict, command: list[str] | None = None):
-        from bertology.core.corpora import open_corpus
-        from bertology.core.models import load_model
-        from bertology.core.runfolder import check_file_out
+        from bertology.core.model.models import load_model
+        from bertology.core.storage.runfolder import check_file_out
+        from bertology.core.text.corpora import open_corpus
         from bertology.families.patterns.trained import TrainedClassifier
         from bertology.studies.label.labelling import LabelServer, choose_maps, saved_labels
 

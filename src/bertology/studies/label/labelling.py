@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bertology.core.corpora import PATTERN_LABELS, Example, prepare_jsonl_append, read_labels
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, StateError
-from bertology.core.models import LoadedModel
-from bertology.core.safeload import parse_json
+from bertology.core.model.models import LoadedModel
+from bertology.core.storage.safeload import parse_json
+from bertology.core.text.corpora import PATTERN_LABELS, Example, prepare_jsonl_append, read_labels
 
 #: The largest label request the page's server reads (a label is a few dozen bytes).
 MAX_LABEL_BYTES = 64 * 1024
@@ -60,7 +60,7 @@ class MapToLabel:
 
 def saved_labels(path: Path) -> dict[tuple, str]:
     """The labels already in ``path`` by (text, text_pair, layer, head), the last line for a map winning. Every line, the
-    last one too, is checked as ``bertology patterns --train`` reads it (:func:`~bertology.core.corpora.read_labels`): a
+    last one too, is checked as ``bertology patterns --train`` reads it (:func:`~bertology.core.text.corpora.read_labels`): a
     line that is not a label is an error naming it."""
     labels: dict[tuple, str] = {}
     if not path.exists():

@@ -41,7 +41,7 @@ refused: a toy or smoke-test corpus is what such a run is for, and its scores st
 but they are no measure of generalisation, and nothing may pass them off as one.
 
 A run that diverges (a loss, a validation score or a weight that is not a finite number, as ``--learning-rate 1e30``
-gives within two steps) stops at that step with one line (:class:`~bertology.core.training.TrainingDiverged`) that
+gives within two steps) stops at that step with one line (:class:`~bertology.core.learning.training.TrainingDiverged`) that
 names the last good checkpoint; nothing non-finite is saved, so every checkpoint and training state kept is a good one.
 """
 
@@ -71,15 +71,9 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from bertology.core.corpora import numbered_lines
-from bertology.core.digests import file_digest
 from bertology.core.errors import BertologyError, CorpusError, StateError
-from bertology.core.models import first_non_finite, quiet_transformers, resolve_device
-from bertology.core.runfolder import RunFolder, claims_out, finish, link_tree
-from bertology.core.safeload import finite_array, whole_number
-from bertology.core.stats import keyed_rng
-from bertology.core.tasks import next_token_losses
-from bertology.core.training import (
+from bertology.core.learning.tasks import next_token_losses
+from bertology.core.learning.training import (
     TrainingDiverged,
     check_generator_state,
     check_learning_rate,
@@ -88,6 +82,12 @@ from bertology.core.training import (
     resume_training,
     save_training_state,
 )
+from bertology.core.model.models import first_non_finite, quiet_transformers, resolve_device
+from bertology.core.statistics.stats import keyed_rng
+from bertology.core.storage.digests import file_digest
+from bertology.core.storage.runfolder import RunFolder, claims_out, complete_run, link_tree
+from bertology.core.storage.safeload import finite_array, whole_number
+from bertology.core.text.corpora import numbered_lines
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 #: The byte-level BPE's special tokens: GPT-2's end of text (its BOS and EOS, never added by the tokenizer) and the padding of batches.
@@ -658,5 +658,5 @@ def pretrain(
     folder.write_table("checkpoints", checkpoint_table)
     folder.write_json("pretraining.json", summary)
     manifest = {key: summary[key] for key in ("objective", "loss", "corpus", "model", "settings", "device", "steps", "resumed_from_step")}
-    finish(folder, manifest, report=pretraining_report(folder, summary, loss_table, checkpoint_table), command=command)
+    complete_run(folder, manifest, report=pretraining_report(folder, summary, loss_table, checkpoint_table), command=command)
     return summary

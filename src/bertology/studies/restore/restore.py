@@ -3,7 +3,7 @@
 A fine-tuned classifier's encoder is cut into units: the embeddings (unit 0) and each layer (unit l, 1-based, as the
 probes number the layer outputs). For each unit alone, and for the first k units for every k, the unit's weights are
 put back to the pre-trained model's, the task is evaluated on its dev split, and the metric is compared with the
-fine-tuned model's by a paired bootstrap over the dev examples (:func:`~bertology.core.stats.paired_bootstrap`),
+fine-tuned model's by a paired bootstrap over the dev examples (:func:`~bertology.core.statistics.stats.paired_bootstrap`),
 corrected within each kind of restoration (``layer``, ``first_k``) with statsmodels' ``multipletests``. The classifier
 head and the pooler stay fine-tuned. Restoring every unit gives back the pre-trained encoder exactly.
 """
@@ -22,11 +22,11 @@ from statsmodels.stats.multitest import multipletests
 from tqdm.auto import tqdm
 
 from bertology.core.errors import BertologyError, ModelError
-from bertology.core.models import DEFAULT_MODEL, default_model_path, load_model
+from bertology.core.learning.tasks import TaskData, TaskModel, load_task_model, positive_index, seeded_subset, task_score
+from bertology.core.model.models import DEFAULT_MODEL, default_model_path, load_model
 from bertology.core.options import check_seed
-from bertology.core.runfolder import RunFolder, claims_out, finish
-from bertology.core.stats import MIN_SAMPLE, corrected, paired_bootstrap
-from bertology.core.tasks import TaskData, TaskModel, load_task_model, positive_index, seeded_subset, task_score
+from bertology.core.statistics.stats import MIN_SAMPLE, corrected, paired_bootstrap
+from bertology.core.storage.runfolder import RunFolder, claims_out, complete_run
 
 RESTORE_KINDS = ("layer", "first_k")
 _LAYER = re.compile(r"(?:^|\.)layer\.(\d+)\.")
@@ -107,7 +107,7 @@ class RestoreStudy:
         summary = {"model": self.model["name"], "pre-trained": self.pretrained_name, "task": self.task, "dev examples": self.examples,
                    **{f"{metric} (fine-tuned)": f"{value:.4f}" for metric, value in self.fine_tuned.items()}}
         report = Report(f"bertology: layers restored after fine-tuning on {self.task}", summary, [section]).render()
-        return finish(folder, {"model": self.model, "pretrained": self.pretrained_name, "task": self.task, "examples": self.examples,
+        return complete_run(folder, {"model": self.model, "pretrained": self.pretrained_name, "task": self.task, "examples": self.examples,
                            "fine_tuned": self.fine_tuned, "settings": self.settings, "warnings": self.warnings}, report=report, command=command) / "report.html"
 
 

@@ -31,7 +31,7 @@ class Track(Study):
     work = "parts"
 
     def run(self, settings: dict, command: list[str] | None = None):
-        from bertology.core.models import DEFAULT_MODEL
+        from bertology.core.model.models import DEFAULT_MODEL
         from bertology.studies.track.dynamics import find_checkpoints, parse_steps, track
 
         s = settings

@@ -46,15 +46,16 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from bertology.core.backends import BACKENDS, map_on_ray
-from bertology.core.corpora import open_corpus
 from bertology.core.engine import Engine
 from bertology.core.errors import BertologyError, StateError
-from bertology.core.models import DEFAULT_MODEL, attends_causally, default_model_path, load_model, loading_errors
+from bertology.core.model.kinds import kind_of
+from bertology.core.model.models import DEFAULT_MODEL, default_model_path, load_model, loading_errors
 from bertology.core.options import check_seed
-from bertology.core.parsing import spacy_trees
-from bertology.core.runfolder import RunFolder, atomic_write, claims_out, finish, finished_run
-from bertology.core.safeload import field as document_field
-from bertology.core.safeload import parse_json, read_json, read_npz, whole_number
+from bertology.core.storage.runfolder import RunFolder, atomic_write, claims_out, complete_run, finished_run
+from bertology.core.storage.safeload import field as document_field
+from bertology.core.storage.safeload import parse_json, read_json, read_npz, whole_number
+from bertology.core.text.corpora import open_corpus
+from bertology.core.text.parsing import spacy_trees
 from bertology.families.profile.analyzer import GeneralProfile
 from bertology.families.roles.analyzer import HeadRoles
 from bertology.families.sinks.analyzer import SINK_EPS, sink_rates
@@ -158,13 +159,13 @@ def series_facts(checkpoint: str, trust_remote_code: bool = False) -> dict:
     with loading_errors(source):
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    return {"kind": "a decoder" if attends_causally(config) else "an encoder", "model type": config.model_type,
+    return {"kind": kind_of(config).name, "model type": config.model_type,
             "layers": getattr(config, "num_hidden_layers", None), "heads": getattr(config, "num_attention_heads", None),
             "vocabulary": tokenizer.get_vocab(), "pieces": tokenizer.convert_ids_to_tokens(tokenizer(PROBE_TEXT)["input_ids"])}
 
 
 #: How a checkpoint differs from the first in each fact of :func:`series_facts` but its tokenizer's.
-_SERIES_WORDS = {"kind": "it is {}, not {}", "model type": "its model type is {}, not {}", "layers": "it has {} layers, not {}",
+_SERIES_WORDS = {"kind": "it is an {} model, not an {} one", "model type": "its model type is {}, not {}", "layers": "it has {} layers, not {}",
                  "heads": "it has {} heads per layer, not {}"}
 
 
@@ -426,7 +427,7 @@ class Track:
         folder.write_json("verdict.json", self.verdict)
         manifest = {"corpus": self.corpus, "settings": self.settings, "checkpoints": [{"step": r.step, "checkpoint": r.checkpoint} for r in self.results],
                     "started": self.started, "warnings": self.warnings}
-        return finish(folder, manifest, report=track_report(folder, self), command=command, keep=("parts",)) / "report.html"
+        return complete_run(folder, manifest, report=track_report(folder, self), command=command, keep=("parts",)) / "report.html"
 
 
 def _part_name(checkpoint: str) -> str:
@@ -445,8 +446,8 @@ def _part_key(settings_key: str, checkpoint: str) -> str:
     """What a checkpoint's part must have been computed with to be used: the run's corpus and settings, and the
     checkpoint's weights and tokenizer (content hashes of a local folder's weight files, cached, and of its tokenizer; a hub
     name stands for itself)."""
-    from bertology.core.digests import folder_weights_digest, tokenizer_digest
-    from bertology.core.models import load_tokenizer
+    from bertology.core.model.models import load_tokenizer
+    from bertology.core.storage.digests import folder_weights_digest, tokenizer_digest
 
     if not Path(checkpoint).is_dir():
         return json.dumps({"settings": json.loads(settings_key), "weights": checkpoint}, sort_keys=True)

@@ -10,7 +10,7 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
-from bertology.core.stats import bootstrap_weights
+from bertology.core.statistics.stats import bootstrap_weights
 from bertology.families.profile.analyzer import attention_to
 
 #: The token sets whose attention peaks at a characteristic depth under the learning-curve hypothesis (docs/methods.md#track-and-the-learning-curve-verdict).
@@ -28,7 +28,7 @@ class LayerPeaks(LayerwiseAnalyzer):
     A sequence's value for layer l is the mean over its heads of the metric (as in
     :meth:`GeneralProfile.layers`); ``m_l`` is its mean over sequences (a decoder's sequence of one token, with no query,
     takes no part), and the metric peaks at ``argmax_l m_l``. Replicate 0 is the data; replicates 1..B weight each sequence by a Poisson(1)
-    draw keyed by the sequence (:func:`~bertology.core.stats.bootstrap_weights`), so the replicates of
+    draw keyed by the sequence (:func:`~bertology.core.statistics.stats.bootstrap_weights`), so the replicates of
     two checkpoints run on one corpus are paired.
 
     :meth:`result`: ``layer, metric, value, ci_low, ci_high, n`` (2.5th/97.5th percentiles of the

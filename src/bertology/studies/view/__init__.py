@@ -28,9 +28,9 @@ class View(Study):
     report = False
 
     def run(self, settings: dict, command: list[str] | None = None):
-        from bertology.core.contributions import parse_measures
-        from bertology.core.models import load_model
-        from bertology.core.runfolder import check_file_out
+        from bertology.core.measures.contributions import parse_measures
+        from bertology.core.model.models import load_model
+        from bertology.core.storage.runfolder import check_file_out
         from bertology.studies.view.viewer import PAGE_MARK, attention_view
 
         s = settings

@@ -41,11 +41,11 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 from scipy.special import rel_entr
 
-from bertology.core.corpora import Example
 from bertology.core.engine import MIN_PIECES, Engine, RunStats
 from bertology.core.errors import BertologyError, CorpusError
-from bertology.core.models import LoadedModel, load_model
-from bertology.core.runfolder import atomic_write, check_file_out
+from bertology.core.model.models import LoadedModel, load_model
+from bertology.core.storage.runfolder import atomic_write, check_file_out
+from bertology.core.text.corpora import Example
 from bertology.families.rollout.analyzer import rollout_step
 
 #: How the page names each view.
@@ -318,7 +318,7 @@ def attention_view(text: str, text_pair: str | None = None, *, model: str | Path
                    contributions: tuple[str, ...] = ()) -> AttentionView:
     """Run ``model`` (default: all-MiniLM-L6-v2) on one input, layer by layer, and return its :class:`AttentionView`.
     ``contributions``: per-head contribution views to add to the menu (``alti``, ``value-zeroing``:
-    :mod:`bertology.core.contributions`)."""
+    :mod:`bertology.core.measures.contributions`)."""
     if not text or not text.strip():
         raise BertologyError("the text to view is empty")
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)

@@ -1,0 +1,167 @@
+"""Named hook points inside every attention layer (in the spirit of TransformerLens).
+
+bertology registers its own attention function with transformers' ``AttentionInterface`` under the
+name ``"bertology"``. It computes eager attention and, where a :class:`Hooks` object is active,
+passes two tensors through the handlers registered for each point:
+
+``key``
+    the key vectors of every head, ``[batch, head, key, head_dim]`` (after any rotary embedding), read-only in spirit:
+    handlers read them (a sink's key norm, Gu et al. 2025); a replacement changes the scores.
+``value``
+    the value vectors ``x W_V + b_V`` of every head, shape ``[batch, head, key, head_dim]``, before they
+    are mixed. Handlers read them (Kobayashi et al.'s norms) or return a replacement.
+``pattern``
+    the attention probabilities ``softmax(q k^T / sqrt(d) + mask)``, shape ``[batch, head, query, key]``,
+    after the softmax and before dropout. Handlers read it (statistics) or return a replacement
+    (e.g. uniform attention, Kovaleva et al. 2019).
+``head_output``
+    each head's output ``pattern @ v``, shape ``[batch, head, query, head_dim]``, before the heads
+    are concatenated and projected. Handlers may return a replacement (e.g. zeroing a head,
+    or Michel et al. 2019's gate ``xi_h``).
+
+Handlers are called as ``handler(layer, tensor)`` and return ``None`` (leave it) or a tensor. The
+layer index is counted per forward pass, so models that share one attention module across layers
+(ALBERT) or keep no ``layer_idx`` (DistilBERT) are numbered correctly too. While a handler runs,
+:attr:`Hooks.key_mask` says which keys each query may see: the real tokens (not padding), and in a decoder
+only those at or before the query (causal attention).
+
+Decoders with grouped-query attention (Llama, Qwen2, Mistral, ...) keep fewer key-value heads than query
+heads; the attention function repeats them for the query heads that share them (as transformers' eager
+attention does), so every hook point has one entry per query head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import torch
+from torch import nn
+
+ATTN_IMPLEMENTATION = "bertology"
+HOOK_POINTS = ("key", "value", "pattern", "head_output")
+
+Handler = Callable[[int, torch.Tensor], "torch.Tensor | None"]
+_ACTIVE: ContextVar["Hooks | None"] = ContextVar("bertology_hooks", default=None)
+
+
+class Hooks:
+    """A set of handlers for the named hook points, made active around a forward pass by :meth:`attach`."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, list[Handler]] = {point: [] for point in HOOK_POINTS}
+        self._layer = 0
+        #: bool ``[batch, 1, query, key]``, True for the keys each query may see (real, unpadded keys; in a decoder
+        #: those at or before the query), for the layer being run; None where the model passed no mask (nothing is padded).
+        self.key_mask: torch.Tensor | None = None
+
+    def add(self, point: str, handler: Handler) -> "Hooks":
+        """Register ``handler`` at ``point`` (one of :data:`HOOK_POINTS`); returns self for chaining."""
+        if point not in self._handlers:
+            raise ValueError(f"unknown hook point {point!r}; known: {', '.join(HOOK_POINTS)}")
+        self._handlers[point].append(handler)
+        return self
+
+    def _fire(self, point: str, layer: int, tensor: torch.Tensor) -> torch.Tensor:
+        for handler in self._handlers[point]:
+            replaced = handler(layer, tensor)
+            if replaced is not None:
+                tensor = replaced
+        return tensor
+
+    def _next_layer(self) -> int:
+        layer = self._layer
+        self._layer += 1
+        return layer
+
+    def skip_layer(self) -> None:
+        """Count a layer whose attention was not run (its output was replayed from a cache)."""
+        self._layer += 1
+
+    @contextmanager
+    def attach(self, model: nn.Module) -> Iterator["Hooks"]:
+        """Make these hooks active for ``model``'s forward passes inside the ``with`` block."""
+        if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
+            raise ValueError("model was not loaded with attn_implementation='bertology' (use bertology.core.model.models.load_model)")
+
+        def reset_layer_count(*_):
+            self._layer = 0
+
+        handle = model.register_forward_pre_hook(reset_layer_count)
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+            handle.remove()
+
+
+def _visible_keys(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """``[batch, 1, query, key]`` bool from a boolean mask or eager_mask's additive one (0 allowed, the dtype's minimum not)."""
+    if attention_mask is None:
+        return None
+    return attention_mask if attention_mask.dtype == torch.bool else attention_mask > torch.finfo(attention_mask.dtype).min / 2
+
+
+def _repeat_key_value_heads(tensor: torch.Tensor, query_heads: int) -> torch.Tensor:
+    """Grouped-query attention: ``[batch, kv_head, n, d]`` -> ``[batch, head, n, d]``, query head h reading key-value
+    head ``h // (head / kv_head)`` (transformers' ``repeat_kv``)."""
+    groups = query_heads // tensor.shape[1]
+    return tensor if groups == 1 else tensor.repeat_interleave(groups, dim=1)
+
+
+def bertology_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager attention (Vaswani et al. 2017) with the ``value``, ``pattern`` and ``head_output`` hook points.
+
+    ``softcap`` (Gemma 2): scores are capped as ``c tanh(s / c)`` before the mask, as transformers' eager attention does."""
+    hooks = _ACTIVE.get()
+    layer = -1
+    key = _repeat_key_value_heads(key, query.shape[1])
+    value = _repeat_key_value_heads(value, query.shape[1])
+    if hooks is not None:
+        layer = hooks._next_layer()
+        hooks.key_mask = _visible_keys(attention_mask)
+    if hooks is not None:
+        key = hooks._fire("key", layer, key)
+        value = hooks._fire("value", layer, value)
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3))
+    scores *= scaling  # in place: no second n x n tensor per head (the product is no input of its own gradient)
+    softcap = kwargs.get("softcap")
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None:
+        scores += attention_mask
+    pattern = nn.functional.softmax(scores, dim=-1)
+    if hooks is not None:
+        pattern = hooks._fire("pattern", layer, pattern)
+    dropped = nn.functional.dropout(pattern, p=dropout, training=module.training)
+    head_output = torch.matmul(dropped, value)
+    if hooks is not None:
+        head_output = hooks._fire("head_output", layer, head_output)
+    return head_output.transpose(1, 2).contiguous(), pattern
+
+
+def active_hooks() -> Hooks | None:
+    """The :class:`Hooks` attached for the forward pass being run, if any."""
+    return _ACTIVE.get()
+
+
+def register_attention() -> None:
+    """Register the ``"bertology"`` attention function and its (additive, eager-style) mask with transformers."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, bertology_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, eager_mask)

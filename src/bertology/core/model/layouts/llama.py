@@ -1,0 +1,78 @@
+"""Llama's layout and its kin's: pre-norm decoders whose layers are ``layers[l]``, with ``self_attn``, ``self_attn.o_proj`` and
+``input_layernorm`` before the attention, ``post_attention_layernorm`` and ``mlp`` after it (Llama, Mistral, Qwen2, Qwen3,
+Gemma, OLMo, Phi-3). Gemma 2, Granite and OLMo 2 change what happens to the attention output before the residual."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bertology.core.model.kinds import DECODER
+from bertology.core.model.layouts.base import Layout, sequential_finish
+
+
+class LlamaLayout(Layout):
+    model_types = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "phi3"})
+    kind, pre_norm = DECODER, True
+
+    def layers(self, base: nn.Module) -> list[nn.Module]:
+        return list(base.layers)
+
+    def attention(self, layer: nn.Module) -> nn.Module:
+        return layer.self_attn
+
+    def output_projection(self, layer: nn.Module) -> nn.Module:
+        return layer.self_attn.o_proj
+
+    def norm(self, layer: nn.Module) -> nn.Module:
+        return layer.input_layernorm
+
+    def rest_of_layer(self, layer: nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return sequential_finish(layer.mlp, layer.post_attention_layernorm, projected, x)
+
+
+class Gemma2Layout(LlamaLayout):
+    """Gemma 2: an RMS norm after each branch, before the residual (``post_attention_layernorm``, whose weight is ``g - 1``,
+    and ``post_feedforward_layernorm``), the feed-forward's own before it (``pre_feedforward_layernorm``)."""
+
+    model_types = frozenset({"gemma2"})
+
+    def before_residual(self, layer: nn.Module, config) -> dict:
+        return {"output_norm": layer.post_attention_layernorm, "output_norm_gain_offset": 1.0}
+
+    def rest_of_layer(self, layer: nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``h = x + post_attention_layernorm(projected)``, then ``h + post_feedforward_layernorm(MLP(pre_feedforward_layernorm(h)))``."""
+        hidden = x + layer.post_attention_layernorm(projected)
+        return hidden + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
+
+
+class GraniteLayout(LlamaLayout):
+    """Granite: Llama's layer with both branches scaled by ``m`` (``residual_multiplier``) before the residual."""
+
+    model_types = frozenset({"granite"})
+
+    def before_residual(self, layer: nn.Module, config) -> dict:
+        return {"output_multiplier": float(getattr(config, "residual_multiplier", 1.0))}
+
+    def rest_of_layer(self, layer: nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``h = x + m projected``, ``h + m MLP(post_attention_layernorm(h))``."""
+        hidden = x + projected * layer.residual_multiplier
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden)) * layer.residual_multiplier
+
+
+class Olmo2Layout(LlamaLayout):
+    """OLMo 2: no norm before the attention; an RMS norm after each branch, before the residual (``post_attention_layernorm``,
+    ``post_feedforward_layernorm``)."""
+
+    model_types = frozenset({"olmo2"})
+
+    def norm(self, layer: nn.Module) -> nn.Module:
+        return nn.Identity()
+
+    def before_residual(self, layer: nn.Module, config) -> dict:
+        return {"output_norm": layer.post_attention_layernorm}
+
+    def rest_of_layer(self, layer: nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``h = x + post_attention_layernorm(projected)``, then ``h + post_feedforward_layernorm(MLP(h))``."""
+        hidden = x + layer.post_attention_layernorm(projected)
+        return hidden + layer.post_feedforward_layernorm(layer.mlp(hidden))

@@ -1,0 +1,21 @@
+"""Phi's (Phi-1, Phi-2) layout: Llama's places (``layers[l]``, ``self_attn``, ``input_layernorm``) but the output projection
+``self_attn.dense``, and the one ``input_layernorm`` feeds both the attention and the feed-forward beside it (a parallel
+residual)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bertology.core.model.layouts.base import parallel_finish
+from bertology.core.model.layouts.llama import LlamaLayout
+
+
+class PhiLayout(LlamaLayout):
+    model_types = frozenset({"phi"})
+
+    def output_projection(self, layer: nn.Module) -> nn.Module:
+        return layer.self_attn.dense
+
+    def rest_of_layer(self, layer: nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return parallel_finish(layer.mlp, layer.input_layernorm, projected, x)

@@ -1,0 +1,72 @@
+import pytest
+import torch
+import transformers as tf
+
+from bertology.core.model.hooks import ATTN_IMPLEMENTATION, Hooks, register_attention
+
+FAMILIES = {
+    "bert": (tf.BertConfig, {}),
+    "roberta": (tf.RobertaConfig, {}),
+    "electra": (tf.ElectraConfig, {}),
+    "albert": (tf.AlbertConfig, {"embedding_size": 16}),
+    "distilbert": (tf.DistilBertConfig, None),
+}
+
+
+def tiny(family: str, implementation: str):
+    config_class, extra = FAMILIES[family]
+    if extra is None:
+        config = config_class(vocab_size=50, dim=32, hidden_dim=64, n_layers=3, n_heads=4)
+    else:
+        config = config_class(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, **extra)
+    torch.manual_seed(0)
+    model = tf.AutoModel.from_config(config, attn_implementation="eager").eval()
+    if implementation != "eager":
+        register_attention()
+        model.set_attn_implementation(implementation)
+    return model
+
+
+INPUTS = {"input_ids": torch.tensor([[2, 5, 6, 7, 3, 0], [2, 8, 9, 3, 0, 0]]), "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]])}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bertology_attention_equals_eager_and_counts_layers(family):
+    eager = tiny(family, "eager")
+    with torch.no_grad():
+        reference = eager(**INPUTS, output_attentions=True)
+    ours = tiny(family, ATTN_IMPLEMENTATION)
+    seen = []
+    with torch.no_grad(), Hooks().add("pattern", lambda layer, p: seen.append((layer, p.clone()))).attach(ours):
+        output = ours(**INPUTS)
+        ours(**INPUTS)  # a second pass numbers its layers from 0 again
+    torch.testing.assert_close(output.last_hidden_state, reference.last_hidden_state)
+    assert [layer for layer, _ in seen] == [0, 1, 2, 0, 1, 2]  # ALBERT shares one module across layers
+    for layer in range(3):
+        torch.testing.assert_close(seen[layer][1], reference.attentions[layer])
+
+
+def test_handlers_can_replace_the_pattern_and_the_head_output():
+    model = tiny("bert", ATTN_IMPLEMENTATION)
+    with torch.no_grad():
+        plain = model(**INPUTS).last_hidden_state
+
+        def uniform(layer, pattern):
+            return torch.full_like(pattern, 1.0 / pattern.shape[-1]) if layer == 1 else None
+
+        with Hooks().add("pattern", uniform).attach(model):
+            changed = model(**INPUTS).last_hidden_state
+        with Hooks().add("head_output", lambda layer, out: out * 1.0).attach(model):
+            same = model(**INPUTS).last_hidden_state
+    assert not torch.allclose(plain, changed)
+    torch.testing.assert_close(plain, same)
+    # Outside the block the hooks are gone.
+    torch.testing.assert_close(model(**INPUTS).last_hidden_state, plain)
+
+
+def test_unknown_hook_point_and_wrong_implementation_are_refused():
+    with pytest.raises(ValueError, match="unknown hook point 'scores'"):
+        Hooks().add("scores", lambda layer, t: None)
+    with pytest.raises(ValueError, match="attn_implementation='bertology'"):
+        with Hooks().attach(tiny("bert", "eager")):
+            pass
