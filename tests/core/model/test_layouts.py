@@ -28,7 +28,7 @@ from bertology.core.errors import ModelError
 from bertology.core.measures.contributions import alti_contributions, alti_per_head
 from bertology.core.model.hooks import Hooks, register_attention
 from bertology.core.model.interventions import layer_modules
-from bertology.core.model.kinds import kind_of
+from bertology.core.model.kinds import DECODER, ENCODER, kind_of
 from bertology.core.model.layouts import LAYOUTS, Layout
 from bertology.core.model.models import attention_blocks
 from core.measures.test_contributions_decoders import (

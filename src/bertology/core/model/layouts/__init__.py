@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from bertology.core.model.kinds import DECODER, ENCODER
 from bertology.core.model.layouts.base import LAYOUTS, AttentionBlock, Layout
 
 for _module in pkgutil.iter_modules(__path__):
