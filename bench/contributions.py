@@ -35,6 +35,7 @@ def main() -> None:
     import torch
 
     from bertology.core.engine import Engine
+    from bertology.core.model.kinds import DECODER
     from bertology.core.model.models import load_model
     from bertology.core.text.corpora import open_corpus
     from bertology.families import get_family
@@ -52,7 +53,7 @@ def main() -> None:
         built = []
         for family in families:
             options = {option.name: option.default for option in family.options}
-            built += list(family.analyzers({**options, **settings}).values())
+            built += list(family.analyzers({**options, **settings}, loaded.kind).values())
         return built
 
     def timed(view: str, corpus, extra=()) -> float:
@@ -76,17 +77,17 @@ def main() -> None:
     print(f"{'value-zeroing':>14}: {zeroing:7.1f} s on {len(few)} sentences, {zeroing / len(few) * 1000:8.1f} ms a sentence  "
           f"ratio {zeroing / reference:6.2f} (against attention on the same {len(few)}: {reference:.1f} s)")
 
-    if loaded.causal:  # no Kobayashi ratios on a decoder: the four families with the mixing family's measure against them alone
-        alti = timed("attention", examples, [ContextMixing(("alti",), ratios=False)])
+    if loaded.kind is DECODER:  # no Kobayashi ratios on a decoder: the four families with the mixing family's measure against them alone
+        alti = timed("attention", examples, [ContextMixing(loaded.kind, ("alti",))])
         print(f"mixing: the four families {baseline:.1f} s; with the mixing family's ALTI {alti:.1f} s (ratio {alti / baseline:.2f})")
-        zeroing_few = timed("attention", few, [ContextMixing(("value_zeroing",), ratios=False)])
+        zeroing_few = timed("attention", few, [ContextMixing(loaded.kind, ("value_zeroing",))])
         print(f"mixing on {len(few)} sentences: the four families {reference:.1f} s; with the mixing family's value zeroing {zeroing_few:.1f} s "
               f"(ratio {zeroing_few / reference:.2f})")
         return
 
     def mixing(measures, corpus) -> float:
         started = time.perf_counter()
-        engine.run(corpus, [ContextMixing(measures)])
+        engine.run(corpus, [ContextMixing(loaded.kind, measures)])
         return time.perf_counter() - started
 
     kobayashi = mixing((), examples)

@@ -78,10 +78,10 @@ def in_process(corpus: Path, device: str) -> dict:
     engine = Engine(loaded, progress=False)
     shards, stats = [], []
     for begin in range(0, len(texts), SHARD):
-        analyzers = [a for family in families for a in family.analyzers(settings).values()]
+        analyzers = [a for family in families for a in family.analyzers(settings, loaded.kind).values()]
         stats.append(engine.run(list(examples)[begin:begin + SHARD], analyzers, start=begin))
         shards.append(analyzers)
-    merged = [a for family in families for a in family.analyzers(settings).values()]
+    merged = [a for family in families for a in family.analyzers(settings, loaded.kind).values()]
     started = time.perf_counter()
     for shard in shards:
         for mine, theirs in zip(merged, shard):

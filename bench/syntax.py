@@ -39,13 +39,14 @@ def main() -> None:
     args = parser.parse_args()
 
     examples = list(Corpus(EWT))
-    engine = Engine(load_model(None, device=args.device), progress=False)
-    timed(engine, examples[:64], [GeneralProfile(), RelationHeads(), ProbeData()])  # warm-up
+    loaded = load_model(None, device=args.device)
+    engine, kind = Engine(loaded, progress=False), loaded.kind
+    timed(engine, examples[:64], [GeneralProfile(kind), RelationHeads(kind), ProbeData()])  # warm-up
     profile, syntax = [], []
     for _ in range(args.repeats):
-        profile.append(timed(engine, examples, [GeneralProfile()]))
+        profile.append(timed(engine, examples, [GeneralProfile(kind)]))
         probe_data = ProbeData()
-        syntax.append(timed(engine, examples, [RelationHeads(), probe_data]))
+        syntax.append(timed(engine, examples, [RelationHeads(kind), probe_data]))
     a, b = min(profile), min(syntax)
     started = time.perf_counter()
     cross_validate(probe_data.ordered(), folds=5, epochs=args.probe_epochs)

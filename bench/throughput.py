@@ -45,7 +45,7 @@ def bare_forward(sdpa_model, engine: Engine, batches) -> float:
 
 
 def engine_run(engine: Engine, examples, with_distance: bool) -> float:
-    analyzers = [GeneralProfile()] + ([HeadDistance()] if with_distance else [])
+    analyzers = [GeneralProfile(engine.model.kind)] + ([HeadDistance()] if with_distance else [])
     started = time.perf_counter()
     engine.run(examples, analyzers)
     return time.perf_counter() - started
@@ -58,7 +58,7 @@ def peak_memory(count: int, device: str) -> float:
         "from throughput import sentences; from bertology.core.model.models import load_model; from bertology.core.engine import Engine;"
         "from bertology.families.profile.analyzer import GeneralProfile, HeadDistance;"
         "examples = sentences(%d); model = load_model(None, device=%r);"
-        "Engine(model, progress=False).run(examples, [GeneralProfile(), HeadDistance()]);"
+        "Engine(model, progress=False).run(examples, [GeneralProfile(model.kind), HeadDistance()]);"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
     ) % (str(Path(__file__).parent), count, device)
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

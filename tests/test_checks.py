@@ -27,8 +27,8 @@ def family_corpus(name, treebank):
 
 
 def family_model(name, tiny_bert_dir, tiny_gpt2_dir):
-    """The tiny BERT, or for a family that measures what only a decoder has (the sinks), the tiny GPT-2."""
-    return tiny_gpt2_dir if registered()[name].decoders_only else tiny_bert_dir
+    """The tiny BERT, or for a family with no meaning on an encoder (the sinks measure what only a decoder has), the tiny GPT-2."""
+    return tiny_bert_dir if "encoder" in registered()[name].kinds else tiny_gpt2_dir
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 from conftest import TEXTS
 
-from bertology.families.profile.analyzer import PROFILE_METRICS
+from bertology.core.model.kinds import ENCODER
+from bertology.families.profile.analyzer import profile_metric_names
 
 
 def bertology(*args, cwd=None):
@@ -32,7 +33,7 @@ def test_analyze_writes_a_complete_run_folder(tiny_bert_dir, corpus, tmp_path):
     assert f"report: {(out / 'report.html').resolve()}" in result.stdout
     heads = pd.read_csv(out / "heads.csv")
     assert list(heads.columns) == ["layer", "head", "metric", "value", "ci_low", "ci_high", "n"]
-    assert len(heads) == 2 * 4 * len(PROFILE_METRICS)
+    assert len(heads) == 2 * 4 * len(profile_metric_names(ENCODER))
     assert (heads.n == len(TEXTS)).all()
     pd.testing.assert_frame_equal(pd.read_parquet(out / "heads.parquet"), heads, check_dtype=False)
     for name in ("layers.csv", "head_map.csv", "head_distance.csv", "special_tokens_by_layer.png", "head_map.png", "heatmaps.png", "report.html"):

@@ -2,7 +2,7 @@
 
 >>> import bertology
 >>> result = bertology.analyze(corpus=["The cat sat on the mat."])  # doctest: +SKIP
->>> result.heads.head()  # doctest: +SKIP
+>>> result.table("heads").head()  # doctest: +SKIP
 
 The names below are imported when first used (PEP 562), so that ``import bertology`` and
 ``bertology --help`` do not pay for torch and transformers.
@@ -36,7 +36,7 @@ _EXPORTS = {
     "register_family": "bertology.families",
     "Study": "bertology.studies",
     "register_study": "bertology.studies",
-    "Track": "bertology.studies.track.dynamics",
+    "TrackResult": "bertology.studies.track.dynamics",
     "track": "bertology.studies.track.dynamics",
     "pretrain": "bertology.studies.pretrain.pretraining",
 }

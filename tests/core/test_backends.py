@@ -20,6 +20,7 @@ import bertology
 from bertology.core.backends import PassPlan, run_local
 from bertology.core.engine import Engine
 from bertology.core.errors import BertologyError
+from bertology.core.model.kinds import ENCODER
 from bertology.core.model.models import load_model
 from bertology.core.storage import states
 from bertology.core.text.parsing import spacy_trees
@@ -39,7 +40,7 @@ def _ewt(shared_data, count):
 
 def _same_tables(expected, actual, names=TABLES, exact=False):
     for name in names:
-        a, b = getattr(expected, name), getattr(actual, name)
+        a, b = expected.table(name), actual.table(name)
         if a is None and b is None:
             continue
         if exact:
@@ -54,11 +55,11 @@ def _analyzers():
     """Every registered family's analyzers with a meaning on an encoder, as a run builds them."""
     built = []
     for family in registered().values():
-        if family.fits(False) is not None:
+        if family.fits(ENCODER) is not None:
             continue
         settings = {**{option.name: option.default for option in family.options}, **CONTRACT_SETTINGS}
         family.prepare(settings)
-        built += list(family.analyzers(settings).values())
+        built += list(family.analyzers(settings, ENCODER).values())
     return built
 
 
@@ -273,7 +274,7 @@ def test_a_real_kill_loses_only_the_batches_since_the_last_save(minilm, shared_d
     assert "resuming:" in done.stderr
     whole = bertology.analyze(minilm, corpus, out=tmp_path / "whole", batch_size=4, progress=False, view=False, exclude=["syntax"])
     for name in ("heads", "roles", "patterns", "rollout", "mixing"):
-        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "run" / f"{name}.parquet"), getattr(whole, name), check_exact=False, atol=1e-9)
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "run" / f"{name}.parquet"), whole.table(name), check_exact=False, atol=1e-9)
 
 
 # ---- the state files ----
@@ -312,8 +313,8 @@ def test_a_planted_class_or_pickle_in_a_state_is_refused(tmp_path):
 
 def test_run_local_without_resume_is_the_engine_run(tiny_bert):
     examples = tiny_examples()
-    plan = PassPlan(lambda: [GeneralProfile()], ["attention"])
-    direct, through = GeneralProfile(), GeneralProfile()
+    plan = PassPlan(lambda: [GeneralProfile(ENCODER)], ["attention"])
+    direct, through = GeneralProfile(ENCODER), GeneralProfile(ENCODER)
     Engine(tiny_bert, progress=False).run(examples, [direct])
     stats = run_local(Engine(tiny_bert, progress=False), examples, plan, [through], total=len(examples))
     assert stats.sequences == len(examples)
@@ -382,7 +383,7 @@ def test_a_shard_reports_its_positions_in_the_whole_corpus(tiny_bert):
     """on_batch's window_start counts from the corpus's start, also for a shard that starts further in."""
     positions = []
     engine = Engine(tiny_bert, batch_size=1, sort_window=2, progress=False)
-    engine.run(tiny_examples(), [GeneralProfile()], start=100, on_batch=lambda stats, position: positions.append(position["window_start"]))
+    engine.run(tiny_examples(), [GeneralProfile(ENCODER)], start=100, on_batch=lambda stats, position: positions.append(position["window_start"]))
     assert positions == [100, 100, 102, 102, 104, 104, 106, 106, 108, 108]
 
 

@@ -3,6 +3,7 @@ analyzers automatically, and the studies' own."""
 
 import dataclasses
 import inspect
+from functools import partial
 from importlib import resources
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from conftest import float64_model, tiny_examples
 
 from bertology.core.analyzer import Analyzer
+from bertology.core.model.kinds import DECODER, ENCODER
 from bertology.core.testing import ANALYZER_CHECKS, AnalyzerContract, check_analyzer
 from bertology.core.text.corpora import Corpus
 from bertology.core.text.parsing import spacy_trees
@@ -24,26 +26,33 @@ CONTRACT_SETTINGS = {"bootstrap": 200, "head_distance_sample": 0.7, "tau": 1.0, 
 
 
 def family_analyzers():
-    """``family:analyzer`` -> a factory of that analyzer, as the family builds it for a run (after its ``prepare``)."""
+    """``family:analyzer`` -> a factory of that analyzer for a kind of model, as the family builds it for a run (after its
+    ``prepare``)."""
     for family in registered().values():
         settings = {**{option.name: option.default for option in family.options}, **CONTRACT_SETTINGS}
         family.prepare(settings)
-        for key in family.analyzers(settings):
-            yield f"{family.name}:{key}", lambda family=family, key=key, settings=settings: family.analyzers(settings)[key]
+        kind = ENCODER if "encoder" in family.kinds else DECODER
+        for key in family.analyzers(settings, kind):
+            yield f"{family.name}:{key}", lambda kind, family=family, key=key, settings=settings: family.analyzers(settings, kind)[key]
 
 
 #: The contract's models: two encoders and two decoders (GPT-2: no BOS, Conv1D; Llama: BOS, grouped-query), all in float64.
-CONTRACT_MODELS = {"bert": False, "roberta": False, "gpt2": True, "llama": True}
+CONTRACT_MODELS = {"bert": ENCODER, "roberta": ENCODER, "gpt2": DECODER, "llama": DECODER}
 
 
 def runs_on(name: str, model: str) -> bool:
-    """Whether analyzer ``family:key`` has a meaning on the contract model (a family says where it has none on a decoder)."""
+    """Whether analyzer ``family:key`` has a meaning on the contract model (a family says on which kinds it has one)."""
     family = registered().get(name.split(":")[0])
     return family is None or family.fits(CONTRACT_MODELS[model]) is None
 
 
+def first_kind(name: str):
+    """A kind of model analyzer ``name`` runs on."""
+    return next(CONTRACT_MODELS[model] for model in CONTRACT_MODELS if runs_on(name, model))
+
+
 FRAMES_EXAMPLE = Path(str(resources.files("bertology") / "data" / "frames_example.jsonl"))
-ANALYZERS = {**dict(family_analyzers()), "layer_peaks": lambda: LayerPeaks(bootstrap=200, seed=4)}
+ANALYZERS = {**dict(family_analyzers()), "layer_peaks": lambda kind: LayerPeaks(kind, bootstrap=200, seed=4)}
 WITHOUT_TREES = {"layer_peaks"}
 COVERED_ELSEWHERE = {
     "similarity": "tests/test_comparison.py::test_similarity_contract (needs two models)",
@@ -80,7 +89,7 @@ def test_every_analyzer_is_registered_here():
     import bertology.studies.compare.comparison  # noqa: F401  (registers the comparison analyzers)
 
     names = {cls.name for cls in subclasses(Analyzer) if cls.__module__.startswith("bertology.") and not inspect.isabstract(cls)}
-    built = {factory().name for factory in ANALYZERS.values()} | set(COVERED_ELSEWHERE)
+    built = {factory(first_kind(name)).name for name, factory in ANALYZERS.items()} | set(COVERED_ELSEWHERE)
     assert names <= built, f"analyzers without a contract test: {names - built}"
 
 
@@ -92,7 +101,7 @@ def contracts(bert64, roberta64, gpt2_64, llama64):
     def contract(model: str, name: str) -> AnalyzerContract:
         if (model, name) not in made:
             loaded = {"bert": bert64, "roberta": roberta64, "gpt2": gpt2_64, "llama": llama64}[model]
-            made[model, name] = AnalyzerContract(ANALYZERS[name], loaded, examples_for(name), rtol=1e-9, atol=1e-12)
+            made[model, name] = AnalyzerContract(partial(ANALYZERS[name], loaded.kind), loaded, examples_for(name), rtol=1e-9, atol=1e-12)
         return made[model, name]
 
     return contract
@@ -119,7 +128,8 @@ def view_contracts(bert64, gpt2_64):
             # value zeroing's 1 - cos of two nearly equal outputs magnifies float64 rounding (which padding moves) to about 1e-9
             rtol = 1e-9 if view == "alti" else 1e-6
             loaded = {"bert": bert64, "gpt2": gpt2_64}[model]
-            made[view, model, name] = AnalyzerContract(ANALYZERS[name], loaded, examples_for(name), rtol=rtol, atol=1e-12, weighting=view)
+            made[view, model, name] = AnalyzerContract(partial(ANALYZERS[name], loaded.kind), loaded, examples_for(name), rtol=rtol, atol=1e-12,
+                                                       weighting=view)
         return made[view, model, name]
 
     return contract
@@ -138,7 +148,7 @@ def decoder_mixing_contract(gpt2_64):
     from bertology.families.mixing.analyzer import ContextMixing
 
     # on a decoder the mixing family runs with the contribution measures alone (Kobayashi's ratios take a post-norm block)
-    return AnalyzerContract(lambda: ContextMixing(("alti", "value_zeroing"), ratios=False), gpt2_64, tiny_examples(), rtol=1e-6, atol=1e-12)
+    return AnalyzerContract(lambda: ContextMixing(DECODER, ("alti", "value_zeroing")), gpt2_64, tiny_examples(), rtol=1e-6, atol=1e-12)
 
 
 @pytest.mark.parametrize("check", ANALYZER_CHECKS)
@@ -158,7 +168,7 @@ class OrderDependent(GeneralProfile):
 
 def test_the_contract_catches_a_broken_analyzer(tiny_bert):
     with pytest.raises(AssertionError, match="analyzer contract broken: batch size 1"):
-        check_analyzer(OrderDependent, tiny_bert, tiny_examples())
+        check_analyzer(partial(OrderDependent, ENCODER), tiny_bert, tiny_examples())
 
 
 def test_head_distance_sample_is_fixed_by_text_and_seed(tiny_bert):

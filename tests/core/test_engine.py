@@ -7,6 +7,7 @@ from conftest import tiny_examples
 
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError
+from bertology.core.model.kinds import ENCODER
 from bertology.core.text.corpora import Example
 
 
@@ -33,8 +34,8 @@ def test_rows_sum_to_one_and_masks_mark_special_tokens(tiny_bert):
         torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:-1]))
     batch = collect.batches[0]
     ids = batch.input_ids[batch.mask]
-    assert set(ids[batch.cls_mask[batch.mask]].tolist()) == {tiny_bert.cls_token_id}
-    assert set(ids[batch.sep_mask[batch.mask]].tolist()) == {tiny_bert.sep_token_id}
+    assert set(ids[batch.anchors["cls"][batch.mask]].tolist()) == {tiny_bert.cls_token_id}
+    assert set(ids[batch.anchors["sep"][batch.mask]].tolist()) == {tiny_bert.sep_token_id}
     assert batch.attentions.shape[:3] == (2, batch.size, 4)
 
 
@@ -89,7 +90,7 @@ def test_roberta_pairs_mark_both_separators(tiny_roberta):
     collect = Collect()
     Engine(tiny_roberta, progress=False).run([Example("the cat sat.", "where is it?")], [collect])
     batch = collect.batches[0]
-    assert int(batch.sep_mask.sum()) == 3 and int(batch.cls_mask.sum()) == 1
+    assert int(batch.anchors["sep"].sum()) == 3 and int(batch.anchors["cls"].sum()) == 1
     assert batch.input_ids[0, 0] == tiny_roberta.cls_token_id
     assert math.isclose(float(batch.attentions[0, 0, 0].sum()), int(batch.lengths[0]), rel_tol=1e-5)
     assert np.isfinite(batch.attentions.numpy()).all()
@@ -116,7 +117,7 @@ def test_every_family_loads_from_a_folder_and_runs(family, tiny_bert_dir, tmp_pa
     tokenizer.save_pretrained(tmp_path)
     model = load_model(tmp_path, device="cpu")
     assert (model.num_layers, model.num_heads, model.max_length) == (3, 4, 64)
-    profile = GeneralProfile()
+    profile = GeneralProfile(ENCODER)
     stats = Engine(model, batch_size=4, progress=False).run(tiny_examples(), [profile])
     assert stats.sequences == len(tiny_examples())
     result = profile.result()
@@ -214,3 +215,19 @@ def test_sequences_of_fewer_than_two_pieces_are_skipped_counted_and_named(reader
     with pytest.raises(BertologyError) as refused:
         stats.check_counted(1)
     assert str(refused.value) == "no sequence to analyse: every one was skipped, 2 of fewer than 2 pieces (the first: t:1)"
+
+
+def test_an_analyzers_needs_are_decoded_once_and_an_unknown_one_is_refused():
+    from types import SimpleNamespace
+
+    from bertology.core.engine import NO_NEEDS, PassNeeds
+
+    mixing, states = SimpleNamespace(needs=frozenset({"mixing", "alti"})), SimpleNamespace(needs=frozenset({"hidden_states"}))
+    needs = PassNeeds.of([mixing, states], ["norm", "alti"])
+    assert needs == PassNeeds(norms=True, mixing=True, hidden_states=True, contributions=("alti",), views=("alti",))
+    assert needs.values and needs.layer_inputs and needs.anything
+    only_states = PassNeeds.of([states, SimpleNamespace()], ["attention", "attention"])
+    assert only_states == PassNeeds(hidden_states=True) and not only_states.values and not only_states.layer_inputs
+    assert PassNeeds.of([SimpleNamespace()], ["attention"]) == NO_NEEDS and not NO_NEEDS.anything
+    with pytest.raises(BertologyError, match=r"unknown analyzer needs \['mixng'\]"):
+        PassNeeds.of([SimpleNamespace(needs=frozenset({"mixng"}))], ["attention"])

@@ -68,13 +68,14 @@ def texts(words: int, count: int) -> list[str]:
 
 
 def transfers(model, words: int, batch_size: int, trees: bool = False) -> dict[str, list[int]]:
+    kind = model.kind
     if trees:  # gold words and a flat tree: the syntax family and the roles' syntactic scores run
         examples = [gold_example(k, text) for k, text in enumerate(texts(words, 2 * batch_size))]
-        analyzers = {"roles": HeadRoles(), "syntax": RelationHeads(bootstrap=10), "probe_data": ProbeData()}
+        analyzers = {"roles": HeadRoles(kind), "syntax": RelationHeads(kind, bootstrap=10), "probe_data": ProbeData()}
     else:
         examples = [Example(text + ".") for text in texts(words, 2 * batch_size)]
-        analyzers = {"heads": GeneralProfile(), "head_distance": HeadDistance(sample=1.0), "roles": HeadRoles(), "rollout": AttentionRollout(),
-                     "patterns": HeadPatterns(max_example_length=1000), "mixing": ContextMixing()}
+        analyzers = {"heads": GeneralProfile(kind), "head_distance": HeadDistance(sample=1.0), "roles": HeadRoles(kind), "rollout": AttentionRollout(kind),
+                     "patterns": HeadPatterns(max_example_length=1000), "mixing": ContextMixing(kind)}
     counted = {name: Counted(analyzer) for name, analyzer in analyzers.items()}
     Engine(model, batch_size=batch_size, progress=False).run(examples, list(counted.values()))
     return {name: analyzer.per_batch for name, analyzer in counted.items()}

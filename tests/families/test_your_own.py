@@ -47,6 +47,6 @@ def test_a_registered_family_runs_in_the_same_pass_and_matches_a_computation_by_
             cells = [attention[:, :, i, list(words).index(words[i])] for i in range(len(words)) if alignment.unit_is_word[words[i]]]
             values.append(np.mean(cells, axis=0))
     expected = np.mean(values, axis=0)
-    np.testing.assert_allclose(result.first_piece.value.to_numpy().reshape(expected.shape), expected, rtol=1e-12)
+    np.testing.assert_allclose(result.table("first_piece").value.to_numpy().reshape(expected.shape), expected, rtol=1e-12)
     with pytest.raises(bertology.BertologyError, match="registered already"):
         bertology.register_family(namespace["FirstPiece"]())

@@ -22,6 +22,7 @@ from hypothesis.extra import numpy as hnp
 from bertology.core.backends import Resume
 from bertology.core.engine import Engine
 from bertology.core.errors import BertologyError
+from bertology.core.model.kinds import ENCODER
 from bertology.families import registered
 from fuzz.documents import changed, paths
 
@@ -37,7 +38,7 @@ def fresh_analyzers():
         settings_ = {option.name: option.default for option in family.options} | {"bootstrap": 50, "seed": 0, "punct": "upos",
                                                                                    "correction": "fdr_bh", "parser": None}
         family.prepare(settings_)
-        built += list(family.analyzers(settings_).values())
+        built += list(family.analyzers(settings_, ENCODER).values())
     return built
 
 

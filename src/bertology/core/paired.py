@@ -20,7 +20,8 @@ class BatchPair:
 
 
 class CompareEngine:
-    """Two engines over one tokenization and batching (model A's); both models need the same vocabulary and shape."""
+    """Two engines over one tokenization and batching (model A's); both models need the same vocabulary, shape and kind
+    (:mod:`bertology.core.model.kinds`: an encoder's maps and a decoder's are not measured alike)."""
 
     def __init__(self, engine_a: Engine, engine_b: Engine):
         a, b = engine_a.model, engine_b.model
@@ -28,6 +29,8 @@ class CompareEngine:
             raise BertologyError(f"{a.name} and {b.name} have different vocabularies: their attention maps cannot be compared token by token")
         if (a.num_layers, a.num_heads) != (b.num_layers, b.num_heads):
             raise BertologyError(f"{a.name} has {a.num_layers}x{a.num_heads} heads and {b.name} {b.num_layers}x{b.num_heads}: compare models of one shape")
+        if a.kind is not b.kind:
+            raise BertologyError(f"{a.name} is a model of kind {a.kind.name} and {b.name} of kind {b.kind.name}: compare models of one kind")
         self.engine_a, self.engine_b = engine_a, engine_b
 
     def run(self, examples: Iterable[Example], analyzers: Sequence, *, total: int | None = None, **options) -> RunStats:

@@ -113,7 +113,7 @@ class Family:
     def fits(self, kind: Kind, settings: dict | None = None) -> str | None:
         """None where the family has a meaning on this ``kind`` of model with these ``settings``, else the line that says why
         not (:attr:`unfit`)."""
-        return None if kind.name in self.kinds else self.unfit
+        return None if kind.name in self.kinds else self.unfit or f"it has no meaning on a model of kind {kind.name!r}"
 
     def prepare(self, settings: dict) -> None:
         """Check the family's inputs before the model loads; raise :class:`~bertology.core.errors.BertologyError` for bad ones."""

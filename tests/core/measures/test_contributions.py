@@ -9,6 +9,7 @@ import torch
 from reference.alti import alti
 from reference.value_zeroing import value_zeroing as value_zeroing_port
 
+from bertology.core.engine import PassNeeds
 from bertology.core.measures.contributions import alti_contributions, rolled_out, value_zeroing
 from bertology.core.model.hooks import Hooks, register_attention
 from bertology.core.model.models import attention_blocks
@@ -173,7 +174,7 @@ def test_the_views_the_engine_hands_out_equal_numpy_on_every_sequence_of_a_padde
     loaded = float64_model(tiny_bert_dir)
     engine = Engine(loaded, progress=False)
     items = list(engine.encode(enumerate(tiny_examples()[:5]), RunStats()))
-    batch = engine.run_batch(items, views=("alti", "value-zeroing"))
+    batch = engine.run_batch(items, needs=PassNeeds(views=("alti", "value-zeroing")))
     weights = layer_weights(loaded.model)
     for b, item in enumerate(items):
         n = len(item)
@@ -208,7 +209,7 @@ def test_on_the_bundled_model_and_real_sentences_both_measures_equal_the_ports(s
     loaded = float64_model(default_model_path())
     engine = Engine(loaded, progress=False)
     items = list(engine.encode(enumerate(Example(text) for text in texts), RunStats()))
-    batch = engine.run_batch(items, contributions=("alti", "value_zeroing"))
+    batch = engine.run_batch(items, needs=PassNeeds(contributions=("alti", "value_zeroing")))
     for b, item in enumerate(items):
         n, ids = len(item), torch.tensor(item.input_ids)
         reference_alti = alti(loaded.model, ids, ln_eps="model", distance_eps=0.0)

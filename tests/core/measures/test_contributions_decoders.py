@@ -20,6 +20,7 @@ import torch
 from conftest import float64_model, randomise_biases_and_norms, tiny_decoder_configs
 from reference.rerun import rows_summing_to_one, value_zeroing_by_rerun
 
+from bertology.core.engine import PassNeeds
 from bertology.core.measures.contributions import alti_contributions, alti_per_head, value_zeroing
 from bertology.core.model.hooks import Hooks, register_attention
 from bertology.core.model.models import attention_blocks
@@ -223,7 +224,7 @@ def test_the_engine_hands_out_on_a_padded_decoder_batch_what_each_sequence_gives
     engine = Engine(loaded, progress=False)
     items = list(engine.encode(enumerate(tiny_examples()[:4]), RunStats()))
     assert len({len(item) for item in items}) > 1
-    together = engine.run_batch(items, contributions=("alti", "value_zeroing"), views=("alti", "value-zeroing"))
+    together = engine.run_batch(items, needs=PassNeeds(contributions=("alti", "value_zeroing"), views=("alti", "value-zeroing")))
     blocks = attention_blocks(loaded.model)
     for b, item in enumerate(items):
         n, ids = len(item), torch.tensor([item.input_ids])

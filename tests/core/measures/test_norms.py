@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModel
 
-from bertology.core.engine import Engine, RunStats
+from bertology.core.engine import Engine, PassNeeds, RunStats
 from bertology.core.errors import BertologyError
 from bertology.core.measures.norms import norm_shares, parse_weighting
 from bertology.core.model.hooks import HOOK_POINTS, Hooks
@@ -40,7 +40,7 @@ def layout(request, tiny_encoder_dirs, tiny_roberta_dir):
 def _batch(loaded, texts, **capture):
     engine = Engine(loaded, progress=False)
     items = list(engine.encode(enumerate(Example(*text) if isinstance(text, tuple) else Example(text) for text in texts), RunStats()))
-    return items, engine.run_batch(items, **capture)
+    return items, engine.run_batch(items, needs=PassNeeds(**capture))
 
 
 def _reference(name, reference, state, items):
@@ -129,7 +129,7 @@ def test_a_head_that_looks_at_sep_but_mixes_nothing_from_it_gets_zero_norm_share
         return Engine.forward(engine, tensors, hand, **options)
 
     engine.forward = forward_with_the_hand_made_head
-    batch = engine.run_batch(items, norms=True)
+    batch = engine.run_batch(items, needs=PassNeeds(norms=True))
     weights = batch.attentions[:, 0, :, :n, sep]
     shares = batch.weighted("norm").attentions[:, 0, :, :n, :n]
     assert torch.allclose(weights, torch.full_like(weights, 0.9))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import DECODER_KINDS, float64_model, tiny_decoder_configs
 
-from bertology.core.engine import Engine, RunStats
+from bertology.core.engine import Engine, PassNeeds, RunStats
 from bertology.core.errors import ModelError
 from bertology.core.model.hooks import Hooks
 from bertology.core.model.kinds import DECODER, kind_of
@@ -32,7 +32,7 @@ def test_causal_configurations_are_told_from_encoders():
 def test_a_decoder_loads_as_one_with_its_first_token_from_the_tokenizer(tiny_decoder_dirs, kind):
     loaded = load_model(tiny_decoder_dirs[kind], device="cpu")
     info = loaded.info()
-    assert loaded.causal and info["kind"] == "decoder"
+    assert loaded.kind is DECODER and info["kind"] == "decoder"
     assert info["cls_token"] is None and info["sep_token"] is None
     # Llama's tokenizer puts BOS first, the others do not: that comes from the tokenizer, not the model's name
     assert loaded.adds_bos == (kind == "llama")
@@ -72,7 +72,8 @@ def test_maps_equal_transformers_eager_attention(tiny_decoder_dirs, kind):
         np.testing.assert_allclose(maps[:, b, :, :n, :n].sum(-1), 1, atol=1e-12)
         assert np.all(maps[:, b, :, n:, :] == 0) and np.all(maps[:, b, :, :, n:] == 0)
     # the batch knows it is a decoder's: the first token in [CLS]'s place, no [SEP], row 0 out of the queries' means
-    assert batch.causal and batch.cls_mask[:, 0].all() and batch.cls_mask.sum() == len(items) and not batch.sep_mask.any()
+    assert batch.kind is DECODER and set(batch.anchors) == {"first"}
+    assert batch.anchors["first"][:, 0].all() and batch.anchors["first"].sum() == len(items)
     assert not batch.query_mask[:, 0].any() and batch.query_mask.sum() == batch.mask.sum() - len(items)
     np.testing.assert_array_equal(batch.visible_counts[0].numpy(), np.minimum(np.arange(1, maps.shape[-1] + 1), len(items[0])) * batch.mask[0].numpy())
 
@@ -112,7 +113,7 @@ def test_norm_view_on_a_pre_norm_block_equals_numpy(tiny_decoder_dirs, kind):
             handle.remove()
     engine = Engine(loaded, progress=False)
     items = list(engine.encode(enumerate([Example("the big red house is under the tree.")]), RunStats()))
-    batch = engine.run_batch(items, norms=True, vectors=True)
+    batch = engine.run_batch(items, needs=PassNeeds(norms=True, vectors=True))
     heads, hidden = loaded.num_heads, model.config.hidden_size
     head_dim = hidden // heads
     config = model.config
@@ -151,7 +152,7 @@ def test_mixing_ratios_are_refused_on_a_pre_norm_block(tiny_gpt2_dir):
     engine = Engine(float64_model(tiny_gpt2_dir), progress=False)
     items = list(engine.encode(enumerate([Example("the cat sat.")]), RunStats()))
     with pytest.raises(BertologyError, match="pre-norm"):
-        engine.run_batch(items, mixing=True)
+        engine.run_batch(items, needs=PassNeeds(mixing=True))
 
 
 def test_a_uniform_head_on_a_decoder_is_uniform_over_the_keys_each_query_sees(tiny_gpt2_dir):

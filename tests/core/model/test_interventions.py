@@ -128,3 +128,22 @@ def test_pruning_every_head_of_a_layer_is_refused_and_albert_cannot_be_pruned():
         prune_heads(classifier("bert"), {1: [0, 1, 2, 3]})
     with pytest.raises(ModelError, match="share weights"):
         prune_heads(classifier("albert"), {0: [0]})
+
+
+def test_every_first_token_classifier_a_layout_names_is_a_transformers_class_of_its_model_types():
+    """The layouts' names of first-token classifiers are no typos: each is a transformers class whose config's model type that
+    layout serves, and the layout computes the first token's last layer (checked against the logits above)."""
+    from bertology.core.model.layouts import LAYOUTS
+
+    named = {name: type(layout) for layout in LAYOUTS.values() for name in layout.first_token_classifiers}
+    assert {"BertForSequenceClassification", "RobertaForSequenceClassification", "DistilBertForSequenceClassification"} <= set(named)
+    for name, layout in named.items():
+        assert getattr(tf, name).config_class.model_type in layout.model_types, name
+
+
+def test_a_layer_whose_heads_bertology_cannot_remove_is_refused_in_one_line():
+    register_attention()
+    model = tf.GPT2ForSequenceClassification(tf.GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, pad_token_id=0))
+    assert not reads_first_token_only(model)  # a decoder's classifier reads the last token
+    with pytest.raises(ModelError, match="GPT2Block: bertology cannot prune heads of this layer type"):
+        prune_heads(model, {0: [1]})

@@ -74,7 +74,7 @@ def bert64(tiny_bert_dir):
 ])
 def test_class_attention_equals_numpy_from_the_definition(spec, members_of, bert64, tiny_bert_dir):
     examples = gold_examples()
-    analyzer = ClassAttention(parse_classes([spec]))
+    analyzer = ClassAttention(bert64.kind, parse_classes([spec]))
     Engine(bert64, batch_size=3, progress=False).run(examples, [analyzer])
     table = analyzer.result()
     values, baselines = numpy_class_attention(tiny_bert_dir, examples, members_of)
@@ -115,7 +115,7 @@ def test_a_head_planted_on_nouns_gives_all_its_attention_to_them(tiny_bert):
             hooks._handlers["pattern"].insert(0, plant)  # before the engine's own handler reads the maps
             return super().forward(tensors, hooks, **options)
 
-    analyzer = ClassAttention(parse_classes(["noun=upos:NOUN"]))
+    analyzer = ClassAttention(tiny_bert.kind, parse_classes(["noun=upos:NOUN"]))
     Planted(tiny_bert, batch_size=1, progress=False).run(examples, [analyzer])
     row = analyzer.result().query("layer == 0 and head == 1")
     np.testing.assert_allclose(row.value, 1.0, rtol=1e-6)
@@ -146,7 +146,7 @@ def test_analyze_with_classes_warns_of_a_missing_class_and_needs_trees_for_tags(
     result = bertology.analyze(tiny_bert, texts, classes=["negation=words:negation", "cat=regex:cat"], progress=False, view=False)
     assert "classes" in result.results  # giving the family's setting runs it
     assert any("'negation' never occurs" in w for w in result.warnings)
-    assert result.classes.query("`class` == 'cat'").n.max() == 1
+    assert result.table("classes").query("`class` == 'cat'").n.max() == 1
     with pytest.raises(BertologyError, match="needs dependency trees"):
         bertology.analyze(tiny_bert, texts, classes=["noun=upos:NOUN"], progress=False, view=False)
 
@@ -177,8 +177,8 @@ def test_classes_run_under_both_views_in_one_pass(tiny_bert):
     """Under --weighting attention,norm the class table carries both views; the weights' rows equal a run of the weights alone."""
     texts = ["the cat did not sit.", "we never saw it, and it ran!"]
     both = bertology.analyze(tiny_bert, texts, analyses=["classes"], classes=["negation=words:negation"], weighting="attention,norm",
-                             progress=False, view=False).classes
-    alone = bertology.analyze(tiny_bert, texts, analyses=["classes"], classes=["negation=words:negation"], progress=False, view=False).classes
+                             progress=False, view=False).table("classes")
+    alone = bertology.analyze(tiny_bert, texts, analyses=["classes"], classes=["negation=words:negation"], progress=False, view=False).table("classes")
     assert set(both.weighting) == {"attention", "norm"}
     weights = both[both.weighting == "attention"].drop(columns="weighting").reset_index(drop=True)
     pd.testing.assert_frame_equal(weights, alone, check_exact=False, rtol=1e-6)

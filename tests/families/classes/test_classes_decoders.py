@@ -7,19 +7,20 @@ import numpy as np
 from conftest import TEXTS, eager_reference
 
 from bertology.core.engine import Engine
+from bertology.core.model.kinds import DECODER
 from bertology.core.text.alignment import align, default_word_spans, to_word_level
 from bertology.core.text.corpora import Example
-from bertology.families.classes.analyzer import DECODER_CLASS_ROWS, ClassAttention, TokenClass
+from bertology.families.classes.analyzer import ClassAttention, TokenClass, class_rows
 
 EXAMPLES = [Example(text) for text in TEXTS]
 THE = TokenClass("the", "words", "the", frozenset({"the"}))
 
 
 def test_decoder_class_attention_equals_numpy(gpt2_64):
-    analyzer = ClassAttention((THE,))
+    analyzer = ClassAttention(gpt2_64.kind, (THE,))
     Engine(gpt2_64, batch_size=3, progress=False).run(EXAMPLES, [analyzer])
     table = analyzer.result().set_index(["layer", "head", "row"])
-    assert set(table.index.unique("row")) == set(DECODER_CLASS_ROWS)
+    assert set(table.index.unique("row")) == set(class_rows(DECODER)) == {"all", "last_row"}
     values, baselines = {}, []
     for example, reference in zip(EXAMPLES, eager_reference(gpt2_64, EXAMPLES)):
         encoding = gpt2_64.tokenizer(example.text, return_offsets_mapping=True)

@@ -14,7 +14,7 @@ from conftest import gold_example
 from transformers import AutoModel, AutoTokenizer
 
 import bertology
-from bertology.core.engine import Engine
+from bertology.core.engine import Engine, PassNeeds
 from bertology.core.text.corpora import Example
 from bertology.families import FamilyResult, get_family
 from bertology.families.layers.analyzer import LayerSentence, WordVectors
@@ -212,7 +212,7 @@ def test_the_engines_hidden_states_are_transformers_own_and_leave_the_model_pick
     model.model.double()
     engine = Engine(model, progress=False)
     items = list(engine.encode(enumerate([Example("the cat sat on the mat."), Example("where is the dog?")]), RunStats()))
-    batch = engine.run_batch(items, hidden_states=True)
+    batch = engine.run_batch(items, needs=PassNeeds(hidden_states=True))
     pickle.dumps(model.model)
     reference = AutoModel.from_pretrained(tiny_encoder_dirs[layout], attn_implementation="eager").double().eval()
     for b, item in enumerate(items):

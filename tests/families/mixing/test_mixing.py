@@ -6,7 +6,7 @@ import pytest
 from conftest import tiny_examples
 
 import bertology
-from bertology.core.engine import Engine, RunStats
+from bertology.core.engine import Engine, PassNeeds, RunStats
 from bertology.core.measures.norms import MIXING_RATIOS
 from bertology.families.mixing.analyzer import ContextMixing
 
@@ -14,13 +14,13 @@ from bertology.families.mixing.analyzer import ContextMixing
 def test_the_analyzer_averages_tokens_then_sequences(tiny_bert):
     examples = tiny_examples()
     engine = Engine(tiny_bert, progress=False)
-    analyzer = ContextMixing()
+    analyzer = ContextMixing(tiny_bert.kind)
     engine.run(examples, [analyzer])
     table = analyzer.result().set_index(["layer", "ratio"])
 
     per_sequence = []
     for item in engine.encode(enumerate(examples), RunStats()):
-        batch = engine.run_batch([item], mixing=True)
+        batch = engine.run_batch([item], needs=PassNeeds(mixing=True))
         per_sequence.append(batch.mixing[:, 0].double().numpy().mean(axis=1))  # [layer, ratio]: mean over the tokens
     per_sequence = np.stack(per_sequence)
     for layer in range(tiny_bert.num_layers):
@@ -36,7 +36,7 @@ def test_mixing_on_the_bundled_model_is_far_below_the_attention_alone(minilm):
     """Kobayashi et al. 2021's finding on BERT holds on MiniLM too: with the residual and the layer norm, a token keeps most of itself."""
     result = bertology.analyze(minilm, ["The old lighthouse keeper climbed the stairs every evening.", "Where did you put the keys?"],
                                analyses=["mixing"], progress=False, view=False)
-    wide = result.mixing.pivot(index="layer", columns="ratio", values="value")
+    wide = result.table("mixing").pivot(index="layer", columns="ratio", values="value")
     assert (wide.attn_res_ln < 0.5).all() and (wide.attn > wide.attn_res).all()
 
 
@@ -61,7 +61,7 @@ def test_the_summary_of_a_run_matches_its_table(tiny_bert):
 
     result = bertology.analyze(tiny_bert, tiny_examples(), analyses=["mixing"], progress=False, view=False)
     [line] = get_family("mixing").summary(result.results["mixing"])
-    wide = result.mixing.pivot(index="layer", columns="ratio", values="value")
+    wide = result.table("mixing").pivot(index="layer", columns="ratio", values="value")
     last = tiny_bert.num_layers - 1
     for ratio, name in (("attn", "by attention alone"), ("attn_res", "with the residual"), ("attn_res_ln", "with the residual and layer norm")):
         assert f"{name} {wide.loc[0, ratio]:.2f} in layer 0 to {wide.loc[last, ratio]:.2f} in layer {last}" in line

@@ -8,14 +8,14 @@ from conftest import float64_model, tiny_examples
 from reference.alti import alti
 from reference.value_zeroing import value_zeroing
 
-from bertology.core.engine import Engine
+from bertology.core.engine import Engine, PassNeeds
 from bertology.families.mixing.analyzer import ContextMixing
 
 
 def test_the_share_from_other_tokens_equals_the_ports(tiny_bert_dir):
     loaded = float64_model(tiny_bert_dir)
     examples = [example for example in tiny_examples() if example.text_pair is None]  # the ports embed without segment ids
-    analyzer = ContextMixing(("alti", "value_zeroing"))
+    analyzer = ContextMixing(loaded.kind, ("alti", "value_zeroing"))
     Engine(loaded, batch_size=3, progress=False).run(examples, [analyzer])
     table = analyzer.result().set_index(["layer", "ratio"])
     shares = {}
@@ -38,7 +38,7 @@ def test_on_a_decoder_the_shares_alone_equal_the_mean_over_tokens_of_each_sequen
 
     loaded = float64_model(tiny_gpt2_dir)
     examples = tiny_examples()
-    analyzer = ContextMixing(("alti", "value_zeroing"), ratios=False)
+    analyzer = ContextMixing(loaded.kind, ("alti", "value_zeroing"))  # a decoder: no ratios
     assert analyzer.needs == {"alti", "value_zeroing"}
     engine = Engine(loaded, batch_size=3, progress=False)
     engine.run(examples, [analyzer])
@@ -46,7 +46,7 @@ def test_on_a_decoder_the_shares_alone_equal_the_mean_over_tokens_of_each_sequen
     assert set(table.index.get_level_values("ratio")) == {"alti", "alti_rollout", "value_zeroing", "value_zeroing_rollout"}
     shares = {}
     for item in engine.encode(enumerate(examples), RunStats()):  # each sequence alone, unpadded
-        maps = engine.run_batch([item], contributions=("alti", "value_zeroing")).contributions
+        maps = engine.run_batch([item], needs=PassNeeds(contributions=("alti", "value_zeroing"))).contributions
         for measure, layers in maps.items():
             rolled = None
             for layer, contributions in enumerate(layers[:, 0].numpy()):

@@ -212,7 +212,7 @@ def test_the_summary_gives_each_class_share_of_all_maps_and_the_majority_counts(
     import pandas as pd
 
     from bertology.families import FamilyResult, get_family
-    from bertology.studies.analyze.views import combine_views
+    from bertology.studies.analyze.weightings import combine_views
 
     overall = {"vertical": 0.5, "diagonal": 0.125, "vertical+diagonal": 0.0, "block": 0.0, "heterogeneous": 0.375}
     by_layer = pd.DataFrame([(layer, pattern, share) for layer in (0, 1, -1) for pattern, share in overall.items()], columns=["layer", "pattern", "share"])
@@ -235,9 +235,9 @@ def test_the_summary_of_a_run_matches_its_tables(tiny_bert):
 
     result = analyze(tiny_bert, tiny_examples(), analyses=["patterns"], progress=False, view=False)
     [line] = get_family("patterns").summary(result.results["patterns"])
-    overall = result.patterns_by_layer[result.patterns_by_layer.layer == -1].set_index("pattern").share
+    overall = result.table("patterns_by_layer")[result.table("patterns_by_layer").layer == -1].set_index("pattern").share
     assert line.startswith("pattern classes, share of all maps: " + ", ".join(f"{p} {overall[p]:.0%}" for p in PATTERNS))
-    heads = result.patterns.drop_duplicates(["layer", "head"])
+    heads = result.table("patterns").drop_duplicates(["layer", "head"])
     assert f"heads by majority class (of {len(heads)}): " in line
     for pattern, count in heads.majority.value_counts().items():
         assert f"{pattern} {count}" in line

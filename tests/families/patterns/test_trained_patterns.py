@@ -203,7 +203,7 @@ def labels_file(path, model, count=40):
         from bertology.core.text.corpora import Example
         items = list(engine.encode([(0, Example(text, pair))], RunStats()))
         batch = engine.run_batch(items)
-        special = batch.cls_mask | batch.sep_mask
+        special = batch.anchor_mask
         for layer in range(2):
             classes = RuleClassifier().classify(batch.attentions[layer], batch.mask, special, batch.segment_ids)[0]
             for head in range(4):
@@ -228,7 +228,7 @@ def test_patterns_train_writes_the_classifier_and_it_can_replace_the_rules(tiny_
     assert (out / "pattern_confusion.png").exists() and "trained on the hand labels" in (out / "report.html").read_text()
     used = bertology.analyze(tiny_bert, ["the cat sat on the mat.", "where is the dog?"], analyses=["patterns"], classifier=out / "classifier.json",
                              progress=False, view=False)
-    assert used.patterns.share.sum() == pytest.approx(2 * 4 * 1.0 * 1)  # every head's shares sum to 1
+    assert used.table("patterns").share.sum() == pytest.approx(2 * 4 * 1.0 * 1)  # every head's shares sum to 1
     wrong = tmp_path / "wrong.jsonl"
     wrong.write_text('{"text": "the cat sat.", "layer": 7, "head": 0, "label": "block"}\n{"text": "a dog.", "layer": 0, "head": 0, "label": "block"}\n')
     failed = subprocess.run([sys.executable, "-m", "bertology.cli", "patterns", "--train", str(wrong), "-m", str(tiny_bert_dir), "--out",
@@ -245,11 +245,11 @@ def test_the_bundled_hand_labels_train_a_classifier_for_the_bundled_model(minilm
     labels = Path(str(resources.files("bertology") / "data" / "minilm_pattern_labels.jsonl"))
     counts = pd.Series([e.pattern_label[2] for e in Corpus(labels)]).value_counts()
     result = bertology.analyze(minilm, labels, analyses=["patterns"], progress=False, view=False)
-    training = result.pattern_training.set_index(["method", "class"])
+    training = result.table("pattern_training").set_index(["method", "class"])
     for pattern in PATTERNS:
         assert training.loc[("trained", pattern), "support"] == counts.get(pattern, 0)
     assert training.loc[("trained", "macro (labelled classes)"), "f1"] > 0.5
-    assert result.classifier["labelled_maps"] == 100 and set(result.classifier["classes"]) == set(counts.index)
+    assert result.table("classifier")["labelled_maps"] == 100 and set(result.table("classifier")["classes"]) == set(counts.index)
 
 
 def test_a_map_labelled_again_keeps_only_its_last_label(tiny_bert, tmp_path):

@@ -6,7 +6,10 @@ import pytest
 import torch
 from scipy.spatial.distance import jensenshannon
 
-from bertology.families.profile.analyzer import PROFILE_METRICS, clark_labels, pairwise_js, profile_metrics
+from bertology.core.model.kinds import ENCODER
+from bertology.families.profile.analyzer import clark_labels, clark_threshold_values, pairwise_js, profile_metric_names, profile_metrics
+
+PROFILE_METRICS = profile_metric_names(ENCODER)
 
 
 def by_hand(a: np.ndarray, cls: list[int], sep: list[int], punct: list[int]) -> dict:
@@ -48,7 +51,7 @@ def test_metrics_match_hand_computation_on_sequences_of_different_length():
     long = rng.dirichlet(np.full(7, 0.3), size=7)  # [CLS] w w [SEP] w . [SEP]
     flags = [([0], [3], [2]), ([0], [3, 6], [5])]
     attention, m = padded_batch([short, long], flags)
-    values = profile_metrics(attention, m["mask"], m["cls"], m["sep"], m["punct"]).numpy()
+    values = profile_metrics(attention, m["mask"], {"cls": m["cls"], "sep": m["sep"]}, m["punct"], ENCODER).numpy()
     for b, (matrix, (cls, sep, punct)) in enumerate(zip([short, long], flags)):
         expected = by_hand(matrix, cls, sep, punct)
         for k, metric in enumerate(PROFILE_METRICS):
@@ -58,7 +61,7 @@ def test_metrics_match_hand_computation_on_sequences_of_different_length():
 def test_uniform_attention_has_entropy_ln_n_and_self_one_over_n():
     n = 6
     attention, m = padded_batch([np.full((n, n), 1 / n)], [([0], [5], [])])
-    values = dict(zip(PROFILE_METRICS, profile_metrics(attention, m["mask"], m["cls"], m["sep"], m["punct"])[0, 0].tolist()))
+    values = dict(zip(PROFILE_METRICS, profile_metrics(attention, m["mask"], {"cls": m["cls"], "sep": m["sep"]}, m["punct"], ENCODER)[0, 0].tolist()))
     assert values["entropy"] == pytest.approx(math.log(n))
     assert values["cls_entropy"] == pytest.approx(math.log(n))
     assert values["self"] == pytest.approx(1 / n)
@@ -73,7 +76,7 @@ def test_previous_token_head():
     for i in range(1, n):
         a[i, i - 1] = 1
     attention, m = padded_batch([a], [([0], [4], [])])
-    values = dict(zip(PROFILE_METRICS, profile_metrics(attention, m["mask"], m["cls"], m["sep"], m["punct"])[0, 0].tolist()))
+    values = dict(zip(PROFILE_METRICS, profile_metrics(attention, m["mask"], {"cls": m["cls"], "sep": m["sep"]}, m["punct"], ENCODER)[0, 0].tolist()))
     assert values["prev"] == pytest.approx((n - 1) / n)
     assert values["next"] == 0
     assert values["self"] == pytest.approx(1 / n)
@@ -104,7 +107,7 @@ def test_clark_labels_apply_the_thresholds():
             "n": 10,
         }
     )
-    labels = clark_labels(heads)
+    labels = clark_labels(heads, clark_threshold_values(ENCODER))
     assert labels[["layer", "head", "label"]].values.tolist() == [[0, 0, "broad"], [1, 0, "sep"]]
     assert clark_labels(heads, {"prev": 0.4}).label.tolist() == ["prev"]
 
@@ -147,7 +150,7 @@ def test_punct_set_upos_or_clark_on_a_hand_made_map(tiny_bert, punct, expected):
     row = np.array([PUNCT_WEIGHTS.get(token, 0.0) for token in tokens])
     attention = torch.tensor(np.tile(row, (len(tokens), 1)), dtype=torch.float64)
     assert attention.sum(-1).allclose(torch.ones(len(tokens), dtype=torch.float64))
-    profile = GeneralProfile()
+    profile = GeneralProfile(ENCODER)
     profile.update(dataclasses.replace(batch, attentions=attention.expand(2, 1, 4, -1, -1).clone()))
     values = profile.result().query("metric == 'punct'").value
     by_numpy = np.mean([sum(attention[i, j].item() for j in range(len(tokens)) if tokens[j] in members) for i in range(len(tokens))])
@@ -171,7 +174,7 @@ def test_punct_reaches_the_engine_from_the_api_and_the_command_line(tiny_bert, t
         assert result.settings["punct"] == punct
         columns = [j for j, token in enumerate(tokens) if token in members]
         expected = attentions[..., columns].sum(-1).mean(-1).detach().numpy().ravel()  # [layer, head]
-        np.testing.assert_allclose(result.heads.query("metric == 'punct'").value, expected, rtol=1e-5)
+        np.testing.assert_allclose(result.table("heads").query("metric == 'punct'").value, expected, rtol=1e-5)
     with pytest.raises(BertologyError, match="unknown punctuation set 'ptb': use upos or clark"):
         analyze(tiny_bert, [PUNCT_TEXT], analyses=["profile"], punct="ptb", view=False, progress=False)
 

@@ -9,8 +9,11 @@ import pytest
 from conftest import TEXTS, eager_reference
 
 from bertology.core.engine import Engine
+from bertology.core.model.kinds import DECODER
 from bertology.core.text.corpora import Example
-from bertology.families.profile.analyzer import DECODER_PROFILE_METRICS, GeneralProfile
+from bertology.families.profile.analyzer import GeneralProfile, profile_metric_names
+
+DECODER_PROFILE_METRICS = profile_metric_names(DECODER)
 
 EXAMPLES = [Example(text) for text in TEXTS] + [Example("the cat sat.", "the dog ran."), Example("a")]
 
@@ -33,10 +36,11 @@ def by_hand(a: np.ndarray, punct: list[int]) -> dict:
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_decoder_profile_equals_loops_over_eager_maps(kind, gpt2_64, llama64):
     loaded = {"gpt2": gpt2_64, "llama": llama64}[kind]
-    analyzer = GeneralProfile()
+    analyzer = GeneralProfile(loaded.kind)
     Engine(loaded, batch_size=3, progress=False).run(EXAMPLES, [analyzer])
     table = analyzer.result().set_index(["layer", "head", "metric"])
-    assert analyzer.causal and tuple(table.index.unique("metric")) == DECODER_PROFILE_METRICS  # no cls, sep, next or cls_entropy
+    assert loaded.kind is DECODER and tuple(table.index.unique("metric")) == DECODER_PROFILE_METRICS  # no cls, sep, next or cls_entropy
+    assert DECODER_PROFILE_METRICS == ("first", "punct", "self", "prev", "entropy", "distance")
     references = [r for r in eager_reference(loaded, EXAMPLES) if len(r["ids"]) > 1]  # one token: no query i >= 1, no claim
     assert len(references) == len(EXAMPLES) - (1 if kind == "gpt2" else 0)  # Llama puts BOS before "a": two tokens
     rtol = 1e-10 if kind == "gpt2" else 1e-6  # transformers' eager Llama takes its softmax in float32

@@ -8,8 +8,21 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from bertology.core.engine import Batch
+from bertology.core.model.kinds import ENCODER
 from bertology.core.text.corpora import Example
-from bertology.families.roles.analyzer import HeadRoles, role_colocation, role_scores, role_shares, sieve_mean, syntactic_scores
+from bertology.families.roles.analyzer import HeadRoles, role_colocation, role_shares, sieve_mean
+from bertology.families.roles.analyzer import role_scores as scores_of_kind
+from bertology.families.roles.analyzer import syntactic_scores as syntactic_of_kind
+
+
+def role_scores(attention, mask, cls, sep, segments, **options):
+    """An encoder's sieve scores from its [CLS] and [SEP] masks."""
+    return scores_of_kind(attention, mask, {"cls": cls, "sep": sep}, segments, ENCODER, **options)
+
+
+def syntactic_scores(attention, assignment, word_unit, heads, relations):
+    """An encoder's syntactic scores."""
+    return syntactic_of_kind(attention, assignment, word_unit, heads, relations, ENCODER)
 
 
 def single(n):
@@ -148,7 +161,7 @@ def test_block_score_matches_the_authors_definition_by_hand():
 
 
 def test_block_head_on_its_own_segment_scores_n_over_m_ln_m_and_passes_tau_3():
-    roles = HeadRoles(tau=3.0)
+    roles = HeadRoles(ENCODER, tau=3.0)
     roles._shape = (1, 2)
     for m in range(6, 13):
         masks = pair(m, m)
@@ -197,7 +210,7 @@ def test_split_word_syntactic_score_by_hand():
 
 def test_t_test_and_correction_agree_with_scipy_and_statsmodels():
     rng = np.random.default_rng(4)
-    roles = HeadRoles(tau=2.0, correction="fdr_bh")
+    roles = HeadRoles(ENCODER, tau=2.0, correction="fdr_bh")
     roles._shape = (2, 3)
     samples = {"local": rng.normal(2.3, 1.0, size=(40, 2, 3)), "cls": rng.normal(5.0, 3.0, size=(40, 2, 3))}
     samples["cls"][5, 1, 2] = np.nan  # a missing score shortens that head's sample
@@ -230,7 +243,7 @@ def test_t_test_and_correction_agree_with_scipy_and_statsmodels():
 def test_a_role_labels_do_not_depend_on_other_roles_in_the_run():
     rng = np.random.default_rng(5)
     local = rng.normal(3.0, 1.0, size=(30, 2, 4)) + np.linspace(0, 0.8, 8).reshape(2, 4)
-    roles = HeadRoles(tau=3.0)
+    roles = HeadRoles(ENCODER, tau=3.0)
     roles._shape = (2, 4)
     roles._push("local", local)
     alone = roles.test().set_index(["layer", "head"])
@@ -257,9 +270,9 @@ def test_uniform_float32_head_holds_no_role_at_tau_1():
             masks.append(single(n))
         attention, (mask, cls, sep, segments) = batch_of(maps, masks)
         items = [SimpleNamespace(example=Example("x"), input_ids=[0] * n, sequence_ids=[0] * n) for n in lengths]
-        batch = Batch(items=items, input_ids=torch.zeros_like(segments), mask=mask,
-                      cls_mask=cls, sep_mask=sep, punct_mask=torch.zeros_like(mask), segment_ids=segments, attentions=attention[None])
-        roles = HeadRoles(tau=1.0)
+        batch = Batch(items=items, input_ids=torch.zeros_like(segments), mask=mask, anchors={"cls": cls, "sep": sep},
+                      punct_mask=torch.zeros_like(mask), segment_ids=segments, attentions=attention[None], kind=ENCODER)
+        roles = HeadRoles(ENCODER, tau=1.0)
         roles.update(batch)
         table = roles.test(min_sample=2).set_index(["head", "role"])
         for role in ("local", "delimiter", "cls", "sep"):
@@ -269,7 +282,7 @@ def test_uniform_float32_head_holds_no_role_at_tau_1():
 
 
 def test_constant_scores_at_tau_are_tested_and_never_pass():
-    roles = HeadRoles(tau=3.0)
+    roles = HeadRoles(ENCODER, tau=3.0)
     roles._shape = (1, 3)
     scores = np.tile([3.0, 3.0 * (1 + 1e-7), 5.0], (20, 1, 1))  # exactly tau; tau plus float noise; far above
     scores[::2, 0, 1] += 3e-9  # with a little variance
@@ -325,7 +338,7 @@ def test_block_score_on_real_rte_pairs_matches_a_plain_loop(minilm, shared_data)
             total += row_i[:, :, keys].mean(-1) * n * entropy
         scores.append(total / n)
     result = analyze(minilm, [Example(r["sentence1"], r["sentence2"]) for r in rows], analyses=["roles"], progress=False, view=False)
-    block = result.roles[result.roles.role == "block"].sort_values(["layer", "head"])["mean"].to_numpy().reshape(6, 12)
+    block = result.table("roles")[result.table("roles").role == "block"].sort_values(["layer", "head"])["mean"].to_numpy().reshape(6, 12)
     np.testing.assert_allclose(block, np.mean(scores, axis=0), rtol=1e-6)
     assert block.max() > 3
 
@@ -392,7 +405,7 @@ def test_the_summary_counts_tested_heads_only_and_names_the_strongest_tested_hea
 
 def test_the_summary_of_two_views_says_which_view_each_line_is_of():
     from bertology.families import FamilyResult, get_family
-    from bertology.studies.analyze.views import combine_views
+    from bertology.studies.analyze.weightings import combine_views
 
     second = roles_table().assign(has_role=False)
     combined = combine_views({"attention": FamilyResult(tables={"roles": roles_table()}, extras={"role_tau": 2.0}),
@@ -412,7 +425,7 @@ def test_the_summary_of_a_run_matches_its_table(tiny_bert):
 
     result = analyze(tiny_bert, tiny_examples(), analyses=["roles"], tau=1.0, progress=False, view=False)
     lines = {line.split(":")[0]: line for line in get_family("roles").summary(result.results["roles"])}
-    table = result.roles
+    table = result.table("roles")
     local = table[(table.role == "local") & table.p.notna()]
     top = local.loc[local["mean"].idxmax()]
     assert lines["role local at tau 1"].startswith(f"role local at tau 1: {int(local.has_role.sum())} of {len(local)} tested heads")

@@ -10,8 +10,11 @@ import pytest
 from conftest import TEXTS, eager_reference
 
 from bertology.core.engine import Engine
+from bertology.core.model.kinds import DECODER
 from bertology.core.text.corpora import Example
-from bertology.families.roles.analyzer import DECODER_ROLES, HeadRoles
+from bertology.families.roles.analyzer import HeadRoles, role_names
+
+DECODER_ROLES = role_names(DECODER)
 
 EXAMPLES = [Example(text) for text in TEXTS[:5]] + [Example("the cat sat.", "the dog ran."), Example("where is it?", "it is under the table.")]
 
@@ -36,7 +39,7 @@ def by_hand(a: np.ndarray, segments: list[int | None], window: int = 2) -> dict:
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_decoder_sieve_scores_equal_loops_over_eager_maps(kind, gpt2_64, llama64):
     loaded = {"gpt2": gpt2_64, "llama": llama64}[kind]
-    analyzer = HeadRoles(tau=1.0)
+    analyzer = HeadRoles(loaded.kind, tau=1.0)
     Engine(loaded, batch_size=3, progress=False).run(EXAMPLES, [analyzer])
     table = analyzer.result().set_index(["layer", "head", "role"])
     assert set(table.index.unique("role")) == set(DECODER_ROLES)  # no cls or sep variants on a decoder
@@ -53,17 +56,17 @@ def test_decoder_sieve_scores_equal_loops_over_eager_maps(kind, gpt2_64, llama64
 
 
 def test_uniform_causal_attention_scores_one_on_every_role():
-    # uniform attention over the keys each row sees is the reference: causal_role_scores gives every role exactly 1 (the
+    # uniform attention over the keys each row sees is the reference: a decoder's role scores give every role exactly 1 (the
     # block's entropy weight aside), whatever the row, where a score against 1/n would drift with the row
     import torch
 
-    from bertology.families.roles.analyzer import causal_role_scores
+    from bertology.core.model.kinds import first_token_mask
+    from bertology.families.roles.analyzer import role_scores
 
     n = 7
     attention = torch.tensor(np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None])[None, None]  # [batch 1, head 1, n, n]
     mask = torch.ones(1, n, dtype=torch.bool)
-    queries, visible = mask.clone(), torch.arange(1, n + 1)[None]
-    queries[:, 0] = False
-    scores = causal_role_scores(attention, mask, queries, visible, torch.zeros(1, n, dtype=torch.long), any_pair=False)
+    scores = role_scores(attention, mask, {"first": first_token_mask(mask)}, torch.zeros(1, n, dtype=torch.long), DECODER, any_pair=False)
+    assert tuple(scores) == ("local", "delimiter", "block") == DECODER_ROLES
     np.testing.assert_allclose([scores["local"].item(), scores["delimiter"].item()], 1.0, rtol=1e-12)
     assert torch.isnan(scores["block"]).all()  # no pair: no block score

@@ -5,7 +5,10 @@ import torch
 from conftest import tiny_examples
 
 from bertology.core.engine import Engine, RunStats
-from bertology.families.rollout.analyzer import ROLLOUT_ROWS, ROLLOUT_TARGETS, AttentionRollout, rollout
+from bertology.core.model.kinds import ENCODER
+from bertology.families.rollout.analyzer import AttentionRollout, rollout, rollout_rows, rollout_targets
+
+ROLLOUT_ROWS, ROLLOUT_TARGETS = rollout_rows(ENCODER), rollout_targets(ENCODER)
 
 
 def numpy_rollout(maps):
@@ -45,7 +48,7 @@ def test_rollout_of_one_identity_layer_is_half_attention_plus_half_self():
 def test_the_analyzer_averages_per_sequence_values_computed_by_hand(tiny_bert):
     examples = tiny_examples()
     engine = Engine(tiny_bert, progress=False)
-    analyzer = AttentionRollout()
+    analyzer = AttentionRollout(tiny_bert.kind)
     engine.run(examples, [analyzer])
     table = analyzer.result().set_index(["layer", "row", "target"])
 
@@ -74,10 +77,10 @@ def test_every_line_of_the_figure_shows_even_where_two_coincide(tiny_bert):
     own marker and line style, each marker smaller than the one before (drawn over it), and the legend says why two coincide."""
     from bertology.families.rollout.report import rollout_by_layer
 
-    analyzer = AttentionRollout()
+    analyzer = AttentionRollout(tiny_bert.kind)
     Engine(tiny_bert, progress=False).run(tiny_examples(), [analyzer])
     table = analyzer.result()
-    figure = rollout_by_layer(table)
+    figure = rollout_by_layer(table, ENCODER)
     for axis, row in zip(figure.axes, ("cls_row", "all")):
         lines = [container.lines[0] for container in axis.containers]
         assert len(lines) == len(ROLLOUT_TARGETS)
@@ -113,7 +116,7 @@ def test_the_summary_of_a_run_matches_its_table(tiny_bert):
 
     result = analyze(tiny_bert, tiny_examples(), analyses=["rollout"], progress=False, view=False)
     [line] = get_family("rollout").summary(result.results["rollout"])
-    every = result.rollout[result.rollout.row == "all"].set_index(["target", "layer"]).value
+    every = result.table("rollout")[result.table("rollout").row == "all"].set_index(["target", "layer"]).value
     last = tiny_bert.num_layers - 1
     for target, name in (("self", "itself"), ("cls", "[CLS]"), ("sep", "[SEP]"), ("punct", "punctuation")):
         assert f"to {name} {every[target, 0]:.2f} in layer 0 to {every[target, last]:.2f} in layer {last}" in line

@@ -6,14 +6,17 @@ import numpy as np
 from conftest import TEXTS, eager_reference
 
 from bertology.core.engine import Engine
+from bertology.core.model.kinds import DECODER
 from bertology.core.text.corpora import Example
-from bertology.families.rollout.analyzer import DECODER_ROLLOUT_ROWS, DECODER_ROLLOUT_TARGETS, AttentionRollout
+from bertology.families.rollout.analyzer import AttentionRollout, rollout_rows, rollout_targets
+
+DECODER_ROLLOUT_ROWS, DECODER_ROLLOUT_TARGETS = rollout_rows(DECODER), rollout_targets(DECODER)
 
 EXAMPLES = [Example(text) for text in TEXTS]
 
 
 def test_decoder_rollout_equals_numpy(gpt2_64):
-    analyzer = AttentionRollout()
+    analyzer = AttentionRollout(gpt2_64.kind)
     Engine(gpt2_64, batch_size=3, progress=False).run(EXAMPLES, [analyzer])
     table = analyzer.result().set_index(["layer", "row", "target"])
     assert set(table.index.unique("row")) == set(DECODER_ROLLOUT_ROWS) and set(table.index.unique("target")) == set(DECODER_ROLLOUT_TARGETS)

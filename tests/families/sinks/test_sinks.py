@@ -16,7 +16,7 @@ EXAMPLES = [Example(text) for text in TEXTS] + [Example("the cat sat.", "the dog
 
 
 def run_sinks(loaded, examples=EXAMPLES, batch_size=3) -> AttentionSinks:
-    analyzer = AttentionSinks()
+    analyzer = AttentionSinks(loaded.kind)
     Engine(loaded, batch_size=batch_size, progress=False).run(examples, [analyzer])
     return analyzer
 

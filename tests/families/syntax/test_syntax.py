@@ -65,7 +65,7 @@ def wrong_pointer(batch, b):
 
 def test_attention_at_the_gold_head_scores_100_percent_dep_to_head(tiny_bert):
     batch = batch_with(tiny_bert, [tree_example()], gold_pointer)
-    analyzer = RelationHeads(bootstrap=100)
+    analyzer = RelationHeads(tiny_bert.kind, bootstrap=100)
     analyzer.update(batch)
     table = analyzer.result()
     dep_to_head = table[table.direction == "dep->head"]
@@ -84,7 +84,7 @@ def test_head_attending_to_its_dependent_scores_in_the_head_to_dep_direction(tin
             matrix[piece, pieces_of(batch, b, 3)[0]] = 1.0
         return matrix
 
-    analyzer = RelationHeads(bootstrap=100)
+    analyzer = RelationHeads(tiny_bert.kind, bootstrap=100)
     analyzer.update(batch_with(tiny_bert, [tree_example()], pointer))
     case = analyzer.result().query("relation == 'case'").set_index("direction").accuracy
     assert (case["head->dep"] == 1.0).all()
@@ -92,7 +92,7 @@ def test_head_attending_to_its_dependent_scores_in_the_head_to_dep_direction(tin
 
 
 def test_offset_baselines_by_hand(tiny_bert):
-    analyzer = RelationHeads(bootstrap=100)
+    analyzer = RelationHeads(tiny_bert.kind, bootstrap=100)
     analyzer.update(batch_with(tiny_bert, [tree_example()], gold_pointer))
     baselines = analyzer.baselines()
     # dependents (0-based word, head): the->cat (+1), cat->sat (+1), on->mat (+2), the->mat (+1), mat->sat (-3), .->sat (-4)
@@ -106,7 +106,7 @@ def test_offset_baselines_by_hand(tiny_bert):
 
 def test_best_row_interval_and_paired_test(tiny_bert):
     examples = [tree_example(source=f"toy:{i}") for i in range(30)]
-    analyzer = RelationHeads(bootstrap=400, seed=1)
+    analyzer = RelationHeads(tiny_bert.kind, bootstrap=400, seed=1)
     analyzer.update(batch_with(tiny_bert, examples, gold_pointer))
     best = analyzer.best(min_dependents=40).set_index("relation")
     assert best.loc["all", "accuracy"] == 1.0 and best.loc["all", "ci_low"] == 1.0
@@ -130,7 +130,7 @@ def test_bootstrap_interval_matches_a_direct_bootstrap_of_sentences(tiny_bert):
         # a background growing with the query breaks argmax ties: in head->dep the last word wins, wrongly
         return matrix + 1e-3 * torch.arange(1, len(matrix) + 1)[:, None]
 
-    analyzer = RelationHeads(bootstrap=300, seed=2)
+    analyzer = RelationHeads(tiny_bert.kind, bootstrap=300, seed=2)
     analyzer.update(batch_with(tiny_bert, examples, mixed))
     weights = np.stack([bootstrap_weights(2, 300, e)[1:] for e in examples])  # [sentence, B]
     correct = hits.astype(float) * 2  # two det dependents per sentence
@@ -154,7 +154,7 @@ def test_best_accuracy_replicates_average_the_best_head_of_each_relation(tiny_be
         pointer = gold_pointer if hits[int(batch.examples[b].source.split(":")[1])] else wrong_pointer
         return pointer(batch, b) + 1e-3 * torch.arange(1, int(batch.lengths[b]) + 1)[:, None]
 
-    analyzer = RelationHeads(bootstrap=50, seed=4)
+    analyzer = RelationHeads(tiny_bert.kind, bootstrap=50, seed=4)
     analyzer.update(batch_with(tiny_bert, examples, mixed))
     best = analyzer.best(min_dependents=20)
     eligible = best[(best.relation != "all") & (best.n >= 20)]
@@ -216,7 +216,7 @@ def test_argmax_skips_the_dependent_itself_and_the_special_tokens(tiny_bert):
     units_of_words(batch, 0)
     matrix = self_and_specials_first(batch, 0).numpy()
     np.testing.assert_allclose(matrix.sum(1), 1.0)
-    analyzer = RelationHeads(bootstrap=10)
+    analyzer = RelationHeads(tiny_bert.kind, bootstrap=10)
     analyzer.update(batch)
     table = analyzer.result().query("layer == 1 and head == 2")
     for direction in ("dep->head", "head->dep"):
@@ -255,7 +255,7 @@ def test_best_interval_is_the_95_percent_percentile_interval_and_p_is_paired(tin
     accuracy is (6 a_r + 3 b_r) / (6 (a_r + b_r)) with a_r, b_r the summed weights of the two kinds."""
     examples = [tree_example(source=f"toy:{i}") for i in range(25)]
     gold = {3, 9, 17, 22}
-    analyzer = RelationHeads(bootstrap=400, seed=7)
+    analyzer = RelationHeads(tiny_bert.kind, bootstrap=400, seed=7)
     analyzer.update(batch_with(tiny_bert, examples, lambda batch, b: (gold_pointer if batch.examples[b].line in gold else right_neighbour)(batch, b)))
     best = analyzer.best().set_index("relation").loc["all"]
     assert (best.accuracy, best.baseline_offset, best.baseline_accuracy) == ((6 * 4 + 3 * 21) / (6 * 25), 1, 0.5)
@@ -300,7 +300,7 @@ def test_best_lists_every_head_tied_at_the_best_accuracy(tiny_bert):
         layers[0, 1], layers[1, 2] = gold_pointer(batch, b), children_pointer(batch, b)
         return layers
 
-    analyzer = RelationHeads(bootstrap=50)
+    analyzer = RelationHeads(tiny_bert.kind, bootstrap=50)
     analyzer.update(batch_with(tiny_bert, [tree_example()], maps))
     best = analyzer.best().set_index("relation")
     for relation in ("all", "det", "nsubj", "obl", "case", "punct"):
@@ -398,7 +398,7 @@ def test_the_summary_of_two_views_names_each_view(tiny_bert):
     result = analyze(tiny_bert, examples, analyses=["syntax"], weighting="attention,norm", probe=False, bootstrap=100, min_dependents=5,
                      progress=False, view=False)
     lines = get_family("syntax").summary(result.results["syntax"])
-    best = result.syntax_best
+    best = result.table("syntax_best")
     for view, name in (("attention", "attention weights"), ("norm", "norm shares")):
         rows = best[(best.weighting == view) & ~best.few.astype(bool)]
         assert f"[{name}] syntactic heads: {int(rows.significant.sum())} of {len(rows)} tested relations" in lines[

@@ -29,7 +29,7 @@ EXAMPLES = [
 
 
 def test_each_direction_is_scored_on_the_pairs_it_sees(gpt2_64):
-    analyzer = RelationHeads(bootstrap=10, seed=0)
+    analyzer = RelationHeads(gpt2_64.kind, bootstrap=10, seed=0)
     engine = Engine(gpt2_64, batch_size=2, progress=False)
     engine.run(EXAMPLES, [analyzer])
     table = analyzer.result().set_index(["relation", "direction", "layer", "head"])

@@ -8,7 +8,8 @@ from core.storage.test_runfolder import snapshot
 
 import bertology
 from bertology.core.errors import BertologyError
-from bertology.families.profile.analyzer import PROFILE_METRICS
+from bertology.core.model.kinds import ENCODER
+from bertology.families.profile.analyzer import profile_metric_names
 
 SENTENCES = [
     "The old lighthouse keeper climbed the stairs every evening.",
@@ -21,15 +22,15 @@ SENTENCES = [
 def test_end_to_end_on_the_bundled_minilm(minilm, tmp_path):
     result = bertology.analyze(minilm, SENTENCES + [bertology.Example("A man plays guitar.", "Someone makes music.")], out=tmp_path, progress=False,
                                head_distance_sample=1.0)
-    heads = result.heads
-    assert len(heads) == 6 * 12 * len(PROFILE_METRICS)
+    heads = result.table("heads")
+    assert len(heads) == 6 * 12 * len(profile_metric_names(ENCODER))
     assert (heads.n == 5).all()
     wide = heads.pivot_table(index=["layer", "head"], columns="metric", values="value")
     # Attention to a set never exceeds 1, and [CLS] + [SEP] + the rest is all of it.
     assert ((wide[["cls", "sep", "punct", "self", "prev", "next"]] >= 0) & (wide[["cls", "sep", "punct", "self", "prev", "next"]] <= 1)).all().all()
     assert (wide.entropy > 0).all()
     assert (heads.ci_low <= heads.value + 1e-12).all() and (heads.value <= heads.ci_high + 1e-12).all()
-    assert result.head_map.shape == (72, 4)
+    assert result.table("head_map").shape == (72, 4)
     assert (tmp_path / "report.html").is_file() and (tmp_path / "manifest.json").is_file()
     assert "all-MiniLM-L6-v2" in result._repr_html_()
 
@@ -37,21 +38,21 @@ def test_end_to_end_on_the_bundled_minilm(minilm, tmp_path):
 def test_results_are_deterministic(tiny_bert):
     first = bertology.analyze(tiny_bert, SENTENCES, progress=False, head_distance_sample=1.0)
     second = bertology.analyze(tiny_bert, SENTENCES, progress=False, head_distance_sample=1.0, batch_size=1)
-    np.testing.assert_allclose(first.heads.value, second.heads.value, rtol=1e-5)
+    np.testing.assert_allclose(first.table("heads").value, second.table("heads").value, rtol=1e-5)
     # An MDS map is defined up to rotation and reflection: compare the distances between the heads on it, to the map's scale.
     def spread(head_map):
         points = head_map[["x", "y"]].to_numpy()
         return np.linalg.norm(points[:, None] - points[None], axis=-1)
 
-    np.testing.assert_allclose(first.head_distance.distance, second.head_distance.distance, rtol=1e-4, atol=1e-9)
+    np.testing.assert_allclose(first.table("head_distance").distance, second.table("head_distance").distance, rtol=1e-4, atol=1e-9)
     # The tiny model's heads are all but alike (distances of 1e-5 nats), so SMACOF's fit moves with float rounding: the maps
     # agree in shape, not to the digit.
-    assert np.corrcoef(spread(first.head_map).ravel(), spread(second.head_map).ravel())[0, 1] > 0.99
+    assert np.corrcoef(spread(first.table("head_map")).ravel(), spread(second.table("head_map")).ravel())[0, 1] > 0.99
 
 
 def test_no_sampled_sequence_is_a_warning_not_a_failure(tiny_bert):
     result = bertology.analyze(tiny_bert, ["the cat sat."], progress=False, head_distance_sample=1e-9)
-    assert result.head_map is None and "no sequence was sampled" in result.warnings[0]
+    assert result.table("head_map") is None and "no sequence was sampled" in result.warnings[0]
 
 
 TREEBANK = """# text = the cat sat on the mat.
@@ -117,7 +118,7 @@ def test_an_analyzer_failing_during_the_pass_loses_nothing_else(tiny_bert, tmp_p
     result = bertology.analyze(tiny_bert, SENTENCES * 3, batch_size=4, out=out, progress=False, view=False, head_distance_sample=1.0)
     assert calls == [4, 4]  # left out of the rest of the pass
     assert result.failures == {"roles": "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB"}
-    assert result.roles is None and (result.heads.n == 12).all() and result.patterns is not None
+    assert result.table("roles") is None and (result.table("heads").n == 12).all() and result.table("patterns") is not None
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "partial" and manifest["failures"] == result.failures
     assert (out / "heads.csv").is_file() and (out / "patterns.csv").is_file() and not (out / "roles.csv").exists()
@@ -129,7 +130,7 @@ def test_one_family_failing_loses_nothing_else(tiny_bert, tmp_path):
     out = tmp_path / "run"
     result = bertology.analyze(tiny_bert, corpus, max_length=3, bootstrap=100, probe=False, out=out, progress=False, view=False)
     assert list(result.failures) == ["syntax"] and "no sentence had a dependency tree" in result.failures["syntax"]
-    assert result.syntax is None and result.heads is not None and result.roles is not None and result.patterns is not None
+    assert result.table("syntax") is None and result.table("heads") is not None and result.table("roles") is not None and result.table("patterns") is not None
     for name in ("heads.csv", "roles.csv", "patterns.csv", "report.html"):
         assert (out / name).is_file(), name
     assert not (out / "syntax.csv").exists()
@@ -213,3 +214,25 @@ def test_a_head_distance_sample_of_nothing_is_refused_before_the_model_loads(tmp
     with pytest.raises(BertologyError, match="^head_distance_sample .*more than 0"):
         bertology.analyze("nobody/no-such-model", SENTENCES, head_distance_sample=0, out=tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_table_is_found_by_name_and_a_name_no_family_declares_is_refused_naming_the_known_ones():
+    """``Analysis.table`` in place of attributes resolved at run time: a table, a document or an in-memory result by name,
+    None for an output a registered family declares but this run did not make, a KeyError that says what there is otherwise."""
+    import pandas as pd
+
+    from bertology.core.engine import RunStats
+    from bertology.families import FamilyResult
+    from bertology.studies.analyze.analysis import Analysis, UnknownTable
+
+    heads = pd.DataFrame({"layer": [0], "head": [0], "value": [0.5]})
+    analysis = Analysis(model={}, corpus={}, stats=RunStats(), settings={}, started="",
+                        results={"profile": FamilyResult(tables={"heads": heads}, documents={"doc": {"x": 1}}, extras={"role_tau": 2.0})})
+    assert analysis.table("heads") is heads and analysis.table("doc") == {"x": 1} and analysis.table("role_tau") == 2.0
+    assert analysis.table("roles") is None and analysis.table("sink_rates") is None  # declared by a family that did not run
+    with pytest.raises(UnknownTable, match=r"^no table 'haeds': this run made doc, heads, role_tau; the registered families declare .*\bheads\b"):
+        analysis.table("haeds")
+    with pytest.raises(KeyError):
+        analysis.table("haeds")
+    with pytest.raises(AttributeError):
+        analysis.heads  # noqa: B018  (no table is an attribute)

@@ -75,6 +75,19 @@ def test_models_with_different_vocabularies_are_refused(tiny_bert, tiny_roberta)
         compare(tiny_bert, tiny_roberta, tiny_examples(), progress=False)
 
 
+def test_models_of_two_kinds_are_refused(tiny_bert):
+    """One vocabulary and one shape, but an encoder's maps and a decoder's are not measured alike."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from bertology.core.model.kinds import DECODER
+    from bertology.core.paired import CompareEngine
+
+    as_decoder = dataclasses.replace(tiny_bert, kind=DECODER)
+    with pytest.raises(BertologyError, match="of kind encoder and .* of kind decoder: compare models of one kind"):
+        CompareEngine(SimpleNamespace(model=tiny_bert), SimpleNamespace(model=as_decoder))
+
+
 def test_the_layer_view_sets_both_models_probes_side_by_side(tiny_bert_dir, shared_data, tmp_path):
     """A model compared with itself on real trees: the same probe accuracy on both sides, no change, attention identical;
     each side's probes equal the layers family's own run of that model."""
@@ -87,7 +100,7 @@ def test_the_layer_view_sets_both_models_probes_side_by_side(tiny_bert_dir, shar
     assert list(layers.columns) == ["layer", "task", "accuracy_a", "accuracy_b", "change", "selectivity_a", "selectivity_b", "cosine"]
     assert (layers.change == 0).all() and (layers.accuracy_a == layers.accuracy_b).all()
     assert layers.cosine[layers.layer == 0].isna().all() and np.allclose(layers.cosine[layers.layer > 0], 1.0)
-    alone = bertology.analyze(tiny_bert_dir, corpus, limit=60, analyses=["layers"], progress=False, view=False, probe_bootstrap=1000).layer_probes
+    alone = bertology.analyze(tiny_bert_dir, corpus, limit=60, analyses=["layers"], progress=False, view=False, probe_bootstrap=1000).table("layer_probes")
     side = result.layer_probes[result.layer_probes.model == "A"].drop(columns="model").reset_index(drop=True)
     pd.testing.assert_frame_equal(side, alone)
     assert (tmp_path / "cmp" / "layer_comparison.csv").exists() and "What changed, layer by layer" in (tmp_path / "cmp" / "report.html").read_text()

@@ -17,15 +17,17 @@ from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, ModelError
 from bertology.core.learning.tasks import NEXT_TOKEN_LOSS, load_task
 from bertology.core.model.hooks import Hooks
+from bertology.core.model.kinds import DECODER, ENCODER
 from bertology.core.model.models import load_model
 from bertology.core.text.corpora import Example
-from bertology.studies.gradients.gradients import (
-    DECODER_GRADIENT_TARGETS,
-    GRADIENT_TARGETS,
-    AttentionGradients,
-    attention_gradients,
-    masked_positions,
-)
+from bertology.studies.gradients.gradients import AttentionGradients, attention_gradients, gradient_targets, masked_positions
+
+ENCODER_TARGETS, DECODER_TARGETS = ("cls", "sep", "punct", "all"), ("first", "punct", "all")
+
+
+def test_the_targets_are_the_kinds_anchors_punctuation_and_every_key():
+    assert gradient_targets(ENCODER) == ENCODER_TARGETS
+    assert gradient_targets(DECODER) == DECODER_TARGETS  # no [SEP]: the first token in [CLS]'s place
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +80,7 @@ def test_gradient_table_equals_numpy_from_transformers_eager_attention(mlm64, ti
     engine, items = one_batch(mlm64, TEXTS)
     study = AttentionGradients(engine, mask_share=0.2, seed=4)
     study.update(items)
+    assert tuple(study.result().target.unique()) == ENCODER_TARGETS
     table = study.result().set_index(["layer", "target"])
     sep, cls = mlm64.sep_token_id, mlm64.cls_token_id
     punct = mlm64.punct_by_id
@@ -88,11 +91,11 @@ def test_gradient_table_equals_numpy_from_transformers_eager_attention(mlm64, ti
         rows = []
         for layer in range(maps.shape[0]):
             rows.append([(maps[layer][:, :, sets[t]].sum() / (heads * n), np.abs(grads[layer][:, :, sets[t]]).sum() / (heads * n * sets[t].sum())
-                          if sets[t].any() else np.nan) for t in GRADIENT_TARGETS])
+                          if sets[t].any() else np.nan) for t in ENCODER_TARGETS])
         per_sequence.append(rows)
     expected = np.array(per_sequence)  # [sequence, layer, target, (attention, gradient)]
     for layer in range(2):
-        for k, target in enumerate(GRADIENT_TARGETS):
+        for k, target in enumerate(ENCODER_TARGETS):
             values = expected[:, layer, k]
             values = values[~np.isnan(values[:, 1])]
             row = table.loc[(layer, target)]
@@ -158,7 +161,7 @@ def test_a_classifier_with_its_task_uses_the_task_loss(tiny_classifier_dir, cat_
     study = attention_gradients(tiny_classifier_dir, task=load_task(cat_task), progress=False, batch_size=5)
     table = study.gradients
     assert study.settings["loss"] == "sst2 cross-entropy"
-    assert len(table) == 3 * len(GRADIENT_TARGETS) and table.gradient.notna().all() and (table.gradient > 0).all()
+    assert len(table) == 3 * len(ENCODER_TARGETS) and table.gradient.notna().all() and (table.gradient > 0).all()
     assert (table.n == 12).all()
 
 
@@ -171,7 +174,7 @@ def test_gradients_command_writes_table_figure_and_report(tiny_mlm_dir, tmp_path
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("layer 0: attention to [SEP]")
     table = pd.read_csv(out / "gradients.csv")
-    assert set(table.target) == set(GRADIENT_TARGETS) and len(table) == 2 * len(GRADIENT_TARGETS)
+    assert set(table.target) == set(ENCODER_TARGETS) and len(table) == 2 * len(ENCODER_TARGETS)
     assert (out / "gradients_by_layer.png").exists() and "Attention to [SEP] and its gradient" in (out / "report.html").read_text()
     failed = subprocess.run([sys.executable, "-m", "bertology.cli", "gradients", "-c", str(corpus), "--out", str(tmp_path / "x"), "-q"],
                             capture_output=True, text=True)
@@ -207,7 +210,7 @@ def test_decoder_gradient_table_equals_numpy_from_transformers_eager_attention(d
     study = AttentionGradients(engine)
     study.update(items)
     result = study.result()
-    assert tuple(result.target.unique()) == DECODER_GRADIENT_TARGETS  # no [SEP]: left out, not zeros
+    assert tuple(result.target.unique()) == DECODER_TARGETS  # no [SEP]: left out, not zeros
     table = result.set_index(["layer", "target"])
     per_sequence = []
     for ids, maps, grads in decoder_reference_gradients(folder, items):
@@ -218,7 +221,7 @@ def test_decoder_gradient_table_equals_numpy_from_transformers_eager_attention(d
         rows = []
         for layer in range(maps.shape[0]):
             row = []
-            for target in DECODER_GRADIENT_TARGETS:
+            for target in DECODER_TARGETS:
                 pairs = visible & sets[target][None, :]
                 row.append((maps[layer][:, pairs].sum() / (heads * (n - 1)),
                             np.abs(grads[layer][:, pairs]).sum() / (heads * pairs.sum()) if pairs.any() else np.nan))
@@ -227,7 +230,7 @@ def test_decoder_gradient_table_equals_numpy_from_transformers_eager_attention(d
     expected = np.array(per_sequence)  # [sequence, layer, target, (attention, gradient)]
     close = 1e-10 if kind == "gpt2" else 1e-5  # Llama's eager attention takes the softmax in float32
     for layer in range(2):
-        for k, target in enumerate(DECODER_GRADIENT_TARGETS):
+        for k, target in enumerate(DECODER_TARGETS):
             values = expected[:, layer, k]
             values = values[~np.isnan(values[:, 1])]
             row = table.loc[(layer, target)]
@@ -246,7 +249,7 @@ def test_gradients_command_on_a_decoder_uses_the_causal_lm_loss_and_the_first_to
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("layer 0: attention to the first token ")
     table = pd.read_csv(out / "gradients.csv")
-    assert set(table.target) == set(DECODER_GRADIENT_TARGETS) and (table.n == len(TEXTS)).all()
+    assert set(table.target) == set(DECODER_TARGETS) and (table.n == len(TEXTS)).all()
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["settings"]["loss"] == NEXT_TOKEN_LOSS and manifest["settings"]["mask_share"] is None
     report = (out / "report.html").read_text()

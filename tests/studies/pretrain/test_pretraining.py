@@ -13,6 +13,7 @@ from test_cli import bertology as run_cli
 
 from bertology.core.errors import BertologyError, CorpusError, StateError
 from bertology.core.learning.training import TrainingDiverged
+from bertology.core.model.kinds import DECODER
 from bertology.core.model.models import load_model
 from bertology.studies.pretrain import Pretrain
 from bertology.studies.pretrain import report as reports
@@ -273,7 +274,7 @@ def test_causal_pretraining_writes_decoder_checkpoints_every_command_can_load(tm
     assert [f.name for f in folders] == ["step-000000", "step-000010", "step-000014", "step-000020"]
     for folder in folders:
         loaded = load_model(folder, device="cpu", head="causal-lm")
-        assert loaded.causal and not loaded.adds_bos and loaded.cls_token_id is None and loaded.sep_token_id is None
+        assert loaded.kind is DECODER and not loaded.adds_bos and loaded.cls_token_id is None and loaded.sep_token_id is None
         assert (loaded.num_layers, loaded.num_heads, type(loaded.model).__name__) == (2, 2, "GPT2LMHeadModel")
         assert checkpoint_step(str(folder)) == int(folder.name.split("-")[1])
     tokenizer = loaded.tokenizer

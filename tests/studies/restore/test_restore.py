@@ -6,18 +6,48 @@ import sys
 import pandas as pd
 import pytest
 import torch
-from transformers import BertForSequenceClassification, BertModel, BertTokenizerFast
+from transformers import (
+    AlbertConfig,
+    AutoModel,
+    BertConfig,
+    BertForSequenceClassification,
+    BertModel,
+    BertTokenizerFast,
+    DistilBertConfig,
+    GPT2Config,
+)
 
-from bertology.core.errors import BertologyError
+from bertology.core.errors import BertologyError, ModelError
 from bertology.core.learning.tasks import load_task, load_task_model, task_metrics
 from bertology.core.model.models import load_model
-from bertology.studies.restore.restore import Restorer, encoder_units, recorded_base, restore_layers
+from bertology.studies.restore.restore import Restorer, encoder_units, pooler_weights, recorded_base, restore_layers
 
 
-def test_encoder_units_name_the_embeddings_and_each_layer():
-    names = ["embeddings.word_embeddings.weight", "encoder.layer.0.attention.self.query.weight", "encoder.layer.11.output.dense.bias",
-             "pooler.dense.weight", "transformer.layer.3.ffn.lin1.weight", "distilbert.embeddings.position_embeddings.weight"]
-    assert encoder_units(names) == {names[0]: 0, names[1]: 1, names[2]: 12, names[4]: 4, names[5]: 0}
+@pytest.mark.parametrize("config, embeddings, layer, others", [
+    (BertConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4), ("embeddings.",),
+     "encoder.layer", ("pooler.",)),
+    (DistilBertConfig(vocab_size=50, dim=32, hidden_dim=64, n_layers=3, n_heads=4), ("embeddings.",), "transformer.layer", ()),
+    (GPT2Config(vocab_size=50, n_embd=32, n_layer=3, n_head=4), ("wte.", "wpe."), "h", ("ln_f.",)),
+], ids=["bert", "distilbert", "gpt2"])
+def test_encoder_units_name_the_embeddings_and_each_layer(config, embeddings, layer, others):
+    base = AutoModel.from_config(config)
+    names = list(base.state_dict())
+    units = encoder_units(base)
+    for name in names:  # by the names transformers gives the weights, independently of the layouts
+        if name.startswith(embeddings):
+            assert units[name] == 0, name
+        elif name.startswith(f"{layer}."):
+            assert units[name] == int(name.split(".")[len(layer.split("."))]) + 1, name
+        else:
+            assert name.startswith(others) and name not in units, name
+    assert set(units.values()) == {0, 1, 2, 3} and set(units) <= set(names)
+    assert pooler_weights(base) == {name for name in names if name.startswith("pooler.")}
+
+
+def test_layers_that_share_weights_cannot_be_restored_alone():
+    with pytest.raises(ModelError, match="share weights"):
+        encoder_units(AutoModel.from_config(AlbertConfig(vocab_size=50, embedding_size=16, hidden_size=32, intermediate_size=64,
+                                                         num_hidden_layers=3, num_attention_heads=4)))
 
 
 def test_restoring_every_unit_gives_back_the_pretrained_encoder_exactly(tuned_dir, tiny_bert_dir):

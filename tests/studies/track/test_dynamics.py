@@ -8,6 +8,7 @@ import torch
 from conftest import TEXTS, write_books
 
 from bertology.core.errors import BertologyError, StateError
+from bertology.core.model.kinds import ENCODER
 from bertology.core.text.corpora import Example
 from bertology.studies.pretrain.pretraining import pretrain
 from bertology.studies.track import dynamics
@@ -156,7 +157,7 @@ ORDERED = np.array([[0.50, 0.10, 0.05], [0.30, 0.20, 0.10], [0.10, 0.60, 0.20], 
 
 
 def test_depth_claim_is_supported_when_the_peaks_are_ordered_and_stable():
-    verdict = depth_verdict(replicates(ORDERED, 0.01), step=100, checkpoint="final")
+    verdict = depth_verdict(replicates(ORDERED, 0.01), ENCODER, step=100, checkpoint="final")
     assert {m: p["layer"] for m, p in verdict["peaks"].items()} == {"cls": 0, "sep": 2, "punct": 3}
     assert verdict["order_holds"] and verdict["probability"] == 1.0 and verdict["verdict"] == "supported"
     assert verdict["peaks"]["sep"]["value"] == pytest.approx(0.60)
@@ -165,10 +166,10 @@ def test_depth_claim_is_supported_when_the_peaks_are_ordered_and_stable():
 
 def test_depth_claim_is_contradicted_by_reversed_peaks_and_inconclusive_when_noisy():
     reversed_means = ORDERED[::-1].copy()
-    assert depth_verdict(replicates(reversed_means, 0.01))["verdict"] == "contradicted"
+    assert depth_verdict(replicates(reversed_means, 0.01), ENCODER)["verdict"] == "contradicted"
     # [SEP] has two almost equal layers (1 and 2) around [CLS]'s peak at 1: the order holds in about half of the replicates
     close = np.array([[0.1, 0.1, 0.0], [0.5, 0.30, 0.1], [0.1, 0.31, 0.2], [0.0, 0.0, 0.5]])
-    verdict = depth_verdict(replicates(close, 0.02))
+    verdict = depth_verdict(replicates(close, 0.02), ENCODER)
     assert verdict["order_holds"] and 0.2 < verdict["probability"] < 0.8
     assert verdict["verdict"] == "inconclusive"
 
@@ -186,7 +187,7 @@ def test_crossing_step_is_interpolated_in_log_steps_by_hand():
 def test_a_crossing_exactly_at_a_checkpoint_is_bracketed_by_it_and_the_one_before():
     steps = [0, 10, 100, 1000]
     strength = np.array([0.0, 0.1, 0.5, 1.0])[:, None, None] * np.ones((1, 3, 3))  # crosses half at step 100 exactly
-    _, table = emergence_verdict(steps, strength, ("cls", "sep", "punct"))
+    _, table = emergence_verdict(steps, strength, ENCODER)
     assert table.half_step.tolist() == pytest.approx([100, 100, 100])
     assert table.bracket_low.tolist() == [10, 10, 10] and table.bracket_high.tolist() == [100, 100, 100]
 
@@ -202,16 +203,16 @@ def series(starts: list[int], steps: list[int]) -> np.ndarray:
 def test_emergence_claim_orders_the_half_way_crossings():
     steps = [0, 10, 100, 1000, 10000]
     strength = np.stack([replicates(row, 0.005, seed=k) for k, row in enumerate(series([1, 2, 4], steps))])  # [checkpoint, 1 + B, metric]
-    verdict, table = emergence_verdict(steps, strength, ("cls", "sep", "punct"))
+    verdict, table = emergence_verdict(steps, strength, ENCODER)
     assert verdict["verdict"] == "supported" and verdict["probability"] > 0.95
     assert table.emerges.all()
     assert table.bracket_low.tolist() == [0, 10, 1000] and table.bracket_high.tolist() == [10, 100, 10000]
     late_cls = np.stack([replicates(row, 0.005, seed=k) for k, row in enumerate(series([4, 2, 1], steps))])
-    assert emergence_verdict(steps, late_cls, ("cls", "sep", "punct"))[0]["verdict"] == "contradicted"
+    assert emergence_verdict(steps, late_cls, ENCODER)[0]["verdict"] == "contradicted"
 
 
 def test_one_checkpoint_gives_only_the_depth_claim():
-    verdict, table = hypothesis_verdict([None], ["default"], replicates(ORDERED, 0.01)[None])
+    verdict, table = hypothesis_verdict([None], ["default"], replicates(ORDERED, 0.01)[None], ENCODER)
     assert verdict["depth"]["step"] is None
     assert verdict["depth"]["verdict"] == "supported"
     assert verdict["training"]["verdict"] == "not applicable" and table is None
@@ -263,11 +264,12 @@ def test_track_layer_values_equal_a_plain_analysis(series_run):
     examples = [Example(text) for text in TEXTS]
     result = track([checkpoint], examples, bootstrap=20, device="cpu", progress=False)
     plain = analyze(checkpoint, examples, analyses=["profile"], view=False, progress=False, device="cpu")
-    merged = result.layers.merge(plain.layers, on=["layer", "metric"], suffixes=("", "_plain"))
+    layers = plain.table("layers")
+    merged = result.layers.merge(layers, on=["layer", "metric"], suffixes=("", "_plain"))
     np.testing.assert_allclose(merged.value, merged.value_plain, rtol=1e-6)
     peak = result.verdict["depth"]["layer_means"]
     for metric in ("cls", "sep", "punct"):
-        expected = plain.layers[plain.layers.metric == metric].sort_values("layer").value.to_numpy()
+        expected = layers[layers.metric == metric].sort_values("layer").value.to_numpy()
         np.testing.assert_allclose(peak[metric], expected, atol=1e-4)
 
 
@@ -305,6 +307,12 @@ def rewrite_npz(path, **changes):
     np.savez(path, **{name: array for name, array in arrays.items() if array is not None})
 
 
+def meta_with(path, drop=(), **changes):
+    """The part's ``meta`` with some fields changed and those in ``drop`` left out."""
+    meta = {**json.loads(str(np.load(path)["meta"])), **changes}
+    return np.array(json.dumps({key: value for key, value in meta.items() if key not in drop}))
+
+
 def means_with(path, index, value):
     means = np.load(path)["means"].copy()
     means[index] = value
@@ -328,10 +336,13 @@ PART_DAMAGE = [  # (file: npz, rows, layers; damage; what the refusal says)
     ("npz", lambda p: rewrite_npz(p, meta=np.array('{"step": "5", "checkpoint": "x"}')), "its 'meta' is damaged: 'step' must be int or NoneType"),
     ("npz", lambda p: rewrite_npz(p, meta=np.array('{"step": null, "checkpoint": "elsewhere"}')), "it is the part of another checkpoint ('elsewhere')"),
     ("npz", lambda p: rewrite_npz(p, key=np.array([1, 2])), "'key' is a int64 array of shape (2,)"),
-    ("npz", lambda p: rewrite_npz(p, meta=np.array(json.dumps({**json.loads(str(np.load(p)["meta"])), "causal": "yes"}))),
-     "its 'meta' is damaged: 'causal' must be bool"),
-    ("npz", lambda p: rewrite_npz(p, meta=np.array(json.dumps({**json.loads(str(np.load(p)["meta"])), "causal": True}))),
+    ("npz", lambda p: rewrite_npz(p, meta=meta_with(p, kind=3)), "its 'meta' is damaged: 'kind' must be str"),
+    ("npz", lambda p: rewrite_npz(p, meta=meta_with(p, kind="recurrent")), "its 'meta' is damaged: unknown kind of model 'recurrent'"),
+    ("npz", lambda p: rewrite_npz(p, meta=meta_with(p, kind="decoder")),
      "'means' has shape (21, 2, 3), expected (21, any, 2)"),  # an encoder's part that says it is a decoder's
+    # a part written before kinds says whether its model is a decoder (``causal``): read back as such
+    ("npz", lambda p: rewrite_npz(p, meta=meta_with(p, drop=("kind",), causal="yes")), "its 'meta' is damaged: 'causal' must be bool"),
+    ("npz", lambda p: rewrite_npz(p, meta=meta_with(p, drop=("kind",), causal=True)), "'means' has shape (21, 2, 3), expected (21, any, 2)"),
     ("rows", lambda p: p.write_bytes(b"PAR1 garbage PAR1"), "cannot read it as a table"),
     ("rows", lambda p: p.unlink(), "cannot read it as a table"),
     ("rows", lambda p: pd.read_parquet(p).drop(columns="head").to_parquet(p), "its columns are step, checkpoint, layer, metric, value"),
@@ -362,6 +373,26 @@ def test_a_damaged_part_is_refused_in_one_line_naming_the_file_to_delete(saved_p
     assert str(error.value).endswith(f"; delete {marker} to compute this checkpoint again") and "\n" not in str(error.value)
     marker.unlink()  # as the message says: the checkpoint is computed again
     assert track([str(tiny_bert_dir)], examples, **settings).results[0].syntax is not None
+
+
+@pytest.mark.parametrize("old_meta", [{"causal": False}, {}], ids=["before-kinds", "before-decoders"])
+def test_a_part_written_before_kinds_is_read_back_as_an_encoders(saved_parts, tiny_bert_dir, tmp_path, old_meta):
+    """Parts now name their model's kind (``"kind": "encoder"``); those of older runs said ``"causal": false`` or nothing,
+    and are still used, not computed again."""
+    import shutil
+
+    out, examples = saved_parts
+    shutil.copytree(out, tmp_path / "out")
+    [marker] = (tmp_path / "out" / "parts").glob("*.npz")
+    meta = json.loads(str(np.load(marker)["meta"]))
+    assert meta["kind"] == "encoder"
+    old = {key: value for key, value in meta.items() if key != "kind"} | old_meta
+    rewrite_npz(marker, meta=np.array(json.dumps(old)))
+    result = track([str(tiny_bert_dir)], examples, out=tmp_path / "out", bootstrap=20, min_dependents=2, device="cpu", progress=False)
+    assert json.loads(str(np.load(marker)["meta"])) == old  # the part was read back, not computed and written again
+    assert result.kind.name == "encoder" and result.metrics == ("cls", "sep", "punct")
+    np.testing.assert_array_equal(result.results[0].means, np.load(marker)["means"])
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["kind"] == "encoder"
 
 
 def test_parts_of_an_unfinished_track_with_other_settings_or_weights_are_refused_not_overwritten(saved_parts, tiny_bert_dir, tmp_path):
@@ -441,6 +472,8 @@ def test_track_over_causal_checkpoints_leaves_sep_out_and_follows_the_sinks(caus
     verdict = json.loads((tmp_path / "track" / "verdict.json").read_text())
     assert set(verdict["depth"]["layer_means"]) == set(verdict["training"]["patterns"]) == {"first", "punct"}
     assert "first token" in verdict["depth"]["claim"] and "[SEP]" not in verdict["depth"]["statement"] + verdict["training"]["statement"]
+    assert result.kind.name == json.loads((tmp_path / "track" / "manifest.json").read_text())["kind"] == "decoder"
+    assert {json.loads(str(np.load(part)["meta"]))["kind"] for part in (tmp_path / "track" / "parts").glob("*.npz")} == {"decoder"}
 
     for k, (step, checkpoint) in enumerate(((0, first), (20, final))):  # against transformers' maps: per sequence the head mean, then over sequences
         layer_means = np.nanmean(expected[checkpoint].mean(axis=2), axis=0)

@@ -3,7 +3,27 @@
 import numpy as np
 import pytest
 import torch
-from families.profile.test_profile import by_hand, padded_batch
+
+
+def padded_batch(maps, flags):
+    """Stack maps of different n into one zero-padded batch of one head, with masks."""
+    width = max(m.shape[0] for m in maps)
+    attention = torch.zeros(len(maps), 1, width, width, dtype=torch.float64)
+    masks = {name: torch.zeros(len(maps), width, dtype=torch.bool) for name in ("mask", "cls", "sep", "punct")}
+    for b, (m, (cls, sep, punct)) in enumerate(zip(maps, flags)):
+        n = m.shape[0]
+        attention[b, 0, :n, :n] = torch.tensor(m)
+        masks["mask"][b, :n] = True
+        masks["cls"][b, cls] = True
+        masks["sep"][b, sep] = True
+        masks["punct"][b, punct] = True
+    return attention, masks
+
+
+def attention_to_by_hand(a: np.ndarray, cls: list[int], sep: list[int], punct: list[int]) -> dict:
+    """Clark et al.'s attention to [CLS], [SEP] and punctuation of one n x n map, ``(1/n) sum_i sum_{j in K} a[i, j]``, as plain loops."""
+    n = a.shape[0]
+    return {name: sum(a[i, j] for i in range(n) for j in keys) / n for name, keys in (("cls", cls), ("sep", sep), ("punct", punct))}
 
 
 def test_layer_peaks_bootstrap_by_hand():
@@ -27,14 +47,17 @@ def test_layer_peaks_bootstrap_by_hand():
             heads.append(attention)
         per_layer.append(torch.cat(heads, dim=1))
     from bertology.core.engine import LayerMaps
+    from bertology.core.model.kinds import ENCODER
 
-    batch = SimpleNamespace(attentions=torch.stack(per_layer), mask=m["mask"], cls_mask=m["cls"], sep_mask=m["sep"], punct_mask=m["punct"], examples=examples,
-                            num_layers=len(per_layer), layer_maps=lambda layer: LayerMaps(layer, per_layer[layer]), causal=False, query_mask=m["mask"])
-    peaks = LayerPeaks(bootstrap=30, seed=2)
+    batch = SimpleNamespace(attentions=torch.stack(per_layer), mask=m["mask"], anchors={"cls": m["cls"], "sep": m["sep"]}, punct_mask=m["punct"],
+                            examples=examples, num_layers=len(per_layer), layer_maps=lambda layer: LayerMaps(layer, per_layer[layer]), kind=ENCODER,
+                            query_mask=m["mask"])
+    peaks = LayerPeaks(ENCODER, bootstrap=30, seed=2)
     peaks.update(batch)
+    assert peaks.metrics == ("cls", "sep", "punct")
 
     # by hand: a sequence's layer value is the mean over heads; replicate r weights sequence b by w_b[r]
-    values = np.array([[[np.mean([by_hand(maps[b][layer][head], *flags[b])[metric] for head in range(2)]) for metric in ("cls", "sep", "punct")]
+    values = np.array([[[np.mean([attention_to_by_hand(maps[b][layer][head], *flags[b])[metric] for head in range(2)]) for metric in ("cls", "sep", "punct")]
                         for layer in range(3)] for b in range(3)])  # [sequence, layer, metric]
     weights = np.stack([bootstrap_weights(2, 30, e) for e in examples])  # [sequence, 1 + B]
     with np.errstate(invalid="ignore"):  # a replicate that drew no sequence has no mean
@@ -61,9 +84,10 @@ def test_layer_peaks_on_a_decoder_by_hand():
     from types import SimpleNamespace
 
     from bertology.core.engine import LayerMaps
+    from bertology.core.model.kinds import DECODER
     from bertology.core.statistics.stats import bootstrap_weights
     from bertology.core.text.corpora import Example
-    from bertology.studies.track.peaks import DECODER_PEAK_METRICS, LayerPeaks
+    from bertology.studies.track.peaks import LayerPeaks
 
     rng = np.random.default_rng(3)
     lengths, punct = [5, 1, 7], [[2, 4], [], [3]]
@@ -88,12 +112,12 @@ def test_layer_peaks_on_a_decoder_by_hand():
     first = torch.zeros_like(mask)
     first[:, 0] = True
     examples = [Example(f"sequence {b}", source=f"d:{b}") for b in range(len(lengths))]
-    batch = SimpleNamespace(attentions=attention, mask=mask, cls_mask=first, sep_mask=torch.zeros_like(mask), punct_mask=punct_mask,
-                            examples=examples, num_layers=2, layer_maps=lambda layer: LayerMaps(layer, attention[layer]), causal=True,
+    batch = SimpleNamespace(attentions=attention, mask=mask, anchors={"first": first}, punct_mask=punct_mask,
+                            examples=examples, num_layers=2, layer_maps=lambda layer: LayerMaps(layer, attention[layer]), kind=DECODER,
                             query_mask=mask & (torch.arange(width) > 0))
-    peaks = LayerPeaks(bootstrap=20, seed=4)
+    peaks = LayerPeaks(DECODER, bootstrap=20, seed=4)
     peaks.update(batch)
-    assert peaks.metrics == DECODER_PEAK_METRICS == ("first", "punct")
+    assert peaks.metrics == ("first", "punct")
 
     # by hand: mean over heads of (1/(n-1)) sum_{i>=1} a[i, K], for the sequences of more than one token
     kept = [b for b, n in enumerate(lengths) if n > 1]
@@ -121,3 +145,25 @@ def test_peak_layers_interval_is_the_95_percent_percentile_interval():
     # linear interpolation at rank (B - 1) q / 100 of the sorted peaks: 0.975 -> 0 + 0.975 (1 - 0); 38.025 -> 3 + 0.025 (4 - 3)
     assert (row.peak_layer, row.ci_low, row.ci_high) == (2, pytest.approx(0.975, abs=1e-12), pytest.approx(3.025, abs=1e-12))
     assert row.agreement == 34 / 40  # a 90% interval would be (1, 3)
+
+
+def test_the_peak_metrics_are_the_kinds_anchors_and_punctuation():
+    from bertology.core.model.kinds import DECODER, ENCODER
+    from bertology.studies.track.peaks import peak_metrics
+
+    assert peak_metrics(ENCODER) == ("cls", "sep", "punct")
+    assert peak_metrics(DECODER) == ("first", "punct")  # no [SEP]: the first token in [CLS]'s place
+
+
+def test_layer_peaks_refuse_a_batch_or_a_merge_of_another_kind():
+    from types import SimpleNamespace
+
+    from bertology.core.engine import LayerMaps
+    from bertology.core.model.kinds import DECODER, ENCODER
+    from bertology.studies.track.peaks import LayerPeaks
+
+    batch = SimpleNamespace(kind=DECODER, num_layers=1, layer_maps=lambda layer: LayerMaps(layer, torch.zeros(1, 1, 2, 2)))
+    with pytest.raises(ValueError, match="built for a model of kind 'encoder', not 'decoder'"):
+        LayerPeaks(ENCODER, bootstrap=3).update(batch)
+    with pytest.raises(ValueError, match="cannot merge"):
+        LayerPeaks(ENCODER, bootstrap=3).merge(LayerPeaks(DECODER, bootstrap=3))

@@ -66,18 +66,19 @@ def quantised(maps) -> np.ndarray:
 
 def engine_maps(loaded, text):
     """The engine's maps of one text, all layers at once (not the viewer's layer-by-layer pass): weights, norm shares, rollout."""
-    from bertology.core.engine import Engine, RunStats
+    from bertology.core.engine import Engine, PassNeeds, RunStats
     from bertology.core.text.corpora import Example
     from bertology.families.rollout.analyzer import rollout
 
     engine = Engine(loaded, batch_size=1, progress=False)
-    batch = engine.run_batch(list(engine.encode(enumerate([Example(text)]), RunStats())), norms=True)
+    batch = engine.run_batch(list(engine.encode(enumerate([Example(text)]), RunStats())), PassNeeds(norms=True))
     return {"attention": batch.attentions[:, 0].numpy(), "norm": batch.weighted("norm").attentions[:, 0].numpy(), "rollout": rollout(batch.attentions).numpy()}
 
 
 def test_the_page_carries_norm_shares_and_rollout_beside_the_weights(tiny_bert):
     data = attention_view("the cat sat on the mat.", model=tiny_bert).payload()
     assert list(data["views"]) == ["attention", "norm", "rollout"]
+    assert data["kind"] == "encoder" and data["sees_later_keys"]  # an encoder's page hides no key
     assert data["views"]["rollout"]["heads"] == 1 and data["views"]["norm"]["heads"] == 4
     expected = engine_maps(tiny_bert, "the cat sat on the mat.")
     np.testing.assert_allclose(expected["norm"].sum(-1), 1, atol=1e-5)
@@ -124,7 +125,7 @@ def assert_page_holds(data: dict, view: str, maps: np.ndarray) -> None:
         assert np.abs(stored_weights - quantised(kept)).max() <= 1
         assert (kept.min(-1) >= np.sort(maps, -1)[..., -k] - 1e-6).all()  # each row's k largest
         assert np.abs(stored(data, view, "rest").astype(int) - quantised(maps.sum(-1) - kept.sum(-1))).max() <= 1
-        if data["causal"]:  # never a weight on a key after the query
+        if not data["sees_later_keys"]:  # a decoder's: never a weight on a key after the query
             assert (stored_weights[indices > np.arange(data["n"])[:, None]] == 0).all()
     assert np.abs(stored(data, view, "overview").astype(int) - quantised(max_pooled(maps, data["overview_size"]))).max() <= 1
 
@@ -141,7 +142,7 @@ def test_a_decoders_page_holds_transformers_eager_maps(tiny_decoder_dirs, kind, 
 
     data = attention_view(LONG_TEXT, model=load_model(tiny_decoder_dirs[kind], device="cpu"), max_length=length).payload()
     tokens, eager = eager_maps(tiny_decoder_dirs[kind], LONG_TEXT, length)
-    assert data["tokens"] == tokens and data["n"] == length and data["causal"]
+    assert data["tokens"] == tokens and data["n"] == length and data["kind"] == "decoder" and not data["sees_later_keys"]
     assert data["views"]["attention"]["format"] == ("dense" if length <= 128 else "topk") and list(data["views"]) == ["attention", "norm", "rollout"]
     assert (tokens[0] == "<s>") == (kind == "llama")
     assert_page_holds(data, "attention", eager)
@@ -492,7 +493,7 @@ def test_the_view_menu_has_the_contribution_views_when_asked(tiny_bert_dir):
     # engine's per-head map to the page's byte
     from conftest import float64_model
 
-    from bertology.core.engine import Engine, RunStats
+    from bertology.core.engine import Engine, PassNeeds, RunStats
     from bertology.core.text.corpora import Example
     from bertology.studies.view.viewer import attention_view
 
@@ -501,7 +502,7 @@ def test_the_view_menu_has_the_contribution_views_when_asked(tiny_bert_dir):
     view = attention_view(text, model=loaded, contributions=("alti", "value-zeroing"))
     assert list(view.maps) == ["attention", "norm", "alti", "value-zeroing", "rollout"]
     engine = Engine(loaded, batch_size=1, progress=False)
-    batch = engine.run_batch(list(engine.encode(enumerate([Example(text)]), RunStats())), views=("alti", "value-zeroing"))
+    batch = engine.run_batch(list(engine.encode(enumerate([Example(text)]), RunStats())), PassNeeds(views=("alti", "value-zeroing")))
     for name in ("alti", "value-zeroing"):
         for layer in range(loaded.num_layers):
             expected = np.round(batch.view_maps[name][layer, 0].numpy() * 255)

@@ -31,16 +31,9 @@ from torch import nn
 
 from bertology.core.errors import ModelError
 from bertology.core.model.hooks import Hooks, active_hooks
-from bertology.core.model.layouts import layout_of
+from bertology.core.model.layouts import Layout, layout_of
 
 INTERVENTIONS = ("mask", "uniform")
-
-# Sequence classifiers whose head reads only the first token's final state (BERT's pooler,
-# RoBERTa's and ELECTRA's classification heads, DistilBERT's pre-classifier).
-_FIRST_TOKEN_CLASSIFIERS = {
-    "BertForSequenceClassification", "RobertaForSequenceClassification", "XLMRobertaForSequenceClassification",
-    "CamembertForSequenceClassification", "ElectraForSequenceClassification", "DistilBertForSequenceClassification",
-}
 
 
 @dataclass(frozen=True)
@@ -142,13 +135,18 @@ class HeadGates:
         return hooks.add("head_output", gate)
 
 
-def layer_modules(model: nn.Module) -> list[nn.Module]:
-    """The model's layer modules in call order (ALBERT's shared layers appear once; calls are counted), as its layout
-    (:mod:`bertology.core.model.layouts`) lists them."""
+def known_layout(model: nn.Module) -> Layout:
+    """The model's layout (:mod:`bertology.core.model.layouts`), refused in one line where bertology knows none."""
     layout = layout_of(model.config)
     if layout is None:
         raise ModelError(f"{type(model).__name__}: bertology does not know where this model keeps its layers")
-    return layout.layers(model.base_model)
+    return layout
+
+
+def layer_modules(model: nn.Module) -> list[nn.Module]:
+    """The model's layer modules in call order (ALBERT's shared layers appear once; calls are counted), as its layout
+    (:mod:`bertology.core.model.layouts`) lists them."""
+    return known_layout(model).layers(model.base_model)
 
 
 class LayerReplay:
@@ -162,7 +160,8 @@ class LayerReplay:
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self.modules = layer_modules(model)
+        self.layout = known_layout(model)
+        self.modules = self.layout.layers(model.base_model)
         self._calls = 0
         self._start = 0
         self._input: torch.Tensor | None = None
@@ -178,8 +177,9 @@ class LayerReplay:
                 if hooks is not None:
                     hooks.skip_layer()
                 return self._input
-            if layer == self._first_token_layer:
-                output = _first_token_layer(module, hidden_states, *args, **kwargs)
+            if layer == self._first_token_layer:  # exact at position 0, the input passed through elsewhere
+                first = self.layout.first_token_output(module, hidden_states, *args, **kwargs)
+                output = torch.cat([first, hidden_states[:, 1:]], dim=1)
             else:
                 output = original(hidden_states, *args, **kwargs)
             if self._recorded is not None:
@@ -228,38 +228,11 @@ class LayerReplay:
 
 
 def reads_first_token_only(model: nn.Module) -> bool:
-    """True for the classifiers whose output depends on the last layer's first token alone."""
-    if type(model).__name__ not in _FIRST_TOKEN_CLASSIFIERS:
-        return False
-    layer = layer_modules(model)[-1]
-    return hasattr(layer, "feed_forward_chunk") or hasattr(layer, "sa_layer_norm")
-
-
-def _first_token_layer(layer: nn.Module, hidden_states: torch.Tensor, attention_mask=None, *args, **kwargs) -> torch.Tensor:
-    """A BERT-family or DistilBERT layer whose output is exact at position 0 (the others pass through).
-
-    Attention needs every key, but the output projection, layer norm and feed-forward act on each
-    position alone: only the first token's are computed.
-    """
-    if hasattr(layer, "feed_forward_chunk"):  # BertLayer and its copies (RoBERTa, ELECTRA, XLM-R, ...)
-        context, _ = layer.attention.self(hidden_states, attention_mask=attention_mask)
-        first = layer.feed_forward_chunk(layer.attention.output(context[:, :1], hidden_states[:, :1]))
-    else:  # DistilBERT's TransformerBlock
-        attended, _ = layer.attention(hidden_states, attention_mask=attention_mask)
-        first = layer.sa_layer_norm(attended[:, :1] + hidden_states[:, :1])
-        first = layer.output_layer_norm(layer.ffn(first) + first)
-    return torch.cat([first, hidden_states[:, 1:]], dim=1)
-
-
-def _projections(layer: nn.Module) -> tuple[nn.Module, list[nn.Linear], nn.Linear, str]:
-    """(module holding the head count, [query, key, value], output projection, head-count attribute)."""
-    attention = getattr(layer, "attention", None)
-    if attention is not None and hasattr(attention, "self") and hasattr(attention.self, "query"):
-        own = attention.self
-        return own, [own.query, own.key, own.value], attention.output.dense, "num_attention_heads"
-    if attention is not None and hasattr(attention, "q_lin"):
-        return attention, [attention.q_lin, attention.k_lin, attention.v_lin], attention.out_lin, "n_heads"
-    raise ModelError(f"{type(layer).__name__}: bertology cannot prune heads of this layer type (BERT, RoBERTa, ELECTRA, DistilBERT can)")
+    """True for the classifiers whose output depends on the last layer's first token alone: those its layout names
+    (:attr:`~bertology.core.model.layouts.base.Layout.first_token_classifiers`), whose last layer it can compute for that
+    token alone (:meth:`~bertology.core.model.layouts.base.Layout.first_token_output`)."""
+    layout = layout_of(model.config)
+    return layout is not None and type(model).__name__ in layout.first_token_classifiers
 
 
 def _keep(linear: nn.Linear, index: torch.Tensor, dim: int) -> None:
@@ -280,7 +253,8 @@ def prune_heads(model: nn.Module, heads: dict[int, Sequence[int]]) -> None:
     model. Every layer keeps at least one head. Records what was removed in
     ``config.bertology_pruned_heads`` (original indices), so :func:`shrink_to_config` can rebuild the shape.
     """
-    modules = layer_modules(model)
+    layout = known_layout(model)
+    modules = layout.layers(model.base_model)
     if len(modules) != model.config.num_hidden_layers:
         raise ModelError(f"{type(model).__name__}: layers share weights, so heads cannot be removed from one layer")
     record = {int(k): list(v) for k, v in (getattr(model.config, "bertology_pruned_heads", None) or {}).items()}
@@ -288,7 +262,10 @@ def prune_heads(model: nn.Module, heads: dict[int, Sequence[int]]) -> None:
         remove = sorted({int(h) for h in remove})
         if not remove:
             continue
-        owner, qkv, output, count_name = _projections(modules[layer])
+        parts = layout.head_parts(modules[layer])
+        if parts is None:
+            raise ModelError(f"{type(modules[layer]).__name__}: bertology cannot prune heads of this layer type (BERT, RoBERTa, ELECTRA, DistilBERT can)")
+        owner, qkv, output, count_name = parts.owner, parts.qkv, parts.output, parts.count_attribute
         count = getattr(owner, count_name)
         size = qkv[0].out_features // count
         if len(remove) >= count:

@@ -34,6 +34,8 @@ class Kind:
     sees_later_keys: ClassVar[bool]
     #: How a report names the anchors in a sentence.
     anchor_words: ClassVar[str]
+    #: The one instance of the kind (:mod:`bertology.core.storage.states` gives it back for a stored kind).
+    shared_instance: ClassVar["Kind"]
 
     def __repr__(self) -> str:
         return f"<{self.name} kind>"
@@ -129,6 +131,7 @@ class DecoderKind(Kind):
 
 ENCODER: Kind = EncoderKind()
 DECODER: Kind = DecoderKind()
+EncoderKind.shared_instance, DecoderKind.shared_instance = ENCODER, DECODER  # one instance per kind, also in resumed states
 #: Every kind by name.
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (ENCODER, DECODER)}
 

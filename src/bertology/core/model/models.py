@@ -394,12 +394,12 @@ def load_model(
     torch_device = device if isinstance(device, torch.device) else resolve_device(device)
     with loading_errors(source):
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-        causal = kind_of(config) is DECODER
+        kind = kind_of(config)
         if head == LANGUAGE_MODEL:
-            head = "causal-lm" if causal else "masked-lm"
-        if causal and head == "masked-lm":
+            head = "causal-lm" if kind is DECODER else "masked-lm"
+        if kind is DECODER and head == "masked-lm":
             raise ModelError(f"{source}: a {config.model_type} model is a decoder (causal attention) and has no masked-LM head; use its causal LM loss")
-        if head == "causal-lm" and not causal:
+        if head == "causal-lm" and kind is ENCODER:
             raise ModelError(f"{source}: a {config.model_type} model is an encoder, not a causal language model")
         model, loading = MODEL_HEADS[head].from_pretrained(
             source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code, use_safetensors=True,

@@ -3,7 +3,8 @@
 
 :func:`encode` turns a value (an analyzer, with its moments, arrays, tensors, lists and dicts) into JSON with
 references into ``arrays``; :func:`decode` rebuilds it. Objects are stored as their class's name and their
-``__dict__``, and rebuilt without calling any of their code (``cls.__new__`` and the dict set back), and only
+``__dict__``, and rebuilt without calling any of their code (``cls.__new__`` and the dict set back; a class of one instance,
+whose ``shared_instance`` is it, gives that instance back), and only
 for classes bertology's own package defines, or the modules of the registered analysis families (a user's
 family is already running in the process): any other class name in a state file is refused.
 """
@@ -128,6 +129,9 @@ def decode(data, arrays):
         attributes = decode(data["state"], arrays)
         if not isinstance(attributes, dict) or not all(isinstance(key, str) for key in attributes):
             raise BertologyError(f"refused: the state of a {cls.__name__} is not a dict of attributes")
+        shared = cls.__dict__.get("shared_instance")  # a class of one instance (a model's kind) gives that one back
+        if isinstance(shared, cls) and not attributes:
+            return shared
         instance = cls.__new__(cls)
         instance.__dict__.update(attributes)  # no __init__ or __setstate__ runs
         return instance

@@ -97,10 +97,10 @@ class Classes(Family):
                 raise BertologyError(f"--class {token_class.spec} needs dependency trees: give a CoNLL-U corpus or --parser spacy")
         settings["classes"] = classes
 
-    def analyzers(self, settings):
+    def analyzers(self, settings, kind):
         from bertology.families.classes.analyzer import ClassAttention
 
-        return {"classes": ClassAttention(settings["classes"])}
+        return {"classes": ClassAttention(kind, settings["classes"])}
 
     def finish(self, analyzers, context):
         import numpy as np
@@ -117,9 +117,10 @@ class Classes(Family):
         return FamilyResult(tables={"classes": table})
 
     def section(self, folder, result, settings):
+        from bertology.core.model.kinds import kind_named
         from bertology.families.classes.report import classes_section
 
-        return classes_section(folder, result.tables["classes"], settings["classes"])
+        return classes_section(folder, result.tables["classes"], settings["classes"], kind_named(settings["kind"]))
 
     def summary(self, result):
         from bertology.families.classes.report import top_heads

@@ -17,7 +17,8 @@ Words whose pieces were cut by truncation belong to no class and are not counted
 On a decoder (docs/methods.md#decoders) unit i sees the units ``j <= i`` only: the queries are the units ``i >= 1`` (unit 0
 sees only itself), each against its own uniform baseline, the class's share of the words it sees,
 ``|C ∩ {j <= i}| / |words ∩ {j <= i}|``, averaged over the same queries (rows that see no word left out); and the last
-unit's row (``last_row``, the one that predicts) takes the [CLS] row's place: :data:`DECODER_CLASS_ROWS`.
+unit's row (``last_row``, the one that predicts) takes the [CLS] row's place: :func:`class_rows` of the kind of model
+(:class:`~bertology.core.model.kinds.Kind`).
 """
 
 from __future__ import annotations
@@ -33,15 +34,20 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
+from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, interval_frame, merge_moments
 from bertology.core.text.alignment import WordAlignment, default_word_spans
 from bertology.core.text.corpora import Example
+from bertology.families.kinds import check_kind, check_same_kind, first_query, one_row
 
 #: What a class's words are chosen by: a UPOS tag, a dependency relation, a word list or a regular expression.
 CLASS_KINDS = ("upos", "deprel", "words", "regex")
-#: The rows of the table: every query's attention (``all``), or the [CLS] row's alone (``cls_row``).
-CLASS_ROWS = ("all", "cls_row")
-DECODER_CLASS_ROWS = ("all", "last_row")
+
+
+def class_rows(kind: Kind) -> tuple[str, ...]:
+    """The rows of the table on a ``kind`` of model: every query's attention (``all``), and one position's row alone
+    (:func:`~bertology.families.kinds.one_row`): [CLS]'s (``cls_row``), a decoder's last unit's (``last_row``)."""
+    return ("all", one_row(kind))
 
 
 @lru_cache(maxsize=None)
@@ -110,46 +116,48 @@ def class_units(example: Example, alignment: WordAlignment, classes: tuple[Token
 
 
 class ClassAttention(LayerwiseAnalyzer):
-    """Per head and class: attention to the class's words from every query and from [CLS], against the class's
-    share of words (see the module docstring)."""
+    """Per head and class: attention to the class's words from every query and from one position's row ([CLS]'s, a
+    decoder's last unit's), against the class's share of words, on a ``kind`` of model (see the module docstring)."""
 
     name = "classes"
 
-    def __init__(self, classes: tuple[TokenClass, ...]):
+    def __init__(self, kind: Kind, classes: tuple[TokenClass, ...]):
+        self.kind = kind
         self.classes = tuple(classes)
-        self.causal = False
         self._attention: RunningMoments | None = None  # [layer, head, class, row]
         self._baseline = RunningMoments((len(self.classes),))
-        self._kept: list[tuple] = []  # the batch's sequences with a class: (sequence, members, present, words, [CLS] unit)
+        self._kept: list[tuple] = []  # the batch's sequences with a class: (sequence, members, present, baseline, row unit)
         self._pending: list[torch.Tensor] = []  # one [sequence, head, class, row] per layer
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        start = first_query(self.kind)  # the first unit that is a query (a decoder's unit 0 sees only itself)
         if maps.layer == 0:
+            check_kind(self, batch)
             self._pending, self._kept = [], []
-            cls = batch.cls_mask.cpu().numpy()
+            anchor = batch.anchors[self.kind.anchors[0]].cpu().numpy() if self.kind.sees_later_keys else None
             for b, example in enumerate(batch.examples):
                 alignment = batch.alignments[b]
                 members, words = class_units(example, alignment, self.classes)
                 present = members.sum(axis=0)
                 if words == 0 or not present.any():
                     continue
-                if batch.causal:  # a decoder's last unit, and each row's own baseline over the words it sees
-                    seen_members, seen_words = members.cumsum(axis=0)[1:], alignment.unit_is_word.cumsum()[1:, None]
-                    with np.errstate(invalid="ignore", divide="ignore"):
-                        shares = np.where(seen_words > 0, seen_members / seen_words, np.nan)
-                    words = np.nanmean(shares, axis=0) if (seen_words > 0).any() else np.full(len(self.classes), np.nan)
-                    self._kept.append((b, members, present, words, alignment.num_units - 1))
+                if self.kind.sees_later_keys:  # every query sees every word: the baseline is the class's share of them, the row [CLS]'s
+                    anchor_pieces = np.flatnonzero(anchor[b])
+                    row_unit = int(alignment.unit_of_piece[int(anchor_pieces[0])]) if len(anchor_pieces) else None
+                    self._kept.append((b, members, present, present / words, row_unit))
                     continue
-                cls_pieces = np.flatnonzero(cls[b])
-                cls_unit = int(alignment.unit_of_piece[int(cls_pieces[0])]) if len(cls_pieces) else None
-                self._kept.append((b, members, present, words, cls_unit))
-        self.causal = batch.causal
+                # each query's own baseline over the words it sees, their mean; the last unit's row
+                seen_members, seen_words = members.cumsum(axis=0)[start:], alignment.unit_is_word.cumsum()[start:, None]
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    shares = np.where(seen_words > 0, seen_members / seen_words, np.nan)
+                baseline = np.nanmean(shares, axis=0) if (seen_words > 0).any() else np.full(len(self.classes), np.nan)
+                self._kept.append((b, members, present, baseline, alignment.num_units - 1))
         values = []  # per kept sequence: [head, class, row] at this layer
         for b, members, _, _, row_unit in self._kept:
             word_maps = maps.word_attention(batch, b)  # [head, u, u]
             indicator = torch.as_tensor(members, dtype=word_maps.dtype, device=word_maps.device)
             to_class = word_maps @ indicator  # [head, u, class]: each query's attention to the class
-            every = to_class[:, 1:].mean(dim=-2) if batch.causal else to_class.mean(dim=-2)  # a decoder's unit 0 is no query
+            every = to_class[:, start:].mean(dim=-2)
             row = to_class[:, row_unit] if row_unit is not None else torch.full_like(every, torch.nan)
             values.append(torch.stack([every, row], dim=-1))
         if values:
@@ -166,26 +174,24 @@ class ClassAttention(LayerwiseAnalyzer):
             self._attention = RunningMoments(values.shape[1:])
         self._attention.push(values)
         # an encoder's baseline: the class's share of the words; a decoder's: the mean over its rows of the share each row sees
-        shares = [words if batch.causal else present / words for _, _, present, words, _ in self._kept]
-        self._baseline.push(np.stack([np.where(present > 0, share, np.nan) for (_, _, present, _, _), share in zip(self._kept, shares)]))
+        self._baseline.push(np.stack([np.where(present > 0, baseline, np.nan) for _, _, present, baseline, _ in self._kept]))
         self._kept = []
 
     def merge(self, other: "ClassAttention") -> "ClassAttention":
-        self._check_mergeable(other)
-        self.causal = self.causal or other.causal
+        check_same_kind(self, other)
         self._attention = merge_moments(self._attention, other._attention)
         self._baseline.merge(other._baseline)
         return self
 
     def result(self) -> pd.DataFrame:
-        """``layer, head, class, row, value, ci_low, ci_high, n, baseline, ratio`` (``row``: ``all`` or ``cls_row``)."""
+        """``layer, head, class, row, value, ci_low, ci_high, n, baseline, ratio`` (``row``: :func:`class_rows`, ``all`` or
+        ``cls_row``, a decoder's ``last_row``)."""
         columns = ["layer", "head", "class", "row", "value", "ci_low", "ci_high", "n", "baseline", "ratio"]
         if self._attention is None:
             return pd.DataFrame(columns=columns)
         layers, heads = self._attention.count.shape[:2]
         names = [token_class.name for token_class in self.classes]
-        rows = DECODER_CLASS_ROWS if self.causal else CLASS_ROWS
-        index = pd.MultiIndex.from_product([range(layers), range(heads), names, rows], names=["layer", "head", "class", "row"])
+        index = pd.MultiIndex.from_product([range(layers), range(heads), names, class_rows(self.kind)], names=["layer", "head", "class", "row"])
         table = interval_frame(self._attention, index)
         baseline = dict(zip(names, self._baseline.means()))
         table["baseline"] = table["class"].map(baseline).astype(np.float64)

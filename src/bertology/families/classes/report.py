@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 
+from bertology.core.model.kinds import Kind
 from bertology.core.storage.runfolder import RunFolder
 from bertology.render.figures import head_grid, plt
 from bertology.render.html import Figure, Section
@@ -38,8 +39,8 @@ def class_heatmaps(table: pd.DataFrame, names: list[str]):
     return figure
 
 
-def classes_section(folder: RunFolder, table: pd.DataFrame, classes) -> Section:
-    """Write the class heat maps into ``folder`` and return the report section."""
+def classes_section(folder: RunFolder, table: pd.DataFrame, classes, kind: Kind) -> Section:
+    """Write the class heat maps into ``folder`` and return the report section (``kind``: the run's kind of model)."""
     section = Section(
         title="Attention to token classes",
         intro=("Kovaleva et al. (2019): per head, the mean over queries of the word-level attention to the words of each class, "
@@ -47,7 +48,7 @@ def classes_section(folder: RunFolder, table: pd.DataFrame, classes) -> Section:
                "of the words; the ratio says how many times more than its share a head gives the class. The [CLS] row's own "
                "attention is in classes.csv (row = cls_row). Classes: " + "; ".join(c.spec for c in classes) + "."),
     )
-    if (table.row == "last_row").any():  # a decoder's (docs/methods.md#decoders)
+    if not kind.sees_later_keys:  # a decoder (docs/methods.md#decoders)
         section.intro += (" On a decoder each query sees only the words before it: the queries are every word but the first, each "
                           "against the class's share of the words it sees, and the last word's row (row = last_row) takes [CLS]'s place.")
     names = [c.name for c in classes if table[(table["class"] == c.name) & table.value.notna()].shape[0]]

@@ -29,7 +29,7 @@ class Frames(Family):
     options = (Option("frame_top", 10, "Heads listed in the report, by score.", minimum=1),)
     outputs = ("frames",)
 
-    def analyzers(self, settings):
+    def analyzers(self, settings, kind):
         from bertology.families.frames.analyzer import FrameHeads
 
         return {"frames": FrameHeads(seed=settings["seed"])}

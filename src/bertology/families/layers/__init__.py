@@ -63,7 +63,7 @@ class Layers(Family):
         if settings["layer_pooling"] not in POOLINGS:
             raise BertologyError(f"--layer-pooling must be first or mean, not {settings['layer_pooling']!r}")
 
-    def analyzers(self, settings):
+    def analyzers(self, settings, kind):
         from bertology.families.layers.analyzer import WordVectors
 
         return {"vectors": WordVectors(settings["layer_pooling"], settings["probe_sentences"])}

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from bertology.families import Family, FamilyResult, Option, register_family
 
+#: The kinds of model whose blocks take the residual and the layer norm after attention (post-norm), where Kobayashi et
+#: al.'s ratios have their meaning; a decoder normalises before attention (pre-norm): there only the contribution measures.
+RATIO_KINDS = frozenset({"encoder"})
+
 
 def parse_measures(text: str | None) -> tuple[str, ...]:
     """``--contributions``: :func:`bertology.core.measures.contributions.parse_measures`, imported when called (``--help`` loads no torch)."""
@@ -29,28 +33,30 @@ class Mixing(Family):
         Option("contributions", None, "Also the share of each token's representation from the other tokens by alti (Ferrando et al. 2022) "
                "and value-zeroing (Mohebbi et al. 2023), comma-separated; value zeroing reruns each layer once per token.", parse=parse_measures),
     )
-    not_on_decoders = ("its ratios take the residual and the layer norm after attention (a post-norm block); a decoder normalises "
-                       "before attention (pre-norm), where they have no such meaning; with --contributions it reports ALTI's and value "
-                       "zeroing's shares alone")
+    unfit = ("its ratios take the residual and the layer norm after attention (a post-norm block); a decoder normalises "
+             "before attention (pre-norm), where they have no such meaning; with --contributions it reports ALTI's and value "
+             "zeroing's shares alone")
 
-    def fits(self, causal, settings=None):
-        """On a decoder only with ``contributions``: ALTI's and value zeroing's shares, without Kobayashi's ratios."""
-        return None if causal and (settings or {}).get("contributions") else super().fits(causal, settings)
+    def fits(self, kind, settings=None):
+        """Wherever Kobayashi's ratios have a meaning (:data:`RATIO_KINDS`: an encoder); elsewhere (a decoder) only with
+        ``contributions``, ALTI's and value zeroing's shares alone."""
+        return None if kind.name in RATIO_KINDS or (settings or {}).get("contributions") else self.unfit
 
-    def analyzers(self, settings):
+    def analyzers(self, settings, kind):
         from bertology.families.mixing.analyzer import ContextMixing
 
         measures = settings["contributions"]
         measures = parse_measures(measures) if isinstance(measures, str) or measures is None else tuple(measures)
-        return {"mixing": ContextMixing(measures, ratios=not settings.get("causal", False))}
+        return {"mixing": ContextMixing(kind, measures)}
 
     def finish(self, analyzers, context):
         return FamilyResult(tables={"mixing": analyzers["mixing"].result()})
 
     def section(self, folder, result, settings):
+        from bertology.core.model.kinds import kind_named
         from bertology.families.mixing.report import mixing_section
 
-        return mixing_section(folder, result.tables["mixing"])
+        return mixing_section(folder, result.tables["mixing"], kind_named(settings["kind"]))
 
     def summary(self, result):
         """One line: each mixing ratio from the first layer to the last (with the highest and lowest layers between)."""

@@ -21,30 +21,36 @@ from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
 from bertology.core.measures.contributions import CONTRIBUTION_MEASURES, rolled_out
 from bertology.core.measures.norms import MIXING_RATIOS
+from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, interval_frame, merge_moments
+from bertology.families.kinds import check_kind, check_same_kind
+from bertology.families.mixing import RATIO_KINDS
 
 
 class ContextMixing(LayerwiseAnalyzer):
-    """Kobayashi et al.'s (2021) context-mixing ratios per layer, and the share from other tokens by each of ``measures``
-    (``alti``, ``value_zeroing``; see the module docstring)."""
+    """Kobayashi et al.'s (2021) context-mixing ratios per layer, where the ``kind`` of model has them (:data:`RATIO_KINDS`:
+    a post-norm encoder's), and the share from other tokens by each of ``measures`` (``alti``, ``value_zeroing``; see the
+    module docstring)."""
 
     name = "mixing"
 
-    def __init__(self, measures: tuple[str, ...] = (), ratios: bool = True) -> None:
+    def __init__(self, kind: Kind, measures: tuple[str, ...] = ()) -> None:
         unknown = set(measures) - set(CONTRIBUTION_MEASURES)
         if unknown:
             raise ValueError(f"unknown contribution measures {sorted(unknown)}: use {', '.join(CONTRIBUTION_MEASURES)}")
+        self.kind = kind
         self.measures = tuple(measure for measure in CONTRIBUTION_MEASURES if measure in measures)
-        if not ratios and not self.measures:
-            raise ValueError("without Kobayashi's ratios (a decoder's run) the mixing family needs a contribution measure")
-        self.ratios = ratios  # Kobayashi et al.'s three ratios (post-norm blocks only)
-        self.needs = frozenset({"mixing"} if ratios else ()) | set(self.measures)
+        self.ratios = kind.name in RATIO_KINDS  # Kobayashi et al.'s three ratios (post-norm blocks only)
+        if not self.ratios and not self.measures:
+            raise ValueError(f"without Kobayashi's ratios (a {kind.name}'s pre-norm blocks) the mixing family needs a contribution measure")
+        self.needs = frozenset({"mixing"} if self.ratios else ()) | set(self.measures)
         self._moments: RunningMoments | None = None
         self._rolled: dict[str, torch.Tensor] = {}  # each measure's R_l of the batch so far
         self._pending: list[torch.Tensor] = []  # one [batch, ratio] per layer
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
+            check_kind(self, batch)
             self._pending, self._rolled = [], {}
         shares = [maps.mixing] if self.ratios else []
         for measure in self.measures:  # 1 - c[i, i] and 1 - R_l[i, i]: the share of token i's representation from the other tokens
@@ -64,9 +70,9 @@ class ContextMixing(LayerwiseAnalyzer):
         self._moments.push(values)
 
     def merge(self, other: "ContextMixing") -> "ContextMixing":
-        self._check_mergeable(other)
-        if (other.measures, other.ratios) != (self.measures, self.ratios):
-            raise ValueError(f"cannot merge mixing over {other.measures} (ratios: {other.ratios}) into {self.measures} (ratios: {self.ratios})")
+        check_same_kind(self, other)
+        if other.measures != self.measures:
+            raise ValueError(f"cannot merge mixing over {other.measures} into {self.measures}")
         self._moments = merge_moments(self._moments, other._moments)
         return self
 

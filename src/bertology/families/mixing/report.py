@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from bertology.core.model.kinds import Kind
 from bertology.core.storage.runfolder import RunFolder
+from bertology.families.mixing import RATIO_KINDS
 from bertology.render.figures import layer_lines, plt
 from bertology.render.html import Figure, Section, without_rows
 
@@ -26,15 +28,15 @@ def mixing_by_layer(table: pd.DataFrame):
     return figure
 
 
-def mixing_section(folder: RunFolder, table: pd.DataFrame) -> Section:
-    """Write the mixing figure into ``folder`` and return its report section."""
-    decoder = not table.empty and not (table.ratio == "attn").any()  # a pre-norm decoder's run: the contribution measures alone
+def mixing_section(folder: RunFolder, table: pd.DataFrame, kind: Kind) -> Section:
+    """Write the mixing figure into ``folder`` and return its report section (``kind``: the run's kind of model; a pre-norm
+    decoder's run has the contribution measures alone, :data:`~bertology.families.mixing.RATIO_KINDS`)."""
     section = Section(
         title="Context mixing with the residual and the layer norm",
         intro=("Kobayashi et al. (2021): the ratio ||M|| / (||M|| + ||P||) of what a token's new vector mixes in from the other tokens (M) "
                "against what it keeps of itself (P), counting the attention alone, then the residual, then the layer norm, "
                "averaged over tokens and sequences with 95% intervals (mixing.csv). The paper finds BERT mixes far less "
-               "than the weights suggest once the residual and the layer norm are counted." if not decoder else
+               "than the weights suggest once the residual and the layer norm are counted." if kind.name in RATIO_KINDS else
                "On this decoder (pre-norm) the share 1 - c[i, i] of each token's representation after the attention block that comes "
                "from the other tokens, by ALTI (Ferrando et al. 2022; the block x + attention, docs/methods.md#decoders) and by value "
                "zeroing (Mohebbi et al. 2023; the whole layer rerun), per layer and rolled out across layers, averaged over tokens and "

@@ -56,7 +56,7 @@ class Patterns(Family):
         if settings["classifier"] is not None:
             TrainedClassifier.load(settings["classifier"])  # a bad file is refused before the model loads
 
-    def analyzers(self, settings):
+    def analyzers(self, settings, kind):
         from bertology.families.patterns.analyzer import HeadPatterns, PatternThresholds, RuleClassifier
         from bertology.families.patterns.trained import LabelledMaps, TrainedClassifier
 

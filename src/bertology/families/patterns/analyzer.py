@@ -106,14 +106,20 @@ class _Example:
     tokens: list[str] = field(compare=False)  # the map's rows and columns: each piece's text, [CLS] and [SEP] named
 
 
-def piece_texts(item, cls: np.ndarray, sep: np.ndarray) -> list[str]:
+#: How a thumbnail names a special piece that is one of the kind's anchors (docs/methods.md#decoders: a decoder's first
+#: token, BOS where the tokenizer adds one, takes [CLS]'s place).
+ANCHOR_LABELS = {"cls": "[CLS]", "sep": "[SEP]", "first": "[CLS]"}
+
+
+def piece_texts(item, anchors: dict[str, np.ndarray]) -> list[str]:
     """Each piece of an encoded sequence as the text it covers (its offsets into the text, or the pair's second text), with
     ``##`` before a piece that goes on a word (it starts where the piece before ends, between two letters or digits);
-    special pieces as ``[CLS]`` or ``[SEP]`` (``cls``, ``sep``: the batch row's masks), whatever the model calls them."""
+    special pieces by the anchor they are (``anchors``: the batch row's anchor masks by name), ``[CLS]`` or ``[SEP]``
+    (:data:`ANCHOR_LABELS`), whatever the model calls them."""
     texts, last_end = [], None  # (segment, end) of the piece before
     for k, ((begin, end), segment) in enumerate(zip(item.offsets, item.sequence_ids)):
         if segment is None:  # a special token (a decoder's first piece is a word: its own text)
-            texts.append("[CLS]" if cls[k] else "[SEP]" if sep[k] else "")
+            texts.append(next((ANCHOR_LABELS[name] for name, marks in anchors.items() if marks[k]), ""))
             continue
         source = item.example.text_pair if segment == 1 else item.example.text
         goes_on = last_end == (segment, begin) and begin > 0 and source[begin - 1].isalnum() and source[begin:begin + 1].isalnum()
@@ -150,8 +156,7 @@ class HeadPatterns(LayerwiseAnalyzer):
             self._pending, self._pending_maps = [], []
             lengths = batch.host_lengths
             self._eligible = [b for b in range(batch.size) if self.min_example_length <= lengths[b] <= self.max_example_length]
-        special = batch.cls_mask | batch.sep_mask
-        self._pending.append(self.classifier.classify(maps.attention, batch.mask, special, batch.segment_ids))  # [batch, head]
+        self._pending.append(self.classifier.classify(maps.attention, batch.mask, batch.anchor_mask, batch.segment_ids))  # [batch, head]
         if self._eligible:  # the short sequences' maps, candidates for thumbnails (at most max_example_length square)
             width = min(maps.attention.shape[-1], self.max_example_length)
             self._pending_maps.append(maps.attention[self._eligible, :, :width, :width].half())
@@ -172,11 +177,11 @@ class HeadPatterns(LayerwiseAnalyzer):
         offsets = (_GOLDEN * np.arange(num_layers * num_heads)).reshape(num_layers, num_heads)
         if not self._eligible:
             return
-        cls, sep = batch.cls_mask.cpu().numpy(), batch.sep_mask.cpu().numpy()
+        anchors = {name: marks.cpu().numpy() for name, marks in batch.anchors.items()}
         for row, b in enumerate(self._eligible):
             example, n = batch.examples[b], int(batch.host_lengths[b])
             keys = (keyed_rng(self.seed, *sequence_key(example)).random() + offsets) % 1.0
-            tokens = piece_texts(batch.items[b], cls[b], sep[b])
+            tokens = piece_texts(batch.items[b], {name: marks[b] for name, marks in anchors.items()})
             for k, pattern in enumerate(PATTERNS):
                 kept = self._examples[pattern]
                 bound = -kept[0].key if len(kept) >= self.examples_per_class else np.inf  # the largest hash kept

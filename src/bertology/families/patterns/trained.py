@@ -80,7 +80,7 @@ class LabelledMaps(LayerwiseAnalyzer):
                 yield b, example, key, line
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
-        special = batch.cls_mask | batch.sep_mask
+        special = batch.anchor_mask
         for b, example, key, line in self._labelled(batch):
             layer, head, label = example.pattern_label
             if layer != maps.layer or head >= batch.num_heads:

@@ -26,17 +26,17 @@ class Profile(Family):
         if not 0 < share <= 1:
             raise BertologyError(f"head_distance_sample is the share of sequences the head distance reads: give more than 0 and at most 1, not {share}")
 
-    def analyzers(self, settings):
+    def analyzers(self, settings, kind):
         from bertology.families.profile.analyzer import GeneralProfile, HeadDistance
 
-        return {"profile": GeneralProfile(), "distance": HeadDistance(sample=settings["head_distance_sample"], seed=settings["seed"])}
+        return {"profile": GeneralProfile(kind), "distance": HeadDistance(sample=settings["head_distance_sample"], seed=settings["seed"])}
 
     def finish(self, analyzers, context):
-        from bertology.families.profile.analyzer import CLARK_THRESHOLDS, DECODER_CLARK_THRESHOLDS, clark_labels, clark_thresholds
+        from bertology.families.profile.analyzer import clark_labels, clark_threshold_values, clark_thresholds
 
         profile = analyzers["profile"]
         heads = profile.result()
-        thresholds = DECODER_CLARK_THRESHOLDS if profile.causal else CLARK_THRESHOLDS
+        thresholds = clark_threshold_values(profile.kind)
         result = FamilyResult(tables={"heads": heads, "layers": profile.layers(), "head_labels": clark_labels(heads, thresholds),
                                       "clark_thresholds": clark_thresholds(profile.entropy_ceiling(), thresholds)})
         try:
@@ -46,11 +46,12 @@ class Profile(Family):
         return result
 
     def section(self, folder, result, settings):
+        from bertology.core.model.kinds import kind_named
         from bertology.families.profile.report import profile_section
 
         tables = result.tables
         return profile_section(folder, tables["heads"], tables["layers"], tables["head_labels"], tables["clark_thresholds"], tables.get("head_map"),
-                               settings["punct"])
+                               kind_named(settings["kind"]), settings["punct"])
 
     def summary(self, result):
         labels, thresholds = result.tables["head_labels"], result.tables["clark_thresholds"]

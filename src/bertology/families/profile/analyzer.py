@@ -20,7 +20,9 @@ out of every mean over queries, ``m = n - 1`` queries: ``first`` (the first toke
 candidate attention sink, in [CLS]'s place) ``(1/m) sum_{i>=1} a[i, 0]``; ``punct``, ``self``, ``prev`` and ``distance`` the
 same sums over ``i >= 1``; the entropy smoothed per row over the keys it sees, ``a <- 0.9999 a + 0.0001/(i + 1)``, whose
 uniform reference is ``ln(i + 1)``. [SEP] and ``next`` have no meaning there (no [SEP]; the next token is never seen),
-nor the entropy of row 0 (always 0): those metrics are left out (:data:`DECODER_PROFILE_METRICS`).
+nor the entropy of row 0 (always 0): those metrics are left out. One function serves both kinds of model
+(:class:`~bertology.core.model.kinds.Kind`): :func:`profile_metric_names` names a kind's metrics, :func:`profile_metrics`
+computes them.
 """
 
 from __future__ import annotations
@@ -33,134 +35,91 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
+from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, interval_frame, keyed_rng, sequence_key
+from bertology.families.kinds import check_kind, check_same_kind, first_query
 
-PROFILE_METRICS = ("cls", "sep", "punct", "self", "prev", "next", "entropy", "cls_entropy", "distance")
-#: The metrics with a meaning on a decoder (causal attention), ``first`` in place of ``cls`` (docs/methods.md#decoders).
-DECODER_PROFILE_METRICS = ("first", "punct", "self", "prev", "entropy", "distance")
 ENTROPY_SMOOTHING = 1e-4  # Clark et al.: a <- (1 - eps) a + eps / n
 
 
-def attention_to(attention: torch.Tensor, mask: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
-    """Attention to token sets K, ``(1/n) sum_i sum_{j in K} a[i, j]`` (Clark et al. 2019), through the column sums
-    ``c[j] = sum_i a[i, j]`` as ``(1/n) sum_{j in K} c[j]``: one sweep over the maps, however many sets.
+def profile_metric_names(kind: Kind) -> tuple[str, ...]:
+    """The profile's metrics on a ``kind`` of model, in table order: the attention to each of the kind's anchors
+    (``cls``, ``sep``; a decoder's ``first``), ``punct``, ``self``, ``prev``, ``next`` (where a query sees the keys after it),
+    ``entropy``, the first anchor's own row's entropy (``cls_entropy``, where that row sees more than itself) and ``distance``."""
+    later = kind.sees_later_keys
+    return (*kind.anchors, "punct", "self", "prev", *(("next",) if later else ()), "entropy",
+            *((f"{kind.anchors[0]}_entropy",) if later else ()), "distance")
 
-    ``attention`` is ``[..., batch, head, n, n]`` (any leading dimensions, e.g. layers), ``mask`` is ``[batch, n]``,
-    ``members`` ``[batch, n, sets]`` booleans. Returns ``[..., batch, head, sets]``.
+
+def profile_metrics(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, torch.Tensor], punct_mask: torch.Tensor, kind: Kind) -> torch.Tensor:
+    """The :func:`profile_metric_names` of every head on every sequence of a ``kind`` of model, in the maps' dtype on their
+    device (see the module docstring): the means over the kind's queries (every real token; a decoder's ``i >= 1``, NaN for
+    a sequence of one token), the entropy smoothed per row over the keys the row sees, ``a <- (1 - eps) a + eps / |S_i|``.
+
+    ``attention`` is ``[batch, head, n, n]`` (one layer, padding rows and columns zero), ``mask`` and ``punct_mask`` are
+    ``[batch, n]`` booleans and ``anchors`` the kind's anchor tokens by name (``Batch.anchors``). Returns
+    ``[batch, head, len(profile_metric_names(kind))]``. Each metric is one sweep over the maps: the token sets through the
+    column sums, the distance as one product with ``|i - j|``, the entropy as one smoothed copy.
     """
-    n = mask.sum(dim=1).to(attention.dtype)[:, None, None]
-    return torch.einsum("...bhj,bjk->...bhk", attention.sum(dim=-2), members.to(attention.dtype)) / n
-
-
-def profile_metrics(
-    attention: torch.Tensor,
-    mask: torch.Tensor,
-    cls_mask: torch.Tensor,
-    sep_mask: torch.Tensor,
-    punct_mask: torch.Tensor,
-) -> torch.Tensor:
-    """The :data:`PROFILE_METRICS` of every head on every sequence, in the maps' dtype on their device.
-
-    ``attention`` is ``[batch, head, n, n]`` (one layer, padding rows and columns zero), the masks
-    are ``[batch, n]`` booleans. Returns ``[batch, head, len(PROFILE_METRICS)]``. Each metric is one sweep over
-    the maps: the token sets through the column sums (:func:`attention_to`), the distance as one product with
-    ``|i - j|``, the entropy as one smoothed copy.
-    """
-    dtype = attention.dtype
-    real = mask.to(dtype)
-    n = real.sum(dim=1)[:, None]  # [batch, 1]
-    width = attention.shape[-1]
-
-    positions = torch.arange(width, device=attention.device)
-    gap = (positions[:, None] - positions[None, :]).abs().to(dtype)
-    smoothed = torch.add((ENTROPY_SMOOTHING / n)[:, :, None, None] * real[:, None, None, :], attention, alpha=1 - ENTROPY_SMOOTHING)
-    row_entropy = -torch.xlogy(smoothed, smoothed, out=smoothed).sum(dim=-1) * real[:, None, :]  # [batch, head, n]
-    del smoothed
-    cls_position = cls_mask.to(torch.int8).argmax(dim=1)
-    cls_entropy = row_entropy.gather(2, cls_position[:, None, None].expand(-1, attention.shape[1], 1))[..., 0]
-    cls_entropy = torch.where(cls_mask.any(dim=1)[:, None], cls_entropy, torch.nan)
-    to_sets = attention_to(attention, mask, torch.stack([cls_mask, sep_mask, punct_mask], dim=-1))  # [batch, head, 3]
-    columns = {
-        "cls": to_sets[..., 0],
-        "sep": to_sets[..., 1],
-        "punct": to_sets[..., 2],
-        "self": attention.diagonal(dim1=-2, dim2=-1).sum(-1) / n,
-        "prev": attention.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / n,
-        "next": attention.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1) / n,
-        "entropy": row_entropy.sum(-1) / n,
-        "cls_entropy": cls_entropy,
-        "distance": torch.matmul(attention.flatten(-2), gap.flatten()) / n,
-    }
-    return torch.stack([columns[name] for name in PROFILE_METRICS], dim=-1)
-
-
-def causal_profile_metrics(attention: torch.Tensor, mask: torch.Tensor, first_mask: torch.Tensor, punct_mask: torch.Tensor) -> torch.Tensor:
-    """The :data:`DECODER_PROFILE_METRICS` of every head on every sequence of a decoder (see the module docstring): the
-    means over queries ``i >= 1`` (``m = n - 1`` of them; NaN for a sequence of one token), the entropy smoothed per row
-    over the ``i + 1`` keys it sees. ``attention`` is ``[batch, head, n, n]`` (lower triangular, padding zero), the masks
-    ``[batch, n]`` (``first_mask``: position 0, ``Batch.cls_mask`` of a decoder). Returns ``[batch, head, len(DECODER_PROFILE_METRICS)]`` in the maps' dtype."""
     dtype, width = attention.dtype, attention.shape[-1]
     real = mask.to(dtype)
-    queries = real.sum(dim=1)[:, None] - 1  # [batch, 1]: m = n - 1
+    start = first_query(kind)  # rows before it enter no mean
+    queries = real.sum(dim=1)[:, None] - start  # [batch, 1]: the queries of kind.query_mask
     queries = torch.where(queries > 0, queries, torch.nan)
     positions = torch.arange(width, device=attention.device)
-    visible = (positions[None, :] <= positions[:, None]).to(dtype)[None] * real[:, None, :]  # [batch, i, j]: j <= i, j real
-    smoothing = ENTROPY_SMOOTHING / (positions + 1).to(dtype)  # eps / |S_i|, |S_i| = i + 1
-    smoothed = torch.add((visible * smoothing[None, :, None])[:, None], attention, alpha=1 - ENTROPY_SMOOTHING)
+    smoothing = ENTROPY_SMOOTHING / kind.visible_counts(mask).clamp(min=1).to(dtype)  # [batch, n]: eps / |S_i|
+    smoothed = torch.add((kind.visible_keys(mask).to(dtype) * smoothing[:, :, None])[:, None], attention, alpha=1 - ENTROPY_SMOOTHING)
     row_entropy = -torch.xlogy(smoothed, smoothed, out=smoothed).sum(dim=-1) * real[:, None, :]  # [batch, head, n]
     del smoothed
-    later_rows = attention[..., 1:, :].sum(dim=-2)  # [batch, head, n]: column sums over the queries i >= 1
-    to_sets = torch.einsum("bhj,bjk->bhk", later_rows, torch.stack([first_mask, punct_mask], dim=-1).to(dtype)) / queries[:, :, None]
+    members = torch.stack([*(anchors[name] for name in kind.anchors), punct_mask], dim=-1).to(dtype)  # [batch, n, sets]
+    to_sets = torch.einsum("bhj,bjk->bhk", attention[..., start:, :].sum(dim=-2), members) / queries[:, :, None]  # via the column sums
     gap = (positions[:, None] - positions[None, :]).abs().to(dtype)
-    columns = {
-        "first": to_sets[..., 0],
-        "punct": to_sets[..., 1],
-        "self": attention.diagonal(dim1=-2, dim2=-1)[..., 1:].sum(-1) / queries,
+    columns = dict(zip((*kind.anchors, "punct"), to_sets.unbind(dim=-1)))
+    columns.update({
+        "self": attention.diagonal(dim1=-2, dim2=-1)[..., start:].sum(-1) / queries,
         "prev": attention.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / queries,
-        "entropy": row_entropy[..., 1:].sum(-1) / queries,
-        "distance": torch.matmul(attention.flatten(-2), gap.flatten()) / queries,  # row 0's distance is 0
-    }
-    return torch.stack([columns[name] for name in DECODER_PROFILE_METRICS], dim=-1)
+        "entropy": row_entropy[..., start:].sum(-1) / queries,
+        "distance": torch.matmul(attention.flatten(-2), gap.flatten()) / queries,  # a decoder's row 0 has distance 0
+    })
+    if kind.sees_later_keys:  # the next token, and the first anchor's own row (a decoder's row 0 sees only itself)
+        anchor = anchors[kind.anchors[0]]
+        row = row_entropy.gather(2, anchor.to(torch.int8).argmax(dim=1)[:, None, None].expand(-1, attention.shape[1], 1))[..., 0]
+        columns["next"] = attention.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1) / queries
+        columns[f"{kind.anchors[0]}_entropy"] = torch.where(anchor.any(dim=1)[:, None], row, torch.nan)
+    return torch.stack([columns[name] for name in profile_metric_names(kind)], dim=-1)
 
 
 class GeneralProfile(LayerwiseAnalyzer):
-    """Clark et al.'s general attention profile of every head (see the module docstring).
+    """Clark et al.'s general attention profile of every head on a ``kind`` of model (see the module docstring).
 
-    :meth:`result` gives one row per ``layer, head, metric`` (0-based layer and head) with the mean
-    over sequences ``value``, its 95% interval ``ci_low``/``ci_high`` and the number of sequences
-    ``n``. :meth:`layers` gives the same per layer, where a sequence's layer value is the mean of
-    its heads. On a decoder the metrics are :data:`DECODER_PROFILE_METRICS` (``causal``, known from the first batch).
+    :meth:`result` gives one row per ``layer, head, metric`` (0-based layer and head; the metrics :func:`profile_metric_names`
+    of the kind) with the mean over sequences ``value``, its 95% interval ``ci_low``/``ci_high`` and the number of sequences
+    ``n``. :meth:`layers` gives the same per layer, where a sequence's layer value is the mean of its heads.
     """
 
     name = "heads"
 
-    def __init__(self) -> None:
-        self.causal = False
+    def __init__(self, kind: Kind) -> None:
+        self.kind = kind
         self._heads: RunningMoments | None = None
         self._layers: RunningMoments | None = None
-        self._log_lengths = 0.0  # sum over sequences of ln n (n: the sequence's tokens), for the entropy's ceiling
+        self._log_lengths = 0.0  # sum over sequences of their uniform entropy (an encoder's ln n), for the entropy's ceiling
         self._sequences = 0
         self._pending: list[torch.Tensor] = []  # this batch's metrics so far, one [batch, head, metric] per layer
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
+            check_kind(self, batch)
             self._pending = []
-            self.causal = batch.causal
-        if batch.causal:
-            self._pending.append(causal_profile_metrics(maps.attention, batch.mask, batch.cls_mask, batch.punct_mask))
-        else:
-            self._pending.append(profile_metrics(maps.attention, batch.mask, batch.cls_mask, batch.sep_mask, batch.punct_mask))
+        self._pending.append(profile_metrics(maps.attention, batch.mask, batch.anchors, batch.punct_mask, self.kind))
 
     def finish_batch(self, batch: Batch) -> None:
         values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, head, metric]: one copy to the host
         self._pending = []
-        if batch.causal:  # the uniform reference of a decoder's mean entropy: mean_{i=1..n-1} ln(i + 1) = ln(n!) / (n - 1)
-            lengths = batch.host_lengths[batch.host_lengths > 1]  # a sequence of one token has no query i >= 1
-            self._log_lengths += float(sum(math.lgamma(n + 1) / (n - 1) for n in lengths))
-            self._sequences += len(lengths)
-        else:
-            self._log_lengths += float(np.log(batch.host_lengths).sum())
-            self._sequences += batch.size
+        uniform = self.kind.uniform_entropies(batch.host_lengths)  # NaN where a sequence has no query (a decoder's one token)
+        uniform = uniform[~np.isnan(uniform)]
+        self._log_lengths += float(uniform.sum())
+        self._sequences += len(uniform)
         if self._heads is None:
             self._heads = RunningMoments(values.shape[1:])
             self._layers = RunningMoments((values.shape[1], values.shape[3]))
@@ -168,8 +127,7 @@ class GeneralProfile(LayerwiseAnalyzer):
         self._layers.push(values.mean(axis=2))
 
     def merge(self, other: "GeneralProfile") -> "GeneralProfile":
-        self._check_mergeable(other)
-        self.causal = self.causal or other.causal
+        check_same_kind(self, other)
         self._log_lengths += other._log_lengths
         self._sequences += other._sequences
         if other._heads is None:
@@ -190,13 +148,13 @@ class GeneralProfile(LayerwiseAnalyzer):
 
     @property
     def metrics(self) -> tuple[str, ...]:
-        """The metrics of the table: :data:`PROFILE_METRICS`, or on a decoder :data:`DECODER_PROFILE_METRICS`."""
-        return DECODER_PROFILE_METRICS if self.causal else PROFILE_METRICS
+        """The metrics of the table: :func:`profile_metric_names` of the analyzer's kind."""
+        return profile_metric_names(self.kind)
 
     def entropy_ceiling(self) -> float:
-        """The largest mean entropy any head can have on this corpus: the mean over sequences of ln n, the entropy of
-        uniform attention over a sequence's n tokens (a decoder's: the mean over its queries ``i >= 1`` of ``ln(i + 1)``;
-        NaN before any sequence)."""
+        """The largest mean entropy any head can have on this corpus: the mean over sequences of the entropy of uniform
+        attention over the keys each query sees (:meth:`~bertology.core.model.kinds.Kind.uniform_entropy`: an encoder's
+        ln n; a decoder's mean over its queries ``i >= 1`` of ``ln(i + 1)``; NaN before any sequence)."""
         return self._log_lengths / self._sequences if self._sequences else float("nan")
 
     def layers(self) -> pd.DataFrame:
@@ -321,28 +279,33 @@ class HeadDistance(LayerwiseAnalyzer):
         return pd.DataFrame({"layer": layer, "head": head, "x": coordinates[:, 0], "y": coordinates[:, 1]})
 
 
-#: Clark et al.'s labels: a head is "broad" if its mean entropy exceeds 3.8 nats, "prev"/"next" if
-#: over half its attention goes to that neighbour, "cls"/"sep"/"punct" above 0.6. They depend on
-#: the sequence length n, so they are parameters.
-CLARK_THRESHOLDS = {"entropy": 3.8, "prev": 0.5, "next": 0.5, "cls": 0.6, "sep": 0.6, "punct": 0.6}
-#: The same on a decoder: the first token in [CLS]'s place, no [SEP] or next token (docs/methods.md#decoders).
-DECODER_CLARK_THRESHOLDS = {"entropy": 3.8, "prev": 0.5, "first": 0.6, "punct": 0.6}
+#: Clark et al.'s labels: a head is "broad" if its mean entropy exceeds 3.8 nats, "prev"/"next" if over half its attention
+#: goes to that neighbour, "cls"/"sep"/"punct" above 0.6. They depend on the sequence length n, so they are parameters.
+BROAD_ENTROPY, NEIGHBOUR_SHARE, SET_SHARE = 3.8, 0.5, 0.6
+
+
+def clark_threshold_values(kind: Kind) -> dict[str, float]:
+    """Clark's thresholds by metric on a ``kind`` of model: ``entropy`` 3.8 nats, ``prev`` (and ``next``, where a query sees
+    the keys after it) 0.5, each anchor (``cls``, ``sep``; a decoder's ``first``, docs/methods.md#decoders) and ``punct`` 0.6."""
+    later = {"next": NEIGHBOUR_SHARE} if kind.sees_later_keys else {}
+    return {"entropy": BROAD_ENTROPY, "prev": NEIGHBOUR_SHARE, **later, **dict.fromkeys(kind.anchors, SET_SHARE), "punct": SET_SHARE}
+
+
 _LABEL_NAMES = {"entropy": "broad"}
 
 
-def clark_thresholds(entropy_ceiling: float, thresholds: dict[str, float] | None = None) -> pd.DataFrame:
-    """Each of Clark's thresholds beside the largest value the corpus allows: ``label, metric, threshold, corpus_max,
-    reachable``. A share of attention can reach 1; the mean entropy only ``entropy_ceiling`` (the mean of ln n), so on
-    short sequences no head can be "broad" (3.8 nats needs a geometric-mean length over e^3.8 = 45 tokens)."""
-    thresholds = CLARK_THRESHOLDS if thresholds is None else thresholds
+def clark_thresholds(entropy_ceiling: float, thresholds: dict[str, float]) -> pd.DataFrame:
+    """Each of Clark's ``thresholds`` (:func:`clark_threshold_values`) beside the largest value the corpus allows: ``label,
+    metric, threshold, corpus_max, reachable``. A share of attention can reach 1; the mean entropy only ``entropy_ceiling``
+    (the mean of ln n), so on short sequences no head can be "broad" (3.8 nats needs a geometric-mean length over e^3.8 = 45 tokens)."""
     rows = [(_LABEL_NAMES.get(metric, metric), metric, value, entropy_ceiling if metric == "entropy" else 1.0) for metric, value in thresholds.items()]
     table = pd.DataFrame(rows, columns=["label", "metric", "threshold", "corpus_max"])
     return table.assign(reachable=table.corpus_max > table.threshold)
 
 
-def clark_labels(heads: pd.DataFrame, thresholds: dict[str, float] | None = None) -> pd.DataFrame:
-    """Heads whose mean metric exceeds Clark's threshold: ``layer, head, label, metric, value, threshold``."""
-    thresholds = CLARK_THRESHOLDS if thresholds is None else thresholds
+def clark_labels(heads: pd.DataFrame, thresholds: dict[str, float]) -> pd.DataFrame:
+    """Heads whose mean metric exceeds its threshold of ``thresholds`` (:func:`clark_threshold_values`): ``layer, head,
+    label, metric, value, threshold``."""
     rows = heads[heads.metric.isin(thresholds)].copy()
     rows["threshold"] = rows.metric.map(thresholds)
     rows = rows[rows.value > rows.threshold]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from bertology.core.model.kinds import Kind
 from bertology.core.storage.runfolder import RunFolder
-from bertology.families.profile.analyzer import CLARK_THRESHOLDS, DECODER_CLARK_THRESHOLDS, DECODER_PROFILE_METRICS, PROFILE_METRICS
+from bertology.families.profile.analyzer import clark_threshold_values, profile_metric_names
 from bertology.render.figures import METRIC_TITLES, plt
 from bertology.render.html import Figure, Section, without_rows
 
@@ -107,13 +108,13 @@ def profile_section(
     labels: pd.DataFrame,
     clark: pd.DataFrame,
     head_map: pd.DataFrame | None,
+    kind: Kind,
     punct: str = "upos",
 ) -> Section:
-    """Write the profile figures into ``folder`` and return the report section that shows them (``punct``: the punctuation set).
-    A decoder's table (metric ``first`` in place of ``cls``) is drawn with its own metrics (docs/methods.md#decoders)."""
-    causal = bool((heads.metric == "first").any())
-    metrics, thresholds = (DECODER_PROFILE_METRICS, DECODER_CLARK_THRESHOLDS) if causal else (PROFILE_METRICS, CLARK_THRESHOLDS)
-    targets = "the first token (the candidate attention sink)" if causal else "[CLS], [SEP]"
+    """Write the profile figures into ``folder`` and return the report section that shows them (``kind``: the run's kind of
+    model, whose metrics the tables hold, :func:`~bertology.families.profile.analyzer.profile_metric_names`; ``punct``: the
+    punctuation set). A decoder's table has ``first`` in place of ``cls`` (docs/methods.md#decoders)."""
+    metrics, thresholds, targets = profile_metric_names(kind), clark_threshold_values(kind), kind.anchor_words
     section = Section(
         title="General attention profile",
         intro=(
@@ -121,13 +122,12 @@ def profile_section(
             "punctuation, itself and its neighbours, the entropy of its attention and its mean attention distance, "
             f"averaged over sequences with 95% intervals (heads.csv). Punctuation: {_PUNCT_SETS[punct]}."
             + (" A decoder: query i sees keys j <= i only, so row 0 is left out of every mean over queries, the entropy is smoothed "
-               "over the keys each row sees, and [SEP] and the next token have no meaning (docs/methods.md#decoders)." if causal else "")
+               "over the keys each row sees, and [SEP] and the next token have no meaning (docs/methods.md#decoders)." if not kind.sees_later_keys else "")
         ),
     )
     if heads.empty:
         return without_rows(section, "heads.csv")
-    shares = ("first", "punct") if causal else ("cls", "sep", "punct")
-    special = folder.write_figure("special_tokens_by_layer", special_by_layer(heads, shares))
+    special = folder.write_figure("special_tokens_by_layer", special_by_layer(heads, (*kind.anchors, "punct")))
     section.figures.append(Figure(special, f"Attention to {targets} and punctuation by layer: dots are heads, the line is the layer mean."))
     grid = folder.write_figure("heatmaps", metric_heatmaps(heads, metrics))
     section.figures.append(Figure(grid, "Each metric's mean per head, layer x head (every value is in heads.csv)."))

@@ -23,10 +23,10 @@ class Roles(Family):
     outputs = ("roles", "role_shares", "role_shares_by_layer", "role_colocation")
     in_memory = ("role_tau",)
 
-    def analyzers(self, settings):
+    def analyzers(self, settings, kind):
         from bertology.families.roles.analyzer import HeadRoles
 
-        return {"roles": HeadRoles(tau=settings["tau"], window=settings["role_window"], correction=settings["correction"])}
+        return {"roles": HeadRoles(kind, tau=settings["tau"], window=settings["role_window"], correction=settings["correction"])}
 
     def finish(self, analyzers, context):
         import pandas as pd

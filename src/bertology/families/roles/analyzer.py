@@ -22,9 +22,10 @@ the attention per sieve token relative to uniform attention (1 means uniform). R
 On a decoder (docs/methods.md#decoders) query i sees the keys ``V_i = {0..i}``, so the uniform reference is per row,
 ``1/|V_i|``, and row 0 (which sees only itself) is no query: ``s = mean_{i >= 1} [(1/|S_i|) sum_{j in S_i} a[i, j]] / (1/|V_i|)``,
 with causal sieve sets: ``local`` the keys within the window at or before i, ``delimiter`` the first token (no [CLS] or
-[SEP], so no ``cls`` or ``sep`` variants: :data:`DECODER_ROLES`), ``block`` the visible pieces of the query's own sentence;
+[SEP], so no ``cls`` or ``sep`` variants: :func:`role_names`), ``block`` the visible pieces of the query's own sentence;
 ``syntactic`` only the pairs whose head word precedes the dependent (the others are invisible), each piece row against its
-own ``1/|V_i|``.
+own ``1/|V_i|``. One function serves both kinds of model (:class:`~bertology.core.model.kinds.Kind`): each sieve set is
+the visible part of the set, the queries are the kind's (``Kind.query_mask``) and the references its ``|V_i|``.
 
 Each sieve sum is one sweep over a layer's maps in their own dtype; the scores from those sums on are float64.
 Per head and role, a one-sided one-sample t-test over sequences,
@@ -41,14 +42,22 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps, is_pair
+from bertology.core.model.kinds import KINDS, Kind
 from bertology.core.statistics.stats import MIN_SAMPLE, RunningMoments, corrected, t_test_greater
+from bertology.families.kinds import check_kind, check_same_kind
 
-BASE_ROLES = ("local", "delimiter", "cls", "sep", "block")
-#: The base roles with a meaning on a decoder (the first token is the one delimiter).
-DECODER_ROLES = ("local", "delimiter", "block")
 SYNTACTIC = "syntactic"
-#: Roles shown in summaries (per-relation syntactic roles stay in the table).
-SUMMARY_ROLES = (*BASE_ROLES, SYNTACTIC)
+
+
+def role_names(kind: Kind) -> tuple[str, ...]:
+    """The base roles (every sequence has them; ``syntactic`` needs trees) on a ``kind`` of model, in table order: ``local``,
+    ``delimiter`` (every anchor token), each anchor alone where the kind has several (an encoder's ``cls`` and ``sep``; a
+    decoder's first token is its one delimiter), ``block``."""
+    return ("local", "delimiter", *(kind.anchors if len(kind.anchors) > 1 else ()), "block")
+
+
+#: Roles shown in summaries: every kind's base roles, then the pooled syntactic role (per-relation syntactic roles stay in the table).
+SUMMARY_ROLES = (*dict.fromkeys(role for kind in KINDS.values() for role in role_names(kind)), SYNTACTIC)
 
 
 def sieve_mean(inside: torch.Tensor, size: torch.Tensor, queries: torch.Tensor, n: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
@@ -71,98 +80,83 @@ def sieve_mean(inside: torch.Tensor, size: torch.Tensor, queries: torch.Tensor, 
     return torch.where(count > 0, total / count.clamp(min=1), torch.nan)
 
 
-def role_scores(attention: torch.Tensor, mask: torch.Tensor, cls_mask: torch.Tensor, sep_mask: torch.Tensor,
-                segment_ids: torch.Tensor, window: int = 2, any_pair: bool | None = None) -> dict[str, torch.Tensor]:
-    """Sieve scores ``[batch, head]`` (float64) of the :data:`BASE_ROLES` on one layer's attention ``[batch, head, n, n]``
-    (``any_pair``: whether the batch holds a sentence pair, where the caller knows it without asking the device).
+def reference_counts(mask: torch.Tensor, kind: Kind) -> torch.Tensor:
+    """The keys each query sees, ``|V_i|``, the uniform reference ``1/|V_i|`` of :func:`sieve_mean`: ``[batch, 1]`` where every
+    query sees every real token (an encoder's n, the same for every row), else ``[batch, n]``
+    (:meth:`~bertology.core.model.kinds.Kind.visible_counts`)."""
+    return mask.sum(1, keepdim=True) if kind.sees_later_keys else kind.visible_counts(mask)
 
-    Each sieve sum is one sweep over the maps in their own dtype: the local window as ``2 w + 1`` diagonals, the
-    delimiters and the block's segments as one product with their indicator columns; only the reduced sums are
-    float64. The block's entropy weights are computed only for the sequences that are pairs."""
+
+def role_scores(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, torch.Tensor], segment_ids: torch.Tensor, kind: Kind,
+                window: int = 2, any_pair: bool | None = None) -> dict[str, torch.Tensor]:
+    """Sieve scores ``[batch, head]`` (float64) of the :func:`role_names` of a ``kind`` of model on one layer's attention
+    ``[batch, head, n, n]`` (see the module docstring); ``anchors`` the kind's anchor tokens by name (``Batch.anchors``),
+    ``any_pair`` whether the batch holds a sentence pair, where the caller knows it without asking the device.
+
+    The queries are the kind's (:meth:`~bertology.core.model.kinds.Kind.query_mask`), each against ``1/|V_i|``
+    (:func:`reference_counts`), and each sieve set is the part of it the query sees. Each sieve sum is one sweep over the
+    maps in their own dtype: the local window as its diagonals, the anchors and the block's segments as one product with
+    their indicator columns; only the reduced sums are float64. The block's entropy weights are computed only for the
+    sequences that are pairs."""
     dtype, width = attention.dtype, attention.shape[-1]
+    queries, visible, reference = kind.query_mask(mask), kind.visible_keys(mask), reference_counts(mask, kind)
     positions = torch.arange(width, device=attention.device)
     near = (positions[:, None] - positions[None, :]).abs() <= window
-    local_size = (near[None] & mask[:, None, :] & mask[:, :, None]).sum(-1)  # [batch, n]
+    local_size = (near[None] & visible).sum(-1)  # [batch, n]: the window's keys the query sees
     local = torch.zeros(attention.shape[:-1], dtype=dtype, device=attention.device)  # [batch, head, n]
-    for offset in range(-window, window + 1):  # padding keys are zero, so the diagonals need no mask
+    for offset in range(-window, (window if kind.sees_later_keys else 0) + 1):  # padding keys are zero, so the diagonals need no mask
         diagonal = attention.diagonal(offset=offset, dim1=-2, dim2=-1)
         local[..., max(0, -offset) : width - max(0, offset)] += diagonal
-    special = cls_mask | sep_mask
-    key_sets = torch.stack([special, cls_mask, sep_mask, segment_ids == 0, segment_ids == 1], dim=-1)  # [batch, n, 5]
-    inside = torch.matmul(attention, key_sets[:, None].to(dtype))  # [batch, head, n, 5]
-    n = mask.sum(1, keepdim=True)
+    every = torch.stack(list(anchors.values())).any(dim=0)  # Batch.anchor_mask
+    alone = [anchors[name] for name in kind.anchors] if len(kind.anchors) > 1 else []
+    key_sets = torch.stack([every, *alone, segment_ids == 0, segment_ids == 1], dim=-1)  # [batch, n, sets]
+    inside = torch.matmul(attention, key_sets[:, None].to(dtype))  # [batch, head, n, sets]
     scores = {
-        "local": sieve_mean(local, local_size, mask, n),
-        "delimiter": sieve_mean(inside[..., 0], special.sum(1, keepdim=True), mask, n),
-        "cls": sieve_mean(inside[..., 1], cls_mask.sum(1, keepdim=True), mask, n),
-        "sep": sieve_mean(inside[..., 2], sep_mask.sum(1, keepdim=True), mask, n),
+        "local": sieve_mean(local, local_size, queries, reference),
+        "delimiter": sieve_mean(inside[..., 0], every.sum(1, keepdim=True), queries, reference),
     }
-    # block: every query's segment (specials by position: B from the first [SEP] on); keys: the non-special
-    # pieces of that segment (specials and padding have segment_ids -1), each query weighted by its row's entropy
+    for k, name in enumerate(kind.anchors if alone else ()):
+        scores[name] = sieve_mean(inside[..., 1 + k], anchors[name].sum(1, keepdim=True), queries, reference)
+    # block: every query's segment (specials by position: B from the first [SEP] on, where the kind has one); keys: the
+    # non-special pieces of that segment the query sees (specials and padding have segment_ids -1), each query weighted by
+    # its row's entropy
     pairs = is_pair(segment_ids)
     block = torch.full(scores["local"].shape, torch.nan, dtype=torch.float64, device=attention.device)
     if any_pair if any_pair is not None else bool(pairs.any()):
-        segment = torch.where(segment_ids >= 0, segment_ids, (sep_mask.cumsum(1) > 0).long())[pairs]  # [pairs, n]
-        own = torch.where(segment[:, None] == 0, inside[pairs][..., 3], inside[pairs][..., 4])
-        sizes = key_sets[pairs][..., 3:].sum(1)  # [pairs, 2]
+        after_sep = (anchors["sep"].cumsum(1) > 0).long() if "sep" in anchors else torch.zeros_like(segment_ids)
+        segment = torch.where(segment_ids >= 0, segment_ids, after_sep)[pairs]  # [pairs, n]
+        own = torch.where(segment[:, None] == 0, inside[pairs][..., -2], inside[pairs][..., -1])
+        segments = key_sets[pairs][..., -2:]  # [pairs, n, 2]
+        sizes = (visible[pairs][..., None] & segments[:, None]).sum(2)  # [pairs, n, 2]: each segment's keys each query sees
         entropy = -torch.special.xlogy(attention[pairs], attention[pairs]).sum(-1)  # nats, whole row
-        block[pairs] = sieve_mean(own, sizes.gather(1, segment), mask[pairs], n[pairs], weight=entropy)
+        block[pairs] = sieve_mean(own, sizes.gather(2, segment[..., None])[..., 0], queries[pairs], reference[pairs], weight=entropy)
     scores["block"] = block
     return scores
 
 
-def causal_role_scores(attention: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor, visible: torch.Tensor, segment_ids: torch.Tensor,
-                       window: int = 2, any_pair: bool | None = None) -> dict[str, torch.Tensor]:
-    """Sieve scores ``[batch, head]`` (float64) of the :data:`DECODER_ROLES` on one layer of a decoder's attention
-    ``[batch, head, n, n]`` (see the module docstring): ``queries [batch, n]`` the rows ``i >= 1`` (``Batch.query_mask``), each
-    against its own ``1/|V_i|`` (``visible [batch, n]``, ``Batch.visible_counts``). Keys after the query carry no weight, so the
-    sums run over the visible part of each set by themselves."""
-    dtype, width = attention.dtype, attention.shape[-1]
-    positions = torch.arange(width, device=attention.device)
-    local = torch.zeros(attention.shape[:-1], dtype=dtype, device=attention.device)  # [batch, head, n]
-    for offset in range(-window, 1):
-        local[..., -offset:] += attention.diagonal(offset=offset, dim1=-2, dim2=-1)
-    local_size = (positions.clamp(max=window) + 1)[None] * mask  # keys i - w .. i (padding follows every real token)
-    scores = {
-        "local": sieve_mean(local, local_size, queries, visible),
-        "delimiter": sieve_mean(attention[..., 0], mask[:, :1].long(), queries, visible),
-    }
-    block = torch.full(scores["local"].shape, torch.nan, dtype=torch.float64, device=attention.device)
-    pairs = is_pair(segment_ids)
-    if any_pair if any_pair is not None else bool(pairs.any()):
-        segments = torch.stack([segment_ids == 0, segment_ids == 1], dim=-1)[pairs]  # [pairs, n, 2]
-        inside = torch.matmul(attention[pairs], segments[:, None].to(dtype))  # [pairs, head, n, 2]
-        own_segment = (segment_ids[pairs] == 1).long()  # a query of sentence B (or a special after A's start: A)
-        own = inside.gather(-1, own_segment[:, None, :, None].expand(-1, attention.shape[1], -1, 1))[..., 0]
-        sizes = segments.long().cumsum(dim=1).gather(2, own_segment[..., None])[..., 0]  # the own sentence's pieces at or before i
-        entropy = -torch.special.xlogy(attention[pairs], attention[pairs]).sum(-1)  # nats, whole row
-        block[pairs] = sieve_mean(own, sizes, queries[pairs], visible[pairs], weight=entropy)
-    scores["block"] = block
-    return scores
-
-
-def syntactic_scores(attention: torch.Tensor, assignment: np.ndarray, word_unit: np.ndarray, heads, relations,
-                     visible: np.ndarray | None = None) -> dict[str, torch.Tensor]:
+def syntactic_scores(attention: torch.Tensor, assignment: np.ndarray, word_unit: np.ndarray, heads, relations, kind: Kind) -> dict[str, torch.Tensor]:
     """Per relation (and pooled as ``syntactic``): ``n`` times the mean over dependency pairs of the
-    mean-over-pieces attention from the dependent to its head, in float64. ``attention [layer, head, n, n]``.
+    mean-over-pieces attention from the dependent to its head, in float64, on one sequence of a ``kind`` of model.
+    ``attention [layer, head, n, n]``.
 
-    ``visible [n]`` (a decoder's ``|V_i|``): each piece row against its own uniform reference ``1/|V_i|`` in place of ``1/n``,
-    and only the pairs whose head word ends before the dependent begins (the others are invisible to the dependent)."""
+    Where a query does not see the keys after it (a decoder), each piece row is taken against its own uniform reference
+    ``1/|V_i|`` in place of ``1/n``, and only the pairs whose head word ends before the dependent begins count (the
+    others are invisible to the dependent)."""
     attention = attention.to(torch.float64)
     n = attention.shape[-1]
     pieces = torch.as_tensor(assignment / assignment.sum(1, keepdims=True), dtype=attention.dtype, device=attention.device)
-    if visible is None:
+    if kind.sees_later_keys:  # every row's reference is 1/n
         pair_attention = n * (pieces @ attention @ pieces.T)  # mean over pieces in both directions: [layer, head, u, u]
     else:
-        rows = attention * torch.as_tensor(visible, dtype=attention.dtype, device=attention.device)[:, None]
-        pair_attention = pieces @ rows @ pieces.T
+        visible = kind.visible_counts(torch.ones(1, n, dtype=torch.bool, device=attention.device))[0]  # |V_i|
+        pair_attention = pieces @ (attention * visible.to(attention.dtype)[:, None]) @ pieces.T
         first_piece = assignment.argmax(axis=1)
         last_piece = assignment.shape[1] - 1 - assignment[:, ::-1].argmax(axis=1)
     by_relation: dict[str, list[torch.Tensor]] = {}
     for word, (head, relation) in enumerate(zip(heads, relations)):
         if head == 0 or word_unit[word] < 0 or word_unit[head - 1] < 0:
             continue
-        if visible is not None and last_piece[word_unit[head - 1]] >= first_piece[word_unit[word]]:
+        if not kind.sees_later_keys and last_piece[word_unit[head - 1]] >= first_piece[word_unit[word]]:
             continue
         value = pair_attention[:, :, word_unit[word], word_unit[head - 1]]
         by_relation.setdefault(f"{SYNTACTIC}:{relation}", []).append(value)
@@ -171,7 +165,7 @@ def syntactic_scores(attention: torch.Tensor, assignment: np.ndarray, word_unit:
 
 
 class HeadRoles(LayerwiseAnalyzer):
-    """Sieve scores of every head for every role, and the t-tests that say which heads hold which role.
+    """Sieve scores of every head of a ``kind`` of model for every role, and the t-tests that say which heads hold which role.
 
     ``result()`` gives ``layer, head, role, mean, ci_low, ci_high, t, p, p_adj, has_role, n`` for the
     analyzer's ``tau``, ``correction`` and ``alpha``; :meth:`test` recomputes it for others.
@@ -179,7 +173,8 @@ class HeadRoles(LayerwiseAnalyzer):
 
     name = "roles"
 
-    def __init__(self, tau: float = 3.0, window: int = 2, correction: str = "fdr_bh", alpha: float = 0.05):
+    def __init__(self, kind: Kind, tau: float = 3.0, window: int = 2, correction: str = "fdr_bh", alpha: float = 0.05):
+        self.kind = kind
         self.tau, self.window, self.correction, self.alpha = tau, window, correction, alpha
         self._moments: dict[str, RunningMoments] = {}
         self._shape: tuple[int, int] | None = None
@@ -195,33 +190,25 @@ class HeadRoles(LayerwiseAnalyzer):
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
+            check_kind(self, batch)
             self._pending, self._tree_pending = [], []
             self._trees = [(b, example) for b, example in enumerate(batch.examples) if example.has_tree]
-        if batch.causal:
-            scores = causal_role_scores(maps.attention, batch.mask, batch.query_mask, batch.visible_counts, batch.segment_ids, self.window,
-                                        any_pair=batch.any_pair)
-        else:
-            scores = role_scores(maps.attention, batch.mask, batch.cls_mask, batch.sep_mask, batch.segment_ids, self.window, any_pair=batch.any_pair)
-        self._pending.append(torch.stack([scores[role] for role in self._base_roles(batch)], dim=-1))  # [batch, head, role]
+        scores = role_scores(maps.attention, batch.mask, batch.anchors, batch.segment_ids, self.kind, self.window, any_pair=batch.any_pair)
+        self._pending.append(torch.stack([scores[role] for role in role_names(self.kind)], dim=-1))  # [batch, head, role]
         tree_scores = []  # per sequence with a tree, in order: its roles' scores [head] at this layer
         for b, example in self._trees:
             alignment, n = batch.alignments[b], int(batch.host_lengths[b])
-            visible = np.arange(1, n + 1) if batch.causal else None
             scores = syntactic_scores(maps.attention[None, b, :, :n, :n], alignment.assignment, alignment.word_unit, example.heads, example.relations,
-                                      visible)
+                                      self.kind)
             tree_scores.extend(((b, role), values[0]) for role, values in scores.items())
         if tree_scores:
             self._tree_keys = [key for key, _ in tree_scores]
             self._tree_pending.append(torch.stack([values for _, values in tree_scores]))  # [sequence x role, head]
 
-    @staticmethod
-    def _base_roles(batch: Batch) -> tuple[str, ...]:
-        return DECODER_ROLES if batch.causal else BASE_ROLES
-
     def finish_batch(self, batch: Batch) -> None:
         self._shape = (batch.num_layers, batch.num_heads)
         base = torch.stack(self._pending, dim=1).cpu().numpy()  # [batch, layer, head, role]: one copy to the host
-        for k, role in enumerate(self._base_roles(batch)):
+        for k, role in enumerate(role_names(self.kind)):
             self._push(role, base[..., k])
         if self._tree_pending:
             trees = torch.stack(self._tree_pending, dim=1).cpu().numpy()  # [sequence x role, layer, head]
@@ -230,7 +217,7 @@ class HeadRoles(LayerwiseAnalyzer):
         self._pending, self._tree_pending, self._trees, self._tree_keys = [], [], [], []
 
     def merge(self, other: "HeadRoles") -> "HeadRoles":
-        self._check_mergeable(other)
+        check_same_kind(self, other)
         for role, moments in other._moments.items():
             if role in self._moments:
                 self._moments[role].merge(moments)

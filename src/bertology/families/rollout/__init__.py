@@ -15,18 +15,19 @@ class Rollout(Family):
     title = "Attention rollout: how much each input token reaches each position after every layer (Abnar & Zuidema 2020)."
     outputs = ("rollout",)
 
-    def analyzers(self, settings):
+    def analyzers(self, settings, kind):
         from bertology.families.rollout.analyzer import AttentionRollout
 
-        return {"rollout": AttentionRollout()}
+        return {"rollout": AttentionRollout(kind)}
 
     def finish(self, analyzers, context):
         return FamilyResult(tables={"rollout": analyzers["rollout"].result()})
 
     def section(self, folder, result, settings):
+        from bertology.core.model.kinds import kind_named
         from bertology.families.rollout.report import rollout_section
 
-        return rollout_section(folder, result.tables["rollout"])
+        return rollout_section(folder, result.tables["rollout"], kind_named(settings["kind"]))
 
     def summary(self, result):
         """One line per view: the rolled-out attention of every query to itself, [CLS], [SEP] and punctuation, from the
@@ -45,14 +46,13 @@ class Rollout(Family):
         return lines
 
     def by_layer(self, result):
+        """The one position's row (the [CLS] row, a decoder's last row) to every target but the token itself (the [CLS] row's
+        own token is [CLS]), by layer."""
         table = result.tables["rollout"]
-        if (table.row == "last_row").any():  # a decoder's
-            rows = table[(table.row == "last_row") & (table.target != "self")]
-            names = {"first": "the first token", "punct": "punctuation"}
-            return rows.assign(quantity="last row rolled out to " + rows.target.map(names))[["quantity", "layer", "value"]]
-        rows = table[(table.row == "cls_row") & (table.target != "self")]  # the [CLS] row's own token is [CLS]
-        names = {"cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation"}
-        return rows.assign(quantity="[CLS] row rolled out to " + rows.target.map(names))[["quantity", "layer", "value"]]
+        rows = table[(table.row != "all") & (table.target != "self")]
+        names = {"cls": "[CLS]", "sep": "[SEP]", "first": "the first token", "punct": "punctuation"}
+        return rows.assign(quantity=rows.row.map({"cls_row": "[CLS] row", "last_row": "last row"}) + " rolled out to "
+                           + rows.target.map(names))[["quantity", "layer", "value"]]
 
 
 register_family(Rollout())

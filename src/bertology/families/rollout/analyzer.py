@@ -9,7 +9,8 @@ K = [CLS], [SEP], punctuation (the engine's set) and the token itself; then the 
 
 On a decoder (docs/methods.md#decoders) the first token's row sees only itself, so the rows are every query but row 0
 (``all``) and the last token's row (``last_row``, the position a decoder predicts the next token from), and the targets
-the first token (in [CLS]'s place), punctuation and the token itself: :data:`DECODER_ROLLOUT_ROWS`, :data:`DECODER_ROLLOUT_TARGETS`.
+the first token (in [CLS]'s place), punctuation and the token itself: :func:`rollout_rows` and :func:`rollout_targets` of
+the kind of model (:class:`~bertology.core.model.kinds.Kind`).
 """
 
 from __future__ import annotations
@@ -19,14 +20,22 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
+from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, interval_frame, merge_moments
+from bertology.families.kinds import check_kind, check_same_kind, one_row
 
-#: The rows of the rollout table: every query (``all``), or the [CLS] row alone (``cls_row``).
-ROLLOUT_ROWS = ("all", "cls_row")
-#: The input token sets the rolled-out attention is measured on.
-ROLLOUT_TARGETS = ("cls", "sep", "punct", "self")
-DECODER_ROLLOUT_ROWS = ("all", "last_row")
-DECODER_ROLLOUT_TARGETS = ("first", "punct", "self")
+
+def rollout_rows(kind: Kind) -> tuple[str, ...]:
+    """The rows of the rollout table on a ``kind`` of model: every query (``all``), then one position's row
+    (:func:`~bertology.families.kinds.one_row`): the first anchor's (``cls_row``, [CLS]'s) where that row sees the others,
+    else the last token's (``last_row``, the one a decoder predicts the next token from)."""
+    return ("all", one_row(kind))
+
+
+def rollout_targets(kind: Kind) -> tuple[str, ...]:
+    """The input token sets the rolled-out attention is measured on: the kind's anchors (``cls``, ``sep``; a decoder's
+    ``first``), punctuation and the token itself."""
+    return (*kind.anchors, "punct", "self")
 
 
 def rollout_step(layer_maps: torch.Tensor, rolled: torch.Tensor | None) -> torch.Tensor:
@@ -49,57 +58,42 @@ def rollout(attentions: torch.Tensor) -> torch.Tensor:
 
 
 class AttentionRollout(LayerwiseAnalyzer):
-    """Rolled-out attention to [CLS], [SEP], punctuation and the token itself per layer (see the module docstring).
-    Across the layers of a batch it keeps only the running product ``R_l``."""
+    """Rolled-out attention to a ``kind`` of model's anchors, punctuation and the token itself per layer (see the module
+    docstring). Across the layers of a batch it keeps only the running product ``R_l``."""
 
     name = "rollout"
 
-    def __init__(self) -> None:
-        self.causal = False
+    def __init__(self, kind: Kind) -> None:
+        self.kind = kind
         self._moments: RunningMoments | None = None
         self._rolled: torch.Tensor | None = None  # R_l of the batch so far
         self._pending: list[torch.Tensor] = []  # one [batch, row, target] per layer
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
+            check_kind(self, batch)
             self._rolled, self._pending = None, []
         rolled = self._rolled = rollout_step(maps.attention, self._rolled)  # [batch, n, n]
-        self.causal = batch.causal
-        if batch.causal:
-            self._pending.append(self._causal_rows(batch, rolled))
-            return
-        real = batch.mask.to(rolled.dtype)
-        n = real.sum(dim=1)
-        cls_position = batch.cls_mask.to(torch.int8).argmax(dim=1)
-        rows = rolled[torch.arange(rolled.shape[0]), cls_position]  # [batch, n]: each sequence's [CLS] row
-        columns = []
-        for members in (batch.cls_mask, batch.sep_mask, batch.punct_mask):
-            members = members.to(rolled.dtype)
-            every = torch.einsum("bij,bi,bj->b", rolled, real, members) / n
-            columns.append((every, (rows * members).sum(dim=-1)))
-        own = rolled.diagonal(dim1=-2, dim2=-1)  # [batch, n]
-        columns.append(((own * real).sum(dim=-1) / n, own.gather(1, cls_position[:, None])[:, 0]))
-        every = torch.stack([pair[0] for pair in columns], dim=-1)
-        cls_row = torch.stack([pair[1] for pair in columns], dim=-1)
-        cls_row = torch.where(batch.cls_mask.any(dim=1)[:, None], cls_row, torch.nan)
-        self._pending.append(torch.stack([every, cls_row], dim=-2))  # [batch, row, target]
-
-    @staticmethod
-    def _causal_rows(batch: Batch, rolled: torch.Tensor) -> torch.Tensor:
-        """A decoder's ``[batch, row, target]``: from every query but row 0 and from the last token's row, to the first token,
-        punctuation and the token itself."""
-        queries = batch.query_mask.to(rolled.dtype)
+        queries = batch.query_mask.to(rolled.dtype)  # every real token; a decoder's but row 0
         count = queries.sum(dim=1)
         count = torch.where(count > 0, count, torch.nan)
-        last = (batch.lengths - 1)[:, None, None].expand(-1, 1, rolled.shape[-1])
-        last_row = rolled.gather(1, last)[:, 0]  # [batch, n]
+        if self.kind.sees_later_keys:  # the first anchor's row ([CLS]'s), NaN where a sequence has none
+            anchor = batch.anchors[self.kind.anchors[0]]
+            position, present = anchor.to(torch.int8).argmax(dim=1), anchor.any(dim=1)
+        else:  # the last token's row, the one that predicts the next token (the first anchor's row sees only itself)
+            position, present = batch.lengths - 1, None
+        row = rolled[torch.arange(rolled.shape[0], device=rolled.device), position]  # [batch, n]
         columns = []
-        for members in (batch.cls_mask, batch.punct_mask):  # cls_mask: a decoder's first token
+        for members in (*(batch.anchors[name] for name in self.kind.anchors), batch.punct_mask):
             members = members.to(rolled.dtype)
-            columns.append((torch.einsum("bij,bi,bj->b", rolled, queries, members) / count, (last_row * members).sum(dim=-1)))
-        own = rolled.diagonal(dim1=-2, dim2=-1)
-        columns.append(((own * queries).sum(dim=-1) / count, own.gather(1, last[:, 0, :1])[:, 0]))
-        return torch.stack([torch.stack([pair[0] for pair in columns], dim=-1), torch.stack([pair[1] for pair in columns], dim=-1)], dim=-2)
+            columns.append((torch.einsum("bij,bi,bj->b", rolled, queries, members) / count, (row * members).sum(dim=-1)))
+        own = rolled.diagonal(dim1=-2, dim2=-1)  # [batch, n]
+        columns.append(((own * queries).sum(dim=-1) / count, own.gather(1, position[:, None])[:, 0]))
+        every = torch.stack([pair[0] for pair in columns], dim=-1)
+        one_row = torch.stack([pair[1] for pair in columns], dim=-1)
+        if present is not None:
+            one_row = torch.where(present[:, None], one_row, torch.nan)
+        self._pending.append(torch.stack([every, one_row], dim=-2))  # [batch, row, target]
 
     def finish_batch(self, batch: Batch) -> None:
         values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, row, target]: one copy to the host
@@ -109,8 +103,7 @@ class AttentionRollout(LayerwiseAnalyzer):
         self._moments.push(values)
 
     def merge(self, other: "AttentionRollout") -> "AttentionRollout":
-        self._check_mergeable(other)
-        self.causal = self.causal or other.causal
+        check_same_kind(self, other)
         self._moments = merge_moments(self._moments, other._moments)
         return self
 
@@ -118,6 +111,6 @@ class AttentionRollout(LayerwiseAnalyzer):
         """``layer, row, target, value, ci_low, ci_high, n``: rolled-out attention to each target set after each layer."""
         if self._moments is None:
             return pd.DataFrame(columns=["layer", "row", "target", "value", "ci_low", "ci_high", "n"])
-        rows, targets = (DECODER_ROLLOUT_ROWS, DECODER_ROLLOUT_TARGETS) if self.causal else (ROLLOUT_ROWS, ROLLOUT_TARGETS)
-        index = pd.MultiIndex.from_product([range(self._moments.count.shape[0]), rows, targets], names=["layer", "row", "target"])
+        index = pd.MultiIndex.from_product([range(self._moments.count.shape[0]), rollout_rows(self.kind), rollout_targets(self.kind)],
+                                           names=["layer", "row", "target"])
         return interval_frame(self._moments, index)

@@ -21,12 +21,13 @@ class Sinks(Family):
     )
     outputs = ("sinks", "sink_heads", "sink_rates", "secondary_sinks", "massive_activations")
     weighted = False
-    decoders_only = True
+    kinds = frozenset({"decoder"})
+    unfit = "it measures attention sinks, a decoder's (an encoder's [CLS] and [SEP] are in the profile)"
 
-    def analyzers(self, settings):
+    def analyzers(self, settings, kind):
         from bertology.families.sinks.analyzer import AttentionSinks
 
-        return {"sinks": AttentionSinks()}
+        return {"sinks": AttentionSinks(kind)}
 
     def finish(self, analyzers, context):
         from bertology.families.sinks.analyzer import sink_rates

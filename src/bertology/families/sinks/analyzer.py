@@ -27,7 +27,9 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
+from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, interval_frame, merge_moments
+from bertology.families.kinds import check_kind, check_same_kind
 
 #: The per-head quantities of the ``sinks`` table, in order.
 SINK_QUANTITIES = ("attention", "norm_share", "key_norm_ratio", "value_norm_ratio")
@@ -79,12 +81,17 @@ class AttentionSinks(LayerwiseAnalyzer):
 
     :meth:`result` gives ``layer, head, quantity, value, ci_low, ci_high, n`` (:data:`SINK_QUANTITIES`); :meth:`activations`
     ``layer, quantity, value, ci_low, ci_high, n``; :meth:`secondary` the pieces whose mean received attention exceeds eps.
+    ``kind``: a decoder's (a kind whose queries see the keys after them is refused: an encoder's [CLS] is in the profile).
     """
 
     name = "sinks"
     needs = frozenset({"vectors", "hidden_states"})
 
-    def __init__(self) -> None:
+    def __init__(self, kind: Kind) -> None:
+        if kind.sees_later_keys:
+            raise ValueError(f"attention sinks are measured on decoders (causal attention), not on an {kind.name}: its "
+                             f"{kind.anchor_words} are in the profile")
+        self.kind = kind
         self._heads: RunningMoments | None = None  # [layer, head, quantity]
         self._activations: RunningMoments | None = None  # [layer, quantity]
         self._token_rows: dict[int, int] = {}  # vocabulary id -> row of the sums below
@@ -94,9 +101,8 @@ class AttentionSinks(LayerwiseAnalyzer):
         self._pending_received: list[torch.Tensor] = []  # one [batch, head, n] per layer
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
-        if not batch.causal:
-            raise ValueError("attention sinks are measured on decoders (causal attention); an encoder's [CLS] is in the profile")
         if maps.layer == 0:
+            check_kind(self, batch)
             self._pending, self._pending_received = [], []
         attention, mask = maps.attention, batch.mask
         received = received_attention(attention, mask)
@@ -140,7 +146,7 @@ class AttentionSinks(LayerwiseAnalyzer):
         np.add.at(self._token_counts, rows, 1)
 
     def merge(self, other: "AttentionSinks") -> "AttentionSinks":
-        self._check_mergeable(other)
+        check_same_kind(self, other)
         self._heads = merge_moments(self._heads, other._heads)
         self._activations = merge_moments(self._activations, other._activations)
         if len(other._token_counts):

@@ -38,11 +38,11 @@ class Syntax(Family):
         if test_corpus is not None:
             test_corpus.validate()
 
-    def analyzers(self, settings):
+    def analyzers(self, settings, kind):
         from bertology.families.syntax.analyzer import RelationHeads
         from bertology.families.syntax.probes import ProbeData
 
-        analyzers = {"relations": RelationHeads(bootstrap=settings["bootstrap"], seed=settings["seed"])}
+        analyzers = {"relations": RelationHeads(kind, bootstrap=settings["bootstrap"], seed=settings["seed"])}
         if settings["probe"]:
             analyzers["probe"] = ProbeData()
         return analyzers

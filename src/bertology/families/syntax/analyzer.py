@@ -33,7 +33,9 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
+from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import bootstrap_weights, corrected
+from bertology.families.kinds import check_kind, check_same_kind
 
 DIRECTIONS = ("dep->head", "head->dep")
 OFFSETS = (-3, -2, -1, 1, 2, 3)
@@ -69,7 +71,8 @@ def predicted_parents(word_maps: torch.Tensor, dependent_units: torch.Tensor, is
 
 
 class RelationHeads(LayerwiseAnalyzer):
-    """Per relation, head and direction: how often the attention argmax is the gold parent.
+    """Per relation, head and direction: how often the attention argmax is the gold parent, on a ``kind`` of model (where a
+    word does not see the words after it, each direction is scored on the pairs whose target it sees: see the module docstring).
 
     ``result()``: ``relation, direction, layer, head, accuracy, n`` for every head;
     ``baselines()``: ``relation, offset, accuracy, n``; ``best()``: one row per relation with the
@@ -80,7 +83,8 @@ class RelationHeads(LayerwiseAnalyzer):
 
     name = "syntax"
 
-    def __init__(self, bootstrap: int = 1000, seed: int = 0):
+    def __init__(self, kind: Kind, bootstrap: int = 1000, seed: int = 0):
+        self.kind = kind
         self.bootstrap = bootstrap
         self.seed = seed
         self._correct: dict[str, np.ndarray] = {}  # relation -> [1 + B, 2 * L * H + len(OFFSETS)]
@@ -92,6 +96,7 @@ class RelationHeads(LayerwiseAnalyzer):
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
+            check_kind(self, batch)
             self._pending = []
             self._trees = []  # (sequence, dependents, gold heads, relations) of each sentence with a dependent
             for b, example in enumerate(batch.examples):
@@ -130,7 +135,7 @@ class RelationHeads(LayerwiseAnalyzer):
             offset_hits = (torch.as_tensor(dependents)[:, None] + offsets[None, :]) == torch.as_tensor(gold)[:, None]
             hits = torch.cat([head_hits, offset_hits], dim=1).double().numpy()
             visible = None
-            if batch.causal:  # a column sees the pair where its target precedes: dep->head the head, head->dep the dependent
+            if not self.kind.sees_later_keys:  # a column sees the pair where its target precedes: dep->head the head, head->dep the dependent
                 head_first = (units[gold] < units[dependents]).numpy()
                 by_direction = np.stack([head_first, ~head_first], axis=1).astype(np.float64)  # [dep, direction]
                 visible = np.concatenate([np.tile(by_direction, self._shape[0] * self._shape[1]), np.ones((len(dependents), len(OFFSETS)))], axis=1)
@@ -157,7 +162,7 @@ class RelationHeads(LayerwiseAnalyzer):
                 self._visible_count[relation] = self._visible_count[relation] + seen if relation in self._visible_count else seen
 
     def merge(self, other: "RelationHeads") -> "RelationHeads":
-        self._check_mergeable(other)
+        check_same_kind(self, other)
         if other.bootstrap != self.bootstrap or other.seed != self.seed:
             raise ValueError("cannot merge RelationHeads with different bootstrap sizes or seeds")
         for relation, correct in other._correct.items():

@@ -14,13 +14,16 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, is_dataclass
 from html import escape
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from bertology.core.analyzer import Analyzer
 from bertology.core.backends import BACKENDS, PassPlan, Resume, fingerprint, require_ray, run_local, run_ray
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.measures.norms import CONTRIBUTION_VIEWS, WEIGHTING_TITLES, parse_weighting
+from bertology.core.model.kinds import Kind
 from bertology.core.model.models import LoadedModel, attention_blocks, load_model
 from bertology.core.options import check_seed
 from bertology.core.statistics.stats import MIN_SAMPLE
@@ -29,7 +32,7 @@ from bertology.core.storage.runfolder import RunFolder, claims_out, complete_run
 from bertology.core.text.corpora import Corpus, Example, has_frames, has_trees, open_corpus
 from bertology.families import Family, FamilyContext, FamilyResult, get_family, registered
 from bertology.render.html import Report
-from bertology.studies.analyze.views import combine_views, views_section
+from bertology.studies.analyze.weightings import combine_views, views_section
 from bertology.studies.view.report import viewer_section
 from bertology.studies.view.viewer import AttentionView, attention_view, head_labels
 
@@ -46,21 +49,33 @@ def _json_setting(value):
     return asdict(value) if is_dataclass(value) and value.__dataclass_params__.repr else str(value)
 
 
+class UnknownTable(KeyError):
+    """:meth:`Analysis.table` was asked for a name that this run did not make and no registered family declares."""
+
+    def __str__(self) -> str:  # the message as written, not KeyError's repr of it
+        return str(self.args[0])
+
+
+def declared_outputs() -> set[str]:
+    """The names of every table, document and in-memory result the registered families declare."""
+    return {name for family in registered().values() for name in (*family.outputs, *family.optional_outputs, *family.in_memory)}
+
+
 @dataclass
 class Analysis:
     """The result of :func:`analyze`: each family's tables, plus what is needed to write the run folder.
 
-    ``results`` maps each family that ran to its :class:`~bertology.families.FamilyResult`; every table
-    (and document) is also an attribute by its name: ``heads``, ``layers``, ``head_labels``,
-    ``head_distance``, ``head_map`` (profile); ``roles``, ``role_shares`` (roles); ``patterns``,
-    ``patterns_by_layer``, ``pattern_examples`` (patterns); ``syntax``, ``syntax_best``,
-    ``syntax_baselines``, ``probe`` (syntax); ``classes`` (classes); ``frames`` (frames); ``layer_probes``,
-    ``layer_probe_summary`` (layers); ``rollout``; ``mixing``; with hand labels, ``pattern_training``,
-    ``pattern_confusion``, ``classifier`` (patterns); and those of users' families. A table of a family that
-    did not run, or failed, is None; ``failures`` maps each failed family to its error (the run folder
-    is then ``partial``). Where the run reads norm shares (``weighting="norm"`` or ``"attention,norm"``), every
-    table of a family that reads the maps has a first column ``weighting`` and holds each view's rows;
-    ``by_view`` keeps each view's results apart.
+    ``results`` maps each family that ran to its :class:`~bertology.families.FamilyResult`; :meth:`table` gives any table
+    (or document, or in-memory result) by its name, from whichever family made it: ``table("heads")``, ``"layers"``,
+    ``"head_labels"``, ``"head_distance"``, ``"head_map"`` (profile); ``"roles"``, ``"role_shares"`` (roles); ``"patterns"``,
+    ``"patterns_by_layer"``, ``"pattern_examples"`` (patterns); ``"syntax"``, ``"syntax_best"``, ``"syntax_baselines"``,
+    ``"probe"`` (syntax); ``"classes"`` (classes); ``"frames"`` (frames); ``"layer_probes"``, ``"layer_probe_summary"``
+    (layers); ``"rollout"``; ``"mixing"``; ``"sinks"``, ``"sink_rates"``, ... (sinks); with hand labels,
+    ``"pattern_training"``, ``"pattern_confusion"``, ``"classifier"`` (patterns); and those of users' families. A table of
+    a family that did not run, or failed, is None; ``failures`` maps each failed family to its error (the run folder is
+    then ``partial``). Where the run reads norm shares (``weighting="norm"`` or ``"attention,norm"``), every table of a
+    family that reads the maps has a first column ``weighting`` and holds each view's rows; ``by_view`` keeps each view's
+    results apart.
     """
 
     model: dict
@@ -79,15 +94,19 @@ class Analysis:
     #: Each view of attention's own results (``weighting`` -> family -> result), for the report's sections.
     by_view: dict[str, dict[str, FamilyResult]] = field(default_factory=dict)
 
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        for result in self.__dict__.get("results", {}).values():
+    def table(self, name: str) -> Any:
+        """The table (a DataFrame), document (a dict) or in-memory result ``name``, from the family that made it. None where
+        a registered family declares ``name`` but this run did not make it (the family did not run, or failed, or makes it
+        only on some runs); :class:`UnknownTable`, a KeyError that names the known outputs, for any other name."""
+        for result in self.results.values():
             if name in result:
                 return result.get(name)
-        if any(name in (*family.outputs, *family.optional_outputs, *family.in_memory) for family in registered().values()):
+        declared = declared_outputs()
+        if name in declared:
             return None
-        raise AttributeError(f"{type(self).__name__!r} has no table or attribute {name!r}")
+        made = sorted({key for result in self.results.values() for store in (result.tables, result.documents, result.extras) for key in store})
+        raise UnknownTable(f"no table {name!r}: this run made {', '.join(made) or 'none'}; the registered families declare "
+                           f"{', '.join(sorted(declared))}")
 
     def summary(self) -> dict:
         """The facts shown at the top of the report."""
@@ -202,6 +221,234 @@ def first_analysed(engine: Engine, examples) -> Example:
             return example
     raise BertologyError("no sequence to view: every one was skipped")
 
+def _read_arguments(corpus, format: str, limit: int | None, seed: int, weighting, backend: str, workers: int | None,
+                    address: str | None, checkpoint_every: int | None, out, parser: str | None) -> tuple:
+    """Check the run's own arguments and open the corpus, before anything loads (a user's first mistake is the one
+    reported: the seed, the corpus, the weighting, the backend, the parser). Returns the examples, the corpus facts and the
+    views of attention."""
+    check_seed(seed)
+    examples, corpus_info = open_corpus(corpus, format, limit)
+    views = parse_weighting(weighting)
+    if backend not in BACKENDS:
+        raise BertologyError(f"unknown backend {backend!r}: use local or ray")
+    if backend == "ray":
+        require_ray()  # a one-line error now, before anything loads, where Ray is not installed
+    elif workers is not None or address is not None:
+        raise BertologyError("--workers and --address go with --backend ray")
+    if checkpoint_every is not None and out is None:
+        raise BertologyError("checkpoint_every saves into the run folder: give out too")
+    if parser not in (None, *PARSERS):
+        raise BertologyError(f"unknown parser {parser!r}: use gold (CoNLL-U trees) or spacy")
+    return examples, corpus_info, views
+
+
+def _requested_families(analyses: Iterable[str] | None, include: Iterable[str], exclude: Iterable[str], options: dict, examples,
+                        parser: str | None, corpus_name: str) -> tuple[list[Family], set[str], bool]:
+    """The families the run asks for (:func:`_choose_families`; giving a family's own setting asks for the family), the
+    names asked for by name (refused, not left out, where the model cannot run them), and whether the corpus has trees."""
+    analyses = None if analyses is None else list(analyses)
+    include = list(include)
+    with_trees = parser == "spacy" or has_trees(examples)
+    if analyses is None:
+        owners = {option.name: name for name, family in registered().items() for option in family.options}
+        include = [*include, *(owners[name] for name in options if name in owners)]
+    chosen = _choose_families(analyses, include, exclude, with_trees, has_frames(examples), corpus_name)
+    if not chosen:
+        raise BertologyError("nothing to do: every analysis is switched off")
+    return chosen, {*(analyses or ()), *include}, with_trees
+
+
+def _run_settings(chosen: list[Family], options: dict, *, with_trees: bool, parser: str | None, views: list[str], batch_size: int,
+                  max_length: int | None, overflow: str, seed: int, limit: int | None, device: str, punct: str, correction: str,
+                  min_sample: int) -> dict:
+    """The run's settings (in the manifest), the shared ones then each chosen family's; each family checks its own."""
+    settings = {
+        "analyses": [family.name for family in chosen],
+        "batch_size": batch_size,
+        "max_length": max_length,
+        "overflow": overflow,
+        "seed": seed,
+        "limit": limit,
+        "device": device,
+        "punct": punct,
+        "parser": parser or ("gold" if with_trees else None),
+        "correction": correction,
+        "min_sample": min_sample,
+        "weighting": views,
+        **_family_settings(chosen, options),
+    }
+    for family in chosen:
+        family.prepare(settings)
+    return settings
+
+
+def _count_examples(examples, corpus_info: dict) -> int:
+    """The corpus's examples, counted (a file's checked whole) into ``corpus_info``; none is refused."""
+    total = examples.validate() if isinstance(examples, Corpus) else len(examples)
+    if total == 0:
+        raise BertologyError("the corpus has no examples")
+    corpus_info["examples"] = total
+    return total
+
+
+def _load(model, device: str, trust_remote_code: bool) -> tuple[LoadedModel, dict[str, float]]:
+    """The model (as given where it is loaded already), and the run's first timed phase."""
+    began = time.perf_counter()
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, trust_remote_code=trust_remote_code)
+    return loaded, {"load": round(time.perf_counter() - began, 2)}
+
+
+def _a(kind: Kind) -> str:
+    """``an encoder``, ``a decoder``."""
+    return f"{'an' if kind.name[0] in 'aeiou' else 'a'} {kind.name}"
+
+
+def _fit_kind(chosen: list[Family], loaded: LoadedModel, settings: dict, asked: set[str], options: dict) -> tuple[list[Family], list[str]]:
+    """The chosen families that have a meaning on this kind of model with these settings (:meth:`Family.fits`), and a warning
+    for each left out. One asked for by name, or given a setting, is refused in one line instead. A family left out for its
+    settings on a kind it supports is warned about; one made only for the other kind (the sinks on an encoder) is left out
+    silently."""
+    kind = loaded.kind
+    unfit = {family.name: reason for family in chosen if (reason := family.fits(kind, settings))}
+    for name, reason in unfit.items():
+        if name in asked:  # asked for by name: refused in one line
+            raise BertologyError(f"{name} does not run on {loaded.name} ({_a(kind)}): {reason}")
+        given = [option.name for option in get_family(name).options if option.name in options]
+        if given:
+            raise BertologyError(f"{given[0]} is a setting of {name}, which does not run on {_a(kind)}: {reason}")
+    if not unfit:
+        return chosen, []
+    chosen = [family for family in chosen if family.name not in unfit]
+    if not chosen:
+        raise BertologyError(f"nothing to do on {_a(kind)}: {'; '.join(f'{name}: {reason}' for name, reason in unfit.items())}")
+    settings["analyses"] = [family.name for family in chosen]
+    for name in unfit:
+        for option in get_family(name).options:
+            settings.pop(option.name, None)
+    return chosen, [f"{name} left out on {_a(kind)}: {reason}" for name, reason in unfit.items() if kind.name in get_family(name).kinds]
+
+
+def _fit_layout(chosen: list[Family], loaded: LoadedModel, settings: dict, asked: set[str]) -> tuple[list[Family], list[str]]:
+    """Where bertology does not know the model's layout (where W_O and the layer norm are): norm shares are refused, a family
+    that needs the blocks is refused where asked for by name and otherwise left out with a warning."""
+    if loaded.layout is not None:
+        return chosen, []
+    if "norm" in settings["weighting"]:
+        attention_blocks(loaded.model)  # its one-line error names the layouts it knows
+    unknown = [family.name for family in chosen if family.needs_blocks]
+    if set(unknown) & asked:  # asked for by name: refused in one line
+        attention_blocks(loaded.model)
+    chosen = [family for family in chosen if not family.needs_blocks]
+    settings["analyses"] = [family.name for family in chosen]
+    return chosen, [f"{', '.join(unknown)} left out: bertology does not know where {loaded.model.config.model_type} models keep "
+                    "their output projection and layer norm"] if unknown else []
+
+
+def _fit_model(chosen: list[Family], loaded: LoadedModel, settings: dict, asked: set[str], options: dict) -> tuple[list[Family], list[str]]:
+    """The chosen families that run on this model, by its kind then its layout, with the warnings for those left out."""
+    settings["kind"] = loaded.kind.name  # the families' analyzers are given the kind itself; the manifest names it
+    chosen, kind_warnings = _fit_kind(chosen, loaded, settings, asked, options)
+    chosen, layout_warnings = _fit_layout(chosen, loaded, settings, asked)
+    return chosen, kind_warnings + layout_warnings
+
+
+@dataclass
+class FamilyPass:
+    """The chosen families' analyzers in the one pass: each family once per view of attention it reads."""
+
+    families: list[Family]
+    #: Each family's views of attention (``weighting``): the run's, or the plain weights alone for one that reads no maps.
+    views: dict[str, list[str]]
+    #: ``(family, weighting)`` -> that family's analyzers under that view, by name.
+    analyzers: dict[tuple[str, str], dict[str, Analyzer]]
+    #: Every analyzer in the order the pass feeds them, with its family and view.
+    fed: list[tuple[str, str, Analyzer]]
+    plan: PassPlan
+
+
+def _plan_pass(chosen: list[Family], settings: dict, kind: Kind, spacy_pipeline: str | None, parse: bool) -> FamilyPass:
+    """Build the families' analyzers for a model of this ``kind``, and the plan a backend builds each shard's from."""
+    family_views = {family.name: settings["weighting"] if family.weighted else ["attention"] for family in chosen}
+
+    def build_analyzers() -> dict:
+        return {(family.name, weighting): family.analyzers(settings, kind) for family in chosen for weighting in family_views[family.name]}
+
+    analyzers = build_analyzers()
+    fed = [(name, weighting, analyzer) for (name, weighting), own in analyzers.items() for analyzer in own.values()]
+    plan = PassPlan(lambda: [analyzer for own in build_analyzers().values() for analyzer in own.values()],
+                    [weighting for _, weighting, _ in fed], spacy_pipeline, parse=parse)
+    return FamilyPass(chosen, family_views, analyzers, fed, plan)
+
+
+def _resume_point(out, examples, corpus_info: dict, loaded: LoadedModel, settings: dict, checkpoint_every: int | None) -> Resume | None:
+    """With ``out``, where the pass saves and resumes its analyzers' states, under the fingerprint of everything that makes
+    its numbers: the model, its weights and tokenizer, the corpus, the settings, the version."""
+    if out is None:
+        return None
+    content = corpus_info.get("sha256") or hashlib.sha256(repr(list(examples)).encode("utf-8")).hexdigest()  # in memory: the examples
+    facts = {"model": {key: value for key, value in loaded.info().items() if key != "device"}, "config": loaded.model.config.to_json_string(),
+             "weights": loaded.weights_digest(), "tokenizer": loaded.tokenizer_digest(), "state_format": states.STATE_FORMAT,
+             "corpus": {"content": content, **{key: corpus_info.get(key) for key in ("format", "examples")}},
+             "settings": {key: str(value) for key, value in settings.items() if key not in ("device", "kind")},  # kind: the model's
+             "bertology": package_versions()["bertology"]}
+    return Resume(out, fingerprint(**facts), every_batches=checkpoint_every)
+
+
+def _run_pass(backend: str, engine: Engine, examples, one_pass: FamilyPass, *, total: int, resume: Resume | None, model, device: str,
+              trust_remote_code: bool, workers: int | None, address: str | None, progress: bool) -> RunStats:
+    """The one pass over the corpus on the chosen backend; ``model`` as :func:`analyze` was given it (a Ray actor loads its own)."""
+    in_order = [analyzer for *_, analyzer in one_pass.fed]
+    if backend == "ray":
+        stats = run_ray(engine, examples, one_pass.plan, in_order, model=model, device=device, trust_remote_code=trust_remote_code,
+                        workers=workers, address=address, total=total, resume=resume, progress=progress)
+    else:
+        stats = run_local(engine, examples, one_pass.plan, in_order, total=total, resume=resume)
+    stats.check_counted(engine.max_length)
+    return stats
+
+
+def _finish_family(analysis: Analysis, family: Family, one_pass: FamilyPass, engine: Engine) -> None:
+    """Turn one family's analyzers into its results, under each view it read; a family that fails is recorded and loses
+    nothing else."""
+    warnings: list[str] = []
+    views = one_pass.views[family.name]
+    try:
+        finished = {weighting: family.finish(one_pass.analyzers[family.name, weighting],
+                                             FamilyContext(analysis.settings, engine, analysis.corpus, warnings, weighting))
+                    for weighting in views}
+    except Exception as exc:
+        analysis.failures[family.name] = one_line_error(exc)
+        return
+    for weighting, result in finished.items():
+        analysis.by_view.setdefault(weighting, {})[family.name] = result
+    # Tables say their view in a weighting column whenever the run reads more than the plain weights.
+    weighted = family.weighted and analysis.settings["weighting"] != ["attention"]
+    analysis.results[family.name] = combine_views(finished) if weighted else finished[views[0]]
+    analysis.warnings.extend(dict.fromkeys(warnings))
+
+
+def _finish_families(analysis: Analysis, one_pass: FamilyPass, engine: Engine) -> None:
+    """Finish every family that did not fail during the pass, each timed; BertologyError where every family failed."""
+    for position, message in analysis.stats.failed.items():  # an analyzer that failed during the pass takes its family out
+        analysis.failures.setdefault(one_pass.fed[position][0], message)
+    for family in one_pass.families:
+        if family.name in analysis.failures:
+            continue
+        began = time.perf_counter()
+        _finish_family(analysis, family, one_pass, engine)
+        analysis.phases[f"finish:{family.name}"] = round(time.perf_counter() - began, 2)
+    if len(analysis.failures) == len(one_pass.families):  # nothing left worth a run folder
+        raise BertologyError("; ".join(analysis.failures.values()))
+
+
+def _add_viewer(analysis: Analysis, engine: Engine, examples, loaded: LoadedModel) -> None:
+    """The attention viewer of the first example the pass analysed, with the contribution maps the run reads."""
+    began = time.perf_counter()
+    first = first_analysed(engine, examples)
+    contributions = tuple(view for view in analysis.settings["weighting"] if view in CONTRIBUTION_VIEWS)
+    analysis.view = attention_view(first.text, first.text_pair, model=loaded, max_length=engine.max_length, contributions=contributions)
+    analysis.phases["viewer"] = round(time.perf_counter() - began, 2)
+
 
 @claims_out(work="resume", words=("analyses", "include", "exclude", "format", "parser", "device", "punct", "overflow", "correction",
                                      "weighting", "backend", "address", "heatmap_relation"))
@@ -264,143 +511,27 @@ def analyze(
     ``failures`` (BertologyError when every family fails).
     """
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    check_seed(seed)
-    examples, corpus_info = open_corpus(corpus, format, limit)
-    views = parse_weighting(weighting)
-    if backend not in BACKENDS:
-        raise BertologyError(f"unknown backend {backend!r}: use local or ray")
-    if backend == "ray":
-        require_ray()  # a one-line error now, before anything loads, where Ray is not installed
-    elif workers is not None or address is not None:
-        raise BertologyError("--workers and --address go with --backend ray")
-    if checkpoint_every is not None and out is None:
-        raise BertologyError("checkpoint_every saves into the run folder: give out too")
-    if parser not in (None, *PARSERS):
-        raise BertologyError(f"unknown parser {parser!r}: use gold (CoNLL-U trees) or spacy")
-    with_trees = parser == "spacy" or has_trees(examples)
-    if analyses is None:  # giving a family's own setting asks for the family
-        owners = {option.name: name for name, family in registered().items() for option in family.options}
-        include = [*include, *(owners[name] for name in options if name in owners)]
-    chosen = _choose_families(analyses, include, exclude, with_trees, has_frames(examples), corpus_info["name"])
-    if not chosen:
-        raise BertologyError("nothing to do: every analysis is switched off")
-    settings = {
-        "analyses": [family.name for family in chosen],
-        "batch_size": batch_size,
-        "max_length": max_length,
-        "overflow": overflow,
-        "seed": seed,
-        "limit": limit,
-        "device": device,
-        "punct": punct,
-        "parser": parser or ("gold" if with_trees else None),
-        "correction": correction,
-        "min_sample": min_sample,
-        "weighting": views,
-        **_family_settings(chosen, options),
-    }
-    for family in chosen:
-        family.prepare(settings)
-    total = examples.validate() if isinstance(examples, Corpus) else len(examples)
-    if total == 0:
-        raise BertologyError("the corpus has no examples")
-    corpus_info["examples"] = total
-    began = time.perf_counter()
-    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, trust_remote_code=trust_remote_code)
-    phases = {"load": round(time.perf_counter() - began, 2)}
-    asked = {*(analyses or ()), *include}
-    settings["causal"] = loaded.causal  # a decoder: the families' analyzers leave out what has no meaning there
-    unfit = {family.name: family.fits(loaded.causal, settings) for family in chosen if family.fits(loaded.causal, settings)}
-    kind = "a decoder" if loaded.causal else "an encoder"
-    for name, reason in unfit.items():
-        if name in asked:  # asked for by name: refused in one line
-            raise BertologyError(f"{name} does not run on {loaded.name} ({kind}): {reason}")
-        given = [option.name for option in get_family(name).options if option.name in options]
-        if given:
-            raise BertologyError(f"{given[0]} is a setting of {name}, which does not run on {kind}: {unfit[name]}")
-    if unfit:
-        chosen = [family for family in chosen if family.name not in unfit]
-        if not chosen:
-            raise BertologyError(f"nothing to do on {kind}: {'; '.join(f'{name}: {reason}' for name, reason in unfit.items())}")
-        settings["analyses"] = [family.name for family in chosen]
-        for name in unfit:
-            for option in get_family(name).options:
-                settings.pop(option.name, None)
-    fit_warnings = [f"{name} left out on {kind}: {reason}" for name, reason in unfit.items() if not get_family(name).decoders_only]
-    if loaded.layout is None:  # norms and mixing need to know where W_O and the layer norm are
-        if "norm" in views:
-            attention_blocks(loaded.model)  # its one-line error names the layouts it knows
-        unknown = [family.name for family in chosen if family.needs_blocks]
-        if set(unknown) & {*(analyses or ()), *include}:  # asked for by name: refused in one line
-            attention_blocks(loaded.model)
-        chosen = [family for family in chosen if not family.needs_blocks]
-        settings["analyses"] = [family.name for family in chosen]
-        late_warnings = [f"{', '.join(unknown)} left out: bertology does not know where {loaded.model.config.model_type} models keep "
-                         "their output projection and layer norm"] if unknown else []
-    else:
-        late_warnings = []
-    late_warnings = fit_warnings + late_warnings
-    contribution_views = [view for view in views if view in CONTRIBUTION_VIEWS]
+    examples, corpus_info, views = _read_arguments(corpus, format, limit, seed, weighting, backend, workers, address, checkpoint_every, out,
+                                                   parser)
+    chosen, asked, with_trees = _requested_families(analyses, include, exclude, options, examples, parser, corpus_info["name"])
+    settings = _run_settings(chosen, options, with_trees=with_trees, parser=parser, views=views, batch_size=batch_size, max_length=max_length,
+                             overflow=overflow, seed=seed, limit=limit, device=device, punct=punct, correction=correction, min_sample=min_sample)
+    total = _count_examples(examples, corpus_info)
+    loaded, phases = _load(model, device, trust_remote_code)
+    chosen, warnings = _fit_model(chosen, loaded, settings, asked, options)
     torch.manual_seed(seed)
     engine = Engine(loaded, batch_size=batch_size, max_length=max_length, overflow=overflow, progress=progress, punct=punct)
     settings["max_length"] = engine.max_length
-    family_views = {family.name: views if family.weighted else ["attention"] for family in chosen}
-
-    def build_analyzers() -> dict:
-        return {(family.name, weighting): family.analyzers(settings) for family in chosen for weighting in family_views[family.name]}
-
-    analyzers = build_analyzers()
-    fed = [(name, weighting, analyzer) for (name, weighting), own in analyzers.items() for analyzer in own.values()]
-    plan = PassPlan(lambda: [analyzer for own in build_analyzers().values() for analyzer in own.values()],
-                    [weighting for _, weighting, _ in fed], spacy_pipeline, parse=parser == "spacy")
-    resume = None
-    if out is not None:
-        content = corpus_info.get("sha256") or hashlib.sha256(repr(list(examples)).encode("utf-8")).hexdigest()  # in memory: the examples
-        facts = {"model": {key: value for key, value in loaded.info().items() if key != "device"}, "config": loaded.model.config.to_json_string(),
-                 "weights": loaded.weights_digest(), "tokenizer": loaded.tokenizer_digest(), "state_format": states.STATE_FORMAT,
-                 "corpus": {"content": content, **{key: corpus_info.get(key) for key in ("format", "examples")}},
-                 "settings": {key: str(value) for key, value in settings.items() if key not in ("device", "causal")},  # causal: the model's
-                 "bertology": package_versions()["bertology"]}
-        resume = Resume(out, fingerprint(**facts), every_batches=checkpoint_every)
-    in_order = [analyzer for *_, analyzer in fed]
-    if backend == "ray":
-        stats = run_ray(engine, examples, plan, in_order, model=loaded if isinstance(model, LoadedModel) else model,
-                        device=device, trust_remote_code=trust_remote_code, workers=workers, address=address, total=total, resume=resume,
-                        progress=progress)
-    else:
-        stats = run_local(engine, examples, plan, in_order, total=total, resume=resume)
-    stats.check_counted(engine.max_length)
-
+    one_pass = _plan_pass(chosen, settings, loaded.kind, spacy_pipeline, parse=parser == "spacy")
+    resume = _resume_point(out, examples, corpus_info, loaded, settings, checkpoint_every)
+    stats = _run_pass(backend, engine, examples, one_pass, total=total, resume=resume, model=loaded if isinstance(model, LoadedModel) else model,
+                      device=device, trust_remote_code=trust_remote_code, workers=workers, address=address, progress=progress)
     phases["pass"] = round(stats.seconds, 2)
-    analysis = Analysis(model=loaded.info(), corpus=corpus_info, stats=stats, settings=settings, started=started, warnings=late_warnings,
+    analysis = Analysis(model=loaded.info(), corpus=corpus_info, stats=stats, settings=settings, started=started, warnings=warnings,
                         phases=phases)
-    for position, message in stats.failed.items():  # an analyzer that failed during the pass takes its family out
-        analysis.failures.setdefault(fed[position][0], message)
-    for family in chosen:
-        if family.name in analysis.failures:
-            continue
-        warnings: list[str] = []
-        began = time.perf_counter()
-        try:
-            finished = {weighting: family.finish(analyzers[family.name, weighting], FamilyContext(settings, engine, corpus_info, warnings, weighting))
-                        for weighting in family_views[family.name]}
-        except Exception as exc:
-            analysis.failures[family.name] = one_line_error(exc)
-        else:
-            for weighting, result in finished.items():
-                analysis.by_view.setdefault(weighting, {})[family.name] = result
-            # Tables say their view in a weighting column whenever the run reads more than the plain weights.
-            analysis.results[family.name] = combine_views(finished) if family.weighted and views != ["attention"] else finished[family_views[family.name][0]]
-            analysis.warnings.extend(dict.fromkeys(warnings))
-        phases[f"finish:{family.name}"] = round(time.perf_counter() - began, 2)
-    if len(analysis.failures) == len(chosen):  # nothing left worth a run folder
-        raise BertologyError("; ".join(analysis.failures.values()))
+    _finish_families(analysis, one_pass, engine)
     if view:
-        began = time.perf_counter()
-        first = first_analysed(engine, examples)
-        analysis.view = attention_view(first.text, first.text_pair, model=loaded, max_length=engine.max_length,
-                                       contributions=tuple(contribution_views))
-        phases["viewer"] = round(time.perf_counter() - began, 2)
+        _add_viewer(analysis, engine, examples, loaded)
     if out is not None:
         analysis.save(out, command=command)
     return analysis

@@ -232,10 +232,12 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
     length = min(max_length or 10**9, loaded[0].max_length, loaded[1].max_length)
     engines = [Engine(m, batch_size=batch_size, max_length=length, overflow=overflow, progress=progress, punct=punct) for m in loaded]
 
-    def build() -> list:
-        return [HeadSimilarity(), *(Side(make(), side) for make in (GeneralProfile, lambda: HeadRoles(tau=tau)) for side in "ab")]
+    paired = CompareEngine(*engines)  # one vocabulary, one shape and one kind of model, else refused
+    kind = loaded[0].kind
 
-    paired = CompareEngine(*engines)  # one vocabulary and one shape, else refused
+    def build() -> list:
+        return [HeadSimilarity(), *(Side(make(), side) for make in (lambda: GeneralProfile(kind), lambda: HeadRoles(kind, tau=tau)) for side in "ab")]
+
     difference = piece_difference(engines, examples)
     if difference is not None:
         raise BertologyError(f"{loaded[0].name} and {loaded[1].name} cut the corpus into different pieces ({difference}): the comparison runs "

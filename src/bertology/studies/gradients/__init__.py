@@ -41,10 +41,11 @@ class Gradients(Study):
 
     def summary(self, study, settings: dict) -> list[str]:
         from bertology.core.engine import MIN_PIECES
+        from bertology.studies.gradients.gradients import NO_OP_ANCHOR
         from bertology.studies.gradients.report import TARGET_TITLES
 
         table = study.gradients.set_index(["target", "layer"])
-        target = "first" if study.model["kind"] == "decoder" else "sep"  # a decoder has no [SEP]: its first token instead
+        target = NO_OP_ANCHOR[study.model["kind"]]  # the kind the run recorded: a decoder has no [SEP], its first token instead
         title, lines = TARGET_TITLES[target], []
         for layer in sorted(study.gradients.layer.unique()):
             row, every = table.loc[(target, layer)], table.loc[("all", layer)]

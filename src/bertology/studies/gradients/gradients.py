@@ -16,11 +16,13 @@ means that attending to the token changes little, the "no-op" reading of Clark e
   averaged over heads), and gradient ``(1/(H n |K|)) sum_h sum_i sum_{j in K} |dL/da[h, i, j]|``, the mean magnitude per
   weight to K; ``all`` (every key) is the reference a set's gradient is small or large against. Then the mean over
   sequences with 95% intervals.
-- A decoder has no [CLS] or [SEP]: its sets are the first token (in [CLS]'s place), punctuation and every key
-  (:data:`DECODER_GRADIENT_TARGETS`). Query ``i`` sees the keys ``j <= i`` only and row 0 is left out of the means over
-  queries: attention ``(1/(H m)) sum_h sum_{i >= 1} sum_{j in K, j <= i} a[h, i, j]`` over the ``m = n - 1`` queries, and
-  the gradient is averaged over the weights that exist, the pairs ``i >= 1, j <= i, j in K`` (``dL/da[i, j]`` of a masked
-  key ``j > i`` is no weight's: ``a[i, j]`` is 0 whatever the scores).
+- The token sets are the model kind's anchors (:func:`gradient_targets`): a decoder has no [CLS] or [SEP], its sets are
+  the first token (in [CLS]'s place), punctuation and every key. Both kinds are one computation over the queries of a mean
+  (:meth:`~bertology.core.model.kinds.Kind.query_mask`) and the keys each sees (:meth:`~bertology.core.model.kinds.Kind.visible_keys`):
+  attention ``(1/(H m)) sum_h sum_{i in Q} sum_{j in K, j seen by i} a[h, i, j]`` over the ``m = |Q|`` queries, and the
+  gradient averaged over the weights that exist, those pairs. On an encoder Q is every token and every key is seen (the
+  formulas above); on a decoder Q leaves out row 0 (``m = n - 1``) and query ``i`` sees ``j <= i`` (``dL/da[i, j]`` of a
+  masked key ``j > i`` is no weight's: ``a[i, j]`` is 0 whatever the scores).
 """
 
 from __future__ import annotations
@@ -33,19 +35,27 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from bertology.core.engine import MIN_PIECES, Encoded, Engine, RunStats, first_token_mask
+from bertology.core.engine import MIN_PIECES, Encoded, Engine, RunStats
 from bertology.core.errors import BertologyError
 from bertology.core.learning.tasks import NEXT_TOKEN_LOSS, next_token_losses
 from bertology.core.model.hooks import Hooks
+from bertology.core.model.kinds import DECODER, Kind, kind_named
 from bertology.core.model.models import LANGUAGE_MODEL, LoadedModel, load_model
 from bertology.core.statistics.stats import RunningMoments, keyed_rng, sequence_key
 from bertology.core.storage.runfolder import RunFolder, claims_out, complete_run
 from bertology.core.text.corpora import open_corpus
 
-#: The key sets whose attention and gradient are measured; ``all`` is every real key.
-GRADIENT_TARGETS = ("sep", "cls", "punct", "all")
-#: A decoder's: the first token in [CLS]'s place, no [SEP] (docs/methods.md#decoders).
-DECODER_GRADIENT_TARGETS = ("first", "punct", "all")
+#: The anchor whose attention the study reads as a possible no-op, by the model's kind: Clark et al.'s [SEP]; a decoder's
+#: first token (the candidate attention sink, docs/methods.md#decoders).
+NO_OP_ANCHOR = {"encoder": "sep", "decoder": "first"}
+
+
+def gradient_targets(kind: Kind) -> tuple[str, ...]:
+    """The key sets whose attention and gradient are measured on a model of ``kind``: its anchors (an encoder's [CLS] and
+    [SEP]; a decoder's first token, in [CLS]'s place, docs/methods.md#decoders), punctuation, and ``all``, every real key."""
+    return (*kind.anchors, "punct", "all")
+
+
 #: The share of pieces the masked-LM loss masks unless ``mask_share`` says otherwise.
 DEFAULT_MASK_SHARE = 0.15
 
@@ -67,8 +77,8 @@ def keep_patterns(hooks: Hooks, patterns: list[torch.Tensor]) -> Hooks:
 
 
 class AttentionGradients:
-    """Mean attention and mean ``|dL/da|`` to [SEP], [CLS], punctuation and every key, per layer (see the module docstring);
-    on a decoder to the first token, punctuation and every key (:attr:`targets`).
+    """Mean attention and mean ``|dL/da|`` to [CLS], [SEP], punctuation and every key, per layer (see the module docstring);
+    on a decoder to the first token, punctuation and every key (:attr:`targets`, :func:`gradient_targets`).
 
     ``labels`` (a classifier's task): the gold label index of each example, by its position in the corpus; without
     it, the loss is the masked-LM loss with ``mask_share`` of the pieces masked, or a decoder's causal LM loss.
@@ -76,13 +86,13 @@ class AttentionGradients:
 
     def __init__(self, engine: Engine, *, mask_share: float = DEFAULT_MASK_SHARE, seed: int = 0, labels: dict[int, int] | None = None):
         self.engine, self.mask_share, self.seed, self.labels = engine, mask_share, seed, labels
-        self.targets = DECODER_GRADIENT_TARGETS if engine.model.causal else GRADIENT_TARGETS
+        self.targets = gradient_targets(engine.model.kind)
         self.moments = RunningMoments((engine.model.num_layers, len(self.targets), 2))
 
     @property
     def masked_lm(self) -> bool:
-        """Whether the loss is the masked-LM loss (no task labels, an encoder)."""
-        return self.labels is None and not self.engine.model.causal
+        """Whether the loss is the masked-LM loss (no task labels, an encoder: a decoder has none, its loss is the next-token one)."""
+        return self.labels is None and self.engine.model.kind is not DECODER
 
     def update(self, items: list[Encoded]) -> None:
         engine, model = self.engine, self.engine.model
@@ -104,7 +114,7 @@ class AttentionGradients:
             if self.labels is not None:
                 gold = torch.tensor([self.labels[item.index] for item in items], device=logits.device)
                 loss = torch.nn.functional.cross_entropy(logits, gold, reduction="sum")
-            elif model.causal:  # each sequence's mean next-token cross-entropy, summed over sequences
+            elif not self.masked_lm:  # a decoder's: each sequence's mean next-token cross-entropy, summed over sequences
                 summed, predicted = next_token_losses(logits, input_ids, mask)
                 loss = (summed / predicted.clamp(min=1)).sum()
             else:  # each sequence's mean cross-entropy over its masked pieces, summed over sequences
@@ -114,28 +124,19 @@ class AttentionGradients:
         attentions = torch.stack([pattern.detach() for pattern in patterns]).double()  # [layer, batch, head, n, n]
         magnitudes = torch.stack(gradients).abs().double()
         original = tensors["input_ids"]  # the token sets are the input's, masked pieces included
-        if model.causal:  # the first token in [CLS]'s place, no [SEP]; row 0 sees only itself and is no query
-            sets = {"first": first_token_mask(mask)}
-        else:
-            sets = {"sep": (original == model.sep_token_id) & mask, "cls": (original == model.cls_token_id) & mask}
+        kind = model.kind
+        sets = kind.anchor_masks(original, mask, model.cls_token_id, model.sep_token_id)
         sets.update(punct=engine.punctuation(original) & mask, all=mask)
-        heads, real = attentions.shape[2], mask.double()
-        if model.causal:  # the weights there are: queries i >= 1, keys j <= i
-            queries = mask & ~sets["first"]
-            visible = queries[:, :, None] & mask[:, None, :] & torch.ones(mask.shape[1], mask.shape[1], dtype=torch.bool, device=mask.device).tril()
-            count = queries.sum(dim=1)
+        heads = attentions.shape[2]
+        queries = kind.query_mask(mask)  # the weights there are: the queries of a mean, each with the keys it sees
+        visible = kind.visible_keys(mask) & queries[:, :, None]
+        count = queries.sum(dim=1)
         rows = []
         for name in self.targets:
-            if model.causal:
-                pairs = (visible & sets[name][:, None, :]).double()
-                size = pairs.sum(dim=(1, 2))
-                weight = torch.einsum("lbhij,bij->lb", attentions, pairs) / (heads * count)
-                gradient = torch.einsum("lbhij,bij->lb", magnitudes, pairs) / (heads * size)
-            else:  # every query sees every key: the sums factor into queries and keys
-                keys, n = sets[name].double(), real.sum(dim=1)
-                weight = torch.einsum("lbhij,bi,bj->lb", attentions, real, keys) / (heads * n)
-                size = keys.sum(dim=1)
-                gradient = torch.einsum("lbhij,bi,bj->lb", magnitudes, real, keys) / (heads * n * size)
+            pairs = (visible & sets[name][:, None, :]).double()
+            size = pairs.sum(dim=(1, 2))
+            weight = torch.einsum("lbhij,bij->lb", attentions, pairs) / (heads * count)
+            gradient = torch.einsum("lbhij,bij->lb", magnitudes, pairs) / (heads * size)
             gradient = torch.where(size > 0, gradient, torch.nan)
             weight = torch.where(size > 0, weight, torch.nan)
             rows.append(torch.stack([weight, gradient], dim=-1))  # [layer, batch, 2]
@@ -172,7 +173,7 @@ class GradientStudy:
 
         folder = RunFolder(out)
         folder.write_table("gradients", self.gradients)
-        section = gradients_section(folder, self.gradients, self.settings["loss"], causal=self.model["kind"] == "decoder")
+        section = gradients_section(folder, self.gradients, self.settings["loss"], kind_named(self.model["kind"]))
         stats = self.stats.as_dict()
         summary = {"model": self.model["name"], "corpus": f"{self.corpus['name']} ({self.corpus['format']})", "loss": self.settings["loss"],
                    "sequences": stats["sequences"], "truncated": stats["truncated"], f"skipped (fewer than {MIN_PIECES} pieces)": stats["degenerate"],
@@ -213,7 +214,7 @@ def attention_gradients(model=None, corpus=None, *, task=None, format: str = "au
         loaded = model
     else:
         loaded = load_model(model, device=device, trust_remote_code=trust_remote_code, head="classifier" if task is not None else LANGUAGE_MODEL)
-    masked_lm = task is None and not loaded.causal
+    masked_lm = task is None and loaded.kind is not DECODER
     if mask_share is not None and not masked_lm:
         raise BertologyError("--mask-share applies to the masked-LM loss, not a task's" if task is not None else f"--mask-share applies to the "
                              f"masked-LM loss: {loaded.name} is a decoder, which has none (its loss is the next-token cross-entropy)")

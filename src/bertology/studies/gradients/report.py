@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from bertology.core.model.kinds import DECODER, Kind
 from bertology.core.storage.runfolder import RunFolder
 from bertology.render.figures import layer_lines, plt
 from bertology.render.html import Figure, Section
 
-#: How each target of :data:`~bertology.studies.gradients.gradients.GRADIENT_TARGETS` reads in the figure and table.
+#: How each target of :func:`~bertology.studies.gradients.gradients.gradient_targets` reads in the figure and table.
 TARGET_TITLES = {"sep": "[SEP]", "cls": "[CLS]", "first": "the first token", "punct": "punctuation", "all": "every token"}
 
 
@@ -31,10 +32,10 @@ def gradients_by_layer(table: pd.DataFrame):
     return figure
 
 
-def gradients_section(folder: RunFolder, table: pd.DataFrame, loss: str, causal: bool = False) -> Section:
-    """Write the figure into ``folder`` and return the report section; ``causal``: the model is a decoder, whose first token
-    stands in [CLS]'s place and which has no [SEP] (docs/methods.md#decoders)."""
-    if causal:
+def gradients_section(folder: RunFolder, table: pd.DataFrame, loss: str, kind: Kind) -> Section:
+    """Write the figure into ``folder`` and return the report section; ``kind``: the model's, as the run recorded it (a
+    decoder's first token stands in [CLS]'s place and it has no [SEP], docs/methods.md#decoders)."""
+    if kind is DECODER:
         title, intro = "Attention to the first token and its gradient", (
             "Clark et al. (2019, section 3.2) on a decoder: per layer, the mean attention to the first token (in [CLS]'s place; a decoder "
             f"has no [SEP]) and punctuation beside the mean magnitude of the gradient of the loss ({loss}) with respect to each of those "

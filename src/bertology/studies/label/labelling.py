@@ -93,7 +93,7 @@ def choose_maps(model: LoadedModel, examples: list[Example], count: int, *, seed
         tokens = model.tokenizer.convert_ids_to_tokens(items[0].input_ids)
         chosen = [(layer, head) for i, layer, head in draws if i == index]
         if classifier is not None:
-            special = batch.cls_mask | batch.sep_mask
+            special = batch.anchor_mask  # the kind's anchors: [CLS] and [SEP], a decoder's first token
             for layer, head in chosen:
                 p = classifier.probabilities(batch.attentions[layer, :, head : head + 1], batch.mask, special, batch.segment_ids)[0, 0]
                 uncertainty.append(float(-(p * np.log(np.clip(p, 1e-12, 1))).sum()))

@@ -11,7 +11,6 @@ head and the pooler stay fine-tuned. Restoring every unit gives back the pre-tra
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,24 +22,40 @@ from tqdm.auto import tqdm
 
 from bertology.core.errors import BertologyError, ModelError
 from bertology.core.learning.tasks import TaskData, TaskModel, load_task_model, positive_index, seeded_subset, task_score
+from bertology.core.model.interventions import known_layout
 from bertology.core.model.models import DEFAULT_MODEL, default_model_path, load_model
 from bertology.core.options import check_seed
 from bertology.core.statistics.stats import MIN_SAMPLE, corrected, paired_bootstrap
 from bertology.core.storage.runfolder import RunFolder, claims_out, complete_run
 
 RESTORE_KINDS = ("layer", "first_k")
-_LAYER = re.compile(r"(?:^|\.)layer\.(\d+)\.")
 
 
-def encoder_units(names) -> dict[str, int]:
-    """Each weight's unit: 0 for the embeddings, l + 1 for layer l (``...layer.L.``); other weights (the pooler) none."""
-    units = {}
-    for name in names:
-        if name.startswith("embeddings.") or ".embeddings." in name:
-            units[name] = 0
-        elif match := _LAYER.search(name):
-            units[name] = int(match.group(1)) + 1
+def _names(base: torch.nn.Module, module: torch.nn.Module) -> list[str]:
+    """The names in ``base.state_dict()`` of ``module``'s weights (and saved buffers)."""
+    prefix = next(name for name, inner in base.named_modules() if inner is module)
+    return list(module.state_dict(prefix=f"{prefix}." if prefix else ""))
+
+
+def encoder_units(base: torch.nn.Module) -> dict[str, int]:
+    """Each weight of ``base`` (a bare model, ``model.base_model``) by its name in ``base.state_dict()``, and its unit, as the
+    model's layout (:mod:`bertology.core.model.layouts`) places it: 0 for the embeddings, l + 1 for layer l; other weights
+    (the pooler, a decoder's final norm) are in none. Layers that share weights (ALBERT's) are refused: one of them cannot
+    be put back alone."""
+    layout = known_layout(base)
+    layers = layout.layers(base)
+    if len(layers) != base.config.num_hidden_layers:
+        raise ModelError(f"{type(base).__name__}: its layers share weights, so one layer cannot be restored alone")
+    units = {name: 0 for module in layout.embeddings(base) for name in _names(base, module)}
+    units.update((name, layer + 1) for layer, module in enumerate(layers) for name in _names(base, module))
     return units
+
+
+def pooler_weights(base: torch.nn.Module) -> set[str]:
+    """The names of the weights of ``base``'s pooler (:meth:`~bertology.core.model.layouts.base.Layout.pooler`), which
+    belongs with the classifier's head; empty where there is none."""
+    pooler = known_layout(base).pooler(base)
+    return set(_names(base, pooler)) if pooler is not None else set()
 
 
 def recorded_base(folder: str | Path) -> str:
@@ -60,14 +75,13 @@ class Restorer:
         self.encoder = task_model.model.base_model
         tuned = self.encoder.state_dict()
         base = pretrained.state_dict()
-        self.units = encoder_units(tuned)
+        self.units = encoder_units(self.encoder)
         missing = sorted(name for name in self.units if name not in base or base[name].shape != tuned[name].shape)
         if missing:
             raise ModelError(f"the pre-trained model does not match the fine-tuned encoder ({missing[0]} and {len(missing) - 1} more weights differ)")
-        if len(set(self.units.values())) < 2:
-            raise ModelError(f"{type(self.encoder).__name__}: bertology finds no per-layer weights (layer.N.) to restore")
         #: Encoder weights in no unit (beyond the pooler), left fine-tuned: restoring every unit then is not the whole encoder.
-        self.unassigned = sorted(name for name in tuned if name not in self.units and not name.startswith("pooler."))
+        pooler = pooler_weights(self.encoder)
+        self.unassigned = sorted(name for name in tuned if name not in self.units and name not in pooler)
         self.tuned = {name: tensor.clone() for name, tensor in tuned.items() if name in self.units}
         self.base = {name: base[name].to(tuned[name].device, tuned[name].dtype) for name in self.units}
 

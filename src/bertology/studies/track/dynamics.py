@@ -21,7 +21,7 @@ corpus, and :func:`hypothesis_verdict` tests two claims:
    of the best head's accuracy (Clark et al.'s syntactic heads) is tracked the same way.
 
 On a decoder (docs/methods.md#decoders; e.g. ``bertology pretrain --causal``) [SEP] has no meaning and the first token,
-the candidate attention sink, takes [CLS]'s place (:data:`~bertology.studies.track.peaks.DECODER_PEAK_METRICS`): the
+the candidate attention sink, takes [CLS]'s place (:func:`~bertology.studies.track.peaks.peak_metrics`): the
 claims become "first-token attention peaks below punctuation" and "it emerges before punctuation", and ``Sink_eps``
 (Gu et al. 2025, "When Attention Sink Emerges in Language Models"), the share of heads whose mean attention to the first
 token exceeds eps, is followed per layer and overall over the checkpoints.
@@ -48,7 +48,7 @@ from transformers import AutoConfig, AutoTokenizer
 from bertology.core.backends import BACKENDS, map_on_ray
 from bertology.core.engine import Engine
 from bertology.core.errors import BertologyError, StateError
-from bertology.core.model.kinds import kind_of
+from bertology.core.model.kinds import DECODER, ENCODER, Kind, kind_named, kind_of
 from bertology.core.model.models import DEFAULT_MODEL, default_model_path, load_model, loading_errors
 from bertology.core.options import check_seed
 from bertology.core.storage.runfolder import RunFolder, atomic_write, claims_out, complete_run, finished_run
@@ -60,17 +60,17 @@ from bertology.families.profile.analyzer import GeneralProfile
 from bertology.families.roles.analyzer import HeadRoles
 from bertology.families.sinks.analyzer import SINK_EPS, sink_rates
 from bertology.families.syntax.analyzer import RelationHeads
-from bertology.studies.track.peaks import DECODER_PEAK_METRICS, PEAK_METRICS, LayerPeaks, peak_layers
+from bertology.studies.track.peaks import LayerPeaks, peak_layers, peak_metrics
 
 LEVEL = 0.95
 METRIC_NAMES = {"cls": "[CLS]", "sep": "[SEP]", "first": "the first token", "punct": "punctuation",
                 "syntax": "dependency relations (best head per relation)"}
-#: The two claims (depth, training) for an encoder's token sets and for a decoder's.
+#: The two claims (depth, training) by the kind of model: on an encoder's token sets and on a decoder's (:func:`peak_metrics`).
 CLAIMS = {
-    PEAK_METRICS: ("In the final model the layer where [CLS] attention peaks is below the layer where [SEP] peaks, "
+    "encoder": ("In the final model the layer where [CLS] attention peaks is below the layer where [SEP] peaks, "
                    "which is below the layer where punctuation peaks.",
                    "Over training, [CLS] attention emerges before [SEP] attention, which emerges before attention to punctuation."),
-    DECODER_PEAK_METRICS: ("In the final decoder the layer where attention to the first token (the candidate attention sink) peaks is "
+    "decoder": ("In the final decoder the layer where attention to the first token (the candidate attention sink) peaks is "
                            "below the layer where attention to punctuation peaks.",
                            "Over training, attention to the first token (the attention sink) emerges before attention to punctuation."),
 }
@@ -165,7 +165,7 @@ def series_facts(checkpoint: str, trust_remote_code: bool = False) -> dict:
 
 
 #: How a checkpoint differs from the first in each fact of :func:`series_facts` but its tokenizer's.
-_SERIES_WORDS = {"kind": "it is an {} model, not an {} one", "model type": "its model type is {}, not {}", "layers": "it has {} layers, not {}",
+_SERIES_WORDS = {"kind": "it is {}, not {}", "model type": "its model type is {}, not {}", "layers": "it has {} layers, not {}",
                  "heads": "it has {} heads per layer, not {}"}
 
 
@@ -177,6 +177,8 @@ def _series_difference(fact: str, value, first_value) -> str:
                 f"{'absent' if piece not in value else value[piece]}, not {'absent' if piece not in first_value else first_value[piece]})")
     if fact == "pieces":
         return f"its tokenizer cuts {PROBE_TEXT!r} into {' '.join(value)}, not {' '.join(first_value)}"
+    if fact == "kind":  # a decoder, an encoder
+        value, first_value = (f"{'an' if name[0] in 'aeiou' else 'a'} {name}" for name in (value, first_value))
     return _SERIES_WORDS[fact].format(value, first_value)
 
 
@@ -217,9 +219,10 @@ def _order(metrics: tuple[str, ...]) -> str:
     return " < ".join(METRIC_NAMES[metric].removeprefix("the ") for metric in metrics)
 
 
-def depth_verdict(means: np.ndarray, step: int | None = None, checkpoint: str | None = None, metrics: tuple[str, ...] = PEAK_METRICS) -> dict:
-    """Claim 1 from ``means [1 + B, layer, metric]`` (``metrics``: :data:`PEAK_METRICS`, a decoder's :data:`DECODER_PEAK_METRICS`;
+def depth_verdict(means: np.ndarray, kind: Kind, step: int | None = None, checkpoint: str | None = None) -> dict:
+    """Claim 1 on a ``kind`` of model from ``means [1 + B, layer, metric]`` (the metrics :func:`peak_metrics` of ``kind``;
     row 0 is the data)."""
+    metrics = peak_metrics(kind)
     peaks = peak_layers(means, metrics)
     replicate_peaks = means[1:].argmax(axis=1)
     holds = bool(_in_order(peaks.peak_layer.to_numpy()))
@@ -232,7 +235,7 @@ def depth_verdict(means: np.ndarray, step: int | None = None, checkpoint: str | 
         for k, r in enumerate(peaks.itertuples())
     )
     return {
-        "claim": CLAIMS[metrics][0],
+        "claim": CLAIMS[kind.name][0],
         "step": step,
         "checkpoint": checkpoint,
         "peaks": {r.metric: {"layer": int(r.peak_layer), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high), "agreement": float(r.agreement),
@@ -268,12 +271,14 @@ def crossing_steps(steps: np.ndarray, strength: np.ndarray) -> np.ndarray:
     return np.where(rises, crossed, np.nan)
 
 
-def emergence_verdict(steps: list[int], strength: np.ndarray, metrics: tuple[str, ...]) -> tuple[dict, pd.DataFrame]:
-    """Claim 2 from ``strength [checkpoint, 1 + B, metric]``; the first metrics are :data:`PEAK_METRICS` (a decoder's
-    :data:`DECODER_PEAK_METRICS`), then optionally ``syntax``.
+def emergence_verdict(steps: list[int], strength: np.ndarray, kind: Kind, syntax: bool = False) -> tuple[dict, pd.DataFrame]:
+    """Claim 2 on a ``kind`` of model from ``strength [checkpoint, 1 + B, metric]``; the metrics are :func:`peak_metrics`
+    of ``kind``, then, with ``syntax``, ``syntax``.
 
     Returns the verdict and a table ``metric, first, final, emerges, half_step, ci_low, ci_high, bracket_low, bracket_high``.
     """
+    peak_metrics_ = peak_metrics(kind)
+    metrics = (*peak_metrics_, *(("syntax",) if syntax else ()))
     steps_array = np.asarray(steps)
     crossed = crossing_steps(steps_array, strength)  # [1 + B, metric]
     rows = []
@@ -286,8 +291,7 @@ def emergence_verdict(steps: list[int], strength: np.ndarray, metrics: tuple[str
                      "half_step": float(point), "ci_low": float(low), "ci_high": float(high),
                      "bracket_low": int(steps_array[after - 1]) if after else None, "bracket_high": int(steps_array[after]) if after else None})
     table = pd.DataFrame(rows)
-    peak_metrics = tuple(metric for metric in metrics if metric != "syntax")
-    main = crossed[:, : len(peak_metrics)]
+    main = crossed[:, : len(peak_metrics_)]
     holds = bool(_in_order(main[0]))
     probability = float(_in_order(main[1:]).mean())
     verdict = _decide(holds, probability)
@@ -300,7 +304,7 @@ def emergence_verdict(steps: list[int], strength: np.ndarray, metrics: tuple[str
                 f"(between checkpoints {row.bracket_low:.0f} and {row.bracket_high:.0f}; 95% interval {row.ci_low:.0f}-{row.ci_high:.0f})")
 
     result = {
-        "claim": CLAIMS[peak_metrics][1],
+        "claim": CLAIMS[kind.name][1],
         "steps": [int(s) for s in steps],
         "strength": "max over layers of the layer mean; emerged = the step where it first covers half of its rise from the first checkpoint",
         "patterns": {row.metric: {k: _json_value(v) for k, v in row._asdict().items() if k not in ("Index", "metric")} for row in table.itertuples()},
@@ -309,30 +313,29 @@ def emergence_verdict(steps: list[int], strength: np.ndarray, metrics: tuple[str
         "replicates": int(strength.shape[1] - 1),
         "verdict": verdict,
         "statement": "; ".join(describe(row) for row in table.itertuples())
-                     + f". The order {_order(peak_metrics)} holds in {probability:.1%} of {strength.shape[1] - 1} paired bootstrap replicates: {verdict}.",
+                     + f". The order {_order(peak_metrics_)} holds in {probability:.1%} of {strength.shape[1] - 1} paired bootstrap replicates: {verdict}.",
     }
-    if "syntax" in metrics:
+    if syntax:
         k = metrics.index("syntax")
-        last = len(peak_metrics) - 1  # punctuation
+        last = len(peak_metrics_) - 1  # punctuation
         between = _in_order(np.stack([crossed[1:, 0], crossed[1:, k], crossed[1:, last]], axis=-1))
-        result[f"syntax_between_{peak_metrics[0]}_and_punct_probability"] = float(between.mean())
-        result["statement"] += f" Dependency heads emerge between {METRIC_NAMES[peak_metrics[0]]} and punctuation in {between.mean():.1%} of the replicates."
+        result[f"syntax_between_{peak_metrics_[0]}_and_punct_probability"] = float(between.mean())
+        result["statement"] += f" Dependency heads emerge between {METRIC_NAMES[peak_metrics_[0]]} and punctuation in {between.mean():.1%} of the replicates."
     return result, table
 
 
-def hypothesis_verdict(steps: list[int], checkpoints: list[str], means: np.ndarray, syntax: np.ndarray | None = None,
-                       metrics: tuple[str, ...] = PEAK_METRICS) -> tuple[dict, pd.DataFrame | None]:
-    """Both claims from ``means [checkpoint, 1 + B, layer, metric]`` (``metrics``: an encoder's or a decoder's token sets)
-    and optionally ``syntax [checkpoint, 1 + B]``."""
-    verdict = {"depth": depth_verdict(means[-1], step=steps[-1], checkpoint=checkpoints[-1], metrics=metrics)}
+def hypothesis_verdict(steps: list[int], checkpoints: list[str], means: np.ndarray, kind: Kind,
+                       syntax: np.ndarray | None = None) -> tuple[dict, pd.DataFrame | None]:
+    """Both claims on a ``kind`` of model from ``means [checkpoint, 1 + B, layer, metric]`` (the metrics :func:`peak_metrics`
+    of ``kind``) and optionally ``syntax [checkpoint, 1 + B]``."""
+    verdict = {"depth": depth_verdict(means[-1], kind, step=steps[-1], checkpoint=checkpoints[-1])}
     if len(steps) < 2:
         verdict["training"] = {"verdict": "not applicable", "statement": "One checkpoint: there is no training series to order (depth only)."}
         return verdict, None
     strength = means.max(axis=2)  # [checkpoint, 1 + B, metric]
     if syntax is not None:
         strength = np.concatenate([strength, syntax[..., None]], axis=-1)
-        metrics = (*metrics, "syntax")
-    verdict["training"], table = emergence_verdict(steps, strength, metrics)
+    verdict["training"], table = emergence_verdict(steps, strength, kind, syntax=syntax is not None)
     return verdict, table
 
 
@@ -346,16 +349,23 @@ class CheckpointResult:
     layers: pd.DataFrame  # step, checkpoint, layer, metric, value, ci_low, ci_high
     means: np.ndarray  # [1 + B, layer, metric] of `metrics`
     syntax: np.ndarray | None  # [1 + B]: mean over relations of the best head's accuracy
-    causal: bool = False  # a decoder's
+    kind: Kind  # the checkpoint's kind of model
 
     @property
     def metrics(self) -> tuple[str, ...]:
-        """The token sets of ``means``: a decoder's (the first token, punctuation) or an encoder's ([CLS], [SEP], punctuation)."""
-        return DECODER_PEAK_METRICS if self.causal else PEAK_METRICS
+        """The token sets of ``means`` (:func:`peak_metrics`): an encoder's ([CLS], [SEP], punctuation) or a decoder's (the
+        first token, punctuation)."""
+        return peak_metrics(self.kind)
+
+
+def follows_sinks(kind: Kind) -> bool:
+    """Whether :func:`track` follows ``Sink_eps`` (Gu et al. 2025) on a ``kind`` of model: where the first token is an anchor
+    (a decoder's, the candidate attention sink), whose attention per head the profile measures (``first``)."""
+    return "first" in kind.anchors
 
 
 @dataclass
-class Track:
+class TrackResult:
     """The result of :func:`track`: tidy tables over checkpoints and the verdict on the hypothesis.
 
     ``table``: ``step, checkpoint, layer, head, metric, value, ci_low, ci_high`` (profile metrics
@@ -378,9 +388,9 @@ class Track:
         return [r.step for r in self.results]
 
     @property
-    def causal(self) -> bool:
-        """Whether the series is a decoder's (every checkpoint is of one kind)."""
-        return self.results[0].causal
+    def kind(self) -> Kind:
+        """The series' kind of model (every checkpoint is of one kind)."""
+        return self.results[0].kind
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -425,8 +435,9 @@ class Track:
         if self.emergence is not None:
             folder.write_table("emergence", self.emergence)
         folder.write_json("verdict.json", self.verdict)
-        manifest = {"corpus": self.corpus, "settings": self.settings, "checkpoints": [{"step": r.step, "checkpoint": r.checkpoint} for r in self.results],
-                    "started": self.started, "warnings": self.warnings}
+        manifest = {"kind": self.kind.name, "corpus": self.corpus, "settings": self.settings,
+                    "checkpoints": [{"step": r.step, "checkpoint": r.checkpoint} for r in self.results], "started": self.started,
+                    "warnings": self.warnings}
         return complete_run(folder, manifest, report=track_report(folder, self), command=command, keep=("parts",)) / "report.html"
 
 
@@ -460,9 +471,9 @@ def _load_part(parts: Path, name: str, key: str, replicates: int, finished: bool
     in a run that finished (``finished``); in an unfinished run such a part is refused, never overwritten.
 
     It is checked before use: the ``.npz``'s arrays (``meta`` naming this part's checkpoint, a whole-number or null step
-    and whether the model is a decoder; ``means [replicates, layer, metric]`` and ``syntax [replicates]`` or empty, shares in [0, 1], NaN only in bootstrap
-    replicates) and the two tables (their columns, this checkpoint's rows, of the layers of ``means``); a damaged part is
-    refused (:func:`_damaged_part`).
+    and the model's kind (:func:`_part_kind`); ``means [replicates, layer, metric]`` and ``syntax [replicates]`` or empty,
+    shares in [0, 1], NaN only in bootstrap replicates) and the two tables (their columns, this checkpoint's rows, of the
+    layers of ``means``); a damaged part is refused (:func:`_damaged_part`).
     """
     marker = parts / f"{name}.npz"
     if not marker.is_file():
@@ -486,19 +497,33 @@ def _load_part(parts: Path, name: str, key: str, replicates: int, finished: bool
         checkpoint = document_field(meta, "checkpoint", str, marker)
         step = document_field(meta, "step", (int, type(None)), marker)
         step = None if step is None else whole_number(step, "step", marker, high=MAX_STEP)
-        causal = document_field(meta, "causal", bool, marker) if "causal" in meta else False  # a part from before decoders: an encoder's
+        kind = _part_kind(meta, marker)
     except StateError as exc:
         raise _damaged_part(marker, marker, f"its 'meta' is damaged: {exc.message}") from None
     if _part_name(checkpoint) != name:
         raise _damaged_part(marker, marker, f"it is the part of another checkpoint ({checkpoint[:80]!r})")
-    means = _part_shares(arrays["means"], "means", (replicates, None, len(DECODER_PEAK_METRICS if causal else PEAK_METRICS)), marker)
+    means = _part_shares(arrays["means"], "means", (replicates, None, len(peak_metrics(kind))), marker)
     syntax = _part_shares(arrays["syntax"], "syntax", (replicates,), marker) if arrays["syntax"].size else None
     tables = []
-    for kind, columns in (("rows", TRACK_COLUMNS), ("layers", TRACK_LAYER_COLUMNS)):
-        tables.append(_part_table(parts / f"{name}.{kind}.parquet", columns, step, checkpoint, marker))
+    for table, columns in (("rows", TRACK_COLUMNS), ("layers", TRACK_LAYER_COLUMNS)):
+        tables.append(_part_table(parts / f"{name}.{table}.parquet", columns, step, checkpoint, marker))
         if set(tables[-1]["layer"]) != set(range(means.shape[1])):
-            raise _damaged_part(marker, marker, f"'means' has {means.shape[1]} layers, not those of {name}.{kind}.parquet")
-    return CheckpointResult(step, checkpoint, *tables, means, syntax, causal)
+            raise _damaged_part(marker, marker, f"'means' has {means.shape[1]} layers, not those of {name}.{table}.parquet")
+    return CheckpointResult(step, checkpoint, *tables, means, syntax, kind)
+
+
+def _part_kind(meta: dict, marker: Path) -> Kind:
+    """The kind of model a part's ``meta`` names (``kind``: ``encoder`` or ``decoder``); a part written before kinds says
+    ``causal`` (true: a decoder's), one written before decoders nothing (an encoder's)."""
+    if "kind" in meta:
+        name = document_field(meta, "kind", str, marker)
+        try:
+            return kind_named(name)
+        except ValueError as exc:
+            raise StateError(marker, str(exc)) from None
+    if "causal" in meta:
+        return DECODER if document_field(meta, "causal", bool, marker) else ENCODER
+    return ENCODER
 
 
 def _part_shares(values: np.ndarray, member: str, shape: tuple, marker: Path) -> np.ndarray:
@@ -538,7 +563,7 @@ def _save_part(parts: Path, name: str, key: str, result: CheckpointResult) -> No
     """One checkpoint's results, written before the next checkpoint starts; the ``.npz``, written last, marks the part complete."""
     atomic_write(parts / f"{name}.rows.parquet", lambda p: result.rows.to_parquet(p, index=False))
     atomic_write(parts / f"{name}.layers.parquet", lambda p: result.layers.to_parquet(p, index=False))
-    meta = json.dumps({"step": result.step, "checkpoint": result.checkpoint, "causal": result.causal})
+    meta = json.dumps({"step": result.step, "checkpoint": result.checkpoint, "kind": result.kind.name})
     syntax = result.syntax if result.syntax is not None else np.array([])
 
     def write(path: Path) -> None:
@@ -557,9 +582,10 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
                         trust_remote_code=settings["trust_remote_code"])
     torch.manual_seed(settings["seed"])
     engine = Engine(loaded, batch_size=settings["batch_size"], max_length=settings["max_length"], progress=progress, punct=settings["punct"])
-    profile, peaks = GeneralProfile(), LayerPeaks(bootstrap=settings["bootstrap"], seed=settings["seed"])
-    roles = HeadRoles(tau=settings["tau"])
-    relations = RelationHeads(bootstrap=settings["bootstrap"], seed=settings["seed"]) if with_trees else None
+    kind = loaded.kind
+    profile, peaks = GeneralProfile(kind), LayerPeaks(kind, bootstrap=settings["bootstrap"], seed=settings["seed"])
+    roles = HeadRoles(kind, tau=settings["tau"])
+    relations = RelationHeads(kind, bootstrap=settings["bootstrap"], seed=settings["seed"]) if with_trees else None
     analyzers = [profile, peaks, roles] + ([relations] if relations is not None else [])
     stats = engine.run(examples, analyzers, total=len(examples), desc=Path(checkpoint).name)
     try:
@@ -576,9 +602,9 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
         syntax = relations.best_accuracy_replicates(settings["min_dependents"])
         syntax = syntax if np.isfinite(syntax[0]) else None  # no relation has enough dependents
     rows = pd.concat([frame.assign(step=step, checkpoint=checkpoint)[TRACK_COLUMNS] for frame in frames], ignore_index=True)
-    layers = pd.concat([profile.layers()] + ([layer_sink_rates(heads, settings["sink_eps"])] if loaded.causal else []), ignore_index=True)
+    layers = pd.concat([profile.layers()] + ([layer_sink_rates(heads, settings["sink_eps"])] if follows_sinks(kind) else []), ignore_index=True)
     layers = layers.assign(step=step, checkpoint=checkpoint)[TRACK_LAYER_COLUMNS]
-    return CheckpointResult(step, checkpoint, rows, layers, peaks.replicate_means(), syntax, loaded.causal)
+    return CheckpointResult(step, checkpoint, rows, layers, peaks.replicate_means(), syntax, kind)
 
 
 def layer_sink_rates(heads: pd.DataFrame, eps: float) -> pd.DataFrame:
@@ -626,7 +652,7 @@ def track(
     backend: str = "local",
     workers: int | None = None,
     address: str | None = None,
-) -> Track:
+) -> TrackResult:
     """Profile, roles and (with trees) syntactic heads of every checkpoint on one corpus, and the verdict.
 
     ``checkpoints``: model folders or hub names (``"default"`` or ``"all-MiniLM-L6-v2"``: the bundled model),
@@ -675,18 +701,19 @@ def track(
     else:
         for k in todo:
             keep(k, _analyze_checkpoint(*series[k], examples, with_trees, settings, progress))
-    if len({r.causal for r in results}) > 1:
+    if len({r.kind.name for r in results}) > 1:
         raise BertologyError("the checkpoints mix encoders and decoders: a series must share one architecture")
     shapes = {r.means.shape for r in results}
     if len(shapes) > 1:
         raise BertologyError("the checkpoints differ in depth: a series must share one architecture")
     steps = [r.step for r in results]
     syntax = np.stack([r.syntax for r in results]) if with_trees and all(r.syntax is not None for r in results) else None
-    verdict, emergence = hypothesis_verdict(steps, [r.checkpoint for r in results], np.stack([r.means for r in results]), syntax, results[0].metrics)
-    if results[0].causal:
+    kind = results[0].kind
+    verdict, emergence = hypothesis_verdict(steps, [r.checkpoint for r in results], np.stack([r.means for r in results]), kind, syntax)
+    if follows_sinks(kind):
         verdict["sinks"] = sink_series(results, sink_eps)
     corpus_info["examples"] = len(examples)
-    result = Track(results, corpus_info, settings, verdict, emergence, started)
+    result = TrackResult(results, corpus_info, settings, verdict, emergence, started)
     if out is not None:
         result.save(out, command=command)
     return result

@@ -10,20 +10,25 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
+from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import bootstrap_weights
-from bertology.families.profile.analyzer import attention_to
+from bertology.families.kinds import check_kind, check_same_kind, first_query
 
-#: The token sets whose attention peaks at a characteristic depth under the learning-curve hypothesis (docs/methods.md#track-and-the-learning-curve-verdict).
-PEAK_METRICS = ("cls", "sep", "punct")
-#: A decoder's (docs/methods.md#decoders): the first token, the candidate attention sink, in [CLS]'s place (the profile's
-#: ``first``); [SEP] has no meaning there.
-DECODER_PEAK_METRICS = ("first", "punct")
+
+def peak_metrics(kind: Kind) -> tuple[str, ...]:
+    """The token sets whose attention peaks at a characteristic depth under the learning-curve hypothesis
+    (docs/methods.md#track-and-the-learning-curve-verdict), on a model of ``kind``: its anchors, then punctuation. An
+    encoder's [CLS], [SEP] and punctuation; a decoder's first token, the candidate attention sink, in [CLS]'s place (the
+    profile's ``first``; [SEP] has no meaning there, docs/methods.md#decoders), and punctuation."""
+    return (*kind.anchors, "punct")
 
 
 class LayerPeaks(LayerwiseAnalyzer):
     """Per-layer attention to [CLS], [SEP] and punctuation (the engine's set, as in :class:`GeneralProfile`),
-    with bootstrap replicates over sequences; on a decoder (:data:`DECODER_PEAK_METRICS`) to the first token and
-    punctuation, over the queries ``i >= 1`` as the profile's ``first`` and ``punct`` (row 0 sees only itself).
+    with bootstrap replicates over sequences; on a decoder (:func:`peak_metrics`) to the first token and punctuation,
+    over the queries of a mean (the batch's ``query_mask``: a decoder's ``i >= 1``, row 0 sees only itself) as the
+    profile's ``first`` and ``punct``. It is built for one ``kind`` of model (:attr:`metrics` are :func:`peak_metrics` of
+    it) and refuses batches of another.
 
     A sequence's value for layer l is the mean over its heads of the metric (as in
     :meth:`GeneralProfile.layers`); ``m_l`` is its mean over sequences (a decoder's sequence of one token, with no query,
@@ -39,23 +44,27 @@ class LayerPeaks(LayerwiseAnalyzer):
 
     name = "layer_peaks"
 
-    def __init__(self, bootstrap: int = 1000, seed: int = 0):
+    def __init__(self, kind: Kind, bootstrap: int = 1000, seed: int = 0):
+        self.kind, self.metrics = kind, peak_metrics(kind)
         self.bootstrap = bootstrap
         self.seed = seed
         self._sums: np.ndarray | None = None  # [1 + B, layer, metric]: weighted sums of sequence values
         self._weights = np.zeros(1 + bootstrap)  # [1 + B]: summed sequence weights
         self._sequences = 0
         self._pending: list[torch.Tensor] = []  # one [batch, metric] per layer
-        self.metrics = PEAK_METRICS  # DECODER_PEAK_METRICS once a decoder's batch is seen
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
+            check_kind(self, batch)
             self._pending = []
-            self.metrics = DECODER_PEAK_METRICS if batch.causal else PEAK_METRICS
-        sets = {"cls": batch.cls_mask, "first": batch.cls_mask, "sep": batch.sep_mask, "punct": batch.punct_mask}  # a decoder's cls_mask: position 0
-        members = torch.stack([sets[metric] for metric in self.metrics], dim=-1)
-        rows = maps.attention[..., 1:, :] if batch.causal else maps.attention  # the queries of query_mask: a decoder's from row 1
-        self._pending.append(attention_to(rows, batch.query_mask, members).mean(dim=1))  # a sequence's layer value, the head mean: [batch, metric]
+        sets = {**batch.anchors, "punct": batch.punct_mask}
+        members = torch.stack([sets[metric] for metric in self.metrics], dim=-1).to(maps.attention.dtype)  # [batch, n, metric]
+        # attention to each set, (1/m) sum_{i in Q} sum_{j in K} a[i, j] over the m queries Q of a mean, through the column sums
+        # over Q: the rows from the kind's first query on (padding rows are zero)
+        columns = maps.attention[..., first_query(self.kind):, :].sum(dim=-2)
+        m = batch.query_mask.sum(dim=1).to(maps.attention.dtype)[:, None, None]
+        values = torch.einsum("bhj,bjk->bhk", columns, members) / m
+        self._pending.append(values.mean(dim=1))  # a sequence's layer value, the head mean: [batch, metric]
 
     def finish_batch(self, batch: Batch) -> None:
         values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, metric]: one copy to the host
@@ -68,13 +77,10 @@ class LayerPeaks(LayerwiseAnalyzer):
         self._sequences += int(seen.sum())
 
     def merge(self, other: "LayerPeaks") -> "LayerPeaks":
-        self._check_mergeable(other)
+        check_same_kind(self, other)
         if other.bootstrap != self.bootstrap or other.seed != self.seed:
             raise ValueError("cannot merge LayerPeaks with different bootstrap sizes or seeds")
         if other._sums is not None:
-            if self._sums is not None and other.metrics != self.metrics:
-                raise ValueError("cannot merge the LayerPeaks of an encoder and of a decoder")
-            self.metrics = other.metrics
             self._sums = other._sums.copy() if self._sums is None else self._sums + other._sums
             self._weights = self._weights + other._weights
             self._sequences += other._sequences
@@ -102,7 +108,7 @@ class LayerPeaks(LayerwiseAnalyzer):
         return peak_layers(self.replicate_means(), self.metrics)
 
 
-def peak_layers(means: np.ndarray, metrics=PEAK_METRICS) -> pd.DataFrame:
+def peak_layers(means: np.ndarray, metrics: tuple[str, ...]) -> pd.DataFrame:
     """``means [1 + B, layer, metric]`` (row 0 the data) -> ``metric, peak_layer, ci_low, ci_high, agreement``."""
     peaks = means.argmax(axis=1)  # [1 + B, metric]
     low, high = np.percentile(peaks[1:], [2.5, 97.5], axis=0)

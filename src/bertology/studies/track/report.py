@@ -9,15 +9,20 @@ from bertology.core.storage.runfolder import RunFolder
 from bertology.render.figures import METRIC_TITLES, log_step_axis, plt
 from bertology.render.html import Figure, Report, Section
 
+#: The claim the report opens on, by the series' kind of model.
+CLAIM_INTROS = {
+    "encoder": ("Claim: heads pass through phases over depth and over pre-training: [CLS] (and broad) attention early, [SEP] and "
+                "dependency relations in the middle, punctuation deep (docs/methods.md#track-and-the-learning-curve-verdict). "),
+    "decoder": ("Claim (its decoder form, docs/methods.md#decoders): the first token, the candidate attention sink (Gu et al. 2025), "
+                "takes [CLS]'s place and [SEP] has none; first-token attention peaks below punctuation and emerges before it. "),
+}
+
 
 def track_report(folder: RunFolder, track) -> str:
-    """The verdict on the learning-curve hypothesis and the figures of a ``bertology track`` run."""
+    """The verdict on the learning-curve hypothesis and the figures of a ``bertology track`` run (a
+    :class:`~bertology.studies.track.dynamics.TrackResult`)."""
     depth, training = track.verdict["depth"], track.verdict["training"]
-    claim = ("Claim (its decoder form, docs/methods.md#decoders): the first token, the candidate attention sink (Gu et al. 2025), takes "
-             "[CLS]'s place and [SEP] has none; first-token attention peaks below punctuation and emerges before it. "
-             if track.causal else
-             "Claim: heads pass through phases over depth and over pre-training: [CLS] (and broad) attention early, [SEP] and dependency "
-             "relations in the middle, punctuation deep (docs/methods.md#track-and-the-learning-curve-verdict). ")
+    claim = CLAIM_INTROS[track.kind.name]
     section = Section(
         title="The learning-curve hypothesis",
         intro=(
@@ -73,7 +78,7 @@ def track_report(folder: RunFolder, track) -> str:
     return report.render()
 
 
-def layer_by_step_heatmaps(layers: pd.DataFrame, metrics=("cls", "sep", "punct")):
+def layer_by_step_heatmaps(layers: pd.DataFrame, metrics: tuple[str, ...]):
     """One heatmap per metric: layer (rows) x checkpoint step (columns, in order), the layer mean."""
     figure, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.6), squeeze=False)
     for axis, metric in zip(axes[0], metrics):

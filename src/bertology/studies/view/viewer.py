@@ -41,8 +41,9 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 from scipy.special import rel_entr
 
-from bertology.core.engine import MIN_PIECES, Engine, RunStats
+from bertology.core.engine import MIN_PIECES, Engine, PassNeeds, RunStats
 from bertology.core.errors import BertologyError, CorpusError
+from bertology.core.model.kinds import ENCODER, Kind
 from bertology.core.model.models import LoadedModel, load_model
 from bertology.core.storage.runfolder import atomic_write, check_file_out
 from bertology.core.text.corpora import Example
@@ -198,12 +199,12 @@ class AttentionView:
     text_pair: str | None = None
     labels: dict[str, list[str]] = field(default_factory=dict)  # "layer-head" -> labels
     start_head: int = 0  # the head the page opens on, of layer 0 (:func:`distinctive_head`)
-    causal: bool = False  # a decoder's maps: query i sees keys j <= i only
+    kind: Kind = ENCODER  # the model's: a decoder's query i sees the keys j <= i only
     truncated: bool = False  # the input was cut to the model's (or the asked) length: ``text`` and ``text_pair`` are the parts kept
 
     @classmethod
     def from_maps(cls, tokens: list[str], segments: list[int], attention: np.ndarray, model: str, text: str, text_pair: str | None = None, *,
-                  views: dict[str, np.ndarray] | None = None, top_k: int | None = None, causal: bool = False) -> AttentionView:
+                  views: dict[str, np.ndarray] | None = None, top_k: int | None = None, kind: Kind = ENCODER) -> AttentionView:
         """A view of maps in hand: ``attention [layers, heads, n, n]`` and other ``views`` by name (``[layers, heads or 1, n, n]``)."""
         every = {"attention": attention, **(views or {})}
         layers, _, n, _ = attention.shape
@@ -213,7 +214,7 @@ class AttentionView:
             stored[name] = StoredMaps(maps.shape[1], n, k)
             for layer_maps in torch.as_tensor(maps):
                 stored[name].add(layer_maps)
-        return cls(tokens, segments, stored, model, text, text_pair, start_head=distinctive_head(np.asarray(attention[0])), causal=causal)
+        return cls(tokens, segments, stored, model, text, text_pair, start_head=distinctive_head(np.asarray(attention[0])), kind=kind)
 
     @property
     def layers(self) -> int:
@@ -236,7 +237,8 @@ class AttentionView:
         """The page's data: tokens, segments, labels and each view's stored maps (base64), the weights first."""
         n = len(self.tokens)
         data = {"model": self.model, "text": self.text, "text_pair": self.text_pair, "tokens": self.tokens, "segments": self.segments,
-                "layers": self.layers, "heads": self.heads, "n": n, "causal": self.causal, "overview_size": min(n, OVERVIEW_SIZE),
+                "layers": self.layers, "heads": self.heads, "n": n, "kind": self.kind.name,
+                "sees_later_keys": self.kind.sees_later_keys, "overview_size": min(n, OVERVIEW_SIZE),
                 "labels": self.labels, "start_head": self.start_head}
         used = [label for labels in self.labels.values() for label in labels]
         data["label_chips"] = {head: label_chips(labels) for head, labels in self.labels.items()}
@@ -345,7 +347,8 @@ def attention_view(text: str, text_pair: str | None = None, *, model: str | Path
         rolled = rollout_step(attention[None], rolled)
         stored["rollout"].add(rolled)
 
-    engine.run_batch(items, norms="norm" in stored, views=tuple(view for view in contributions if view in stored), on_layer=keep_layer)
+    needs = PassNeeds(norms="norm" in stored, views=tuple(view for view in contributions if view in stored))
+    engine.run_batch(items, needs, on_layer=keep_layer)
     item = items[0]
     tokens = loaded.tokenizer.convert_ids_to_tokens(item.input_ids)
     segments = [-1 if s is None else int(s) for s in item.sequence_ids]
@@ -353,4 +356,4 @@ def attention_view(text: str, text_pair: str | None = None, *, model: str | Path
         covered = [max((end for (_, end), s in zip(item.offsets, segments) if s == segment), default=0) for segment in (0, 1)]
         text, text_pair = text[:covered[0]], None if text_pair is None else text_pair[:covered[1]]
     return AttentionView(tokens, segments, stored, loaded.name, text, text_pair, head_labels(run) if run is not None else {},
-                         start_head, loaded.causal, item.truncated)
+                         start_head, loaded.kind, item.truncated)

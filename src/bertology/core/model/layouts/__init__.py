@@ -12,12 +12,12 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from bertology.core.model.layouts.base import LAYOUTS, AttentionBlock, Layout
+from bertology.core.model.layouts.base import LAYOUTS, AttentionBlock, HeadParts, Layout
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["LAYOUTS", "AttentionBlock", "Layout", "layout_of"]
+__all__ = ["LAYOUTS", "AttentionBlock", "HeadParts", "Layout", "layout_of"]
 
 
 def layout_of(config) -> Layout | None:

@@ -18,6 +18,12 @@ class AlbertLayout(Layout):
     def layers(self, base: nn.Module) -> list[nn.Module]:
         return [layer for group in base.encoder.albert_layer_groups for layer in group.albert_layers]
 
+    def embeddings(self, base: nn.Module) -> list[nn.Module]:
+        return [base.embeddings, base.encoder.embedding_hidden_mapping_in]
+
+    def pooler(self, base: nn.Module) -> nn.Module | None:
+        return getattr(base, "pooler", None)
+
     def layer_calls(self, base: nn.Module, config) -> list[nn.Module]:
         groups = base.encoder.albert_layer_groups
         per_group = config.num_hidden_layers / config.num_hidden_groups

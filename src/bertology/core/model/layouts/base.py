@@ -69,6 +69,18 @@ class AttentionBlock:
         return self.output.bias
 
 
+@dataclass(frozen=True)
+class HeadParts:
+    """What removing a head slices in one layer (:func:`~bertology.core.model.interventions.prune_heads`): the query, key and
+    value projections (``nn.Linear``, ``heads * head_dim`` output rows, head-major), the output projection (as many input
+    columns), and the module that holds the head count under ``count_attribute`` (and ``all_head_size``, where it keeps one)."""
+
+    owner: nn.Module
+    count_attribute: str
+    qkv: tuple[nn.Linear, nn.Linear, nn.Linear]
+    output: nn.Linear
+
+
 #: Every registered layout by the ``config.model_type`` it serves (filled as :mod:`bertology.core.model.layouts` imports its modules).
 LAYOUTS: dict[str, "Layout"] = {}
 
@@ -91,6 +103,10 @@ class Layout:
     pre_norm: ClassVar[bool] = False
     #: Positions of the position table that no piece can take (RoBERTa's ``padding_idx + 1``).
     reserved_positions: ClassVar[int] = 0
+    #: The sequence classifiers of this family (class names) whose head reads the last layer's first token alone (BERT's
+    #: pooler, RoBERTa's and ELECTRA's classification heads, DistilBERT's pre-classifier): ablation's layer replay then
+    #: computes the last layer for that token only (:meth:`first_token_output`). A decoder's classifier reads the last token.
+    first_token_classifiers: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -123,7 +139,27 @@ class Layout:
         forward computes it after the attention (value zeroing's reruns)."""
         raise NotImplementedError
 
+    def embeddings(self, base: nn.Module) -> list[nn.Module]:
+        """The modules that make the first layer's input from the pieces (token and position embeddings, their norm and
+        projection): what ``bertology restore`` puts back as its unit 0."""
+        raise NotImplementedError
+
     # ---- what a layout may change ----
+
+    def pooler(self, base: nn.Module) -> nn.Module | None:
+        """The module that pools the last layer for a sequence classifier (BERT's ``pooler``), which belongs with the
+        classifier's head; None where the family has none."""
+        return None
+
+    def first_token_output(self, layer: nn.Module, hidden_states: torch.Tensor, attention_mask=None, *args, **kwargs) -> torch.Tensor:
+        """``layer``'s output at position 0 alone, ``[batch, 1, hidden]``, exact: the attention reads every key, but what
+        follows it acts on each position alone. Layouts with :attr:`first_token_classifiers` give it."""
+        raise NotImplementedError
+
+    def head_parts(self, layer: nn.Module) -> HeadParts | None:
+        """What removing one of ``layer``'s heads slices (:class:`HeadParts`); None where bertology cannot remove heads
+        from this family's layers."""
+        return None
 
     def layer_calls(self, base: nn.Module, config) -> list[nn.Module]:
         """The layer module each attention layer runs, in order: :meth:`layers`, unless layers are shared (ALBERT)."""

@@ -17,6 +17,9 @@ class Gpt2Layout(Layout):
     def layers(self, base: nn.Module) -> list[nn.Module]:
         return list(base.h)
 
+    def embeddings(self, base: nn.Module) -> list[nn.Module]:
+        return [base.wte, base.wpe]
+
     def attention(self, layer: nn.Module) -> nn.Module:
         return layer.attn
 

@@ -18,6 +18,9 @@ class LlamaLayout(Layout):
     def layers(self, base: nn.Module) -> list[nn.Module]:
         return list(base.layers)
 
+    def embeddings(self, base: nn.Module) -> list[nn.Module]:
+        return [base.embed_tokens]
+
     def attention(self, layer: nn.Module) -> nn.Module:
         return layer.self_attn
 

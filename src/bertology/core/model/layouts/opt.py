@@ -17,6 +17,10 @@ class OptLayout(Layout):
     def layers(self, base: nn.Module) -> list[nn.Module]:
         return list(base.decoder.layers)
 
+    def embeddings(self, base: nn.Module) -> list[nn.Module]:
+        decoder = base.decoder
+        return [decoder.embed_tokens, decoder.embed_positions, *([decoder.project_in] if decoder.project_in is not None else [])]
+
     def is_pre_norm(self, config) -> bool:
         return bool(config.do_layer_norm_before)
 

@@ -157,7 +157,7 @@
 
   // A decoder's query sees only the keys at or before it: hovering a token greys the tokens it cannot see, or that cannot see it.
   function unseen(hover, side, i) {
-    return data.causal && hover !== null && hover.side !== side && (hover.side === "query" ? i > hover.index : i < hover.index);
+    return !data.sees_later_keys && hover !== null && hover.side !== side && (hover.side === "query" ? i > hover.index : i < hover.index);
   }
   function drawTokens(hover) {
     context.font = "12px ui-monospace, monospace";
@@ -250,7 +250,7 @@
     const offset = (l * current.heads + (current.heads === 1 ? 0 : h)) * size * size;
     for (let r = 0; r < size; r++) {
       for (let c = 0; c < size; c++) {
-        const p = r * size + c, hidden = data.causal && c > r;
+        const p = r * size + c, hidden = !data.sees_later_keys && c > r;
         const v = hidden ? 222 : 255 - Math.round(255 * Math.sqrt(current.overview[offset + p] / 255));
         image.data[4 * p] = v; image.data[4 * p + 1] = v; image.data[4 * p + 2] = hidden ? 222 : 255; image.data[4 * p + 3] = 255;
       }

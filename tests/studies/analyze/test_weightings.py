@@ -9,7 +9,7 @@ from conftest import TEXTS
 import bertology
 from bertology.core.engine import Engine
 from bertology.families import FamilyResult
-from bertology.studies.analyze.views import combine_views, disagreements
+from bertology.studies.analyze.weightings import combine_views, disagreements
 
 READ_THE_MAPS = ["profile", "roles", "patterns", "rollout"]
 
@@ -37,20 +37,20 @@ def test_both_views_share_one_pass_and_each_equals_its_own_run(tiny_bert, tmp_pa
     assert both_calls == len(calls) // 2  # one forward pass per batch, whatever the number of views
 
     for name in ("heads", "layers", "roles", "role_shares", "patterns", "patterns_by_layer", "rollout"):
-        table = getattr(both, name)
+        table = both.table(name)
         assert list(table.columns)[0] == "weighting" and list(dict.fromkeys(table.weighting)) == ["attention", "norm"]
         for weighting, run in alone.items():
             rows = table[table.weighting == weighting].drop(columns="weighting").reset_index(drop=True)
-            expected = getattr(run, name)
+            expected = run.table(name)
             expected = expected.drop(columns="weighting") if "weighting" in expected else expected
             pd.testing.assert_frame_equal(rows, expected.reset_index(drop=True), check_dtype=False)
-    assert "weighting" not in alone["attention"].heads  # the plain weights keep the tables they always had
-    assert list(dict.fromkeys(alone["norm"].heads.weighting)) == ["norm"]
-    assert "weighting" not in both.mixing  # the mixing ratios do not read the maps: once, the same under both views
-    pd.testing.assert_frame_equal(both.mixing, alone["attention"].mixing)
+    assert "weighting" not in alone["attention"].table("heads")  # the plain weights keep the tables they always had
+    assert list(dict.fromkeys(alone["norm"].table("heads").weighting)) == ["norm"]
+    assert "weighting" not in both.table("mixing")  # the mixing ratios do not read the maps: once, the same under both views
+    pd.testing.assert_frame_equal(both.table("mixing"), alone["attention"].table("mixing"))
 
     # Norm shares are not the weights: on a random model they move attention around.
-    heads = both.heads.pivot_table(index=["layer", "head", "metric"], columns="weighting", values="value")
+    heads = both.table("heads").pivot_table(index=["layer", "head", "metric"], columns="weighting", values="value")
     assert (heads.attention - heads.norm).abs().max() > 0.01
 
     folder = tmp_path / "both"
@@ -62,7 +62,7 @@ def test_both_views_share_one_pass_and_each_equals_its_own_run(tiny_bert, tmp_pa
     assert "General attention profile — attention weights" in report
     views = pd.read_csv(folder / "views_by_layer.csv")
     assert set(views.weighting) == {"attention", "norm"} and set(views.family) == set(READ_THE_MAPS)
-    layers = both.layers[both.layers.metric == "cls"]
+    layers = both.table("layers")[both.table("layers").metric == "cls"]
     for weighting in ("attention", "norm"):
         expected = layers[layers.weighting == weighting].set_index("layer").value
         got = views[(views.weighting == weighting) & (views.quantity == "attention to [CLS]")].set_index("layer").value
