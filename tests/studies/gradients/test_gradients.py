@@ -22,7 +22,7 @@ from bertology.core.model.models import load_model
 from bertology.core.text.corpora import Example
 from bertology.studies.gradients.gradients import AttentionGradients, attention_gradients, gradient_targets, masked_positions
 
-ENCODER_TARGETS, DECODER_TARGETS = ("cls", "sep", "punct", "all"), ("first", "punct", "all")
+ENCODER_TARGETS, DECODER_TARGETS = ("sep", "cls", "punct", "all"), ("first", "punct", "all")
 
 
 def test_the_targets_are_the_kinds_anchors_punctuation_and_every_key():

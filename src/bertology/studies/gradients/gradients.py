@@ -52,8 +52,9 @@ NO_OP_ANCHOR = {"encoder": "sep", "decoder": "first"}
 
 def gradient_targets(kind: Kind) -> tuple[str, ...]:
     """The key sets whose attention and gradient are measured on a model of ``kind``: its anchors (an encoder's [CLS] and
-    [SEP]; a decoder's first token, in [CLS]'s place, docs/methods.md#decoders), punctuation, and ``all``, every real key."""
-    return (*kind.anchors, "punct", "all")
+    [SEP]; a decoder's first token, in [CLS]'s place, docs/methods.md#decoders), punctuation, and ``all``, every real key.
+    The last anchor comes first: an encoder's [SEP], the token of Clark et al.'s gradient figure."""
+    return (*reversed(kind.anchors), "punct", "all")
 
 
 #: The share of pieces the masked-LM loss masks unless ``mask_share`` says otherwise.
