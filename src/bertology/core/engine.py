@@ -23,13 +23,15 @@ from transformers import BatchEncoding
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.measures.contributions import CONTRIBUTION_MEASURES, alti_contributions, alti_per_head, value_zeroing
 from bertology.core.measures.norms import CONTRIBUTION_VIEWS, WEIGHTINGS, mixing_ratios, norm_shares, transformed_norms
-from bertology.core.model.hooks import Hooks
+from bertology.core.model.hooks import Hooks, uniform_attention
 from bertology.core.model.kinds import ENCODER, Kind
 from bertology.core.model.models import PUNCT_SETS, LoadedModel, attention_blocks, punctuation_table
 from bertology.core.text.alignment import WordAlignment, align, default_word_spans, to_word_level
 from bertology.core.text.corpora import Example
 
 OVERFLOW_POLICIES = ("truncate", "skip")
+#: The null models a pass can run in place of the model's attention (``Engine(null=...)``): None, the model itself.
+NULL_MODELS = (None, "uniform")
 #: The vector norms of ``LayerMaps.vector_norms``, in order: ``||k_j||``, ``||v_j||`` and ``||f_h(x_j)||`` (Kobayashi et al. 2020).
 VECTOR_NORMS = ("key", "value", "transformed")
 MAX_SKIPPED_SOURCES = 100  # the manifest lists the first skipped sequences; the count is exact
@@ -107,6 +109,7 @@ class Batch:
     vector_norms: torch.Tensor | None = field(default=None, repr=False)
     contributions: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # measure -> [layer, batch, n, n]
     view_maps: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # alti, value-zeroing -> [layer, batch, head, n, n]
+    layer_visible_keys: list[torch.Tensor] = field(default_factory=list, repr=False)  # the stacked pass: LayerMaps.visible_keys per layer
     layer_count: int | None = None  # where there are no maps to count them from (the layer-by-layer pass)
     head_count: int | None = None
     kind: Kind = ENCODER
@@ -157,7 +160,8 @@ class Batch:
         """Layer ``layer``'s maps of this (whole) batch, as the layer-by-layer pass hands them out."""
         return LayerMaps(layer, self.attentions[layer], mixing=None if self.mixing is None else self.mixing[layer],
                          vector_norms=None if self.vector_norms is None else self.vector_norms[layer],
-                         contributions={measure: maps[layer] for measure, maps in self.contributions.items()})
+                         contributions={measure: maps[layer] for measure, maps in self.contributions.items()},
+                         visible_keys=self.layer_visible_keys[layer] if self.layer_visible_keys else None)
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -219,7 +223,15 @@ class LayerMaps:
     vector_norms: torch.Tensor | None = None
     #: The layer's contribution maps ``c[b, i, j]`` by measure (``alti``, ``value_zeroing``) where an analyzer ``needs`` them.
     contributions: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: ``[batch, n, n]`` bool: the keys each query saw in this layer, from the mask the model applied (padding, causality, a
+    #: sliding window, a layer of local attention); None where the pass did not record it (:meth:`visible`).
+    visible_keys: torch.Tensor | None = None
     _word_maps: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+
+    def visible(self, batch: Batch) -> torch.Tensor:
+        """``[batch, n, n]`` bool: the keys each query of ``batch`` saw in this layer: the mask the model applied where the
+        pass recorded it, else the kind's (:meth:`~bertology.core.model.kinds.Kind.visible_keys`)."""
+        return self.visible_keys if self.visible_keys is not None else batch.kind.visible_keys(batch.mask)
 
     def word_attention(self, batch: Batch, b: int) -> torch.Tensor:
         """Word-level attention ``[head, u, u]`` of sequence ``b`` at this layer (docs/methods.md#notation-and-word-level-attention)."""
@@ -384,6 +396,10 @@ class Engine:
         Where every analyzer of a run is a :class:`~bertology.core.analyzer.LayerwiseAnalyzer`, hand them each layer's maps
         inside the forward pass and keep none (peak memory: one layer's maps); otherwise, or with False, every layer's maps
         of a batch are stacked and each analyzer's ``update`` gets them all.
+    null : {None, "uniform"}
+        ``"uniform"``: run the null model instead of the model's own attention: every head attends uniformly over the keys the
+        model's mask lets each query see (:func:`~bertology.core.model.hooks.uniform_attention`, docs/methods.md#the-null-model),
+        so that a run can count the claims it makes where there is nothing to find.
     punct : {"upos", "clark"}
         The punctuation set of ``Batch.punct_mask`` (:data:`~bertology.core.model.models.PUNCT_SETS`,
         docs/methods.md#head-profile), so every analyzer of a run measures attention to the same punctuation.
@@ -401,6 +417,7 @@ class Engine:
         progress: bool = True,
         punct: str = "upos",
         layerwise: bool = True,
+        null: str | None = None,
     ):
         if punct not in PUNCT_SETS:
             raise BertologyError(f"unknown punctuation set {punct!r}: use {' or '.join(PUNCT_SETS)}")
@@ -408,6 +425,9 @@ class Engine:
             raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, not {overflow!r}")
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if null not in NULL_MODELS:
+            raise BertologyError(f"unknown null model {null!r}: use {' or '.join(repr(name) for name in NULL_MODELS)}")
+        self.null = null
         self.model = model
         self.batch_size = batch_size
         self.max_length = min(max_length or model.max_length, model.max_length)
@@ -706,6 +726,7 @@ class BatchCapture:
 
     def __init__(self, engine: Engine, batch: Batch, needs: PassNeeds, on_layer: Callable | None):
         self.engine, self.batch, self.needs, self.on_layer = engine, batch, needs, on_layer
+        self.attached: Hooks | None = None  # the hooks of the forward pass (their key_mask: the mask of the layer being run)
         # Rows of padding queries are zeroed: they are no query of the sequence (docs/methods.md#head-profile); known on the
         # host, so a batch of one length has none to zero.
         self.padded = len({len(item) for item in batch.items}) > 1
@@ -720,9 +741,13 @@ class BatchCapture:
         self.own_states = needs.hidden_states and layout is not None and layout.kind is ENCODER
 
     def hooks(self) -> Hooks:
-        """The hook points this pass reads (:mod:`bertology.core.model.hooks`)."""
+        """The hook points this pass reads (:mod:`bertology.core.model.hooks`); under the uniform null model, the pattern is
+        replaced first."""
         keep = self.keep
-        hooks = Hooks().add("pattern", partial(keep, "pattern"))
+        hooks = self.attached = Hooks()
+        if self.engine.null == "uniform":
+            hooks.add("pattern", uniform_attention(hooks))
+        hooks.add("pattern", self.keep_pattern)
         if self.needs.values:
             hooks.add("value", partial(keep, "value"))
         if self.needs.vectors:
@@ -731,6 +756,12 @@ class BatchCapture:
 
     def keep(self, name: str, layer: int, tensor: torch.Tensor) -> None:
         self.captured.setdefault(layer, {})[name] = tensor
+
+    def keep_pattern(self, layer: int, pattern: torch.Tensor) -> None:
+        """The pattern, and the keys the model's mask let each real query see in this layer (``[batch, n, n]``)."""
+        mask, seen = self.batch.mask, self.attached.key_mask
+        visible = self.batch.kind.visible_keys(mask) if seen is None else seen[:, 0] & mask[:, None, :] & mask[:, :, None]
+        self.captured.setdefault(layer, {}).update(pattern=pattern, visible=visible)
 
     def forward(self, tensors: dict[str, torch.Tensor]):
         """The model's forward pass with this capture's hooks, and, where needed, each layer's input ``x``: a post-norm
@@ -756,6 +787,7 @@ class BatchCapture:
         if self.padded:
             pattern.masked_fill_(~self.batch.mask[:, None, :, None], 0)
         result = self.measure(layer, pattern, captured.get("value"), captured.get("key"), head_output)
+        result.visible_keys = captured["visible"]
         if self.on_layer is None:
             self.kept.append(result)
         else:
@@ -792,6 +824,7 @@ class BatchCapture:
         if self.on_layer is None:
             kept = self.kept
             batch.attentions = torch.stack([layer.pattern for layer in kept])
+            batch.layer_visible_keys = [layer.visible_keys for layer in kept]
             batch.key_norms = torch.stack([layer.key_norms for layer in kept]) if needs.norms else None
             batch.mixing = torch.stack([layer.mixing for layer in kept]) if needs.mixing else None
             batch.vector_norms = torch.stack([layer.vector_norms for layer in kept]) if needs.vectors else None
@@ -814,11 +847,13 @@ class LayerCapture:
     vector_norms: torch.Tensor | None
     contributions: dict[str, torch.Tensor]
     views: dict[str, torch.Tensor]
+    visible_keys: torch.Tensor | None = None
     _made: dict[str, LayerMaps] = field(default_factory=dict, init=False, repr=False)
 
     def maps(self, weighting: str) -> LayerMaps:
         """The layer's :class:`LayerMaps` in one view of attention (:func:`attention_view`), made once per view."""
         if weighting not in self._made:
             self._made[weighting] = LayerMaps(self.layer, attention_view(weighting, self.pattern, self.key_norms, self.views),
-                                              mixing=self.mixing, vector_norms=self.vector_norms, contributions=self.contributions)
+                                              mixing=self.mixing, vector_norms=self.vector_norms, contributions=self.contributions,
+                                              visible_keys=self.visible_keys)
         return self._made[weighting]

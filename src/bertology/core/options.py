@@ -126,6 +126,9 @@ PASS = (
     *TESTS,
     Option("weighting", "attention", "View of attention every analysis reads: attention (the weights), norm (Kobayashi et al. 2020's norm "
            "shares ||a f(x)||) or attention,norm (both, in one pass; tables get a weighting column)."),
+    Option("null", None, "Calibration: run the null model instead of the model's attention: 'uniform', every head attending uniformly "
+           "over the keys the model's mask lets each query see (its queries zeroed), on the same tokenizer, corpus and settings; "
+           "a run on it should make no claim (docs/methods.md#the-null-model).", type=str),
     Option("checkpoint_every", None, "Save the pass's states every N batches [default: every 30 s]; rerun the same command with the same --out "
            "to resume.", type=int, minimum=1),
 )

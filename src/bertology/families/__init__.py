@@ -134,6 +134,11 @@ class Family:
         """Lines the command line prints after a run."""
         return []
 
+    def claims(self, result: FamilyResult) -> list[str]:
+        """What the run claims of the heads, one line each (a role held, a relation's significant head, a sink head, a pattern's
+        majority, a Clark label): the lines a null model (``analyze(null="uniform")``) must leave empty."""
+        return []
+
     def overview(self, result: FamilyResult) -> pd.DataFrame | None:
         """A small table for a notebook's display of the result."""
         return None

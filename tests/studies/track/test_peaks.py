@@ -3,21 +3,7 @@
 import numpy as np
 import pytest
 import torch
-
-
-def padded_batch(maps, flags):
-    """Stack maps of different n into one zero-padded batch of one head, with masks."""
-    width = max(m.shape[0] for m in maps)
-    attention = torch.zeros(len(maps), 1, width, width, dtype=torch.float64)
-    masks = {name: torch.zeros(len(maps), width, dtype=torch.bool) for name in ("mask", "cls", "sep", "punct")}
-    for b, (m, (cls, sep, punct)) in enumerate(zip(maps, flags)):
-        n = m.shape[0]
-        attention[b, 0, :n, :n] = torch.tensor(m)
-        masks["mask"][b, :n] = True
-        masks["cls"][b, cls] = True
-        masks["sep"][b, sep] = True
-        masks["punct"][b, punct] = True
-    return attention, masks
+from families.profile.test_profile import padded_batch
 
 
 def attention_to_by_hand(a: np.ndarray, cls: list[int], sep: list[int], punct: list[int]) -> dict:

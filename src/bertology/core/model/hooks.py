@@ -153,6 +153,22 @@ def bertology_attention(
     return head_output.transpose(1, 2).contiguous(), pattern
 
 
+def uniform_attention(hooks: Hooks) -> Handler:
+    """A ``pattern`` handler that replaces every head's attention by the uniform row over the keys it sees, ``1 / |S_i|`` on
+    the keys the model's own mask lets query i see (:attr:`Hooks.key_mask`: padding, causality, a sliding window): the
+    null model of docs/methods.md#the-null-model, the same as zeroing every query projection (all scores equal), on the
+    user's own model, tokenizer and corpus. Later layers read the outputs of these uniform heads."""
+
+    def handler(layer: int, pattern: torch.Tensor) -> torch.Tensor:
+        seen = hooks.key_mask
+        if seen is None:  # no mask: every query sees every key
+            return torch.full_like(pattern, 1.0 / pattern.shape[-1])
+        weights = seen.expand_as(pattern).to(pattern.dtype)
+        return weights / weights.sum(dim=-1, keepdim=True).clamp(min=1)
+
+    return handler
+
+
 def active_hooks() -> Hooks | None:
     """The :class:`Hooks` attached for the forward pass being run, if any."""
     return _ACTIVE.get()

@@ -108,6 +108,23 @@ class Analysis:
         raise UnknownTable(f"no table {name!r}: this run made {', '.join(made) or 'none'}; the registered families declare "
                            f"{', '.join(sorted(declared))}")
 
+    def claims(self) -> dict[str, list[str]]:
+        """What the run claims of its heads, by family (:meth:`~bertology.families.Family.claims`); a null model's run
+        (``settings["null"]``) should claim nothing."""
+        registry = registered()
+        return {name: registry[name].claims(result) for name, result in self.results.items()}
+
+    def claims_line(self) -> str:
+        """One line: how many claims, by family, and under the null model whether there should be any."""
+        counts = {name: len(lines) for name, lines in self.claims().items() if lines}
+        total = sum(counts.values())
+        by_family = f" ({', '.join(f'{name} {count}' for name, count in counts.items())})" if counts else ""
+        null = self.settings.get("null")
+        if null is None:
+            return f"claims: {total}{by_family}"
+        verdict = "as a null model should" if total == 0 else "a null model should make none: these tests are not calibrated"
+        return f"null model {null}: {total} claims{by_family}, {verdict}"
+
     def summary(self) -> dict:
         """The facts shown at the top of the report."""
         stats = self.stats.as_dict()
@@ -116,6 +133,7 @@ class Analysis:
             "model": f"{self.model['name']} ({self.model['model_type']}, {self.model['layers']} layers x {self.model['heads']} heads)",
             "corpus": f"{self.corpus['name']} ({self.corpus['format']}{', trees: ' + trees if trees else ''})",
             "analyses": ", ".join(self.settings["analyses"]),
+            **({"null model": self.claims_line()} if self.settings.get("null") else {}),
             "sequences": stats["sequences"],
             "tokens": stats["tokens"],
             "truncated": stats["truncated"],
@@ -473,6 +491,7 @@ def analyze(
     correction: str = "fdr_bh",
     min_sample: int = MIN_SAMPLE,
     weighting: str | Iterable[str] = "attention",
+    null: str | None = None,
     backend: str = "local",
     workers: int | None = None,
     address: str | None = None,
@@ -500,6 +519,8 @@ def analyze(
     ``clark`` (the pieces "." and "," only, as in Clark et al.'s code; docs/methods.md#head-profile).
     ``weighting``: the view of attention every family reads, ``"attention"`` (the weights), ``"norm"``
     (Kobayashi et al. 2020's norm shares, docs/methods.md#norms-and-mixing) or both (``"attention,norm"``), in one pass.
+    ``null="uniform"`` runs the null model instead of the model's attention (every head uniform over the keys it sees: the
+    model with its queries zeroed, docs/methods.md#the-null-model), the calibration of every claim: it should make none.
     ``backend``: ``"local"`` (this process) or ``"ray"`` (shards of the corpus across a Ray cluster: ``workers``
     actors on a local cluster started here, or the cluster at ``address``, ``"auto"`` or ``"ray://host:port"``;
     the tables equal the local ones to float rounding). With ``out``, the pass saves its analyzers' states in
@@ -520,8 +541,10 @@ def analyze(
     loaded, phases = _load(model, device, trust_remote_code)
     chosen, warnings = _fit_model(chosen, loaded, settings, asked, options)
     torch.manual_seed(seed)
-    engine = Engine(loaded, batch_size=batch_size, max_length=max_length, overflow=overflow, progress=progress, punct=punct)
+    engine = Engine(loaded, batch_size=batch_size, max_length=max_length, overflow=overflow, progress=progress, punct=punct, null=null)
     settings["max_length"] = engine.max_length
+    if null is not None:
+        settings["null"] = null
     one_pass = _plan_pass(chosen, settings, loaded.kind, spacy_pipeline, parse=parser == "spacy")
     resume = _resume_point(out, examples, corpus_info, loaded, settings, checkpoint_every)
     stats = _run_pass(backend, engine, examples, one_pass, total=total, resume=resume, model=loaded if isinstance(model, LoadedModel) else model,

@@ -1,0 +1,74 @@
+"""The keys each query sees come from the mask the model applied, layer by layer (sliding windows, alternating local and
+global layers), and the uniform null model (``Engine(null="uniform")``) is the model with every query projection zeroed."""
+
+import pytest
+import torch
+from conftest import float64_model, tiny_examples
+
+from bertology.core.engine import Engine, RunStats
+from bertology.core.errors import BertologyError
+from bertology.core.model.hooks import register_attention
+from bertology.core.model.models import describe_model
+
+
+def windowed(tiny_llama_dir, name: str, window: int):
+    """A tiny ``name`` decoder (Mistral: a sliding window in every layer; Gemma 2: local and global layers alternating) with
+    the tiny Llama's tokenizer, float64."""
+    import transformers as T
+
+    llama = float64_model(tiny_llama_dir)
+    sizes = dict(vocab_size=llama.model.config.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, sliding_window=window, pad_token_id=llama.tokenizer.pad_token_id)
+    config = T.MistralConfig(**sizes) if name == "mistral" else T.Gemma2Config(head_dim=8, **sizes)
+    register_attention()
+    torch.manual_seed(0)
+    model = T.AutoModel.from_config(config, attn_implementation="bertology").double().eval()
+    return describe_model(model, llama.tokenizer, name=name, device=torch.device("cpu"))
+
+
+def window_by_hand(n: int, width: int, window: int | None) -> torch.Tensor:
+    """``[width, width]``: query i sees key j when both are real, j <= i, and (with a window) i - j < window."""
+    seen = torch.zeros(width, width, dtype=torch.bool)
+    for i in range(n):
+        for j in range(i + 1):
+            seen[i, j] = window is None or i - j < window
+    return seen
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma2"])
+def test_the_visible_keys_are_the_mask_the_model_applied_layer_by_layer(tiny_llama_dir, name):
+    loaded = windowed(tiny_llama_dir, name, window=3)
+    engine = Engine(loaded, progress=False)
+    items = list(engine.encode(enumerate(tiny_examples()[:3]), RunStats()))
+    batch = engine.run_batch(items)
+    local_layers = [getattr(loaded.model.config, "layer_types", None)[layer] == "sliding_attention" if name == "gemma2" else True
+                    for layer in range(4)]
+    assert any(local_layers) and (name == "mistral" or not all(local_layers))  # Gemma 2 alternates
+    width = batch.mask.shape[1]
+    for layer in range(4):
+        expected = torch.stack([window_by_hand(len(item), width, 3 if local_layers[layer] else None) for item in items])
+        assert torch.equal(batch.layer_maps(layer).visible(batch), expected), layer
+        weighted = batch.attentions[layer].abs().amax(dim=1) > 0  # where some head gives weight
+        assert torch.equal(weighted, expected), layer
+
+
+def test_the_uniform_null_is_the_model_with_its_queries_zeroed(tiny_llama_dir, tiny_bert_dir):
+    for folder, query in ((tiny_llama_dir, "q_proj"), (tiny_bert_dir, "query")):
+        loaded = float64_model(folder)
+        items = list(Engine(loaded, progress=False).encode(enumerate(tiny_examples()[:4]), RunStats()))
+        null = Engine(loaded, progress=False, null="uniform").run_batch(items)
+        with torch.no_grad():
+            for name, parameter in loaded.model.named_parameters():
+                if f".{query}." in name:
+                    parameter.zero_()
+        zeroed = Engine(loaded, progress=False).run_batch(items)
+        torch.testing.assert_close(null.attentions, zeroed.attentions, rtol=0, atol=1e-12)
+        for layer in range(null.attentions.shape[0]):  # 1 / |S_i| on every key each query sees
+            visible = null.layer_maps(layer).visible(null).double()
+            uniform = visible / visible.sum(-1, keepdim=True).clamp(min=1)
+            torch.testing.assert_close(null.attentions[layer], uniform[:, None].expand_as(null.attentions[layer]), rtol=0, atol=1e-15)
+
+
+def test_an_unknown_null_model_is_refused(tiny_bert):
+    with pytest.raises(BertologyError, match="unknown null model 'zeros'"):
+        Engine(tiny_bert, null="zeros")
