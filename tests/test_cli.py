@@ -32,7 +32,7 @@ def test_analyze_writes_a_complete_run_folder(tiny_bert_dir, corpus, tmp_path):
     assert result.returncode == 0, result.stderr
     assert f"report: {(out / 'report.html').resolve()}" in result.stdout
     heads = pd.read_csv(out / "heads.csv")
-    assert list(heads.columns) == ["layer", "head", "metric", "value", "ci_low", "ci_high", "n"]
+    assert list(heads.columns) == ["layer", "head", "metric", "value", "ci_low", "ci_high", "n", "uniform", "excess", "excess_ci_low", "excess_ci_high"]
     assert len(heads) == 2 * 4 * len(profile_metric_names(ENCODER))
     assert (heads.n == len(TEXTS)).all()
     pd.testing.assert_frame_equal(pd.read_parquet(out / "heads.parquet"), heads, check_dtype=False)
@@ -83,7 +83,7 @@ def test_syntax_writes_tables_probe_and_report(tiny_bert_dir, treebank, tmp_path
     assert result.returncode == 0, result.stderr
     assert "parsing probe UAS (2-fold cross-validation over sentences): attn" in result.stdout
     syntax = pd.read_csv(out / "syntax.csv")
-    assert list(syntax.columns) == ["relation", "direction", "layer", "head", "accuracy", "n"]
+    assert list(syntax.columns) == ["relation", "direction", "layer", "head", "accuracy", "n", "uniform"]
     assert set(syntax.direction) == {"dep->head", "head->dep"} and "all" in set(syntax.relation)
     best = pd.read_csv(out / "syntax_best.csv")
     assert list(best.columns)[:12] == ["relation", "n", "layer", "head", "direction", "accuracy", "ci_low", "ci_high",
@@ -127,7 +127,8 @@ def test_roles_and_patterns_commands(tiny_bert_dir, pairs, tmp_path):
     result = bertology("roles", "-m", tiny_bert_dir, "-c", pairs, "-o", tmp_path / "roles", "--tau", 1.5, "--correction", "bonferroni", "-q")
     assert result.returncode == 0, result.stderr
     roles = pd.read_csv(tmp_path / "roles" / "roles.csv")
-    assert list(roles.columns) == ["layer", "head", "role", "mean", "ci_low", "ci_high", "t", "p", "p_adj", "has_role", "n"]
+    assert list(roles.columns) == ["layer", "head", "role", "mean", "ci_low", "ci_high", "uniform", "excess", "t", "p", "t_excess", "p_excess",
+                                   "p_adj", "has_role", "n"]
     assert set(roles.role) == {"local", "delimiter", "cls", "sep", "block"}
     assert (roles.n == len(TEXTS)).all()
     shares = pd.read_csv(tmp_path / "roles" / "role_shares.csv")
@@ -340,5 +341,5 @@ def test_one_piece_lines_of_a_decoder_are_skipped_and_counted_and_rollout_and_si
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["failures"] == {} and manifest["stats"]["degenerate"] == 2 and manifest["skipped_sources"] == ["c.txt:1", "c.txt:4"]
     assert "the cat sat on the mat." in (tmp_path / "run" / "viewer.html").read_text()
-    for table in ("rollout.csv", "sinks.csv"):
-        assert pd.read_csv(tmp_path / "run" / table).notna().any().all(), table
+    for table in ("rollout.csv", "sinks.csv"):  # the excess over the uniform head is tested from --min-sample sequences on, not on 3
+        assert pd.read_csv(tmp_path / "run" / table).drop(columns=["t_excess", "p_excess"], errors="ignore").notna().any().all(), table

@@ -122,6 +122,59 @@ def test_a_head_planted_on_nouns_gives_all_its_attention_to_them(tiny_bert):
     shares = np.mean([sum(t == "NOUN" for t in e.upos) / len(e.upos) for e in examples if "NOUN" in e.upos])
     np.testing.assert_allclose(row.baseline, shares, rtol=1e-12)
     np.testing.assert_allclose(row.ratio, 1.0 / shares, rtol=1e-6)
+    from bertology.families.classes.report import top_heads
+
+    top = top_heads(analyzer.result(), 1)  # the planted head does more than the uniform head: it is the one named
+    assert top[["layer", "head"]].values.tolist() == [[0, 1]] and (top.excess > 0.3).all()
+
+
+def uniform_class_values(loaded, example, member_units):
+    """The uniform head's attention to a class on an encoder, by loops from the definition: piece p spreads 1/n over the n
+    pieces; word-level rows average a unit's pieces, columns sum them; ``all`` is the mean over every unit, and each row."""
+    from bertology.core.text.alignment import align, default_word_spans
+
+    encoding = loaded.tokenizer(example.text, example.text_pair, return_offsets_mapping=True)
+    spans = [default_word_spans(example.text)] + ([default_word_spans(example.text_pair)] if example.text_pair else [])
+    alignment = align(encoding["offset_mapping"], encoding.sequence_ids(), spans)
+    share, n = alignment.assignment, len(encoding["input_ids"])
+    rows = [sum(share[u, p] * share[v, q] / n for p in range(n) for v in member_units for q in range(n)) / share[u].sum()
+            for u in range(alignment.num_units)]
+    return float(np.mean(rows)), rows
+
+
+def test_the_uniform_column_of_an_encoder_and_its_null_model(tiny_bert, tiny_bert_dir):
+    """The uniform head's attention to a class (each piece spreading 1/n over the n pieces, [CLS]/[SEP] included) against
+    loops from the definition, on single sentences and on pairs; the null model's heads are that head: no head is named."""
+    from conftest import PAIRS
+
+    from bertology.core.text.corpora import Example
+    from bertology.families.classes.analyzer import TokenClass, class_units
+    from bertology.families.classes.report import top_heads
+
+    the = TokenClass("the", "words", "the", frozenset({"the"}))
+    examples = [Example(t) for t in ("the cat sat on the mat.", "where is the dog?", "we saw it.")] + [Example(a, b) for a, b in PAIRS]
+    engine = Engine(tiny_bert, batch_size=2, progress=False)
+    encoded = list(engine.encode(enumerate(examples), RunStats()))
+    expected = []
+    for item in encoded:
+        alignment = engine.run_batch([item]).alignments[0]
+        members, _ = class_units(item.example, alignment, (the,))
+        units = set(np.flatnonzero(members[:, 0]))
+        if units:
+            every, rows = uniform_class_values(tiny_bert, item.example, units)
+            expected.append((every, rows[0]))
+    assert len(expected) >= 3
+    for null in (None, "uniform"):
+        analyzer = ClassAttention(tiny_bert.kind, (the,))
+        Engine(tiny_bert, batch_size=2, progress=False, null=null).run(examples, [analyzer])
+        table = analyzer.result()
+        for row, k in (("all", 0), ("cls_row", 1)):
+            got = table[table.row == row]
+            np.testing.assert_allclose(got.uniform, np.mean([e[k] for e in expected]), rtol=1e-6)
+            if null == "uniform":
+                np.testing.assert_allclose(got.value, got.uniform, rtol=1e-5)
+        if null == "uniform":
+            assert top_heads(table, 3).empty
 
 
 def test_class_specs_parse_and_bad_ones_are_one_line_errors(tmp_path):
@@ -163,7 +216,7 @@ def test_classes_command_writes_table_figure_and_section(tiny_bert_dir, tmp_path
     done = subprocess.run([sys.executable, "-m", "bertology.cli", "classes", "-m", str(tiny_bert_dir), "-c", str(corpus), "--out", str(out), "-q",
                            "--class", "noun=upos:NOUN", "--class", "neg=words:negation", "--min-sample", "2"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "most attention to noun:" in done.stdout
+    assert "most attention to noun beyond a uniform head:" in done.stdout
     table = pd.read_csv(out / "classes.csv")
     assert set(table["class"]) == {"noun", "neg"} and set(table.row) == {"all", "cls_row"}
     assert (out / "classes_heatmaps.png").exists()

@@ -46,3 +46,55 @@ def test_decoder_class_attention_equals_numpy(gpt2_64):
         np.testing.assert_allclose(row.value, np.mean(expected), rtol=1e-10, err_msg=str(key))
         np.testing.assert_allclose(row.baseline, np.mean(baselines), rtol=1e-12)
         assert row.n == len(expected)
+
+
+def uniform_class_values(loaded, example, member_units, causal: bool):
+    """The uniform head's attention to a class by loops from the definition: piece p spreads 1 / |S_p| over the pieces it
+    sees (``q <= p`` on a decoder, every piece on an encoder); word-level rows average a unit's pieces, columns sum them;
+    ``all`` is the mean over the queries (a decoder's units after the first), and the one row's own value."""
+    encoding = loaded.tokenizer(example.text, example.text_pair, return_offsets_mapping=True)
+    spans = [default_word_spans(example.text)] + ([default_word_spans(example.text_pair)] if example.text_pair else [])
+    alignment = align(encoding["offset_mapping"], encoding.sequence_ids(), spans)
+    share, n = alignment.assignment, len(encoding["input_ids"])
+    units = alignment.num_units
+    to_class = []
+    for u in range(units):
+        total = 0.0
+        for p in range(n):
+            keys = [q for q in range(n) if q <= p or not causal]
+            total += share[u, p] * sum(share[v, q] / len(keys) for v in member_units for q in keys)
+        to_class.append(total / share[u].sum())
+    start = 1 if causal else 0
+    return float(np.mean(to_class[start:])), to_class
+
+
+def test_the_uniform_column_equals_loops_and_the_null_decoder_names_no_head(gpt2_64, llama64):
+    from bertology.families.classes import Classes
+    from bertology.families.classes.report import top_heads
+
+    for loaded in (gpt2_64, llama64):
+        expected = []
+        for example in EXAMPLES:
+            spans = default_word_spans(example.text)
+            encoding = loaded.tokenizer(example.text, return_offsets_mapping=True)
+            alignment = align(encoding["offset_mapping"], encoding.sequence_ids(), [spans])
+            member_units = {alignment.word_unit[k] for k, (a, b) in enumerate(spans) if example.text[a:b].casefold() == "the"}
+            if member_units:
+                every, rows = uniform_class_values(loaded, example, member_units, causal=True)
+                expected.append((every, rows[-1]))
+        for null in (None, "uniform"):
+            analyzer = ClassAttention(loaded.kind, (THE,))
+            Engine(loaded, batch_size=3, progress=False, null=null).run(EXAMPLES, [analyzer])
+            table = analyzer.result()
+            for row, k in (("all", 0), ("last_row", 1)):
+                got = table[table.row == row]
+                np.testing.assert_allclose(got.uniform, np.mean([e[k] for e in expected]), rtol=1e-12)
+                if null is None:
+                    np.testing.assert_allclose(got.excess, got.value - got.uniform, rtol=1e-9, atol=1e-12)
+                else:  # every head is the uniform head: no excess, no head named
+                    np.testing.assert_allclose(got.value, got.uniform, rtol=0, atol=1e-12)
+                    np.testing.assert_allclose(got.excess, 0.0, atol=1e-12)
+            if null == "uniform":
+                assert top_heads(table, 3).empty
+                result = type("R", (), {"tables": {"classes": table}})()
+                assert Classes().summary(result) == ["no head gives the more attention than a uniform head"]

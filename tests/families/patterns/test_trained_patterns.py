@@ -14,7 +14,7 @@ import torch
 import bertology
 from bertology.core.errors import BertologyError, CorpusError, StateError
 from bertology.core.text.corpora import Corpus
-from bertology.families.patterns.analyzer import PATTERNS
+from bertology.families.patterns.analyzer import PATTERNS, PatternThresholds
 from bertology.families.patterns.trained import FEATURE_NAMES, GRID, TrainedClassifier, map_features, train_classifier
 
 
@@ -187,6 +187,11 @@ def test_bad_label_lines_name_their_line(tmp_path, line, message):
         list(Corpus(path))
 
 
+#: The rules without their comparison with the uniform map (a margin no excess can miss): the random tiny BERT's maps are
+#: near-uniform, so only these give labels of several classes to train on.
+RAW_RULES = PatternThresholds(margin=-1.0)
+
+
 def labels_file(path, model, count=40):
     """Labels written here for the tiny model: each head's class is what the rules say of its map, so training must
     reproduce the rules (a model with fixed random weights has no hand labels to offer)."""
@@ -205,7 +210,7 @@ def labels_file(path, model, count=40):
         batch = engine.run_batch(items)
         special = batch.anchor_mask
         for layer in range(2):
-            classes = RuleClassifier().classify(batch.attentions[layer], batch.mask, special, batch.segment_ids)[0]
+            classes = RuleClassifier(RAW_RULES).classify(batch.attentions[layer], batch.mask, special, batch.segment_ids)[0]
             for head in range(4):
                 lines.append({"text": text, **({"text_pair": pair} if pair else {}), "layer": layer, "head": head, "label": PATTERNS[int(classes[head])]})
     path.write_text("\n".join(json.dumps(line) for line in lines[:count * 2]) + "\n")
@@ -216,8 +221,8 @@ def test_patterns_train_writes_the_classifier_and_it_can_replace_the_rules(tiny_
     labels = tmp_path / "labels.jsonl"
     labels_file(labels, tiny_bert)
     out = tmp_path / "trained"
-    done = subprocess.run([sys.executable, "-m", "bertology.cli", "patterns", "--train", str(labels), "-m", str(tiny_bert_dir), "--out", str(out), "-q"],
-                          capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "bertology.cli", "patterns", "--train", str(labels), "-m", str(tiny_bert_dir), "--out", str(out), "-q",
+                           "--pattern-thresholds", "margin=-1"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "cross-validated F1 by class, trained (rules):" in done.stdout
     training = pd.read_csv(out / "pattern_training.csv")

@@ -112,6 +112,16 @@ def test_clark_labels_apply_the_thresholds():
     assert clark_labels(heads, {"prev": 0.4}).label.tolist() == ["prev"]
 
 
+def test_clark_labels_need_an_excess_over_the_uniform_head_but_broad():
+    heads = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "metric": ["entropy", "sep", "sep", "prev"],
+                          "value": [4.0, 0.7, 0.7, 0.6], "uniform": [4.1, 0.7, 0.2, 0.55], "excess": [-0.1, 0.0, 0.5, 0.05],
+                          "excess_ci_low": [-0.2, -1e-9, 0.4, -0.01]})
+    labels = clark_labels(heads, clark_threshold_values(ENCODER))
+    # broad stays (high entropy is the uniform head's own mark); 0-1 and 1-1 do no more than a uniform head
+    assert labels[["layer", "head", "label"]].values.tolist() == [[0, 0, "broad"], [1, 0, "sep"]]
+    assert labels.uniform.tolist() == [4.1, 0.2]
+
+
 @pytest.mark.parametrize("piece, upos, clark", [
     (".", True, True), (",", True, True), ("\u0120.", True, True), ("##,", True, True), (";", True, False), ("!", True, False),
     ("...", True, False), ("\u2581,", True, True), ("a.", False, False), ("", False, False),

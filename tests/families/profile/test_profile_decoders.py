@@ -44,6 +44,9 @@ def test_decoder_profile_equals_loops_over_eager_maps(kind, gpt2_64, llama64):
     references = [r for r in eager_reference(loaded, EXAMPLES) if len(r["ids"]) > 1]  # one token: no query i >= 1, no claim
     assert len(references) == len(EXAMPLES) - (1 if kind == "gpt2" else 0)  # Llama puts BOS before "a": two tokens
     rtol = 1e-10 if kind == "gpt2" else 1e-6  # transformers' eager Llama takes its softmax in float32
+    # the uniform head: row i spreads 1 / (i + 1) over the keys j <= i it sees, on the same sequences
+    uniform = [by_hand(np.tril(np.ones((len(r["ids"]),) * 2)) / np.arange(1, len(r["ids"]) + 1)[:, None],
+                       [k for k, piece in enumerate(r["ids"]) if loaded.punct_by_id[piece]]) for r in references]
     for layer in range(loaded.num_layers):
         for head in range(loaded.num_heads):
             values = [by_hand(r["attentions"][layer, head], [k for k, piece in enumerate(r["ids"]) if loaded.punct_by_id[piece]]) for r in references]
@@ -51,6 +54,31 @@ def test_decoder_profile_equals_loops_over_eager_maps(kind, gpt2_64, llama64):
                 row = table.loc[(layer, head, metric)]
                 assert row.n == len(references)
                 np.testing.assert_allclose(row.value, np.mean([v[metric] for v in values]), rtol=rtol, err_msg=f"{layer}-{head} {metric}")
+                np.testing.assert_allclose(row.uniform, np.mean([v[metric] for v in uniform]), rtol=1e-12, err_msg=f"{layer}-{head} {metric}")
+                np.testing.assert_allclose(row.excess, np.mean([v[metric] - w[metric] for v, w in zip(values, uniform)]), rtol=rtol, atol=10 * rtol)
     # the entropy's ceiling: uniform attention over the keys each query sees, mean_{i>=1} ln(i + 1), averaged over sequences
     ceiling = np.mean([np.mean([math.log(i + 1) for i in range(1, len(r["ids"]))]) for r in references])
     np.testing.assert_allclose(analyzer.entropy_ceiling(), ceiling, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "bert"])
+def test_the_uniform_null_gets_no_label_but_broad(kind, gpt2_64, llama64, tiny_bert):
+    """Every head of the null model is the uniform head: each metric equals its uniform column, no excess, and no label of
+    Clark's but ``broad`` (the uniform head's own property). A decoder's first token gets mean_i 1/(i + 1) from it."""
+    from bertology.families.profile.analyzer import clark_labels, clark_threshold_values
+
+    loaded = {"gpt2": gpt2_64, "llama": llama64, "bert": tiny_bert}[kind]
+    short = [Example(text) for text in ("we saw it.", "a dog ran.", "it is.", "go!")]  # short rows: a large uniform share
+    analyzer = GeneralProfile(loaded.kind)
+    Engine(loaded, batch_size=3, progress=False, null="uniform").run(EXAMPLES + short, [analyzer])
+    table = analyzer.result()
+    np.testing.assert_allclose(table.value, table.uniform, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(table.excess, 0.0, atol=1e-6)
+    thresholds = clark_threshold_values(loaded.kind)
+    lowered = {metric: 0.0 for metric in thresholds if metric != "entropy"}  # every head passes every threshold of a share
+    assert clark_labels(table, lowered).empty
+    assert set(clark_labels(table, thresholds).label) <= {"broad"}
+    if kind != "bert":
+        lengths = [len(loaded.tokenizer(e.text, e.text_pair)["input_ids"]) for e in EXAMPLES + short]
+        first = np.mean([np.mean([1 / (i + 1) for i in range(1, n)]) for n in lengths if n > 1])
+        np.testing.assert_allclose(table[table.metric == "first"].uniform, first, rtol=1e-12)

@@ -85,8 +85,9 @@ def test_massive_activations_and_secondary_sinks_equal_numpy(kind, gpt2_64, llam
         np.testing.assert_allclose(activations.loc[(layer, "first_max"), "value"], first[:, layer].mean(), rtol=rtol)
         np.testing.assert_allclose(activations.loc[(layer, "rest_max"), "value"], rest[:, layer].mean(), rtol=rtol)
         np.testing.assert_allclose(activations.loc[(layer, "ratio"), "value"], (first[:, layer] / rest[:, layer]).mean(), rtol=rtol)
-    # secondary sinks: every piece's mean alpha_k over its occurrences at 0 < k < n - 1, by hand
-    sums, counts = {}, {}
+    # secondary sinks: every piece's mean alpha_k over its occurrences at 0 < k < n - 1, by hand, and the uniform head's
+    # (query i gives 1 / (i + 1) to every key it sees) over the same occurrences
+    sums, counts, uniform = {}, {}, {}
     for reference in references:
         n = len(reference["ids"])
         for k in range(1, n - 1):
@@ -95,13 +96,15 @@ def test_massive_activations_and_secondary_sinks_equal_numpy(kind, gpt2_64, llam
             piece = reference["ids"][k]
             sums[piece] = sums.get(piece, 0) + alpha
             counts[piece] = counts.get(piece, 0) + 1
+            uniform[piece] = uniform.get(piece, 0) + np.mean([1.0 / (i + 1) for i in range(k + 1, n)])
     means = np.concatenate([(total / counts[piece]).ravel() for piece, total in sums.items() if counts[piece] >= 2])
     # a random model has no real secondary sink: a threshold that some cells pass, in the widest gap of the top fifth (no cell near it)
     top = np.sort(means)[int(0.8 * len(means)):]
     widest = int(np.argmax(np.diff(top)))
     eps = float(top[widest: widest + 2].mean())
     expected = sorted((loaded.tokenizer.convert_ids_to_tokens(piece), layer, head, round(float(total[layer, head] / counts[piece]), 6), counts[piece])
-                      for piece, total in sums.items() for layer, head in zip(*np.nonzero(total / counts[piece] > eps)) if counts[piece] >= 2)
+                      for piece, total in sums.items() if counts[piece] >= 2
+                      for layer, head in zip(*np.nonzero((total > eps * counts[piece]) & (total > uniform[piece] * (1 + 1e-5)))))
     got = analyzer.secondary(loaded.tokenizer, eps=eps, min_occurrences=2)
     assert len(got) == len(expected) > 0
     got = sorted(got.itertuples(index=False), key=lambda row: (row.piece, row.layer, row.head))

@@ -3,7 +3,8 @@
 ``--class NAME=SPEC`` (API: ``classes=["NAME=SPEC", ...]``), SPEC one of ``upos:TAG``, ``deprel:RELATION`` (gold trees
 or ``--parser spacy``), ``words:FILE`` (one word a line; ``words:negation`` is bundled) and ``regex:PATTERN``. Without
 classes, the family measures nouns and verbs (where there are trees), negation words and punctuation.
-Table: ``classes`` (``layer, head, class, row, value, ci_low, ci_high, n, baseline, ratio``). Figure: one layer x head
+Table: ``classes`` (``layer, head, class, row, value, ci_low, ci_high, n, baseline, ratio, uniform, excess, excess_ci_low,
+excess_ci_high``). Figure: one layer x head
 heat map per class.
 """
 
@@ -113,7 +114,7 @@ class Classes(Family):
                 context.warnings.append(f"class {name!r} occurs in {count} sequences of {context.corpus['name']}, fewer than --min-sample "
                                         f"{least}: its intervals are left empty and no head is named for it")
         table = analyzer.result()
-        table.loc[table.n < least, ["ci_low", "ci_high"]] = np.nan  # no interval, and no claim, on too little data
+        table.loc[table.n < least, ["ci_low", "ci_high", "excess_ci_low", "excess_ci_high"]] = np.nan  # no interval, and no claim, on too little data
         return FamilyResult(tables={"classes": table})
 
     def section(self, folder, result, settings):
@@ -125,9 +126,23 @@ class Classes(Family):
     def summary(self, result):
         from bertology.families.classes.report import top_heads
 
-        return [f"most attention to {name}: " + ", ".join(f"{int(r.layer)}-{int(r.head)} ({r.value:.2f}, {r.ratio:.1f}x its share {r.baseline:.2f})"
-                                                          for r in rows.itertuples())
-                for name, rows in top_heads(result.tables["classes"], 3).groupby("class", sort=False)]
+        table = result.tables["classes"]
+        top = top_heads(table, 3)
+        lines = [f"most attention to {name} beyond a uniform head: " + ", ".join(
+                     f"{int(r.layer)}-{int(r.head)} ({r.value:.2f} vs uniform {r.uniform:.2f}, {r.ratio:.1f}x its share {r.baseline:.2f})"
+                     for r in rows.itertuples())
+                 for name, rows in top.groupby("class", sort=False)]
+        measured = table[table.ci_low.notna()]["class"].unique()
+        lines += [f"no head gives {name} more attention than a uniform head" for name in measured if name not in set(top["class"])]
+        return lines
+
+    def claims(self, result):
+        """The heads named for a class: the most attention to it beyond the uniform head's, its excess's interval above 0."""
+        from bertology.families.classes.report import top_heads
+        from bertology.families.summaries import by_view
+
+        return [f"{prefix}{row._1}: {int(row.layer)}-{int(row.head)} {row.value:.3f} vs uniform {row.uniform:.3f}"
+                for prefix, table in by_view(result.tables["classes"]) for row in top_heads(table, 3).itertuples()]
 
     def overview(self, result):
         from bertology.families.classes.report import top_heads

@@ -9,7 +9,12 @@ section 1):
 - every query: ``value = (1/u) sum_i sum_{j in C} W[i, j]``, the mean over queries of the attention to the class;
 - the [CLS] row: ``value = sum_{j in C} W[cls, j]``;
 - the uniform baseline: ``|C| / w``, the class's share of the sequence's ``w`` words (what a head that spread its
-  attention evenly over the words would give); ``ratio = value / baseline`` (means over the same sequences).
+  attention evenly over the words would give); ``ratio = value / baseline`` (means over the same sequences);
+- the uniform head (``uniform``): the same value of the head that spreads each row evenly over the keys it sees in the
+  layer (``1 / |S_i|``, [CLS]/[SEP] and each piece included), computed per sequence from the layer's visible keys
+  (:meth:`~bertology.core.engine.LayerMaps.visible`) without a forward pass; ``excess`` is the mean over sequences of
+  the head's value minus the uniform head's, with a 95% t interval (``excess_ci_low``/``excess_ci_high``). A claim that
+  a head attends to a class (the heads the summary names) is on the excess: its interval above 0.
 
 Only sequences with at least one word of the class count for it (``n``); values get a 95% t interval over them.
 Words whose pieces were cut by truncation belong to no class and are not counted in ``w``.
@@ -36,7 +41,7 @@ from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, interval_frame, merge_moments
-from bertology.core.text.alignment import WordAlignment, default_word_spans
+from bertology.core.text.alignment import WordAlignment, default_word_spans, to_word_level
 from bertology.core.text.corpora import Example
 from bertology.families.kinds import check_kind, check_same_kind, first_query, one_row
 
@@ -115,6 +120,14 @@ def class_units(example: Example, alignment: WordAlignment, classes: tuple[Token
     return members, int(aligned.sum())
 
 
+def uniform_word_map(visible: torch.Tensor, alignment: WordAlignment, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[1, u, u]``: the word-level map of the uniform head of one sequence, each row spread evenly over the keys it sees
+    in the layer (``visible [width, width]``, :meth:`~bertology.core.engine.LayerMaps.visible`, cut to the ``n`` real
+    pieces), ``1 / |S_i|``: computed from the visible keys, no forward pass."""
+    seen = visible[:n, :n].to(dtype)
+    return to_word_level((seen / seen.sum(dim=-1, keepdim=True).clamp(min=1))[None], alignment)
+
+
 class ClassAttention(LayerwiseAnalyzer):
     """Per head and class: attention to the class's words from every query and from one position's row ([CLS]'s, a
     decoder's last unit's), against the class's share of words, on a ``kind`` of model (see the module docstring)."""
@@ -125,6 +138,8 @@ class ClassAttention(LayerwiseAnalyzer):
         self.kind = kind
         self.classes = tuple(classes)
         self._attention: RunningMoments | None = None  # [layer, head, class, row]
+        self._uniform: RunningMoments | None = None  # [layer, class, row]: the uniform head's
+        self._excess: RunningMoments | None = None  # [layer, head, class, row]: each head's minus the uniform head's, per sequence
         self._baseline = RunningMoments((len(self.classes),))
         self._kept: list[tuple] = []  # the batch's sequences with a class: (sequence, members, present, baseline, row unit)
         self._pending: list[torch.Tensor] = []  # one [sequence, head, class, row] per layer
@@ -152,9 +167,11 @@ class ClassAttention(LayerwiseAnalyzer):
                     shares = np.where(seen_words > 0, seen_members / seen_words, np.nan)
                 baseline = np.nanmean(shares, axis=0) if (seen_words > 0).any() else np.full(len(self.classes), np.nan)
                 self._kept.append((b, members, present, baseline, alignment.num_units - 1))
-        values = []  # per kept sequence: [head, class, row] at this layer
+        values = []  # per kept sequence: [head + 1, class, row] at this layer, the uniform head last
+        visible = maps.visible(batch) if self._kept else None
         for b, members, _, _, row_unit in self._kept:
             word_maps = maps.word_attention(batch, b)  # [head, u, u]
+            word_maps = torch.cat([word_maps, uniform_word_map(visible[b], batch.alignments[b], int(batch.host_lengths[b]), word_maps.dtype)])
             indicator = torch.as_tensor(members, dtype=word_maps.dtype, device=word_maps.device)
             to_class = word_maps @ indicator  # [head, u, class]: each query's attention to the class
             every = to_class[:, start:].mean(dim=-2)
@@ -166,13 +183,18 @@ class ClassAttention(LayerwiseAnalyzer):
     def finish_batch(self, batch: Batch) -> None:
         if not self._kept:
             return
-        values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [sequence, layer, head, class, row]: one copy
+        values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [sequence, layer, head + 1, class, row]: one copy
         self._pending = []
         for value, (_, _, present, _, _) in zip(values, self._kept):
             value[:, :, present == 0] = np.nan  # a sequence without the class says nothing of it
+        values, uniform = values[:, :, :-1], values[:, :, -1]
         if self._attention is None:
             self._attention = RunningMoments(values.shape[1:])
+            self._uniform = RunningMoments(uniform.shape[1:])
+            self._excess = RunningMoments(values.shape[1:])
         self._attention.push(values)
+        self._uniform.push(uniform)
+        self._excess.push(values - uniform[:, :, None])
         # an encoder's baseline: the class's share of the words; a decoder's: the mean over its rows of the share each row sees
         self._baseline.push(np.stack([np.where(present > 0, baseline, np.nan) for _, _, present, baseline, _ in self._kept]))
         self._kept = []
@@ -180,13 +202,18 @@ class ClassAttention(LayerwiseAnalyzer):
     def merge(self, other: "ClassAttention") -> "ClassAttention":
         check_same_kind(self, other)
         self._attention = merge_moments(self._attention, other._attention)
+        self._uniform = merge_moments(self._uniform, other._uniform)
+        self._excess = merge_moments(self._excess, other._excess)
         self._baseline.merge(other._baseline)
         return self
 
     def result(self) -> pd.DataFrame:
-        """``layer, head, class, row, value, ci_low, ci_high, n, baseline, ratio`` (``row``: :func:`class_rows`, ``all`` or
-        ``cls_row``, a decoder's ``last_row``)."""
-        columns = ["layer", "head", "class", "row", "value", "ci_low", "ci_high", "n", "baseline", "ratio"]
+        """``layer, head, class, row, value, ci_low, ci_high, n, baseline, ratio, uniform, excess, excess_ci_low,
+        excess_ci_high`` (``row``: :func:`class_rows`, ``all`` or ``cls_row``, a decoder's ``last_row``): ``uniform`` the
+        uniform head's value on the same rows of the same sequences, ``excess`` the mean of the head's value minus it, with
+        its 95% interval."""
+        columns = ["layer", "head", "class", "row", "value", "ci_low", "ci_high", "n", "baseline", "ratio", "uniform", "excess",
+                   "excess_ci_low", "excess_ci_high"]
         if self._attention is None:
             return pd.DataFrame(columns=columns)
         layers, heads = self._attention.count.shape[:2]
@@ -197,6 +224,9 @@ class ClassAttention(LayerwiseAnalyzer):
         table["baseline"] = table["class"].map(baseline).astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             table["ratio"] = table["value"] / table["baseline"]
+        table["uniform"] = np.broadcast_to(self._uniform.means()[:, None], self._attention.count.shape).ravel()
+        excess = interval_frame(self._excess, index)
+        table["excess"], table["excess_ci_low"], table["excess_ci_high"] = excess.value, excess.ci_low, excess.ci_high
         return table[columns]
 
     def occurrences(self) -> dict[str, int]:

@@ -11,12 +11,18 @@ from bertology.core.storage.runfolder import RunFolder
 from bertology.render.figures import head_grid, plt
 from bertology.render.html import Figure, Section
 
+#: How far a head's excess over the uniform head must clear 0 (its interval's lower end) to name it: beyond the rounding
+#: of a head that is uniform (the null model's float32 maps against the exact uniform rows).
+EXCESS_TOLERANCE = 1e-6
+
 
 def top_heads(table: pd.DataFrame, k: int) -> pd.DataFrame:
-    """Each class's ``k`` heads with the most attention to it from every query, among the rows with an interval (a class
-    seen in fewer than ``--min-sample`` sequences has none, and no head is named for it)."""
-    rows = table[(table.row == "all") & table.value.notna() & table.ci_low.notna()].sort_values("value", ascending=False, kind="stable")
-    columns = ["class", "layer", "head", "value", "ci_low", "ci_high", "baseline", "ratio", "n"]
+    """Each class's ``k`` heads with the most attention to it from every query beyond the uniform head's on the same rows
+    (``excess``), among the rows whose excess has an interval above 0 (a class seen in fewer than ``--min-sample``
+    sequences has none, and no head is named for it; a head that does no more than a uniform one is named for nothing)."""
+    rows = table[(table.row == "all") & table.value.notna() & table.ci_low.notna() & (table.excess_ci_low > EXCESS_TOLERANCE)]
+    rows = rows.sort_values("excess", ascending=False, kind="stable")
+    columns = ["class", "layer", "head", "value", "ci_low", "ci_high", "uniform", "excess", "excess_ci_low", "baseline", "ratio", "n"]
     order = {name: position for position, name in enumerate(dict.fromkeys(table["class"]))}  # the classes in the order given
     top = rows.groupby("class", sort=False).head(k)
     return top.sort_values("class", key=lambda names: names.map(order), kind="stable")[columns].reset_index(drop=True)
@@ -45,7 +51,9 @@ def classes_section(folder: RunFolder, table: pd.DataFrame, classes, kind: Kind)
         title="Attention to token classes",
         intro=("Kovaleva et al. (2019): per head, the mean over queries of the word-level attention to the words of each class, "
                "with a 95% interval over the sequences that contain the class, beside its uniform baseline, the class's share "
-               "of the words; the ratio says how many times more than its share a head gives the class. The [CLS] row's own "
+               "of the words; the ratio says how many times more than its share a head gives the class. uniform is what a head that spreads "
+               "each row evenly over the keys it sees gives the class on the same rows; the heads named are those whose excess over it "
+               "has a 95% interval above 0. The [CLS] row's own "
                "attention is in classes.csv (row = cls_row). Classes: " + "; ".join(c.spec for c in classes) + "."),
     )
     if not kind.sees_later_keys:  # a decoder (docs/methods.md#decoders)

@@ -91,6 +91,17 @@ class Patterns(Family):
             section.tables.append(training_section(folder, section, result.tables["pattern_training"], result.tables["pattern_confusion"]))
         return section
 
+    def claims(self, result):
+        """Each head whose majority class is a pattern (not heterogeneous): the rules compare every map with the uniform map of
+        the same sequence, so a uniform head's majority is heterogeneous."""
+        from bertology.families.summaries import by_view
+
+        lines = []
+        for prefix, table in by_view(result.tables["patterns"]):
+            heads = table[(table.pattern == table.majority) & (table.majority != "heterogeneous") & (table.share > 0)]
+            lines += [f"{prefix}{int(row.layer)}-{int(row.head)} {row.majority}: {row.share:.0%} of its maps" for row in heads.itertuples()]
+        return lines
+
     def summary(self, result):
         """The share of all maps in each class, and how many heads have each class as their majority; with hand labels, the
         cross-validated F1 of the trained classifier beside the rules'."""

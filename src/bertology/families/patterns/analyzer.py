@@ -15,7 +15,15 @@ measurable features of a map ``a`` with n real tokens:
 Rules, in order (thresholds in :class:`PatternThresholds`): both vertical >= ``mixed_min`` and
 diagonal >= ``mixed_min`` with vertical + diagonal >= ``mixed_total`` -> vertical+diagonal;
 vertical >= ``vertical`` -> vertical; diagonal >= ``diagonal`` -> diagonal; a pair with block >=
-``block`` -> block; otherwise heterogeneous. Any object with the :class:`PatternClassifier`
+``block`` -> block; otherwise heterogeneous.
+
+The null: each rule also compares the map with the uniform map of the same sequence, ``U = V / V.sum(-1)`` (each row uniform
+over the keys it saw in that layer, :meth:`~bertology.core.engine.LayerMaps.visible`), feature by feature
+(:func:`pattern_excess`): the column masses of ``a`` less ``U``'s, column by column (the vertical feature of these
+differences), the +-1 diagonals' mass less ``U``'s, the own-sentence mass less ``U``'s. A rule fires only where each feature
+it reads also exceeds the uniform map's by at least ``margin`` (0.1 of the map's mass). So ``U`` itself is none of the
+classes, on short causal maps too (a uniform causal map of up to nine pieces has vertical mass >= 0.5 on its first two
+columns). Any object with the :class:`PatternClassifier`
 ``classify`` method (a trained CNN, say) can replace the rules.
 """
 
@@ -46,6 +54,7 @@ class PatternThresholds:
     mixed_min: float = 0.25
     mixed_total: float = 0.6
     block: float = 0.8
+    margin: float = 0.1  # each feature a rule reads must exceed the uniform map's on the same sequence by this much
 
 
 class PatternClassifier(Protocol):
@@ -53,7 +62,8 @@ class PatternClassifier(Protocol):
 
     def classify(self, attention: torch.Tensor, mask: torch.Tensor, special: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
         """``attention [batch, head, n, n]`` -> ``[batch, head]`` class indices, each head's map on its own (the
-        analyzer passes every layer's heads side by side)."""
+        analyzer passes every layer's heads side by side). A classifier whose ``classify`` takes ``visible`` (the layer's
+        visible keys ``[batch, n, n]``) is handed them, as :class:`RuleClassifier` is."""
         ...
 
 
@@ -73,22 +83,53 @@ def pattern_features(attention: torch.Tensor, mask: torch.Tensor, special: torch
     return {"vertical": special_mass + other, "diagonal": diagonal, "block": torch.where(is_pair(segment_ids)[:, None], block, torch.nan)}
 
 
+def uniform_pattern_map(mask: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+    """The uniform map of each sequence, ``U = V / V.sum(-1)`` ``[batch, 1, n, n]`` float64, over the keys each query saw
+    (``visible [batch, n, n]``; None: every real token, an encoder's)."""
+    if visible is None:
+        visible = mask[:, :, None] & mask[:, None, :]
+    weights = visible.to(torch.float64)
+    return (weights / weights.sum(-1, keepdim=True).clamp(min=1))[:, None]
+
+
+def pattern_excess(attention: torch.Tensor, mask: torch.Tensor, special: torch.Tensor, segment_ids: torch.Tensor,
+                   visible: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The rule features of ``attention`` over the uniform map of the same sequence (:func:`uniform_pattern_map`),
+    ``[batch, head]`` float64: ``vertical``, the special columns' mass less ``U``'s plus the largest excess of one other
+    column, ``(1/n) sum_i (a[i,j] - U[i,j])`` (column by column, so a column ``U`` fills anyway counts only past ``U``);
+    ``diagonal``, the +-1 diagonals' mass less ``U``'s; ``block``, the own-sentence mass less ``U``'s (NaN for a single)."""
+    uniform = uniform_pattern_map(mask, visible)  # on the maps' device: built from their masks
+    n = mask.sum(1).to(torch.float64)[:, None]
+    columns = (attention.sum(-2).to(torch.float64) - uniform.sum(-2)) / n[..., None]  # [batch, head, n]
+    special_excess = (columns * special[:, None].to(torch.float64)).sum(-1)
+    others = columns.masked_fill(special[:, None] | ~mask[:, None], -torch.inf).amax(-1)
+    others = torch.where(torch.isfinite(others), others, 0.0)
+    mine, theirs = pattern_features(attention, mask, special, segment_ids), pattern_features(uniform, mask, special, segment_ids)
+    return {"vertical": special_excess + others, "diagonal": mine["diagonal"].to(torch.float64) - theirs["diagonal"],
+            "block": mine["block"].to(torch.float64) - theirs["block"]}
+
+
 class RuleClassifier:
-    """Transparent rules on :func:`pattern_features` (see the module docstring)."""
+    """Transparent rules on :func:`pattern_features`, each against the uniform map of the same sequence
+    (:func:`pattern_excess`; see the module docstring)."""
 
     def __init__(self, thresholds: PatternThresholds = PatternThresholds()):
         self.thresholds = thresholds
 
-    def classify(self, attention, mask, special, segment_ids) -> torch.Tensor:
+    def classify(self, attention, mask, special, segment_ids, visible: torch.Tensor | None = None) -> torch.Tensor:
+        """Class indices ``[batch, head]``; ``visible [batch, n, n]`` the keys each query saw (None: every real token)."""
         features = pattern_features(attention, mask, special, segment_ids)
         vertical, diagonal, block = features["vertical"], features["diagonal"], features["block"]
+        excess = pattern_excess(attention, mask, special, segment_ids, visible)
         t = self.thresholds
+        past = {name: torch.nan_to_num(value, nan=-1.0) >= t.margin for name, value in excess.items()}  # beyond the uniform map
         result = torch.full(vertical.shape, PATTERNS.index("heterogeneous"), dtype=torch.long, device=vertical.device)
         rules = [  # applied last to first, so the first rule that matches wins
-            ("block", torch.nan_to_num(block, nan=0.0) >= t.block),
-            ("diagonal", diagonal >= t.diagonal),
-            ("vertical", vertical >= t.vertical),
-            ("vertical+diagonal", (vertical >= t.mixed_min) & (diagonal >= t.mixed_min) & (vertical + diagonal >= t.mixed_total)),
+            ("block", (torch.nan_to_num(block, nan=0.0) >= t.block) & past["block"]),
+            ("diagonal", (diagonal >= t.diagonal) & past["diagonal"]),
+            ("vertical", (vertical >= t.vertical) & past["vertical"]),
+            ("vertical+diagonal", (vertical >= t.mixed_min) & (diagonal >= t.mixed_min) & (vertical + diagonal >= t.mixed_total)
+             & past["vertical"] & past["diagonal"]),
         ]
         for name, hit in rules:
             result = torch.where(hit, PATTERNS.index(name), result)  # not result[hit] = ...: a boolean index waits for the device
@@ -156,7 +197,11 @@ class HeadPatterns(LayerwiseAnalyzer):
             self._pending, self._pending_maps = [], []
             lengths = batch.host_lengths
             self._eligible = [b for b in range(batch.size) if self.min_example_length <= lengths[b] <= self.max_example_length]
-        self._pending.append(self.classifier.classify(maps.attention, batch.mask, batch.anchor_mask, batch.segment_ids))  # [batch, head]
+        arguments = (maps.attention, batch.mask, batch.anchor_mask, batch.segment_ids)
+        if isinstance(self.classifier, RuleClassifier):  # the rules compare each map with the uniform map over the keys seen
+            self._pending.append(self.classifier.classify(*arguments, visible=maps.visible(batch)))  # [batch, head]
+        else:
+            self._pending.append(self.classifier.classify(*arguments))
         if self._eligible:  # the short sequences' maps, candidates for thumbnails (at most max_example_length square)
             width = min(maps.attention.shape[-1], self.max_example_length)
             self._pending_maps.append(maps.attention[self._eligible, :, :width, :width].half())

@@ -101,7 +101,9 @@ def patterns_section(folder: RunFolder, patterns: pd.DataFrame, by_layer: pd.Dat
             "Rules (shares of a map's attention mass; vertical = special-token columns + the heaviest other column, diagonal = "
             "the +-1 diagonals, block = inside the query's own sentence): vertical+diagonal if both >= {mixed_min} and their sum "
             ">= {mixed_total}; else vertical if >= {vertical}; else diagonal if >= {diagonal}; else block if >= {block} (pairs); "
-            "else heterogeneous.".format(**thresholds)
+            "else heterogeneous. Each rule also needs every feature it reads to exceed the uniform map's of the same sequence "
+            "(each row uniform over the keys it saw; vertical column by column) by {margin}, so a uniform map is none of "
+            "the classes.".format(**{"margin": 0.1, **thresholds})
         )
     return section
 

@@ -86,8 +86,9 @@ class LabelledMaps(LayerwiseAnalyzer):
             if layer != maps.layer or head >= batch.num_heads:
                 continue
             args = (maps.attention[b : b + 1, head : head + 1], batch.mask[b : b + 1], special[b : b + 1], batch.segment_ids[b : b + 1])
+            rules = self.rules.classify(*args, visible=maps.visible(batch)[b : b + 1])  # the rules against the uniform map
             self.items[key] = {"line": line, "source": example.source, "group": repr(sequence_key(example)[1:]), "label": label,
-                               "features": map_features(*args)[0, 0], "rules": PATTERNS[int(self.rules.classify(*args)[0, 0])]}
+                               "features": map_features(*args)[0, 0], "rules": PATTERNS[int(rules[0, 0])]}
 
     def finish_batch(self, batch: Batch) -> None:
         num_layers, num_heads = batch.num_layers, batch.num_heads

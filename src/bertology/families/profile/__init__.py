@@ -1,7 +1,8 @@
 """The general head profile (Clark et al. 2019, "What Does BERT Look At?"; docs/methods.md#head-profile).
 
-Tables: ``heads`` (``layer, head, metric, value, ci_low, ci_high, n``), ``layers``, ``head_labels``
-(heads past Clark's thresholds), ``clark_thresholds`` (each threshold beside the largest value the corpus allows: the
+Tables: ``heads`` (``layer, head, metric, value, ci_low, ci_high, n, uniform, excess, excess_ci_low, excess_ci_high``:
+``uniform`` the layer's uniform head on the same sequences), ``layers`` (with ``uniform``), ``head_labels`` (heads past
+Clark's thresholds and, but for ``broad``, above the uniform head), ``clark_thresholds`` (each threshold beside the largest value the corpus allows: the
 mean entropy can be at most the mean of ln n), ``head_distance`` and ``head_map`` (Jensen-Shannon distances between
 heads and their 2-D MDS map). Figures: attention to special tokens by layer, a heatmap per metric, the
 head map.
@@ -61,6 +62,13 @@ class Profile(Family):
             lines.append(f"no head can be '{row.label}' on this corpus: {row.metric} > {row.threshold:g} needs more than its largest "
                          f"possible mean, {row.corpus_max:.2f} (the mean of ln n over its sequences)")
         return lines
+
+    def claims(self, result):
+        """Clark's labels but ``broad`` (a uniform head's own mark): each one a head past its threshold and above the uniform head."""
+        from bertology.families.summaries import by_view
+
+        return [f"{prefix}{int(row.layer)}-{int(row.head)} {row.label}: {row.value:.3f} vs uniform {row.uniform:.3f}"
+                for prefix, labels in by_view(result.tables["head_labels"]) for row in labels[labels.label != "broad"].itertuples()]
 
     def overview(self, result):
         return result.tables["layers"].pivot(index="layer", columns="metric", values="value")

@@ -89,12 +89,28 @@ def profile_metrics(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[s
     return torch.stack([columns[name] for name in profile_metric_names(kind)], dim=-1)
 
 
+def uniform_maps(visible: torch.Tensor) -> torch.Tensor:
+    """``[batch, 1, n, n]``: the uniform head of a layer, each row spread evenly over the keys it sees (``visible [batch, n,
+    n]``, :meth:`~bertology.core.engine.LayerMaps.visible`), ``1 / |S_i|`` (padding rows zero), in float64 where the device has it."""
+    dtype = torch.float32 if visible.device.type == "mps" else torch.float64
+    seen = visible.to(dtype)
+    return (seen / seen.sum(dim=-1, keepdim=True).clamp(min=1))[:, None]
+
+
+#: How far a head's mean excess over the uniform head's must clear 0 (its 95% interval's lower end) for a label: beyond
+#: the rounding of a head that is uniform (the null model's maps, float32, against the exact uniform rows).
+EXCESS_TOLERANCE = 1e-6
+
+
 class GeneralProfile(LayerwiseAnalyzer):
     """Clark et al.'s general attention profile of every head on a ``kind`` of model (see the module docstring).
 
     :meth:`result` gives one row per ``layer, head, metric`` (0-based layer and head; the metrics :func:`profile_metric_names`
     of the kind) with the mean over sequences ``value``, its 95% interval ``ci_low``/``ci_high`` and the number of sequences
-    ``n``. :meth:`layers` gives the same per layer, where a sequence's layer value is the mean of its heads.
+    ``n``; ``uniform``, the same metric of the layer's uniform head (each row spread evenly over the keys it sees, computed
+    from the layer's visible keys, no forward pass) on the same sequences; ``excess``, the mean over sequences of the head's
+    value minus the uniform head's, and its 95% interval ``excess_ci_low``/``excess_ci_high``. :meth:`layers` gives
+    ``value``, its interval, ``n`` and ``uniform`` per layer, where a sequence's layer value is the mean of its heads.
     """
 
     name = "heads"
@@ -103,28 +119,37 @@ class GeneralProfile(LayerwiseAnalyzer):
         self.kind = kind
         self._heads: RunningMoments | None = None
         self._layers: RunningMoments | None = None
+        self._uniform: RunningMoments | None = None  # [layer, metric]: the uniform head's metrics
+        self._excess: RunningMoments | None = None  # [layer, head, metric]: each head's minus the uniform head's, per sequence
         self._log_lengths = 0.0  # sum over sequences of their uniform entropy (an encoder's ln n), for the entropy's ceiling
         self._sequences = 0
-        self._pending: list[torch.Tensor] = []  # this batch's metrics so far, one [batch, head, metric] per layer
+        self._pending: list[torch.Tensor] = []  # this batch's metrics so far, one [batch, head + 1, metric] per layer, the uniform head last
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
             check_kind(self, batch)
             self._pending = []
-        self._pending.append(profile_metrics(maps.attention, batch.mask, batch.anchors, batch.punct_mask, self.kind))
+        values = profile_metrics(maps.attention, batch.mask, batch.anchors, batch.punct_mask, self.kind)
+        uniform = profile_metrics(uniform_maps(maps.visible(batch)), batch.mask, batch.anchors, batch.punct_mask, self.kind)
+        self._pending.append(torch.cat([values.double(), uniform.double()], dim=1))
 
     def finish_batch(self, batch: Batch) -> None:
-        values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, head, metric]: one copy to the host
+        values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, head + 1, metric]: one copy to the host
         self._pending = []
-        uniform = self.kind.uniform_entropies(batch.host_lengths)  # NaN where a sequence has no query (a decoder's one token)
-        uniform = uniform[~np.isnan(uniform)]
-        self._log_lengths += float(uniform.sum())
-        self._sequences += len(uniform)
+        values, uniform = values[:, :, :-1], values[:, :, -1]
+        ceilings = self.kind.uniform_entropies(batch.host_lengths)  # NaN where a sequence has no query (a decoder's one token)
+        ceilings = ceilings[~np.isnan(ceilings)]
+        self._log_lengths += float(ceilings.sum())
+        self._sequences += len(ceilings)
         if self._heads is None:
             self._heads = RunningMoments(values.shape[1:])
             self._layers = RunningMoments((values.shape[1], values.shape[3]))
+            self._uniform = RunningMoments(uniform.shape[1:])
+            self._excess = RunningMoments(values.shape[1:])
         self._heads.push(values)
         self._layers.push(values.mean(axis=2))
+        self._uniform.push(uniform)
+        self._excess.push(values - uniform[:, :, None, :])
 
     def merge(self, other: "GeneralProfile") -> "GeneralProfile":
         check_same_kind(self, other)
@@ -133,18 +158,25 @@ class GeneralProfile(LayerwiseAnalyzer):
         if other._heads is None:
             return self
         if self._heads is None:
-            self._heads, self._layers = other._heads, other._layers
+            self._heads, self._layers, self._uniform, self._excess = other._heads, other._layers, other._uniform, other._excess
             return self
         self._heads.merge(other._heads)
         self._layers.merge(other._layers)
+        self._uniform.merge(other._uniform)
+        self._excess.merge(other._excess)
         return self
 
     def result(self) -> pd.DataFrame:
+        columns = ["layer", "head", "metric", "value", "ci_low", "ci_high", "n", "uniform", "excess", "excess_ci_low", "excess_ci_high"]
         if self._heads is None:
-            return pd.DataFrame(columns=["layer", "head", "metric", "value", "ci_low", "ci_high", "n"])
+            return pd.DataFrame(columns=columns)
         num_layers, num_heads, _ = self._heads.count.shape
         index = pd.MultiIndex.from_product([range(num_layers), range(num_heads), self.metrics], names=["layer", "head", "metric"])
-        return interval_frame(self._heads, index)
+        table = interval_frame(self._heads, index)
+        table["uniform"] = np.broadcast_to(self._uniform.means()[:, None, :], self._heads.count.shape).ravel()
+        excess = interval_frame(self._excess, index)
+        table["excess"], table["excess_ci_low"], table["excess_ci_high"] = excess.value, excess.ci_low, excess.ci_high
+        return table[columns]
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -158,11 +190,14 @@ class GeneralProfile(LayerwiseAnalyzer):
         return self._log_lengths / self._sequences if self._sequences else float("nan")
 
     def layers(self) -> pd.DataFrame:
-        """Per-layer aggregates: ``layer, metric, value, ci_low, ci_high, n``."""
+        """Per-layer aggregates: ``layer, metric, value, ci_low, ci_high, n, uniform``."""
+        columns = ["layer", "metric", "value", "ci_low", "ci_high", "n", "uniform"]
         if self._layers is None:
-            return pd.DataFrame(columns=["layer", "metric", "value", "ci_low", "ci_high", "n"])
+            return pd.DataFrame(columns=columns)
         index = pd.MultiIndex.from_product([range(self._layers.count.shape[0]), self.metrics], names=["layer", "metric"])
-        return interval_frame(self._layers, index)
+        table = interval_frame(self._layers, index)
+        table["uniform"] = self._uniform.means().ravel()
+        return table[columns]
 
 
 JS_ROWS_AT_ONCE = 16  # rows of every head at a time: one head against all later heads fits in the cache
@@ -305,9 +340,17 @@ def clark_thresholds(entropy_ceiling: float, thresholds: dict[str, float]) -> pd
 
 def clark_labels(heads: pd.DataFrame, thresholds: dict[str, float]) -> pd.DataFrame:
     """Heads whose mean metric exceeds its threshold of ``thresholds`` (:func:`clark_threshold_values`): ``layer, head,
-    label, metric, value, threshold``."""
+    label, metric, value, threshold, uniform``. Every label but ``broad`` also needs the head to do more than the uniform
+    head on the same sequences: the 95% interval of its excess (``excess_ci_low``) above 0 (beyond
+    :data:`EXCESS_TOLERANCE`), so a head that spreads its attention evenly is never a ``first`` or ``prev`` head because
+    short rows give a key a large share. (``broad`` is the uniform head's own property: high entropy.)"""
     rows = heads[heads.metric.isin(thresholds)].copy()
     rows["threshold"] = rows.metric.map(thresholds)
-    rows = rows[rows.value > rows.threshold]
+    keep = rows.value > rows.threshold
+    if "excess_ci_low" in rows:
+        keep &= (rows.metric == "entropy") | (rows.excess_ci_low > EXCESS_TOLERANCE)
+    else:
+        rows["uniform"] = np.nan
+    rows = rows[keep]
     rows["label"] = rows.metric.map(lambda m: _LABEL_NAMES.get(m, m))
-    return rows[["layer", "head", "label", "metric", "value", "threshold"]].sort_values(["layer", "head", "label"]).reset_index(drop=True)
+    return rows[["layer", "head", "label", "metric", "value", "threshold", "uniform"]].sort_values(["layer", "head", "label"]).reset_index(drop=True)

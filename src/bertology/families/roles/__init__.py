@@ -1,6 +1,8 @@
 """Head roles: the heads hypothesis (Pande et al. 2021, docs/methods.md#roles-and-the-sieve-score).
 
-Tables: ``roles`` (``layer, head, role, mean, ci_low, ci_high, t, p, p_adj, has_role, n``) and
+Tables: ``roles`` (``layer, head, role, mean, ci_low, ci_high, uniform, excess, t, p, t_excess, p_excess, p_adj, has_role, n``:
+``uniform`` the uniform head's mean score on the same sequences, ``excess`` the mean paired excess over it; a head holds a
+role when its mean is significantly above tau and its excess significantly above 0) and
 ``role_shares`` (the share of heads holding each role at tau = 1, 2, 3 and the run's tau), plus, from
 the report section, ``role_shares_by_layer`` and ``role_colocation``. In memory, ``role_tau``: the run's tau.
 """
@@ -17,7 +19,8 @@ class Roles(Family):
     name = "roles"
     title = "Which heads hold which roles: sieve scores and corrected t-tests (Pande et al. 2021)."
     options = (
-        Option("tau", 3.0, "Role test threshold: a head holds a role if its mean sieve score is significantly above tau."),
+        Option("tau", 3.0, "Role test threshold: a head holds a role if its mean sieve score is significantly above tau and above "
+                          "the uniform head's score on the same sequences."),
         Option("role_window", 2, "Half-width of the local role's window.", minimum=1),
     )
     outputs = ("roles", "role_shares", "role_shares_by_layer", "role_colocation")
@@ -67,10 +70,20 @@ class Roles(Family):
                 held = int(tested.has_role.sum())
                 top = tested.loc[tested["mean"].idxmax()]
                 untested = f", {len(rows) - len(tested)} not tested" if len(tested) < len(rows) else ""
+                uniform = top.get("uniform")  # the uniform head's mean score on the same sequences (a table that has it)
+                beside = f", uniform head {uniform:.2f}" if uniform is not None and uniform == uniform else ""
                 lines.append(f"{prefix}role {role}{at}: {held} of {len(tested)} tested heads ({held / len(tested):.0%}){untested}; "
-                             f"strongest {int(top.layer)}-{int(top['head'])} (mean score {top['mean']:.2f}, 95% CI {top.ci_low:.2f}-{top.ci_high:.2f}, "
-                             f"p_adj {top.p_adj:.2g}, {'holds it' if top.has_role else 'does not pass the test'})")
+                             f"strongest {int(top.layer)}-{int(top['head'])} (mean score {top['mean']:.2f}, 95% CI {top.ci_low:.2f}-{top.ci_high:.2f}"
+                             f"{beside}, p_adj {top.p_adj:.2g}, {'holds it' if top.has_role else 'does not pass the test'})")
         return lines
+
+    def claims(self, result):
+        """Each role a head holds: its mean past tau and its excess over the uniform head on the same sequences significant
+        (corrected within the role)."""
+        from bertology.families.summaries import by_view
+
+        return [f"{prefix}{int(row.layer)}-{int(row.head)} {row.role}: mean {row.mean:.3f} vs uniform {row.uniform:.3f} (p_adj {row.p_adj:.2g})"
+                for prefix, roles in by_view(result.tables["roles"]) for row in roles[roles.has_role.astype(bool)].itertuples()]
 
     def by_layer(self, result):
         roles = result.tables["roles"]

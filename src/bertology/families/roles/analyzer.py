@@ -27,11 +27,19 @@ with causal sieve sets: ``local`` the keys within the window at or before i, ``d
 own ``1/|V_i|``. One function serves both kinds of model (:class:`~bertology.core.model.kinds.Kind`): each sieve set is
 the visible part of the set, the queries are the kind's (``Kind.query_mask``) and the references its ``|V_i|``.
 
-Each sieve sum is one sweep over a layer's maps in their own dtype; the scores from those sums on are float64.
-Per head and role, a one-sided one-sample t-test over sequences,
-``H0: mean(s) <= tau`` (tau = 3 by default; :func:`~bertology.core.statistics.stats.t_test_greater`: a mean within a
-relative 1e-6 of tau never passes), corrected with statsmodels' ``multipletests`` within each role
-over its heads, so that a role's labels do not depend on which other roles ran.
+The keys a query sees, ``V_i``, are the layer's (:meth:`~bertology.core.engine.LayerMaps.visible`: the mask the model applied,
+so a sliding window's or a local layer's ``V_i`` is the window), not the kind's formula.
+
+The null (docs/methods.md#roles-and-the-sieve-score): on every sequence and layer, the same score of the uniform head
+``U = V / V.sum(-1)`` (each row uniform over the keys it saw; computed, no forward pass) is taken beside each head's. A
+uniform head scores 1 on every role but ``block``, whose entropy weights give it about ``ln n`` (Pande et al.'s definition,
+kept). Each sieve sum is one sweep over a layer's maps in their own dtype; the scores from those sums on are float64.
+Per head and role, two one-sided t-tests over sequences: ``H0: mean(s) <= tau`` (tau = 3 by default;
+:func:`~bertology.core.statistics.stats.t_test_greater`: a mean within a relative 1e-6 of tau never passes) and, paired per
+sequence, ``H0: mean(s - u) <= 0`` against the uniform head's ``u`` (an excess within :data:`EXCESS_RTOL` of ``u`` is float
+noise and counts as 0, so a uniform head's test decides nothing). A head holds the role when both reject: ``max(p, p_excess)``
+(an intersection-union test), corrected with statsmodels' ``multipletests`` within each role over its heads, so that a role's
+labels do not depend on which other roles ran.
 """
 
 from __future__ import annotations
@@ -80,26 +88,37 @@ def sieve_mean(inside: torch.Tensor, size: torch.Tensor, queries: torch.Tensor, 
     return torch.where(count > 0, total / count.clamp(min=1), torch.nan)
 
 
-def reference_counts(mask: torch.Tensor, kind: Kind) -> torch.Tensor:
-    """The keys each query sees, ``|V_i|``, the uniform reference ``1/|V_i|`` of :func:`sieve_mean`: ``[batch, 1]`` where every
-    query sees every real token (an encoder's n, the same for every row), else ``[batch, n]``
-    (:meth:`~bertology.core.model.kinds.Kind.visible_counts`)."""
-    return mask.sum(1, keepdim=True) if kind.sees_later_keys else kind.visible_counts(mask)
+def reference_counts(visible: torch.Tensor) -> torch.Tensor:
+    """The keys each query saw, ``|V_i|`` ``[batch, n]``, the uniform reference ``1/|V_i|`` of :func:`sieve_mean`, from the
+    layer's visible keys ``[batch, n, n]`` (:meth:`~bertology.core.engine.LayerMaps.visible`: padding, causality, a sliding
+    window, a local layer)."""
+    return visible.sum(-1)
+
+
+def uniform_map(visible: torch.Tensor) -> torch.Tensor:
+    """The uniform head of a layer, ``U = V / V.sum(-1)`` ``[batch, 1, n, n]`` in float64: every query's row uniform over the
+    keys it saw (:meth:`~bertology.core.engine.LayerMaps.visible`), zero rows where it saw none (padding)."""
+    weights = visible.to(torch.float64)
+    return (weights / weights.sum(-1, keepdim=True).clamp(min=1))[:, None]
 
 
 def role_scores(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, torch.Tensor], segment_ids: torch.Tensor, kind: Kind,
-                window: int = 2, any_pair: bool | None = None) -> dict[str, torch.Tensor]:
+                window: int = 2, any_pair: bool | None = None, visible: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Sieve scores ``[batch, head]`` (float64) of the :func:`role_names` of a ``kind`` of model on one layer's attention
     ``[batch, head, n, n]`` (see the module docstring); ``anchors`` the kind's anchor tokens by name (``Batch.anchors``),
-    ``any_pair`` whether the batch holds a sentence pair, where the caller knows it without asking the device.
+    ``any_pair`` whether the batch holds a sentence pair, where the caller knows it without asking the device; ``visible``
+    ``[batch, n, n]`` the keys each query saw in this layer (:meth:`~bertology.core.engine.LayerMaps.visible`; None: the kind's
+    formula, :meth:`~bertology.core.model.kinds.Kind.visible_keys`, right only without a sliding window).
 
     The queries are the kind's (:meth:`~bertology.core.model.kinds.Kind.query_mask`), each against ``1/|V_i|``
-    (:func:`reference_counts`), and each sieve set is the part of it the query sees. Each sieve sum is one sweep over the
+    (:func:`reference_counts`), and each sieve set is the part of it the query sees (a sliding window's local role: the
+    window's keys; an anchor out of the window is no key of that query). Each sieve sum is one sweep over the
     maps in their own dtype: the local window as its diagonals, the anchors and the block's segments as one product with
     their indicator columns; only the reduced sums are float64. The block's entropy weights are computed only for the
     sequences that are pairs."""
     dtype, width = attention.dtype, attention.shape[-1]
-    queries, visible, reference = kind.query_mask(mask), kind.visible_keys(mask), reference_counts(mask, kind)
+    visible = kind.visible_keys(mask) if visible is None else visible
+    queries, reference = kind.query_mask(mask), reference_counts(visible)
     positions = torch.arange(width, device=attention.device)
     near = (positions[:, None] - positions[None, :]).abs() <= window
     local_size = (near[None] & visible).sum(-1)  # [batch, n]: the window's keys the query sees
@@ -113,10 +132,10 @@ def role_scores(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, 
     inside = torch.matmul(attention, key_sets[:, None].to(dtype))  # [batch, head, n, sets]
     scores = {
         "local": sieve_mean(local, local_size, queries, reference),
-        "delimiter": sieve_mean(inside[..., 0], every.sum(1, keepdim=True), queries, reference),
+        "delimiter": sieve_mean(inside[..., 0], (visible & every[:, None]).sum(-1), queries, reference),
     }
     for k, name in enumerate(kind.anchors if alone else ()):
-        scores[name] = sieve_mean(inside[..., 1 + k], anchors[name].sum(1, keepdim=True), queries, reference)
+        scores[name] = sieve_mean(inside[..., 1 + k], (visible & anchors[name][:, None]).sum(-1), queries, reference)
     # block: every query's segment (specials by position: B from the first [SEP] on, where the kind has one); keys: the
     # non-special pieces of that segment the query sees (specials and padding have segment_ids -1), each query weighted by
     # its row's entropy
@@ -134,10 +153,11 @@ def role_scores(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, 
     return scores
 
 
-def syntactic_scores(attention: torch.Tensor, assignment: np.ndarray, word_unit: np.ndarray, heads, relations, kind: Kind) -> dict[str, torch.Tensor]:
+def syntactic_scores(attention: torch.Tensor, assignment: np.ndarray, word_unit: np.ndarray, heads, relations, kind: Kind,
+                     visible: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Per relation (and pooled as ``syntactic``): ``n`` times the mean over dependency pairs of the
     mean-over-pieces attention from the dependent to its head, in float64, on one sequence of a ``kind`` of model.
-    ``attention [layer, head, n, n]``.
+    ``attention [layer, head, n, n]``; ``visible [n, n]`` the keys each piece saw (None: the kind's formula).
 
     Where a query does not see the keys after it (a decoder), each piece row is taken against its own uniform reference
     ``1/|V_i|`` in place of ``1/n``, and only the pairs whose head word ends before the dependent begins count (the
@@ -148,8 +168,10 @@ def syntactic_scores(attention: torch.Tensor, assignment: np.ndarray, word_unit:
     if kind.sees_later_keys:  # every row's reference is 1/n
         pair_attention = n * (pieces @ attention @ pieces.T)  # mean over pieces in both directions: [layer, head, u, u]
     else:
-        visible = kind.visible_counts(torch.ones(1, n, dtype=torch.bool, device=attention.device))[0]  # |V_i|
-        pair_attention = pieces @ (attention * visible.to(attention.dtype)[:, None]) @ pieces.T
+        if visible is None:
+            visible = kind.visible_keys(torch.ones(1, n, dtype=torch.bool, device=attention.device))[0]
+        counts = visible.sum(-1)  # |V_i|
+        pair_attention = pieces @ (attention * counts.to(attention.dtype)[:, None]) @ pieces.T
         first_piece = assignment.argmax(axis=1)
         last_piece = assignment.shape[1] - 1 - assignment[:, ::-1].argmax(axis=1)
     by_relation: dict[str, list[torch.Tensor]] = {}
@@ -164,11 +186,26 @@ def syntactic_scores(attention: torch.Tensor, assignment: np.ndarray, word_unit:
     return {role: torch.stack(values).mean(0) for role, values in by_relation.items()}
 
 
-class HeadRoles(LayerwiseAnalyzer):
-    """Sieve scores of every head of a ``kind`` of model for every role, and the t-tests that say which heads hold which role.
+#: Per sequence, a head's excess over the uniform head within this relative band of the uniform score,
+#: ``|s - u| <= rtol * max(1, |u|)``, is float noise and counts as 0 (the maps' sums are taken in their own dtype).
+EXCESS_RTOL = 1e-5
 
-    ``result()`` gives ``layer, head, role, mean, ci_low, ci_high, t, p, p_adj, has_role, n`` for the
-    analyzer's ``tau``, ``correction`` and ``alpha``; :meth:`test` recomputes it for others.
+
+def excess_over_uniform(scores: np.ndarray, uniform: np.ndarray, rtol: float = EXCESS_RTOL) -> np.ndarray:
+    """``s - u`` per sequence (float64), 0 where it is within :data:`EXCESS_RTOL` of the uniform score (float noise: a uniform
+    head's excess is exactly 0, so its test decides nothing); NaN where either is."""
+    difference = np.asarray(scores, dtype=np.float64) - np.asarray(uniform, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        noise = np.abs(difference) <= rtol * np.maximum(1.0, np.abs(uniform))
+    return np.where(noise, 0.0, difference)
+
+
+class HeadRoles(LayerwiseAnalyzer):
+    """Sieve scores of every head of a ``kind`` of model for every role, the uniform head's scores on the same sequences, and
+    the tests that say which heads hold which role.
+
+    ``result()`` gives ``layer, head, role, mean, ci_low, ci_high, uniform, excess, t, p, t_excess, p_excess, p_adj, has_role, n``
+    for the analyzer's ``tau``, ``correction`` and ``alpha``; :meth:`test` recomputes it for others.
     """
 
     name = "roles"
@@ -176,53 +213,77 @@ class HeadRoles(LayerwiseAnalyzer):
     def __init__(self, kind: Kind, tau: float = 3.0, window: int = 2, correction: str = "fdr_bh", alpha: float = 0.05):
         self.kind = kind
         self.tau, self.window, self.correction, self.alpha = tau, window, correction, alpha
-        self._moments: dict[str, RunningMoments] = {}
+        self._moments: dict[str, RunningMoments] = {}  # the heads' scores
+        self._uniform: dict[str, RunningMoments] = {}  # the uniform head's scores on the same sequences (one per layer, per head)
+        self._excess: dict[str, RunningMoments] = {}  # per sequence, each head's score less the uniform head's (paired)
         self._shape: tuple[int, int] | None = None
         self._pending: list[torch.Tensor] = []  # this batch's base-role scores so far, one [batch, head, role] per layer
+        self._pending_uniform: list[torch.Tensor] = []  # the uniform head's, one [batch, 1, role] per layer
         self._trees: list = []  # the batch's sequences with a tree
         self._tree_keys: list[tuple[int, str]] = []  # (sequence, role) of each row of the syntactic scores
         self._tree_pending: list[torch.Tensor] = []  # one [sequence x role, head] per layer
+        self._tree_uniform: list[torch.Tensor] = []  # one [sequence x role, 1] per layer
 
-    def _push(self, role: str, values: np.ndarray) -> None:
+    def _push(self, role: str, values: np.ndarray, uniform: np.ndarray | None = None) -> None:
+        """Fold scores ``values [k, layer, head]`` and the uniform head's on the same sequences (broadcast to them) into the
+        role's moments; without ``uniform`` (scores pushed by hand) no excess is known and only the tau test decides."""
         if role not in self._moments:
             self._moments[role] = RunningMoments(self._shape)
+            self._uniform[role] = RunningMoments(self._shape)
+            self._excess[role] = RunningMoments(self._shape)
         self._moments[role].push(values)
+        if uniform is not None:
+            uniform = np.broadcast_to(uniform, np.shape(values))
+            self._uniform[role].push(uniform)
+            self._excess[role].push(excess_over_uniform(values, uniform))
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
             check_kind(self, batch)
-            self._pending, self._tree_pending = [], []
+            self._pending, self._pending_uniform, self._tree_pending, self._tree_uniform = [], [], [], []
             self._trees = [(b, example) for b, example in enumerate(batch.examples) if example.has_tree]
-        scores = role_scores(maps.attention, batch.mask, batch.anchors, batch.segment_ids, self.kind, self.window, any_pair=batch.any_pair)
+        visible = maps.visible(batch)
+        uniform = uniform_map(visible)  # the uniform head of this layer: one pseudo-head, scored by the same functions
+        arguments = (batch.mask, batch.anchors, batch.segment_ids, self.kind, self.window)
+        scores = role_scores(maps.attention, *arguments, any_pair=batch.any_pair, visible=visible)
+        uniform_scores = role_scores(uniform, *arguments, any_pair=batch.any_pair, visible=visible)
         self._pending.append(torch.stack([scores[role] for role in role_names(self.kind)], dim=-1))  # [batch, head, role]
-        tree_scores = []  # per sequence with a tree, in order: its roles' scores [head] at this layer
+        self._pending_uniform.append(torch.stack([uniform_scores[role] for role in role_names(self.kind)], dim=-1))  # [batch, 1, role]
+        tree_scores = []  # per sequence with a tree, in order: its roles' scores [head] and the uniform head's [1] at this layer
         for b, example in self._trees:
             alignment, n = batch.alignments[b], int(batch.host_lengths[b])
-            scores = syntactic_scores(maps.attention[None, b, :, :n, :n], alignment.assignment, alignment.word_unit, example.heads, example.relations,
-                                      self.kind)
-            tree_scores.extend(((b, role), values[0]) for role, values in scores.items())
+            tree = (alignment.assignment, alignment.word_unit, example.heads, example.relations, self.kind)
+            scores = syntactic_scores(maps.attention[None, b, :, :n, :n], *tree, visible=visible[b, :n, :n])
+            uniform_scores = syntactic_scores(uniform[None, b, :, :n, :n], *tree, visible=visible[b, :n, :n])
+            tree_scores.extend(((b, role), values[0], uniform_scores[role][0]) for role, values in scores.items())
         if tree_scores:
-            self._tree_keys = [key for key, _ in tree_scores]
-            self._tree_pending.append(torch.stack([values for _, values in tree_scores]))  # [sequence x role, head]
+            self._tree_keys = [key for key, _, _ in tree_scores]
+            self._tree_pending.append(torch.stack([values for _, values, _ in tree_scores]))  # [sequence x role, head]
+            self._tree_uniform.append(torch.stack([values for _, _, values in tree_scores]))  # [sequence x role, 1]
 
     def finish_batch(self, batch: Batch) -> None:
         self._shape = (batch.num_layers, batch.num_heads)
-        base = torch.stack(self._pending, dim=1).cpu().numpy()  # [batch, layer, head, role]: one copy to the host
+        # [batch, layer, head + 1, role]: the heads' scores and the uniform head's last, one copy to the host
+        both = torch.cat([torch.stack(self._pending, dim=1).double(), torch.stack(self._pending_uniform, dim=1).double()], dim=2).cpu().numpy()
+        base, base_uniform = both[:, :, :-1], both[:, :, -1:]
         for k, role in enumerate(role_names(self.kind)):
-            self._push(role, base[..., k])
+            self._push(role, base[..., k], base_uniform[..., k])
         if self._tree_pending:
-            trees = torch.stack(self._tree_pending, dim=1).cpu().numpy()  # [sequence x role, layer, head]
-            for (_, role), values in zip(self._tree_keys, trees):
-                self._push(role, values[None])
-        self._pending, self._tree_pending, self._trees, self._tree_keys = [], [], [], []
+            # [sequence x role, layer, head + 1]: the uniform head's last, one copy
+            both = torch.cat([torch.stack(self._tree_pending, dim=1).double(), torch.stack(self._tree_uniform, dim=1).double()], dim=2).cpu().numpy()
+            trees, trees_uniform = both[..., :-1], both[..., -1:]
+            for (_, role), values, uniform in zip(self._tree_keys, trees, trees_uniform):
+                self._push(role, values[None], uniform[None])
+        self._pending, self._pending_uniform, self._tree_pending, self._tree_uniform, self._trees, self._tree_keys = [], [], [], [], [], []
 
     def merge(self, other: "HeadRoles") -> "HeadRoles":
         check_same_kind(self, other)
-        for role, moments in other._moments.items():
-            if role in self._moments:
-                self._moments[role].merge(moments)
-            else:
-                self._moments[role] = moments
+        for mine, theirs in ((self._moments, other._moments), (self._uniform, other._uniform), (self._excess, other._excess)):
+            for role, moments in theirs.items():
+                if role in mine:
+                    mine[role].merge(moments)
+                else:
+                    mine[role] = moments
         self._shape = self._shape or other._shape
         return self
 
@@ -233,24 +294,32 @@ class HeadRoles(LayerwiseAnalyzer):
 
     def test(self, tau: float | None = None, correction: str | None = None, alpha: float | None = None,
              min_sample: int = MIN_SAMPLE) -> pd.DataFrame:
-        """One-sided one-sample t-tests ``H0: mean <= tau`` for every head and role, corrected within each role
-        over its heads (the heads of one role are one family); a cell seen in fewer than ``min_sample`` sequences is
-        not tested (no ``t``, ``p``, ``p_adj``; ``has_role`` false)."""
+        """Per head and role, two one-sided t-tests over sequences: ``H0: mean <= tau`` (``t``, ``p``) and, paired per
+        sequence, ``H0: mean(s - u) <= 0`` against the uniform head's score ``u`` on the same sequence (``t_excess``,
+        ``p_excess``). A head holds a role when both reject: the intersection-union test ``max(p, p_excess)``, corrected
+        within each role over its heads (the heads of one role are one family) into ``p_adj``. ``uniform`` is the uniform
+        head's mean score, ``excess`` the mean excess. A cell seen in fewer than ``min_sample`` sequences is not tested (no
+        ``t``, ``p``, ``p_adj``; ``has_role`` false)."""
         tau = self.tau if tau is None else tau
-        columns = ["layer", "head", "role", "mean", "ci_low", "ci_high", "t", "p", "p_adj", "has_role", "n"]
+        columns = ["layer", "head", "role", "mean", "ci_low", "ci_high", "uniform", "excess", "t", "p", "t_excess", "p_excess", "p_adj",
+                   "has_role", "n"]
         if not self._moments:
             return pd.DataFrame(columns=columns)
         frames = []
         for role in self.roles():
-            moments = self._moments[role]
+            moments, excess = self._moments[role], self._excess[role]
             low, high = moments.interval()
             t, p = t_test_greater(moments, tau, min_sample=min_sample)
+            t_excess, p_excess = t_test_greater(excess, 0.0, min_sample=min_sample)
             layer, head = np.indices(moments.count.shape)
             frame = pd.DataFrame({
                 "layer": layer.ravel(), "head": head.ravel(), "role": role, "mean": moments.means().ravel(),
-                "ci_low": low.ravel(), "ci_high": high.ravel(), "t": t.ravel(), "p": p.ravel(), "n": moments.count.ravel().astype(np.int64),
+                "ci_low": low.ravel(), "ci_high": high.ravel(), "uniform": self._uniform[role].means().ravel(),
+                "excess": excess.means().ravel(), "t": t.ravel(), "p": p.ravel(), "t_excess": t_excess.ravel(),
+                "p_excess": p_excess.ravel(), "n": moments.count.ravel().astype(np.int64),
             })
-            frame["p_adj"], frame["has_role"] = corrected(frame.p, correction or self.correction, self.alpha if alpha is None else alpha)
+            both = frame.p.where(frame.p.isna(), np.fmax(frame.p, frame.p_excess))  # no excess known (scores pushed by hand): p
+            frame["p_adj"], frame["has_role"] = corrected(both, correction or self.correction, self.alpha if alpha is None else alpha)
             frames.append(frame)
         return pd.concat(frames, ignore_index=True)[columns]
 

@@ -95,7 +95,9 @@ def roles_section(folder: RunFolder, roles: pd.DataFrame, shares_by_tau: pd.Data
         intro=(
             "Pande et al. (2021), 'The heads hypothesis': each head's sieve score for a role is its attention per sieve token "
             "relative to uniform attention (1 = uniform). A head holds a role when a one-sided t-test over sequences rejects "
-            f"mean <= tau (tau = {tau:g}) after {correction} correction within each role over its heads (roles.csv). "
+            f"mean <= tau (tau = {tau:g}) and a paired one rejects that it does no better than the uniform head on the same "
+            f"sequences (each row uniform over the keys it saw; its mean score is the uniform column: 1 for every role but block, "
+            f"about ln n there), the larger p after {correction} correction within each role over its heads (roles.csv). "
             "A head may hold several roles."
         ),
     )

@@ -10,13 +10,18 @@ from bertology.render.figures import head_grid, head_grid_size, layer_lines, plt
 from bertology.render.html import Figure, Section, without_rows
 
 
-def sink_map(sinks: pd.DataFrame, eps: float):
-    """Layer x head map of the mean attention to the first token, each sink head (mean > eps) marked with a white ring."""
+def sink_map(sinks: pd.DataFrame, eps: float, min_sample: int = 1, correction: str = "fdr_bh"):
+    """Layer x head map of the mean attention to the first token, each sink head (mean > eps and significantly above the
+    uniform head's, :func:`~bertology.families.sinks.analyzer.sink_mask`) marked with a white ring."""
+    from bertology.families.sinks.analyzer import sink_mask
+
     attention = sinks[sinks.quantity == "attention"]
+    attention = attention.assign(sink=sink_mask(attention, eps, min_sample, correction))
     grid = attention.pivot(index="layer", columns="head", values="value")
+    rings = attention.pivot(index="layer", columns="head", values="sink").reindex_like(grid).fillna(False).astype(bool)
     figure, axis = plt.subplots(figsize=head_grid_size(grid))
-    head_grid(axis, grid, f"mean attention to the first token; rings: sink heads (> {eps:g})", vmin=0.0, vmax=1.0)
-    layers, heads = np.nonzero(grid.values > eps)
+    head_grid(axis, grid, f"mean attention to the first token; rings: sink heads (> {eps:g} and > uniform)", vmin=0.0, vmax=1.0)
+    layers, heads = np.nonzero(rings.values)
     axis.scatter(heads, layers, s=60, facecolors="none", edgecolors="white", linewidths=1.4)
     figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
@@ -60,21 +65,24 @@ def activations_by_layer(activations: pd.DataFrame):
 
 
 def sinks_section(folder: RunFolder, sinks: pd.DataFrame, rates: pd.DataFrame, secondary: pd.DataFrame, activations: pd.DataFrame,
-                  eps: float, min_sample: int) -> Section:
+                  eps: float, min_sample: int, correction: str = "fdr_bh") -> Section:
     """Write the sink figures into ``folder`` and return the report section."""
     section = Section(
         title="Attention sinks",
         intro=(f"Xiao et al. (2024) and Gu et al. (2025): in a decoder, many heads put most of their weight on the first token. For "
                "each head, alpha_0 is the mean over queries i > 0 of a[i, 0], averaged over sequences with a 95% interval (sinks.csv); "
-               f"a head whose mean exceeds eps = {eps:g} is a sink head, and Sink_eps is the share of such heads (sink_rates.csv). Beside "
+               "beside it, the uniform head's value on the same sequences (each row uniform over the keys it saw: about 0.16 on "
+               f"typical lines, above 0.3 on five pieces or fewer); a head whose mean exceeds eps = {eps:g} and whose paired excess "
+               "over the uniform head is significant (corrected over the heads) is a sink head, and Sink_eps is the share of such "
+               "heads (sink_rates.csv). Beside "
                "the weight: the first token's norm-based share (Kobayashi et al. 2020; a sink takes much weight and gives little), its key "
                "and value norms against the other tokens', and the largest hidden-state magnitude at position 0 against elsewhere "
                "(massive activations, Sun et al. 2024; massive_activations.csv). Pieces at later positions whose mean received attention "
-               "exceeds eps are secondary sinks (secondary_sinks.csv)."),
+               "exceeds eps and the uniform head's are secondary sinks (secondary_sinks.csv)."),
     )
     if sinks.empty:
         return without_rows(section, "sinks.csv")
-    section.figures.append(Figure(folder.write_figure("sink_map", sink_map(sinks, eps)),
+    section.figures.append(Figure(folder.write_figure("sink_map", sink_map(sinks, eps, min_sample, correction)),
                                   "Each head's mean attention to the first token, layer x head; white rings mark sink heads."))
     section.figures.append(Figure(folder.write_figure("sinks_by_layer", weight_and_share_by_layer(sinks, rates)),
                                   "Left: the share of sink heads per layer. Right: the first token's attention weight and its norm share, head means."))

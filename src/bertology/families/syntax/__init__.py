@@ -1,7 +1,8 @@
 """Syntactic heads and the attention parsing probe (Clark et al. 2019, section 4; docs/methods.md#syntactic-heads-and-the-parsing-probe).
 
 Needs dependency trees (CoNLL-U, or ``parser="spacy"``). Tables: ``syntax`` (``relation, direction,
-layer, head, accuracy, n``), ``syntax_best`` (one row per relation), ``syntax_baselines``; document
+layer, head, accuracy, n, uniform``), ``syntax_best`` (one row per relation), ``syntax_baselines`` (``relation, direction,
+offset, accuracy, n``); document
 ``probe`` (``probe.json``: UAS of the parsing probe and its baselines).
 """
 
@@ -98,17 +99,25 @@ class Syntax(Family):
             tested = best[~few]  # all first, then by number of dependents
             untested = f"; {int(few.sum())} with fewer dependents than --min-dependents not tested" if few.any() else ""
             lines.append(f"{prefix}syntactic heads: {int(tested.significant.astype(bool).sum())} of {len(tested)} tested relations have a head "
-                         f"above the best offset baseline after correction{untested}")
+                         f"above both the best offset baseline and the uniform head after correction{untested}")
             for row in tested.head(self.SUMMARY_RELATIONS).itertuples():
                 ties = f", {int(row.n_ties)} heads tied" if row.n_ties > 1 else ""
                 lines.append(f"{prefix}  {row.relation} ({int(row.n)} dependents): {int(row.layer)}-{int(row.head)} {row.direction} {row.accuracy:.3f} "
                              f"(95% CI {row.ci_low:.3f}-{row.ci_high:.3f}) vs offset {int(row.baseline_offset):+d} {row.baseline_accuracy:.3f}, "
-                             f"p_adj {row.p_adj:.2g}{ties}")
+                             f"uniform {row.uniform:.3f}, p_adj {row.p_adj:.2g}{ties}")
         for name, probe in result.documents.items():
             if name == "probe" or name.startswith("probe_"):
                 prefix = f"[{VIEW_NAMES.get(probe['weighting'], probe['weighting'])}] " if "weighting" in probe else ""
                 lines.append(f"{prefix}parsing probe UAS ({probe['evaluation']}): " + ", ".join(f"{key} {value:.3f}" for key, value in probe["uas"].items()))
         return lines
+
+    def claims(self, result):
+        """Each tested relation whose best head beats both the best offset baseline and the uniform head after correction."""
+        from bertology.families.summaries import by_view
+
+        return [f"{prefix}{row.relation}: {int(row.layer)}-{int(row.head)} {row.direction} {row.accuracy:.3f} vs offset {row.baseline_accuracy:.3f}, "
+                f"uniform {row.uniform:.3f} (p_adj {row.p_adj:.2g})"
+                for prefix, best in by_view(result.tables["syntax_best"]) for row in best[best.significant.astype(bool)].itertuples()]
 
     def overview(self, result):
         return result.tables["syntax_best"].head(10)

@@ -1,10 +1,13 @@
 """Syntactic heads (Clark et al. 2019, section 4; docs/methods.md#syntactic-heads-and-the-parsing-probe).
 
 For every head and both directions, each word's parent is predicted as the argmax of its
-word-level attention, over the other words ([CLS]/[SEP] and the word itself excluded):
+word-level attention, over the other words the row sees in the head's layer ([CLS]/[SEP] and the word itself excluded):
 
 - ``dep->head``: the row of the word-level map ``W`` (the word the dependent attends to most);
 - ``head->dep``: the row of ``W^T`` (the word that attends most to the dependent).
+
+A row whose maximum is tied among t candidates scores ``1/t`` if the gold head is among them, else 0 (a uniform row
+has no best key: it scores what a random pick among its tied keys would, never a tie-break's position).
 
 Accuracy for relation r is the share of dependents with relation r whose predicted parent is the
 gold head; ``all`` pools every relation (punctuation included). The root word is no dependent
@@ -14,10 +17,13 @@ accuracy by ``N / (N + R)``, N dependents and R roots, and lets an offset baseli
 sentence's start hit it.) Dependents whose word or gold head lost its pieces to truncation are
 left out too. Fixed-offset baselines predict the word at offset k (k in -3..+3 without 0).
 
-On a decoder (docs/methods.md#decoders) a word sees only the words before it: a dependent can attend to its head only
-when the head precedes it (``dep->head``), and the head to the dependent only when the dependent precedes (``head->dep``).
-Each direction's accuracy is taken over the pairs where its target is visible, and ``n`` is that count of pairs, per
-direction; the offset baselines over every dependent.
+Every accuracy, the head's, the offsets' and the uniform head's, is taken over the same (dependent, head) pairs: those
+whose target the direction's row sees in the layer (``LayerMaps.visible``: the mask the model applied; dep->head: the
+dependent's row sees a piece of its head; head->dep: the head's row sees a piece of the dependent), and ``n`` is that
+count of pairs, per layer and direction. On an encoder that is every dependent; on a decoder (docs/methods.md#decoders)
+dep->head sees the pairs whose head precedes, head->dep those whose dependent precedes (and a sliding window drops the
+far ones). The uniform head (``uniform``) spreads each row evenly over the keys it sees, ``1 / |S_i|``; its word-level
+map is computed from the visible keys, without a forward pass, and scored by the same rule.
 
 Uncertainty comes from a Poisson bootstrap over sentences (Hanley & MacGibbon 2006; Chamandy et
 al. 2012): each sentence carries ``B`` fixed weights drawn from Poisson(1) and keyed by its line
@@ -35,6 +41,7 @@ from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import bootstrap_weights, corrected
+from bertology.core.text.alignment import to_word_level
 from bertology.families.kinds import check_kind, check_same_kind
 
 DIRECTIONS = ("dep->head", "head->dep")
@@ -56,29 +63,50 @@ def tree_targets(example, word_unit: np.ndarray):
     return dependents, heads[dependents] - 1, relations
 
 
-def predicted_parents(word_maps: torch.Tensor, dependent_units: torch.Tensor, is_word: torch.Tensor) -> torch.Tensor:
-    """Argmax parents in both directions: ``[direction, layer, head, dependent]`` unit indices.
+def parent_hits(word_maps: torch.Tensor, dependent_units: torch.Tensor, gold_units: torch.Tensor, is_word: torch.Tensor,
+                sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each head's hit on each dependent in both directions, and which pairs the directions see.
 
-    ``word_maps`` is ``[layer, head, u, u]``; candidates are word units other than the dependent.
+    ``word_maps`` is ``[head, u, u]``, ``sees[u, v]`` whether some piece of unit u's row saw some piece of unit v in this
+    layer. A row's candidates are the word units it sees other than the dependent (``dep->head``: the dependent's row;
+    ``head->dep``: the column of the dependent in every row that sees it). The hit is ``1 / t`` when the gold head is among
+    the ``t`` candidates tied at the row's maximum (within a few ulps of it), else 0: a uniform row scores its chance,
+    never a tie-break's. Returns ``hits [direction, head, dependent]`` (0 where the pair is unseen) and
+    ``seen [direction, dependent]`` (dep->head: the dependent's row sees its head; head->dep: the head's row sees the dependent).
     """
-    units = word_maps.shape[-1]
-    allowed = is_word[None, :].expand(len(dependent_units), units).clone()
-    allowed[torch.arange(len(dependent_units)), dependent_units] = False
-    dep_to_head = word_maps[:, :, dependent_units, :]
-    head_to_dep = word_maps[:, :, :, dependent_units].transpose(-1, -2)
-    scores = torch.stack([dep_to_head, head_to_dep]).masked_fill(~allowed, -torch.inf)
-    return scores.argmax(dim=-1)
+    count = len(dependent_units)
+    rows = torch.arange(count, device=word_maps.device)
+    allowed = torch.stack([sees[dependent_units], sees[:, dependent_units].T]) & is_word[None, None, :]  # [direction, dep, u]
+    allowed[:, rows, dependent_units] = False
+    scores = torch.stack([word_maps[:, dependent_units, :], word_maps[:, :, dependent_units].transpose(-1, -2)])  # [dir, head, dep, u]
+    allowed = allowed[:, None].expand_as(scores)
+    top = scores.masked_fill(~allowed, -torch.inf).amax(dim=-1, keepdim=True)
+    tolerance = 16 * torch.finfo(scores.dtype).eps * top.abs().nan_to_num(posinf=0.0)
+    tied = allowed & (scores >= top - tolerance)
+    gold = tied.gather(-1, gold_units[None, None, :, None].expand(*scores.shape[:3], 1))[..., 0]
+    seen = torch.stack([sees[dependent_units, gold_units], sees[gold_units, dependent_units]])  # [direction, dep]
+    hits = gold.to(scores.dtype) / tied.sum(dim=-1).clamp(min=1).to(scores.dtype) * seen[:, None].to(scores.dtype)
+    return hits, seen
+
+
+def uniform_word_maps(visible: torch.Tensor, alignment) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(uniform [1, u, u], sees [u, u])`` of one sequence's ``visible [n, n]`` keys: the word-level map of the head that
+    spreads each row evenly over the keys it sees (``1 / |S_i|``), and which units' rows see which units."""
+    seen = visible.to(torch.float64)
+    uniform = to_word_level((seen / seen.sum(dim=-1, keepdim=True).clamp(min=1))[None], alignment)
+    return uniform, to_word_level(seen, alignment) > 0
 
 
 class RelationHeads(LayerwiseAnalyzer):
-    """Per relation, head and direction: how often the attention argmax is the gold parent, on a ``kind`` of model (where a
-    word does not see the words after it, each direction is scored on the pairs whose target it sees: see the module docstring).
+    """Per relation, head and direction: how often the attention argmax is the gold parent, on the (dependent, head) pairs
+    the direction's row sees in the head's layer (see the module docstring), beside the uniform head's accuracy on the
+    same pairs and the fixed offsets' on the same pairs.
 
-    ``result()``: ``relation, direction, layer, head, accuracy, n`` for every head;
-    ``baselines()``: ``relation, offset, accuracy, n``; ``best()``: one row per relation with the
-    best head and direction (and every head tied with it), a bootstrap 95% interval over
-    sentences, the best offset baseline, and a one-sided paired bootstrap p-value (head better than
-    baseline), corrected across the tested relations (at least ``min_dependents``) with statsmodels' ``multipletests``.
+    ``result()``: ``relation, direction, layer, head, accuracy, n, uniform`` for every head; ``baselines()``: ``relation,
+    direction, offset, accuracy, n`` (on the first layer's pairs); ``best()``: one row per relation with the best head
+    and direction among the directions with at least ``min_dependents`` pairs (and every head tied with it), a bootstrap
+    95% interval over sentences, the best offset baseline and the uniform head on the best head's pairs, and a one-sided
+    paired bootstrap p-value (head better than both), corrected across the tested relations with statsmodels' ``multipletests``.
     """
 
     name = "syntax"
@@ -87,12 +115,13 @@ class RelationHeads(LayerwiseAnalyzer):
         self.kind = kind
         self.bootstrap = bootstrap
         self.seed = seed
-        self._correct: dict[str, np.ndarray] = {}  # relation -> [1 + B, 2 * L * H + len(OFFSETS)]
-        self._count: dict[str, np.ndarray] = {}  # relation -> [1 + B]
-        self._visible_count: dict[str, np.ndarray] = {}  # a decoder's: relation -> [1 + B, columns], the pairs each column sees
+        # relation -> [1 + B, L*H*2 heads (layer, head, direction) + L*2 uniform heads (layer, direction) + L*2*6 offsets]
+        self._correct: dict[str, np.ndarray] = {}
+        self._count: dict[str, np.ndarray] = {}  # relation -> [1 + B]: dependents
+        self._seen: dict[str, np.ndarray] = {}  # relation -> [1 + B, L*2]: the pairs each layer's direction sees
         self._shape: tuple[int, int] | None = None
         self._trees: list[tuple] = []  # the batch's sentences with dependents
-        self._pending: list[torch.Tensor] = []  # their predicted parents, one [direction, head, dependent] per layer
+        self._pending: list[torch.Tensor] = []  # per layer, [dependent, H*2 + 2 + 2]: head hits, uniform hits, pairs seen
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
@@ -104,62 +133,62 @@ class RelationHeads(LayerwiseAnalyzer):
                     dependents, gold, relations = tree_targets(example, batch.alignments[b].word_unit)
                     if len(dependents):
                         self._trees.append((b, dependents, gold, relations))
-        predicted = []
-        for b, dependents, _, _ in self._trees:
-            alignment = batch.alignments[b]
-            word_maps = maps.word_attention(batch, b)[None]  # [1, head, u, u]
-            is_word = torch.as_tensor(alignment.unit_is_word, device=word_maps.device)
-            units = torch.as_tensor(alignment.word_unit[dependents], device=word_maps.device)
-            predicted.append(predicted_parents(word_maps, units, is_word)[:, 0])  # [direction, head, dependent]
-        if predicted:
-            self._pending.append(torch.cat(predicted, dim=-1))  # every sentence's dependents side by side
-
-    def finish_batch(self, batch: Batch) -> None:
-        self._shape = (batch.num_layers, batch.num_heads)
         if not self._trees:
             return
-        every = torch.stack(self._pending, dim=1).cpu()  # [direction, layer, head, dependent]: one copy to the host
+        visible = maps.visible(batch)
+        columns = []
+        for b, dependents, gold, _ in self._trees:
+            alignment, n = batch.alignments[b], int(batch.host_lengths[b])
+            word_maps = maps.word_attention(batch, b)  # [head, u, u]
+            device = word_maps.device
+            is_word = torch.as_tensor(alignment.unit_is_word, device=device)
+            units = torch.as_tensor(alignment.word_unit[dependents], device=device)
+            gold_units = torch.as_tensor(alignment.word_unit[gold], device=device)
+            uniform, sees = uniform_word_maps(visible[b, :n, :n], alignment)
+            hits, seen = parent_hits(word_maps, units, gold_units, is_word, sees)  # [direction, head, dep], [direction, dep]
+            uniform_hits, _ = parent_hits(uniform, units, gold_units, is_word, sees)  # [direction, 1, dep]
+            columns.append(torch.cat([hits.permute(2, 1, 0).flatten(1).double(), uniform_hits[:, 0].T.double(), seen.T.double()], dim=1))
+        self._pending.append(torch.cat(columns))  # every sentence's dependents one under the other
+
+    def finish_batch(self, batch: Batch) -> None:
+        self._shape = (num_layers, num_heads) = (batch.num_layers, batch.num_heads)
+        if not self._trees:
+            return
+        every = torch.stack(self._pending, dim=1).cpu().numpy()  # [dependent, layer, H*2 + 4]: one copy to the host
         trees, self._pending, self._trees = self._trees, [], []
-        offsets = torch.tensor(OFFSETS)
-        # Per relation: each sentence's bootstrap weights, hit counts and number of dependents.
+        heads = num_heads * 2
+        offsets = np.array(OFFSETS)
         weights: dict[str, list[np.ndarray]] = {}
         sums: dict[str, list[np.ndarray]] = {}
         counts: dict[str, list[int]] = {}
-        visible_counts: dict[str, list[np.ndarray]] = {}
+        seens: dict[str, list[np.ndarray]] = {}
         start = 0
         for b, dependents, gold, relations in trees:
-            example, units = batch.examples[b], torch.as_tensor(batch.alignments[b].word_unit)
-            predicted = every[..., start : start + len(dependents)]
+            rows = every[start : start + len(dependents)]
             start += len(dependents)
-            head_hits = (predicted == units[gold]).permute(3, 1, 2, 0).reshape(len(dependents), -1)  # [dep, layer*head*direction]
-            offset_hits = (torch.as_tensor(dependents)[:, None] + offsets[None, :]) == torch.as_tensor(gold)[:, None]
-            hits = torch.cat([head_hits, offset_hits], dim=1).double().numpy()
-            visible = None
-            if not self.kind.sees_later_keys:  # a column sees the pair where its target precedes: dep->head the head, head->dep the dependent
-                head_first = (units[gold] < units[dependents]).numpy()
-                by_direction = np.stack([head_first, ~head_first], axis=1).astype(np.float64)  # [dep, direction]
-                visible = np.concatenate([np.tile(by_direction, self._shape[0] * self._shape[1]), np.ones((len(dependents), len(OFFSETS)))], axis=1)
-                hits = hits * visible
+            seen = rows[:, :, heads + 2 :].reshape(len(dependents), -1)  # [dep, layer*direction]
+            offset_hits = ((dependents[:, None] + offsets[None, :]) == gold[:, None]).astype(np.float64)  # [dep, offset]
+            hits = np.concatenate([rows[:, :, :heads].reshape(len(dependents), -1), rows[:, :, heads : heads + 2].reshape(len(dependents), -1),
+                                   (seen[:, :, None] * offset_hits[:, None, :]).reshape(len(dependents), -1)], axis=1)
             relations = np.array(relations)
-            sentence_weights = bootstrap_weights(self.seed, self.bootstrap, example)
+            sentence_weights = bootstrap_weights(self.seed, self.bootstrap, batch.examples[b])
             for relation in [ALL_RELATIONS, *np.unique(relations)]:
                 chosen = slice(None) if relation == ALL_RELATIONS else relations == relation
-                rows = hits[chosen]
                 weights.setdefault(relation, []).append(sentence_weights)
-                sums.setdefault(relation, []).append(rows.sum(axis=0))
-                counts.setdefault(relation, []).append(len(rows))
-                if visible is not None:
-                    visible_counts.setdefault(relation, []).append(visible[chosen].sum(axis=0))
+                sums.setdefault(relation, []).append(hits[chosen].sum(axis=0))
+                counts.setdefault(relation, []).append(len(hits[chosen]))
+                seens.setdefault(relation, []).append(seen[chosen].sum(axis=0))
         for relation in weights:
             replicate_weights = np.stack(weights[relation], axis=1)  # [1 + B, sentences]
-            if relation not in self._correct:
-                self._correct[relation] = np.zeros((1 + self.bootstrap, len(sums[relation][0])))
-                self._count[relation] = np.zeros(1 + self.bootstrap)
-            self._correct[relation] += replicate_weights @ np.stack(sums[relation])
-            self._count[relation] += replicate_weights @ np.array(counts[relation], dtype=np.float64)
-            if relation in visible_counts:
-                seen = replicate_weights @ np.stack(visible_counts[relation])
-                self._visible_count[relation] = self._visible_count[relation] + seen if relation in self._visible_count else seen
+            correct = replicate_weights @ np.stack(sums[relation])
+            count = replicate_weights @ np.array(counts[relation], dtype=np.float64)
+            seen = replicate_weights @ np.stack(seens[relation])
+            if relation in self._correct:
+                self._correct[relation] += correct
+                self._count[relation] += count
+                self._seen[relation] += seen
+            else:
+                self._correct[relation], self._count[relation], self._seen[relation] = correct, count, seen
 
     def merge(self, other: "RelationHeads") -> "RelationHeads":
         check_same_kind(self, other)
@@ -169,35 +198,42 @@ class RelationHeads(LayerwiseAnalyzer):
             if relation in self._correct:
                 self._correct[relation] = self._correct[relation] + correct
                 self._count[relation] = self._count[relation] + other._count[relation]
+                self._seen[relation] = self._seen[relation] + other._seen[relation]
             else:
                 self._correct[relation], self._count[relation] = correct.copy(), other._count[relation].copy()
-        for relation, seen in other._visible_count.items():
-            self._visible_count[relation] = self._visible_count[relation] + seen if relation in self._visible_count else seen.copy()
+                self._seen[relation] = other._seen[relation].copy()
         self._shape = self._shape or other._shape
         return self
 
-    def _pairs(self, relation: str) -> np.ndarray:
-        """``[1 + B, columns]`` (or ``[1 + B, 1]``, the same for every column): the dependents each column is scored on; on a
-        decoder, those whose target its direction sees."""
-        return self._visible_count[relation] if relation in self._visible_count else self._count[relation][:, None]
+    def _accuracies(self, relation: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(heads [1 + B, L, H, 2], uniform [1 + B, L, 2], offsets [1 + B, L, 2, 6], pairs [1 + B, L, 2])``: each accuracy
+        on the pairs its layer's direction sees (NaN where it sees none), and that count of pairs."""
+        num_layers, num_heads = self._shape
+        replicates = 1 + self.bootstrap
+        correct, pairs = self._correct[relation], self._seen[relation].reshape(replicates, num_layers, 2)
+        width, uniform_width = num_layers * num_heads * 2, num_layers * 2
+        with np.errstate(invalid="ignore", divide="ignore"):
+            heads = correct[:, :width].reshape(replicates, num_layers, num_heads, 2) / pairs[:, :, None, :]
+            uniform = correct[:, width : width + uniform_width].reshape(replicates, num_layers, 2) / pairs
+            offsets = correct[:, width + uniform_width :].reshape(replicates, num_layers, 2, len(OFFSETS)) / pairs[..., None]
+        return heads, uniform, offsets, pairs
 
     def _relations(self) -> list[str]:
         """Relations by number of dependents (most first), ``all`` first."""
         return sorted(self._count, key=lambda r: (r != ALL_RELATIONS, -self._count[r][0], r))
 
     def result(self) -> pd.DataFrame:
-        columns = ["relation", "direction", "layer", "head", "accuracy", "n"]
+        columns = ["relation", "direction", "layer", "head", "accuracy", "n", "uniform"]
         if not self._count:
             return pd.DataFrame(columns=columns)
         num_layers, num_heads = self._shape
         layer, head, direction = np.unravel_index(np.arange(num_layers * num_heads * 2), (num_layers, num_heads, 2))
         frames = []
         for relation in self._relations():
-            n = np.broadcast_to(self._pairs(relation)[0, : len(layer)], len(layer))
-            with np.errstate(invalid="ignore", divide="ignore"):
-                accuracy = self._correct[relation][0, : len(layer)] / n
+            heads, uniform, _, pairs = self._accuracies(relation)
             frames.append(pd.DataFrame({"relation": relation, "direction": np.array(DIRECTIONS)[direction], "layer": layer, "head": head,
-                                        "accuracy": accuracy, "n": n.astype(np.int64)}))
+                                        "accuracy": heads[0].ravel(), "n": pairs[0][layer, direction].astype(np.int64),
+                                        "uniform": uniform[0][layer, direction]}))
         return pd.concat(frames, ignore_index=True)
 
     def best_accuracy_replicates(self, min_dependents: int = 25) -> np.ndarray:
@@ -206,68 +242,80 @@ class RelationHeads(LayerwiseAnalyzer):
         The best head is chosen within each replicate (row 0: the data), as :meth:`best` chooses it
         on the data; NaN if no relation has enough dependents.
         """
-        width = self._shape[0] * self._shape[1] * 2 if self._shape else 0
         relations = [r for r in self._relations() if r != ALL_RELATIONS and self._count[r][0] >= min_dependents]
         if not relations:
             return np.full(1 + self.bootstrap, np.nan)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            best = [np.fmax.reduce(self._correct[r][:, :width] / self._pairs(r)[:, :width], axis=1) for r in relations]  # NaN: no pair seen
+        best = [np.fmax.reduce(self._accuracies(r)[0].reshape(1 + self.bootstrap, -1), axis=1) for r in relations]  # NaN: no pair seen
         return np.mean(best, axis=0)
 
     def baselines(self) -> pd.DataFrame:
-        """Accuracy of each fixed offset baseline per relation: ``relation, offset, accuracy, n``."""
+        """Accuracy of each fixed offset baseline per relation and direction, on the pairs that direction sees in the first
+        layer (:meth:`best` scores each head's baseline on its own layer's pairs): ``relation, direction, offset, accuracy, n``."""
         rows = []
         for relation in self._relations():
-            n = self._count[relation][0]  # the offsets are scored on every dependent
-            for k, offset in enumerate(OFFSETS):
-                rows.append((relation, offset, self._correct[relation][0, -len(OFFSETS) + k] / n, int(n)))
-        return pd.DataFrame(rows, columns=["relation", "offset", "accuracy", "n"])
+            _, _, offsets, pairs = self._accuracies(relation)
+            for d, direction in enumerate(DIRECTIONS):
+                for k, offset in enumerate(OFFSETS):
+                    rows.append((relation, direction, offset, offsets[0, 0, d, k], int(pairs[0, 0, d])))
+        return pd.DataFrame(rows, columns=["relation", "direction", "offset", "accuracy", "n"])
 
     def best(self, min_dependents: int = 25, correction: str = "fdr_bh", alpha: float = 0.05) -> pd.DataFrame:
-        """One row per relation: the best head against the best offset baseline.
+        """One row per relation: the best head against the best offset baseline and the uniform head, on the same pairs.
 
-        ``n_ties``: how many (layer, head, direction) share the best accuracy, all listed in
-        ``ties`` as ``layer-head direction`` (``"7-5 dep->head; 8-1 head->dep"``, 0-based, in
-        layer, head, direction order); ``layer``, ``head``, ``direction``, the interval and the
-        p-value are those of the first of them. (Clark et al.'s code keeps the last of its sorted
-        list.) The baseline is the best offset, the first of -3..+3 on a tie.
-        ``ci_low``/``ci_high``: 2.5th and 97.5th percentiles of the head's bootstrap accuracies;
-        ``p_value``: ``(1 + #{b: acc_head(b) - acc_baseline(b) <= 0}) / (1 + B)``; ``p_adj``
-        corrected across the tested relations (``correction`` is a ``multipletests`` method: fdr_bh,
-        bonferroni, holm, ...); ``few``: fewer than ``min_dependents`` dependents, a relation that is not tested: its
-        interval, ``p_value``, ``p_adj`` are empty and ``significant`` is false (no claim on too little data).
+        The best head is chosen among the (layer, head, direction) whose direction sees at least ``min_dependents`` pairs
+        (on a decoder each direction sees only the pairs whose target precedes; among every head with a pair where no
+        direction has enough). ``n_ties``: how many share the best accuracy, all listed in ``ties`` as ``layer-head
+        direction`` (``"7-5 dep->head; 8-1 head->dep"``, 0-based, in layer, head, direction order); ``layer``, ``head``,
+        ``direction``, the interval and the p-value are those of the first of them. (Clark et al.'s code keeps the last of
+        its sorted list.) ``n``: the pairs the best head is scored on. The baseline is the best offset on those pairs (the
+        first of -3..+3 on a tie); ``uniform``: the uniform head's accuracy on those pairs (its row spread evenly over the
+        keys it sees in the best head's layer, ties scored 1/t). ``ci_low``/``ci_high``: 2.5th and 97.5th percentiles of
+        the head's bootstrap accuracies; ``p_value``: ``(1 + #{b: acc_head(b) - max(acc_baseline(b), acc_uniform(b)) <= 0})
+        / (1 + B)``; ``p_adj`` corrected across the tested relations (``correction`` is a ``multipletests`` method:
+        fdr_bh, bonferroni, holm, ...): a head is significant only when it beats both. ``few``: no direction has
+        ``min_dependents`` pairs, a relation that is not tested: its interval, ``p_value``, ``p_adj`` are empty and
+        ``significant`` is false (no claim on too little data).
         """
         columns = ["relation", "n", "layer", "head", "direction", "accuracy", "ci_low", "ci_high", "baseline_offset",
-                   "baseline_accuracy", "p_value", "p_adj", "significant", "few", "n_ties", "ties"]
+                   "baseline_accuracy", "p_value", "p_adj", "uniform", "significant", "few", "n_ties", "ties"]
         if not self._count:
             return pd.DataFrame(columns=columns)
         num_layers, num_heads = self._shape
-        width = num_layers * num_heads * 2
         rows = []
         for relation in self._relations():
-            with np.errstate(invalid="ignore", divide="ignore"):
-                accuracy = self._correct[relation] / self._pairs(relation)  # [1 + B, width + offsets]
-            # hit counts are whole numbers over one denominator: equal accuracies are exactly equal (a decoder's column
-            # without a visible pair has none: NaN, never the best)
-            tied = np.flatnonzero(accuracy[0, :width] == np.fmax.reduce(accuracy[0, :width]))
+            heads, uniform, offsets, pairs = self._accuracies(relation)
+            flat = heads.reshape(1 + self.bootstrap, -1)
+            n = np.broadcast_to(pairs[0][:, None, :], (num_layers, num_heads, 2)).ravel()
+            candidates = n >= min_dependents
+            if not candidates.any():
+                candidates = n > 0
+            scores = np.where(candidates, flat[0], np.nan)
+            top = np.fmax.reduce(scores)
+            # fractional hits: equal accuracies agree to rounding
+            tied = np.flatnonzero(candidates & np.isclose(scores, top, rtol=1e-9, atol=1e-12))
+            if not len(tied):  # no pair seen in any layer or direction (a window shorter than every pair)
+                tied = np.array([0])
             best = int(tied[0])
-            base = int(np.argmax(accuracy[0, width:]))
-            replicates = accuracy[1:, best], accuracy[1:, width + base]
-            valid = ~np.isnan(replicates[0])
             layer, head, direction = np.unravel_index(tied, (num_layers, num_heads, 2))
-            difference = replicates[0][valid] - replicates[1][valid]
+            at = (layer[0], direction[0])
+            base = int(np.argmax(np.nan_to_num(offsets[0][at], nan=-1.0)))
+            reference = np.fmax(offsets[1:, at[0], at[1], base], uniform[1:, at[0], at[1]])
+            replicates = flat[1:, best]
+            valid = ~np.isnan(replicates) & ~np.isnan(reference)
+            difference = replicates[valid] - reference[valid]
             rows.append(
                 {
                     "relation": relation,
-                    "n": int(np.broadcast_to(self._pairs(relation)[0], accuracy.shape[1])[best]),
+                    "n": int(n[best]),
                     "layer": int(layer[0]),
                     "head": int(head[0]),
                     "direction": DIRECTIONS[direction[0]],
-                    "accuracy": accuracy[0, best],
-                    "ci_low": np.percentile(replicates[0][valid], 2.5),
-                    "ci_high": np.percentile(replicates[0][valid], 97.5),
+                    "accuracy": flat[0, best],
+                    "ci_low": np.percentile(replicates[valid], 2.5) if valid.any() else np.nan,
+                    "ci_high": np.percentile(replicates[valid], 97.5) if valid.any() else np.nan,
                     "baseline_offset": OFFSETS[base],
-                    "baseline_accuracy": accuracy[0, width + base],
+                    "baseline_accuracy": offsets[0, at[0], at[1], base],
+                    "uniform": uniform[0, at[0], at[1]],
                     "p_value": (1 + np.sum(difference <= 0)) / (1 + len(difference)),
                     "n_ties": len(tied),
                     "ties": "; ".join(f"{tl}-{th} {DIRECTIONS[td]}" for tl, th, td in zip(layer, head, direction)),

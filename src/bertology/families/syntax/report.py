@@ -18,19 +18,22 @@ def _shorten_ties(ties: str) -> str:
 
 
 def best_heads_vs_baseline(best: pd.DataFrame, top: int = 15):
-    """Bars: the best head's accuracy per relation (with its bootstrap interval) against the best offset baseline."""
+    """Bars: the best head's accuracy per relation (with its bootstrap interval) against the best offset baseline and the
+    uniform head, on the same pairs."""
     rows = best[best.relation != "all"].head(top)
     rows = pd.concat([best[best.relation == "all"], rows])
     figure, axis = plt.subplots(figsize=(max(6.0, 0.55 * len(rows) + 2), 4.2))
     x = np.arange(len(rows))
     error = np.vstack([rows.accuracy - rows.ci_low, rows.ci_high - rows.accuracy])
-    axis.bar(x - 0.2, rows.accuracy, 0.4, yerr=error, capsize=2, color="tab:blue", label="best head (95% bootstrap interval)")
-    axis.bar(x + 0.2, rows.baseline_accuracy, 0.4, color="tab:gray", label="best fixed offset")
+    axis.bar(x - 0.27, rows.accuracy, 0.27, yerr=error, capsize=2, color="tab:blue", label="best head (95% bootstrap interval)")
+    axis.bar(x, rows.baseline_accuracy, 0.27, color="tab:gray", label="best fixed offset (same pairs)")
+    if "uniform" in rows:
+        axis.bar(x + 0.27, rows.uniform, 0.27, color="tab:olive", label="uniform head (same pairs)")
     labels = [f"{r.relation}\n{r.layer}-{r.head}{'*' if r.significant else ''}" for r in rows.itertuples()]
     axis.set_xticks(x, labels, fontsize=8)
     axis.set_ylabel("accuracy")
     axis.set_ylim(0, 1)
-    axis.set_title("best head per relation (layer-head, 0-based; * beats the baseline after correction)")
+    axis.set_title("best head per relation (layer-head, 0-based; * beats the baseline and the uniform head after correction)")
     axis.legend(fontsize=8, loc="upper right")
     axis.grid(axis="y", alpha=0.3)
     figure.set_layout_engine("tight")  # laid out once, when drawn
@@ -64,7 +67,9 @@ def syntax_section(folder: RunFolder, syntax: pd.DataFrame, best: pd.DataFrame, 
         intro=(
             "Clark et al. (2019), section 4: for each relation, the head whose attention argmax most often lands on the gold "
             "parent (dep->head: the dependent attends to its head; head->dep: the head attends to its dependent), against "
-            "the best fixed-offset baseline. Intervals and one-sided paired p-values come from a bootstrap over sentences; "
+            "the best fixed-offset baseline and the uniform head (each row spread evenly over the keys it sees), all scored on the same "
+            "(dependent, head) pairs, those the row sees; a row's maximum tied among t words scores 1/t. A head is significant only when "
+            "it beats both. Intervals and one-sided paired p-values come from a bootstrap over sentences; "
             "p_adj is corrected across relations (syntax_best.csv; every head in syntax.csv). Heads tied at the best accuracy "
             "are all listed (n_ties, ties); the row's head, interval and p-value are the first of them. 'all' pools every "
             "relation; the root word is no dependent (its gold head is no word), so it counts nowhere."
