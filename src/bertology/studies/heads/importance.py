@@ -389,6 +389,109 @@ def _check_settings(settings: dict) -> None:
         raise BertologyError(f"step must be in (0, 1], not {settings['step']}")
 
 
+def _check_request(task: TaskData | None, corpus, ablate: bool, importance_split: str | None, prune_to: int | None) -> None:
+    """Refuse a request that gives both a task and a corpus or neither, or asks a corpus for what only a task has."""
+    if (task is None) == (corpus is None):
+        raise BertologyError("give a task (for a fine-tuned classifier) or a corpus (for a causal language model), one of the two")
+    if corpus is not None and ablate:
+        raise BertologyError("ablate measures a task's dev metric: give a task, or run importance or prune on the corpus")
+    if corpus is not None and importance_split is not None:
+        raise BertologyError("importance_split applies only to a task (a corpus has no splits)")
+    if corpus is not None and prune_to is not None:
+        raise BertologyError("--prune-to removes heads physically, which bertology knows for encoders (BERT, RoBERTa, ELECTRA, DistilBERT), "
+                             "not decoders; leave it out to draw the pruning curve with the heads masked")
+
+
+def _load_model(model: str | Path | TaskModel | LanguageModel, corpus, device: str | None, max_length: int | None,
+                prune_to: int | None) -> TaskModel | LanguageModel:
+    """``model`` as given (already loaded) or loaded from its path (a classifier for a task, a decoder for a corpus);
+    refused where it does not fit the request, has had heads removed, or cannot be pruned to ``prune_to`` heads."""
+    loaded = isinstance(model, (TaskModel, LanguageModel))
+    loading = _applying({"device": device, "max_length": max_length}, {"device": "auto", "max_length": 128}, not loaded,
+                        "a model given by its path (a loaded model keeps its own)")
+    task_model = model if loaded else (load_task_model if corpus is None else load_language_model)(model, **loading)
+    if isinstance(task_model, LanguageModel) != (corpus is not None):
+        raise BertologyError("a corpus needs a LanguageModel (a decoder with its LM head), a task a TaskModel (a fine-tuned classifier)")
+    if task_model.info()["pruned_heads"]:
+        raise BertologyError(f"{task_model.name}: heads were removed from this model; disabling and pruning start from a model with all its heads")
+    if prune_to is not None and not task_model.num_layers <= prune_to < task_model.num_layers * task_model.num_heads:
+        raise BertologyError(f"--prune-to must be between {task_model.num_layers} (one head per layer) and {task_model.num_layers * task_model.num_heads - 1}")
+    return task_model
+
+
+@dataclass
+class _Evaluation:
+    """What a head study evaluates on: the encoded examples (a seeded subset of a task's dev split, or of a corpus's texts),
+    their gold labels (a task's), the metrics of a head intervention, and the words for the task and its loss."""
+
+    rows: list[dict]
+    gold: np.ndarray | None
+    score: Callable[[Intervention | None], dict]
+    name: str
+    loss: str
+    corpus_info: dict | None = None
+    texts: list[str] | None = None  # a corpus's texts, from which the importance subset is drawn too
+
+
+def _evaluation(task_model: TaskModel | LanguageModel, task: TaskData | None, corpus, format: str, max_examples: int | None, seed: int,
+                batch_size: int) -> _Evaluation:
+    """The examples the metrics are measured on and the metric function: a task's dev subset and its task metric, or a
+    corpus's texts and the causal LM metrics (refused where no text has a next token to predict)."""
+    if corpus is None:
+        rows, gold = task_model.encode(seeded_subset(task.dev, max_examples, seed), "dev")
+        return _Evaluation(rows, gold, task_scorer(task_model, task, rows, gold, batch_size * 2), task.name, f"{task.name} cross-entropy of the gold label")
+    texts, corpus_info = open_corpus(corpus, format)
+    texts = list(texts)
+    corpus_info["examples"] = len(texts)
+    rows = task_model.encode(seeded_subset(texts, max_examples, seed))
+    if not rows:
+        raise BertologyError(f"{corpus_info['name']}: no text of two pieces or more, so no next token to predict")
+    return _Evaluation(rows, None, partial(task_model.score, rows, batch_size * 2), corpus_info["name"], NEXT_TOKEN_LOSS, corpus_info, texts)
+
+
+def _ablation(task_model: TaskModel, task: TaskData, evaluation: _Evaluation, settings: dict, batch_size: int, seed: int,
+              progress: bool) -> pd.DataFrame:
+    """The leave-one-out table: the task metric with each head, and each layer, disabled as ``settings`` say."""
+    loo = LeaveOneOut(task_model, settings["intervention"], batch_size=batch_size, progress=progress)
+    base, variants = loo.predict(evaluation.rows)
+    return ablation_table(task, evaluation.gold, base, variants, loo.variants(), settings["intervention"], replicates=settings["bootstrap"],
+                          seed=seed, correction=settings["correction"], min_sample=settings["min_sample"])
+
+
+def _importance(study: HeadStudy, task_model: TaskModel | LanguageModel, task: TaskData | None, evaluation: _Evaluation, settings: dict,
+                batch_size: int, seed: int, progress: bool, folder) -> list[dict]:
+    """Measure each head's gradient importance on a seeded subset of the importance split (or of the corpus's texts) into
+    ``study`` (and ``folder``); returns the subset's encoded examples, which the pruning curve reuses."""
+    if evaluation.texts is None:
+        split = settings["importance_split"]
+        importance_rows, _ = task_model.encode(seeded_subset(task.dev if split == "dev" else task.train, settings["importance_examples"], seed), split)
+    else:
+        importance_rows = task_model.encode(seeded_subset(evaluation.texts, settings["importance_examples"], seed))
+    study.importance_examples = len(importance_rows)
+    scores = GradientImportance(task_model, batch_size=batch_size, progress=progress).attribute(importance_rows)
+    study.importance = importance_table(scores, settings["normalise"])
+    if folder is not None:
+        folder.write_table("importance", study.importance)
+    return importance_rows
+
+
+def _prune(study: HeadStudy, task_model: TaskModel | LanguageModel, task: TaskData | None, evaluation: _Evaluation, importance_rows: list[dict],
+           settings: dict, prune_to: int | None, batch_size: int, progress: bool, folder, out: str | Path | None) -> None:
+    """Draw the pruning curve into ``study`` (and ``folder``); with ``prune_to``, remove that point's heads physically, save
+    the smaller model (in ``folder``, or ``pruned-N-heads`` here) and time it."""
+    curve = pruning_curve(task_model, importance_rows, evaluation.score, step=settings["step"], keep_at=prune_to, normalise=settings["normalise"],
+                          batch_size=batch_size, progress=progress)
+    study.pruning = curve.table
+    if folder is not None:
+        folder.write_table("pruning", study.pruning)
+    if prune_to is not None:
+        target = folder.path / f"pruned-{prune_to}-heads" if folder is not None else Path(f"pruned-{prune_to}-heads")
+        study.pruned = prune_and_time(task_model, task, curve.masks[task_model.num_layers * task_model.num_heads - prune_to], evaluation.rows,
+                                      evaluation.gold, target, batch_size=batch_size * 2)
+        if folder is not None:  # saved in the staging folder, which becomes out
+            study.pruned["model"] = str(Path(out) / target.name)
+
+
 @claims_out(words=("intervention", "correction", "importance_split", "normalise", "format", "device"))
 def study_heads(model: str | Path | TaskModel | LanguageModel, task: TaskData | None = None, *, corpus=None, format: str = "auto",
                 ablate: bool = False, importance: bool = False, prune: bool = False, intervention: str | None = None, max_examples: int | None = None,
@@ -418,15 +521,7 @@ def study_heads(model: str | Path | TaskModel | LanguageModel, task: TaskData | 
     from bertology.core.storage.runfolder import RunFolder
 
     check_seed(seed)
-    if (task is None) == (corpus is None):
-        raise BertologyError("give a task (for a fine-tuned classifier) or a corpus (for a causal language model), one of the two")
-    if corpus is not None and ablate:
-        raise BertologyError("ablate measures a task's dev metric: give a task, or run importance or prune on the corpus")
-    if corpus is not None and importance_split is not None:
-        raise BertologyError("importance_split applies only to a task (a corpus has no splits)")
-    if corpus is not None and prune_to is not None:
-        raise BertologyError("--prune-to removes heads physically, which bertology knows for encoders (BERT, RoBERTa, ELECTRA, DistilBERT), "
-                             "not decoders; leave it out to draw the pruning curve with the heads masked")
+    _check_request(task, corpus, ablate, importance_split, prune_to)
     settings = {**_applying({"intervention": intervention, "bootstrap": bootstrap, "correction": correction, "min_sample": min_sample},
                             ABLATE_DEFAULTS, ablate, "ablate"),
                 **_applying({"importance_split": importance_split, "importance_examples": importance_examples, "normalise": normalise},
@@ -435,63 +530,21 @@ def study_heads(model: str | Path | TaskModel | LanguageModel, task: TaskData | 
     if corpus is not None:
         settings.pop("importance_split", None)
     _check_settings(settings)
-    loaded = isinstance(model, (TaskModel, LanguageModel))
-    loading = _applying({"device": device, "max_length": max_length}, {"device": "auto", "max_length": 128}, not loaded,
-                        "a model given by its path (a loaded model keeps its own)")
-    task_model = model if loaded else (load_task_model if corpus is None else load_language_model)(model, **loading)
-    if isinstance(task_model, LanguageModel) != (corpus is not None):
-        raise BertologyError("a corpus needs a LanguageModel (a decoder with its LM head), a task a TaskModel (a fine-tuned classifier)")
-    if task_model.info()["pruned_heads"]:
-        raise BertologyError(f"{task_model.name}: heads were removed from this model; disabling and pruning start from a model with all its heads")
-    if prune_to is not None and not task_model.num_layers <= prune_to < task_model.num_layers * task_model.num_heads:
-        raise BertologyError(f"--prune-to must be between {task_model.num_layers} (one head per layer) and {task_model.num_layers * task_model.num_heads - 1}")
+    task_model = _load_model(model, corpus, device, max_length, prune_to)
     torch.manual_seed(seed)
-    corpus_info = None
-    if corpus is None:
-        rows, gold = task_model.encode(seeded_subset(task.dev, max_examples, seed), "dev")
-        score, name, loss = task_scorer(task_model, task, rows, gold, batch_size * 2), task.name, f"{task.name} cross-entropy of the gold label"
-    else:
-        texts, corpus_info = open_corpus(corpus, format)
-        texts = list(texts)
-        corpus_info["examples"] = len(texts)
-        rows = task_model.encode(seeded_subset(texts, max_examples, seed))
-        if not rows:
-            raise BertologyError(f"{corpus_info['name']}: no text of two pieces or more, so no next token to predict")
-        score, name, loss = partial(task_model.score, rows, batch_size * 2), corpus_info["name"], NEXT_TOKEN_LOSS
-    baseline = score(None)
+    evaluation = _evaluation(task_model, task, corpus, format, max_examples, seed, batch_size)
+    baseline = evaluation.score(None)
     settings.update(max_examples=max_examples, batch_size=batch_size, max_length=task_model.max_length, seed=seed, device=str(task_model.device))
-    study = HeadStudy(task_model.info(), name, len(rows), baseline, settings, loss, corpus_info)
+    study = HeadStudy(task_model.info(), evaluation.name, len(evaluation.rows), baseline, settings, evaluation.loss, evaluation.corpus_info)
     folder = RunFolder(out) if out is not None else None
     if ablate:
-        loo = LeaveOneOut(task_model, settings["intervention"], batch_size=batch_size, progress=progress)
-        base, variants = loo.predict(rows)
-        study.ablation = ablation_table(task, gold, base, variants, loo.variants(), settings["intervention"], replicates=settings["bootstrap"],
-                                        seed=seed, correction=settings["correction"], min_sample=settings["min_sample"])
+        study.ablation = _ablation(task_model, task, evaluation, settings, batch_size, seed, progress)
         if folder is not None:
             folder.write_table("ablation", study.ablation)
     if importance or prune:
-        if corpus is None:
-            split = settings["importance_split"]
-            importance_rows, _ = task_model.encode(seeded_subset(task.dev if split == "dev" else task.train, settings["importance_examples"], seed), split)
-        else:
-            importance_rows = task_model.encode(seeded_subset(texts, settings["importance_examples"], seed))
-        study.importance_examples = len(importance_rows)
-        scores = GradientImportance(task_model, batch_size=batch_size, progress=progress).attribute(importance_rows)
-        study.importance = importance_table(scores, settings["normalise"])
-        if folder is not None:
-            folder.write_table("importance", study.importance)
+        importance_rows = _importance(study, task_model, task, evaluation, settings, batch_size, seed, progress, folder)
         if prune:
-            curve = pruning_curve(task_model, importance_rows, score, step=settings["step"], keep_at=prune_to, normalise=settings["normalise"],
-                                  batch_size=batch_size, progress=progress)
-            study.pruning = curve.table
-            if folder is not None:
-                folder.write_table("pruning", study.pruning)
-            if prune_to is not None:
-                target = folder.path / f"pruned-{prune_to}-heads" if folder is not None else Path(f"pruned-{prune_to}-heads")
-                study.pruned = prune_and_time(task_model, task, curve.masks[task_model.num_layers * task_model.num_heads - prune_to], rows, gold, target,
-                                              batch_size=batch_size * 2)
-                if folder is not None:  # saved in the staging folder, which becomes out
-                    study.pruned["model"] = str(Path(out) / target.name)
+            _prune(study, task_model, task, evaluation, importance_rows, settings, prune_to, batch_size, progress, folder, out)
     if out is not None:
         study.save(out, command)
     return study

@@ -51,7 +51,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -419,6 +419,282 @@ def unigram_cross_entropy(train_ids: list[list[list[int]]], targets: np.ndarray,
     return float(-log_p[targets].mean())
 
 
+@dataclass
+class _Corpus:
+    """The corpus as a run reads it: its files and documents (sentences), their pieces (training and validation text),
+    and the instances made of them."""
+
+    files: list[Path]
+    documents: list[list[str]]
+    train_ids: list[list[list[int]]]
+    validation_ids: list[list[list[int]]]
+    causal: bool
+    max_length: int
+    seed: int
+    cls_id: int | None
+    sep_id: int | None
+
+    def instances(self, ids: list[list[list[int]]], rng: np.random.Generator) -> list[dict]:
+        return make_causal_instances(ids, self.max_length) if self.causal else make_instances(ids, self.max_length, rng, self.cls_id, self.sep_id)
+
+    def epoch_rows(self, index: int) -> list[dict]:
+        """The training instances of epoch ``index``, (paired and) shuffled by a generator keyed by the epoch."""
+        rng = keyed_rng(self.seed, "epoch", index)
+        rows = self.instances(self.train_ids, rng)
+        return [rows[i] for i in rng.permutation(len(rows))]
+
+
+@dataclass
+class _Validation:
+    """What a run is validated on: fixed (already masked) batches, and the unigram yardstick on their scored pieces."""
+
+    rows: list[dict]
+    on_training_text: bool  # a corpus too small to hold text out: (fixed) training instances stand in
+    batches: list[dict[str, torch.Tensor]]
+    unigram: float
+
+
+@dataclass
+class _Run:
+    """A pre-training run under way: the model and what trains it, where its work is kept (``training``), and how far
+    it has gone (step, epoch and position in the epoch's instances, the losses so far and the checkpoints saved)."""
+
+    settings: PretrainSettings
+    goal: Objective
+    training: Path
+    network: torch.nn.Module
+    tokenizer: PreTrainedTokenizerFast
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    collator: DataCollatorForLanguageModeling
+    validation_batches: list[dict[str, torch.Tensor]]
+    device: torch.device
+    step: int = 0
+    epoch: int = 0
+    position: int = 0
+    losses: list = field(default_factory=list)
+    evaluations: list = field(default_factory=list)
+
+    def resume(self, state: dict) -> None:
+        """Go on from a saved training state: its weights, optimiser, schedule, random states and progress."""
+        resume_training(self.training / "state" / "state.pt", state, self.network, self.optimizer, self.scheduler)  # and torch's random state: dropout
+        self.collator.generator.set_state(state["mask_rng"])
+        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+        self.losses, self.evaluations = state["losses"], state["evaluations"]
+
+    def stop_if_diverged(self, at: int, values: dict[str, float], weights: bool = False) -> None:
+        """Stop the run at step ``at`` where one of ``values`` (losses or validation scores) or, with ``weights``, a weight
+        is not a finite number, before anything of that step is saved; what was saved before is kept."""
+        what = next((f"its {name} is {value}" for name, value in values.items() if not math.isfinite(value)), None)
+        if what is None and weights and first_non_finite(self.network) is not None:
+            what = "its weights are no longer finite numbers"
+        if what is not None:
+            kept = (f"the last good checkpoint is {(self.training / 'checkpoints' / self.evaluations[-1][1]).resolve()}" if self.evaluations
+                    else "no checkpoint was saved")
+            raise TrainingDiverged(f"pre-training diverged at step {at}: {what} (--learning-rate {self.settings.learning_rate:g}); stopped, {kept}; "
+                                   "lower --learning-rate and give another --out")
+
+    def save_state(self) -> None:
+        self.stop_if_diverged(self.step, {}, weights=True)
+        save_training_state(self.training / "state", {
+            "model": self.network.state_dict(), "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "mask_rng": self.collator.generator.get_state(), "random": random_states(), "step": self.step, "epoch": self.epoch,
+            "position": self.position, "losses": self.losses, "evaluations": self.evaluations, "settings": asdict(self.settings),
+        }, self.tokenizer)
+
+    def save_checkpoint(self) -> None:
+        scores = evaluate(self.network, self.validation_batches, self.goal)
+        self.stop_if_diverged(self.step, {f"validation {score}": value for score, value in scores.items()}, weights=True)
+        name = checkpoint_name(self.step)
+        target = self.training / "checkpoints" / name
+        with quiet_transformers():
+            self.network.save_pretrained(target)
+            self.tokenizer.save_pretrained(target)
+        (target / "pretraining_step.json").write_text(json.dumps({"step": self.step, **scores}, indent=2, allow_nan=False) + "\n")
+        self.evaluations.append((self.step, name, *scores.values()))
+
+    def take_step(self, batch: dict[str, torch.Tensor]) -> None:
+        """One optimiser step on ``batch``, its losses recorded; a loss that is not finite stops the run before the step."""
+        parts = training_losses(self.network, batch, self.goal)
+        values = [part.item() for part in parts]
+        self.stop_if_diverged(self.step + 1, dict(zip(self.goal.step_losses, values)))
+        sum(parts).backward()
+        torch.nn.utils.clip_grad_norm_(self.network.parameters(), 1.0)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad()
+        self.step += 1
+        self.losses.append((self.step, *values, self.scheduler.get_last_lr()[0]))
+
+
+def _resume_or_start(training: Path, settings: PretrainSettings, goal: Objective) -> dict | None:
+    """The training state saved in ``training`` by an unfinished run of these very settings, or None (and ``training``
+    cleared) where none was saved; the state of a run with other settings is refused, and so is a damaged one."""
+    state_folder = training / "state"
+    state = load_training_state(state_folder / "state.pt", PRETRAIN_STATE_KEYS) if (state_folder / "state.pt").is_file() else None
+    if state is None:
+        shutil.rmtree(training, ignore_errors=True)  # a start that never saved a state: nothing to resume
+    elif state.get("settings") != asdict(settings):
+        raise BertologyError(f"{state_folder}: the training state of a run with other settings or another corpus is there; use another --out or delete it")
+    else:
+        check_pretraining_state(state_folder / "state.pt", state, settings.steps, goal)
+    return state
+
+
+def _tokenizer(train_text: list[list[str]], settings: PretrainSettings, resumed: bool, state_folder: Path) -> PreTrainedTokenizerFast:
+    """The vocabulary saved with the training state where the run resumes (the saved weights were trained with it), else
+    one trained on ``train_text``: WordPiece for the masked LM, byte-level BPE for the causal LM."""
+    causal = settings.objective == "causal-lm"
+    if resumed:
+        try:
+            return (PreTrainedTokenizerFast if causal else BertTokenizerFast).from_pretrained(state_folder)
+        except Exception as exc:  # transformers and tokenizers raise many kinds for a damaged file, the bare Exception included
+            raise StateError(state_folder, f"cannot read the tokenizer saved with the training state ({' '.join(str(exc).split())[:120]}); "
+                                           f"delete {state_folder} to start over") from None
+    train_tokenizer = train_byte_level_bpe if causal else train_wordpiece
+    return train_tokenizer([s for document in train_text for s in document], settings.vocab_size, settings.max_length)
+
+
+def _read_corpus(files: list[Path], settings: PretrainSettings, resumed: bool, state_folder: Path) -> tuple[_Corpus, PreTrainedTokenizerFast]:
+    """The corpus's documents split into training and validation text, the tokenizer (:func:`_tokenizer`), and both
+    texts in pieces."""
+    documents = documents_for_pairs(read_documents(files))  # the same sentences and validation text for both objectives
+    train_text, validation_text = split_documents(documents, settings.validation_share)
+    tokenizer = _tokenizer(train_text, settings, resumed, state_folder)
+
+    def encode(docs: list[list[str]]) -> list[list[list[int]]]:
+        return [tokenizer(document, add_special_tokens=False)["input_ids"] if document else [] for document in docs]
+
+    with quiet_transformers():  # sentences longer than max_length are fine here: instances are cut to size
+        train_ids, validation_ids = encode(train_text), encode(validation_text)
+    corpus = _Corpus(files, documents, train_ids, validation_ids, settings.objective == "causal-lm", settings.max_length, settings.seed,
+                     tokenizer.cls_token_id, tokenizer.sep_token_id)
+    return corpus, tokenizer
+
+
+def _validation(corpus: _Corpus, tokenizer: PreTrainedTokenizerFast, settings: PretrainSettings, goal: Objective,
+                torch_device: torch.device) -> _Validation:
+    """The validation instances (held-out text, or fixed training instances where there is none), masked once into fixed
+    batches, and the unigram cross-entropy of their scored pieces; refused where no piece is scored."""
+    seed, batch_size = settings.seed, settings.batch_size
+    validation_rows = corpus.instances(corpus.validation_ids, keyed_rng(seed, "validation"))
+    validated_on_training_text = not validation_rows
+    if validated_on_training_text:  # a corpus too small to hold text out: validate on (fixed) training instances, and say so
+        validation_rows = corpus.instances(corpus.train_ids, keyed_rng(seed, "validation"))[:batch_size]
+    validation_collator = DataCollatorForLanguageModeling(tokenizer, mlm=not corpus.causal, mlm_probability=settings.mask_probability, seed=seed + 1)
+    validation_batches = [_collate(validation_collator, validation_rows[i : i + batch_size], torch_device)
+                          for i in range(0, len(validation_rows), batch_size)]
+    targets = np.concatenate([scored_labels(batch, goal).cpu().numpy() for batch in validation_batches])
+    if not len(targets):  # no validation loss to measure: its mean would be NaN
+        raise CorpusError(corpus.files[0], None, "too little text to validate on: no validation piece is masked or has a next piece")
+    unigram = unigram_cross_entropy(corpus.train_ids, targets, len(tokenizer))
+    return _Validation(validation_rows, validated_on_training_text, validation_batches, unigram)
+
+
+def _build_model(tokenizer: PreTrainedTokenizerFast, settings: PretrainSettings, torch_device: torch.device) -> torch.nn.Module:
+    """A randomly initialised model of the settings' size on ``torch_device``: a GPT-2 for the causal LM, else a BERT."""
+    if settings.objective == "causal-lm":
+        config = GPT2Config(vocab_size=len(tokenizer), n_positions=settings.max_length, n_embd=settings.hidden, n_layer=settings.layers,
+                            n_head=settings.heads, n_inner=settings.intermediate, bos_token_id=tokenizer.bos_token_id,
+                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        return GPT2LMHeadModel(config).to(torch_device)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=settings.hidden, num_hidden_layers=settings.layers,
+                        num_attention_heads=settings.heads, intermediate_size=settings.intermediate, max_position_embeddings=settings.max_length,
+                        type_vocab_size=2, pad_token_id=tokenizer.pad_token_id)
+    return BertForPreTraining(config).to(torch_device)
+
+
+def _optimiser(network: torch.nn.Module, settings: PretrainSettings) -> tuple[torch.optim.Optimizer, object]:
+    """AdamW (no decay on biases and layer-norm weights) and its linear warm-up and decay over the run's steps."""
+    undecayed = [p.ndim < 2 for p in network.parameters()]  # biases and layer-norm weights (BERT's LayerNorm, GPT-2's ln_*)
+    groups = [
+        {"params": [p for p, flat in zip(network.parameters(), undecayed) if not flat], "weight_decay": settings.weight_decay},
+        {"params": [p for p, flat in zip(network.parameters(), undecayed) if flat], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=settings.learning_rate, betas=(0.9, 0.98), eps=1e-6)
+    scheduler = get_linear_schedule_with_warmup(optimizer, max(1, int(settings.warmup * settings.steps)), settings.steps)
+    return optimizer, scheduler
+
+
+def _train(run: _Run, corpus: _Corpus, rows: list[dict], stop_at: int, save_every: int, progress: bool) -> list[dict]:
+    """Train up to step ``stop_at``, saving the checkpoints at their steps (step 0 first) and the training state every
+    ``save_every`` steps and at the end; returns the instances of the epoch it stopped in. A batch with no piece to score
+    is passed over; an epoch and more of them is refused."""
+    goal, batch_size, steps = run.goal, run.settings.batch_size, run.settings.steps
+    saved_steps = set(checkpoint_steps(steps, run.settings.checkpoints))
+    done = {row[0] for row in run.evaluations}
+    run.network.train()
+    if run.step == 0 and 0 not in done:
+        run.save_checkpoint()
+    if run.epoch:  # resumed in a later epoch
+        rows = corpus.epoch_rows(run.epoch)
+    unscored = 0  # batches in a row with no piece to score
+    with tqdm(total=steps, initial=run.step, unit="step", desc="pre-training", disable=not progress) as bar:
+        while run.step < stop_at:
+            if run.position >= len(rows):
+                run.epoch, run.position = run.epoch + 1, 0
+                rows = corpus.epoch_rows(run.epoch)
+            batch = _collate(run.collator, rows[run.position : run.position + batch_size], run.device)
+            run.position += batch_size
+            if not len(scored_labels(batch, goal)):  # no piece masked, or runs of one piece (a tiny corpus): no LM loss, so no step
+                unscored += 1
+                if unscored > len(rows):  # a whole epoch and more
+                    raise CorpusError(corpus.files[0], None, "too little text to train on: no training batch has a piece masked or a next piece")
+                continue
+            unscored = 0
+            run.take_step(batch)
+            bar.update(1)
+            bar.set_postfix({goal.step_losses[0].removesuffix("_loss"): f"{np.mean([row[1] for row in run.losses[-50:]]):.3f}"})
+            if run.step in saved_steps:
+                run.save_checkpoint()
+            if run.step in saved_steps or run.step % save_every == 0 or run.step == stop_at:
+                run.save_state()
+    return rows
+
+
+def _summary(run: _Run, corpus: _Corpus, validation: _Validation, rows: list[dict], out: str | Path, resumed_from: int, seconds: float) -> dict:
+    """``pretraining.json``: the objective, corpus, model, settings, final validation scores against the unigram yardstick,
+    and the run's facts."""
+    goal, settings, network = run.goal, run.settings, run.network
+    final = dict(zip(goal.scores, run.evaluations[-1][2:]))
+    return {
+        "objective": settings.objective,
+        "loss": goal.loss,
+        "corpus": {"files": settings.corpus, "documents": len(corpus.documents), "sentences": sum(map(len, corpus.documents)),
+                   "training_pieces": int(sum(len(s) for document in corpus.train_ids for s in document)),
+                   "validation_instances": len(validation.rows), "validated_on_training_text": validation.on_training_text},
+        "model": {"architecture": goal.architecture, "parameters": sum(p.numel() for p in network.base_model.parameters()),
+                  "vocab_size": len(run.tokenizer)},
+        "settings": asdict(settings),
+        "device": str(run.device),
+        "steps": settings.steps,
+        "epochs": round(run.epoch + run.position / max(len(rows), 1), 2),
+        "resumed_from_step": resumed_from or None,
+        "seconds": round(seconds, 1),
+        "final_checkpoint": str((Path(out) / "checkpoints" / run.evaluations[-1][1]).resolve()),
+        **{f"val_{score}": value for score, value in final.items()},
+        "unigram_cross_entropy": validation.unigram,
+        f"train_{goal.step_losses[0]}_last_50": float(np.mean([row[1] for row in run.losses[-50:]])),
+    }
+
+
+def _write_run(out: str | Path, run: _Run, summary: dict, command: list[str] | None) -> None:
+    """Replace ``out`` whole with the finished run: its checkpoints, ``loss.csv``, ``checkpoints.csv``, ``pretraining.json``,
+    the report and the manifest."""
+    from bertology.studies.pretrain.report import pretraining_report
+
+    goal = run.goal
+    folder = RunFolder(out)  # replaces out whole, training/ with it
+    link_tree(run.training / "checkpoints", folder.path / "checkpoints")
+    loss_table = pd.DataFrame(run.losses, columns=["step", *goal.step_losses, "learning_rate"])
+    checkpoint_table = pd.DataFrame(run.evaluations, columns=["step", "checkpoint", *(f"val_{score}" for score in goal.scores)])
+    folder.write_table("loss", loss_table)
+    folder.write_table("checkpoints", checkpoint_table)
+    folder.write_json("pretraining.json", summary)
+    manifest = {key: summary[key] for key in ("objective", "loss", "corpus", "model", "settings", "device", "steps", "resumed_from_step")}
+    complete_run(folder, manifest, report=pretraining_report(folder, summary, loss_table, checkpoint_table), command=command)
+
+
 @claims_out(work="training", words=("device", "objective"))
 def pretrain(
     corpus: list[str | Path] | str | Path,
@@ -478,185 +754,25 @@ def pretrain(
     torch.manual_seed(seed)
 
     training = Path(out) / "training"  # the work of an unfinished run: its state and checkpoints so far
-    state_folder = training / "state"
-    state = load_training_state(state_folder / "state.pt", PRETRAIN_STATE_KEYS) if (state_folder / "state.pt").is_file() else None
-    if state is None:
-        shutil.rmtree(training, ignore_errors=True)  # a start that never saved a state: nothing to resume
-    elif state.get("settings") != asdict(settings):
-        raise BertologyError(f"{state_folder}: the training state of a run with other settings or another corpus is there; use another --out or delete it")
-    else:
-        check_pretraining_state(state_folder / "state.pt", state, steps, goal)
-    documents = documents_for_pairs(read_documents(files))  # the same sentences and validation text for both objectives
-    train_text, validation_text = split_documents(documents, validation_share)
-    if state is not None:  # resume with the vocabulary the saved weights were trained with
-        try:
-            tokenizer = (PreTrainedTokenizerFast if causal else BertTokenizerFast).from_pretrained(state_folder)
-        except Exception as exc:  # transformers and tokenizers raise many kinds for a damaged file, the bare Exception included
-            raise StateError(state_folder, f"cannot read the tokenizer saved with the training state ({' '.join(str(exc).split())[:120]}); "
-                                           f"delete {state_folder} to start over") from None
-    else:
-        train_tokenizer = train_byte_level_bpe if causal else train_wordpiece
-        tokenizer = train_tokenizer([s for document in train_text for s in document], vocab_size, max_length)
-
-    def encode(docs: list[list[str]]) -> list[list[list[int]]]:
-        return [tokenizer(document, add_special_tokens=False)["input_ids"] if document else [] for document in docs]
-
-    with quiet_transformers():  # sentences longer than max_length are fine here: instances are cut to size
-        train_ids, validation_ids = encode(train_text), encode(validation_text)
-    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
-
-    def instances(ids: list[list[list[int]]], rng: np.random.Generator) -> list[dict]:
-        return make_causal_instances(ids, max_length) if causal else make_instances(ids, max_length, rng, cls_id, sep_id)
-
-    def epoch_rows(index: int) -> list[dict]:
-        """The training instances of epoch ``index``, (paired and) shuffled by a generator keyed by the epoch."""
-        rng = keyed_rng(seed, "epoch", index)
-        rows = instances(train_ids, rng)
-        return [rows[i] for i in rng.permutation(len(rows))]
-
-    rows = epoch_rows(0)
+    state = _resume_or_start(training, settings, goal)
+    text, tokenizer = _read_corpus(files, settings, state is not None, training / "state")
+    rows = text.epoch_rows(0)
     if not rows:
         raise CorpusError(files[0], None, "too little text to make one training instance")
-    validation_rows = instances(validation_ids, keyed_rng(seed, "validation"))
-    validated_on_training_text = not validation_rows
-    if validated_on_training_text:  # a corpus too small to hold text out: validate on (fixed) training instances, and say so
-        validation_rows = instances(train_ids, keyed_rng(seed, "validation"))[:batch_size]
-    validation_collator = DataCollatorForLanguageModeling(tokenizer, mlm=not causal, mlm_probability=mask_probability, seed=seed + 1)
-    validation_batches = [_collate(validation_collator, validation_rows[i : i + batch_size], torch_device)
-                          for i in range(0, len(validation_rows), batch_size)]
-    targets = np.concatenate([scored_labels(batch, goal).cpu().numpy() for batch in validation_batches])
-    if not len(targets):  # no validation loss to measure: its mean would be NaN
-        raise CorpusError(files[0], None, "too little text to validate on: no validation piece is masked or has a next piece")
-    unigram = unigram_cross_entropy(train_ids, targets, len(tokenizer))
-
-    if causal:
-        config = GPT2Config(vocab_size=len(tokenizer), n_positions=max_length, n_embd=hidden, n_layer=layers, n_head=heads,
-                            n_inner=settings.intermediate, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                            pad_token_id=tokenizer.pad_token_id)
-        network = GPT2LMHeadModel(config).to(torch_device)
-    else:
-        config = BertConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                            intermediate_size=settings.intermediate, max_position_embeddings=max_length, type_vocab_size=2,
-                            pad_token_id=tokenizer.pad_token_id)
-        network = BertForPreTraining(config).to(torch_device)
-    undecayed = [p.ndim < 2 for p in network.parameters()]  # biases and layer-norm weights (BERT's LayerNorm, GPT-2's ln_*)
-    groups = [
-        {"params": [p for p, flat in zip(network.parameters(), undecayed) if not flat], "weight_decay": weight_decay},
-        {"params": [p for p, flat in zip(network.parameters(), undecayed) if flat], "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.98), eps=1e-6)
-    scheduler = get_linear_schedule_with_warmup(optimizer, max(1, int(warmup * steps)), steps)
+    validation = _validation(text, tokenizer, settings, goal, torch_device)
+    network = _build_model(tokenizer, settings, torch_device)
+    optimizer, scheduler = _optimiser(network, settings)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm=not causal, mlm_probability=mask_probability, seed=seed)
     collator.create_rng()  # the causal LM draws nothing from it; its state is saved all the same
-
-    step, epoch, position, losses, evaluations = 0, 0, 0, [], []
+    run = _Run(settings, goal, training, network, tokenizer, optimizer, scheduler, collator, validation.batches, torch_device)
     if state is not None:
-        resume_training(state_folder / "state.pt", state, network, optimizer, scheduler)  # and torch's random state: dropout
-        collator.generator.set_state(state["mask_rng"])
-        step, epoch, position, losses, evaluations = state["step"], state["epoch"], state["position"], state["losses"], state["evaluations"]
-    resumed_from = step
+        run.resume(state)
+    resumed_from = run.step
 
-    def stop_if_diverged(at: int, values: dict[str, float], weights: bool = False) -> None:
-        """Stop the run at step ``at`` where one of ``values`` (losses or validation scores) or, with ``weights``, a weight
-        is not a finite number, before anything of that step is saved; what was saved before is kept."""
-        what = next((f"its {name} is {value}" for name, value in values.items() if not math.isfinite(value)), None)
-        if what is None and weights and first_non_finite(network) is not None:
-            what = "its weights are no longer finite numbers"
-        if what is not None:
-            kept = f"the last good checkpoint is {(training / 'checkpoints' / evaluations[-1][1]).resolve()}" if evaluations else "no checkpoint was saved"
-            raise TrainingDiverged(f"pre-training diverged at step {at}: {what} (--learning-rate {learning_rate:g}); stopped, {kept}; "
-                                   "lower --learning-rate and give another --out")
-
-    def save_state() -> None:
-        stop_if_diverged(step, {}, weights=True)
-        save_training_state(state_folder, {
-            "model": network.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "mask_rng": collator.generator.get_state(), "random": random_states(), "step": step, "epoch": epoch, "position": position,
-            "losses": losses, "evaluations": evaluations, "settings": asdict(settings),
-        }, tokenizer)
-
-    def save_checkpoint() -> None:
-        scores = evaluate(network, validation_batches, goal)
-        stop_if_diverged(step, {f"validation {score}": value for score, value in scores.items()}, weights=True)
-        name = checkpoint_name(step)
-        target = training / "checkpoints" / name
-        with quiet_transformers():
-            network.save_pretrained(target)
-            tokenizer.save_pretrained(target)
-        (target / "pretraining_step.json").write_text(json.dumps({"step": step, **scores}, indent=2, allow_nan=False) + "\n")
-        evaluations.append((step, name, *scores.values()))
-
-    saved_steps = set(checkpoint_steps(steps, checkpoints))
-    done = {row[0] for row in evaluations}
-    network.train()
-    if step == 0 and 0 not in done:
-        save_checkpoint()
     stop_at = steps if max_steps is None else min(steps, max_steps)
-    if epoch:  # resumed in a later epoch
-        rows = epoch_rows(epoch)
-    unscored = 0  # batches in a row with no piece to score
-    with tqdm(total=steps, initial=step, unit="step", desc="pre-training", disable=not progress) as bar:
-        while step < stop_at:
-            if position >= len(rows):
-                epoch, position = epoch + 1, 0
-                rows = epoch_rows(epoch)
-            batch = _collate(collator, rows[position : position + batch_size], torch_device)
-            position += batch_size
-            if not len(scored_labels(batch, goal)):  # no piece masked, or runs of one piece (a tiny corpus): no LM loss, so no step
-                unscored += 1
-                if unscored > len(rows):  # a whole epoch and more
-                    raise CorpusError(files[0], None, "too little text to train on: no training batch has a piece masked or a next piece")
-                continue
-            unscored = 0
-            parts = training_losses(network, batch, goal)
-            values = [part.item() for part in parts]
-            stop_if_diverged(step + 1, dict(zip(goal.step_losses, values)))
-            sum(parts).backward()
-            torch.nn.utils.clip_grad_norm_(network.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
-            step += 1
-            losses.append((step, *values, scheduler.get_last_lr()[0]))
-            bar.update(1)
-            bar.set_postfix({goal.step_losses[0].removesuffix("_loss"): f"{np.mean([row[1] for row in losses[-50:]]):.3f}"})
-            if step in saved_steps:
-                save_checkpoint()
-            if step in saved_steps or step % save_every == 0 or step == stop_at:
-                save_state()
-    if step < steps:
-        return {"interrupted_at_step": step, "steps": steps}
-
-    seconds = time.perf_counter() - started
-    final = dict(zip(goal.scores, evaluations[-1][2:]))
-    summary = {
-        "objective": objective,
-        "loss": goal.loss,
-        "corpus": {"files": settings.corpus, "documents": len(documents), "sentences": sum(map(len, documents)),
-                   "training_pieces": int(sum(len(s) for document in train_ids for s in document)),
-                   "validation_instances": len(validation_rows), "validated_on_training_text": validated_on_training_text},
-        "model": {"architecture": goal.architecture, "parameters": sum(p.numel() for p in network.base_model.parameters()),
-                  "vocab_size": len(tokenizer)},
-        "settings": asdict(settings),
-        "device": str(torch_device),
-        "steps": steps,
-        "epochs": round(epoch + position / max(len(rows), 1), 2),
-        "resumed_from_step": resumed_from or None,
-        "seconds": round(seconds, 1),
-        "final_checkpoint": str((Path(out) / "checkpoints" / evaluations[-1][1]).resolve()),
-        **{f"val_{score}": value for score, value in final.items()},
-        "unigram_cross_entropy": unigram,
-        f"train_{goal.step_losses[0]}_last_50": float(np.mean([row[1] for row in losses[-50:]])),
-    }
-    from bertology.studies.pretrain.report import pretraining_report
-
-    folder = RunFolder(out)  # replaces out whole, training/ with it
-    link_tree(training / "checkpoints", folder.path / "checkpoints")
-    loss_table = pd.DataFrame(losses, columns=["step", *goal.step_losses, "learning_rate"])
-    checkpoint_table = pd.DataFrame(evaluations, columns=["step", "checkpoint", *(f"val_{score}" for score in goal.scores)])
-    folder.write_table("loss", loss_table)
-    folder.write_table("checkpoints", checkpoint_table)
-    folder.write_json("pretraining.json", summary)
-    manifest = {key: summary[key] for key in ("objective", "loss", "corpus", "model", "settings", "device", "steps", "resumed_from_step")}
-    complete_run(folder, manifest, report=pretraining_report(folder, summary, loss_table, checkpoint_table), command=command)
+    rows = _train(run, text, rows, stop_at, save_every, progress)
+    if run.step < steps:
+        return {"interrupted_at_step": run.step, "steps": steps}
+    summary = _summary(run, text, validation, rows, out, resumed_from, time.perf_counter() - started)
+    _write_run(out, run, summary, command)
     return summary
