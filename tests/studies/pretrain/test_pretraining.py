@@ -56,7 +56,7 @@ def test_pretrain_writes_a_checkpoint_series_every_command_can_load(tmp_path):
     assert evaluations.val_mlm_loss.iloc[0] == pytest.approx(np.log(summary["model"]["vocab_size"]), abs=0.5)
     assert evaluations.val_mlm_loss.iloc[-1] < evaluations.val_mlm_loss.iloc[0] - 0.3
     saved = json.loads((tmp_path / "run" / "pretraining.json").read_text())
-    assert saved["val_mlm_loss"] == pytest.approx(evaluations.val_mlm_loss.iloc[-1])
+    assert saved["val_mlm_loss"] == pytest.approx(evaluations.val_mlm_loss.iloc[-1]) and saved["settings"]["mask_probability"] == 0.15
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["objective"] == saved["objective"] == "masked-lm" and manifest["loss"].startswith("masked-LM cross-entropy + next-sentence")
     assert (tmp_path / "run" / "loss_curve.png").stat().st_size > 0
@@ -293,6 +293,8 @@ def test_causal_pretraining_writes_decoder_checkpoints_every_command_can_load(tm
     assert manifest["objective"] == summary["objective"] == "causal-lm" and manifest["model"]["architecture"] == "GPT-2"
     assert manifest["loss"] == "causal LM loss: next-token cross-entropy (Radford et al. 2019)"
     assert summary["val_lm_loss"] == pytest.approx(evaluations.val_lm_loss.iloc[-1]) and "val_mlm_loss" not in summary
+    saved = json.loads((tmp_path / "run" / "pretraining.json").read_text())  # a causal run masks nothing (issue 39)
+    assert "mask_probability" not in saved["settings"] and saved["settings"]["objective"] == "causal-lm"
     report = (tmp_path / "run" / "report.html").read_text()
     assert "causal LM loss" in report and "next-sentence" not in report
     assert not (tmp_path / "run" / "training").exists()

@@ -665,7 +665,8 @@ def _summary(run: _Run, corpus: _Corpus, validation: _Validation, rows: list[dic
                    "validation_instances": len(validation.rows), "validated_on_training_text": validation.on_training_text},
         "model": {"architecture": goal.architecture, "parameters": sum(p.numel() for p in network.base_model.parameters()),
                   "vocab_size": len(run.tokenizer)},
-        "settings": asdict(settings),
+        # a causal run masks nothing: its settings leave the masking share out
+        "settings": {key: value for key, value in asdict(settings).items() if key != "mask_probability" or settings.objective == "masked-lm"},
         "device": str(run.device),
         "steps": settings.steps,
         "epochs": round(run.epoch + run.position / max(len(rows), 1), 2),
