@@ -46,6 +46,7 @@ ALIGNMENT_TESTS = ("tests/core/text/test_alignment.py",)
 IMPORTANCE_TESTS = ("tests/studies/heads/test_importance.py",)
 DYNAMICS_TESTS = ("tests/studies/track/test_dynamics.py",)
 PEAK_TESTS = ("tests/studies/track/test_peaks.py",)
+MIXING_TESTS = ("tests/families/mixing/test_mixing_contributions.py",)
 
 PROFILE = f"{PACKAGE}/families/profile/analyzer.py"
 ROLES = f"{PACKAGE}/families/roles/analyzer.py"
@@ -57,8 +58,12 @@ MODELS = f"{PACKAGE}/core/model/models.py"
 IMPORTANCE = f"{PACKAGE}/studies/heads/importance.py"
 DYNAMICS = f"{PACKAGE}/studies/track/dynamics.py"
 PEAKS = f"{PACKAGE}/studies/track/peaks.py"
+CONTRIBUTIONS = f"{PACKAGE}/core/measures/contributions.py"
 
 MUTATIONS = [
+    # the mixing family's rollout of contributions (METHODS.md, norms and mixing)
+    Mutation("mixing: rollout multiplied in the wrong order", CONTRIBUTIONS, "torch.matmul(contributions, previous)",
+             "torch.matmul(previous, contributions)", MIXING_TESTS),
     # Clark et al.'s profile (METHODS.md section 1)
     Mutation("profile: entropy smoothing 1e-3 instead of 1e-4", PROFILE, "ENTROPY_SMOOTHING = 1e-4", "ENTROPY_SMOOTHING = 1e-3", PROFILE_TESTS),
     Mutation("profile: entropy of the unsmoothed map", PROFILE, "-torch.xlogy(smoothed, smoothed, out=smoothed)", "-torch.xlogy(attention, attention)",

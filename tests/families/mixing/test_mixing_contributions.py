@@ -57,3 +57,40 @@ def test_on_a_decoder_the_shares_alone_equal_the_mean_over_tokens_of_each_sequen
     for key, values in shares.items():
         np.testing.assert_allclose(table.loc[key, "value"], np.mean(values), atol=1e-9, err_msg=str(key))
         assert table.loc[key, "n"] == len(examples)
+
+
+def test_the_rolled_out_shares_multiply_in_layer_order_on_four_layers(tiny_bert_dir):
+    """On two layers the mean of a product's diagonal is the same in either order (trace(c1 c0) = trace(c0 c1)), and on a
+    decoder's triangular maps in any number of layers, so only a deeper encoder tells ``R_l = c_l R_{l-1}`` from the wrong
+    order (issue 39): a four-layer BERT, against loops in numpy."""
+    from transformers import BertConfig, BertModel
+
+    from bertology.core.engine import RunStats
+    from bertology.core.model.hooks import register_attention
+    from bertology.core.model.models import describe_model
+
+    tiny = float64_model(tiny_bert_dir)
+    register_attention()
+    torch.manual_seed(0)
+    # large weights: tokens mix (a random tiny BERT keeps each token almost whole, and then any order agrees)
+    config = BertConfig(**{**tiny.model.config.to_dict(), "num_hidden_layers": 4, "initializer_range": 1.0})
+    model = BertModel(config, add_pooling_layer=False).double().eval()
+    model.config._attn_implementation = "bertology"
+    loaded = describe_model(model, tiny.tokenizer, name="deep", device=torch.device("cpu"))
+    examples = tiny_examples()
+    analyzer = ContextMixing(loaded.kind, ("alti",))
+    engine = Engine(loaded, batch_size=3, progress=False)
+    engine.run(examples, [analyzer])
+    table = analyzer.result().set_index(["layer", "ratio"])
+    right, wrong = {}, {}
+    for item in engine.encode(enumerate(examples), RunStats()):
+        layers = engine.run_batch([item], needs=PassNeeds(contributions=("alti",))).contributions["alti"][:, 0].numpy()
+        forward = backward = None
+        for layer, contributions in enumerate(layers):
+            forward = contributions if forward is None else contributions @ forward  # R_l = c_l R_{l-1}
+            backward = contributions if backward is None else backward @ contributions  # the wrong order
+            right.setdefault(layer, []).append(1 - np.diag(forward).mean())
+            wrong.setdefault(layer, []).append(1 - np.diag(backward).mean())
+    for layer in range(4):
+        np.testing.assert_allclose(table.loc[(layer, "alti_rollout"), "value"], np.mean(right[layer]), atol=1e-10, err_msg=str(layer))
+    assert abs(np.mean(right[3]) - np.mean(wrong[3])) > 1e-6  # the test tells the two orders apart
