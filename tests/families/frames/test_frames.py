@@ -107,6 +107,10 @@ def test_frame_scores_equal_numpy_from_transformers_maps(tiny_bert_dir):
     np.testing.assert_allclose(table.score.to_numpy(), np.mean(scores, axis=0).ravel(), rtol=1e-12)
     np.testing.assert_allclose(table.baseline.to_numpy(), np.mean(baselines, axis=0).ravel(), rtol=1e-12)
     np.testing.assert_allclose(table.difference.to_numpy(), np.mean(pair_differences, axis=0).ravel(), rtol=1e-10, atol=1e-14)
+    # an encoder's uniform head gives every pair 1/n, its random pair too: its difference is 0 and the excess is the difference
+    uniform = np.mean([1 / len(tokenizer(example.text)["input_ids"]) for example in examples for _ in example.frames[0].elements])
+    np.testing.assert_allclose(table.uniform.to_numpy(), uniform, rtol=1e-12)
+    np.testing.assert_allclose(table.excess.to_numpy(), table.difference.to_numpy(), rtol=0, atol=1e-15)
     from scipy import stats
     low = np.mean(scores, axis=0) - stats.t.ppf(0.975, len(scores) - 1) * np.std(scores, axis=0, ddof=1) / np.sqrt(len(scores))
     np.testing.assert_allclose(table.ci_low.to_numpy(), low.ravel(), rtol=1e-9)
@@ -171,3 +175,20 @@ def test_frames_command_reads_the_file_given_with_frames(tiny_bert_dir, tmp_path
     plain = subprocess.run([sys.executable, "-m", "bertology.cli", "frames", "-m", str(tiny_bert_dir), "--out", str(tmp_path / "y"), "-q"],
                            capture_output=True, text=True)
     assert plain.returncode == 2 and "frames needs frame annotations" in plain.stderr
+
+
+def test_a_null_decoder_names_no_frame_head_though_its_shifted_pairs_sit_at_other_rows(tiny_gpt2_dir):
+    """Under the uniform null a decoder's row i gives 1/(i + 1): a pair shifted right scores less than the pair itself, so
+    the raw difference is not 0; the excess over the uniform head is, and no head is named (issue 39)."""
+    from conftest import float64_model
+
+    from bertology.families.frames import corrected
+
+    loaded = float64_model(tiny_gpt2_dir)
+    examples = list(Corpus(FRAMES_EXAMPLE))
+    analyzer = FrameHeads(seed=5)
+    Engine(loaded, batch_size=4, progress=False, null="uniform").run(examples, [analyzer])
+    table = corrected(analyzer.result(), "fdr_bh")
+    assert (table.score - table.uniform).abs().max() < 1e-12  # every head is the uniform head
+    assert table.difference.abs().max() > 1e-3  # the raw difference of a uniform decoder head is not 0
+    assert table.excess.abs().max() < 1e-12 and not table.significant.any()

@@ -2,8 +2,8 @@
 
 Reads a frame-annotated corpus (the ``frames`` format: JSON lines ``{"text", "frame", "target": [start, end],
 "elements": {"Name": [start, end], ...}}``; ``bertology frames --frames FILE.jsonl``). Table: ``frames`` (``layer,
-head, score, ci_low, ci_high, baseline, difference, t, p, p_adj, significant, n, pairs``). Figure: score and score
-minus baseline per head, and the top heads.
+head, score, ci_low, ci_high, baseline, difference, uniform, excess, t, p, p_adj, significant, n, pairs``; the test is on
+``excess``, the difference less the uniform head's). Figure: score and score minus baseline per head, and the top heads.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ def corrected(table, correction: str, alpha: float = 0.05):
 
     p_adj, significant = correct(table.p, correction, alpha)
     table = table.assign(p_adj=p_adj, significant=significant)
-    columns = ["layer", "head", "score", "ci_low", "ci_high", "baseline", "difference", "t", "p", "p_adj", "significant", "n", "pairs"]
+    columns = ["layer", "head", "score", "ci_low", "ci_high", "baseline", "difference", "uniform", "excess", "t", "p", "p_adj", "significant",
+               "n", "pairs"]
     return table[columns]
 
 
@@ -61,7 +62,13 @@ class Frames(Family):
         if not tested:
             return [f"frame scores not tested (matched pairs in {int(table.n.max())} sentences, fewer than --min-sample): no frame head is named"]
         return [f"frame heads by score (vs random pairs): {heads(by_score)}; by excess over random pairs: {heads(by_excess)}; "
-                f"{int(table.significant.sum())} of {tested} tested heads above random pairs after correction"]
+                f"{int(table.significant.sum())} of {tested} tested heads above random pairs, beyond what a uniform head gets, after correction"]
+
+    def claims(self, result):
+        """The frame heads: above position-matched random pairs beyond the uniform head's difference, after correction."""
+        table = result.tables["frames"]
+        return [f"{int(r.layer)}-{int(r.head)} frame head: score {r.score:.3f} vs random pairs {r.baseline:.3f} (uniform head {r.uniform:.3f}), "
+                f"p_adj {r.p_adj:.2g}" for r in table[table.significant.astype(bool)].itertuples()]
 
     def overview(self, result):
         return result.tables["frames"].sort_values("score", ascending=False, kind="stable").head(10)

@@ -12,9 +12,12 @@ them inside the sentence; ``s`` is drawn from a generator keyed by the sentence,
 
 ``score`` is the mean over every (target, element) pair of the corpus, as Kovaleva et al. average it; ``baseline`` and
 ``difference`` (score minus baseline, pair by pair) are means over the pairs that have a baseline; intervals are over
-pairs. The test takes the sentence as its unit, because the pairs of one sentence share its maps: each sentence's mean
-difference over its pairs, tested one-sided, ``H0: mean <= 0`` (:func:`~bertology.core.statistics.stats.t_test_greater`), over
-the sentences, corrected over the heads.
+pairs. The null (docs/methods.md#the-null-model): the uniform head of the layer (``1 / |S_i|`` on the keys each query saw,
+``LayerMaps.visible``) scored the same way, ``uniform`` its score and ``excess`` the head's difference less the uniform
+head's (on a decoder a shifted pair sits at other rows, whose uniform weights differ; on an encoder the uniform head's
+difference is 0 and ``excess`` is ``difference``). The test takes the sentence as its unit, because the pairs of one
+sentence share its maps: each sentence's mean excess over its pairs, tested one-sided, ``H0: mean <= 0``
+(:func:`~bertology.core.statistics.stats.t_test_greater`), over the sentences, corrected over the heads.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from bertology.core.engine import Batch, Encoded, LayerMaps
 from bertology.core.statistics.stats import MIN_SAMPLE, RunningMoments, keyed_rng, merge_moments, sequence_key, t_test_greater
 from bertology.core.text.alignment import default_word_spans
 
-#: What is averaged over the pairs: the pair's score, its baseline's score, and the difference of the two.
-FRAME_QUANTITIES = ("score", "baseline", "difference")
+#: What is averaged over the pairs: the pair's score, its baseline's score, the difference of the two, the uniform head's
+#: score, and the head's difference less the uniform head's (the quantity tested).
+FRAME_QUANTITIES = ("score", "baseline", "difference", "uniform", "excess")
 
 
 def span_pieces(item: Encoded, span: tuple[int, int]) -> list[int]:
@@ -73,7 +77,8 @@ def shifted_pair(text: str, target: tuple[int, int], element: tuple[int, int], r
 
 class FrameHeads(LayerwiseAnalyzer):
     """Per head: Kovaleva et al.'s frame score, its position-matched random baseline and their difference (see the
-    module docstring). ``result()``: ``layer, head, score, ci_low, ci_high, baseline, difference, t, p, n, pairs``."""
+    module docstring). ``result()``: ``layer, head, score, ci_low, ci_high, baseline, difference, uniform, excess, t, p, n,
+    pairs``."""
 
     name = "frames"
 
@@ -102,14 +107,21 @@ class FrameHeads(LayerwiseAnalyzer):
                         pairs.append(((target, element), pieces if pieces is not None and pieces[0] and pieces[1] else None))
                 if pairs:
                     self._pairs_of.append((b, pairs))
-        scores = []  # per pair, in order: [score, baseline] of every head at this layer
+        scores = []  # per pair, in order: the FRAME_QUANTITIES of every head at this layer
+        visible = maps.visible(batch)
         for b, pairs in self._pairs_of:
             n = int(batch.host_lengths[b])
             sequence_maps = maps.attention[None, b, :, :n, :n]  # [1, head, n, n]
+            seen = visible[b, :n, :n].to(maps.attention.dtype)
+            uniform_map = (seen / seen.sum(-1, keepdim=True).clamp(min=1))[None, None]  # [1, 1, n, n]: the layer's uniform head
             for pieces, shifted in pairs:
-                score = pair_score(sequence_maps, *pieces)[0]
-                baseline = pair_score(sequence_maps, *shifted)[0] if shifted is not None else torch.full_like(score, torch.nan)
-                scores.append(torch.stack([score, baseline, score - baseline], dim=-1))
+                score, uniform = pair_score(sequence_maps, *pieces)[0], pair_score(uniform_map, *pieces)[0]
+                if shifted is not None:
+                    baseline, uniform_baseline = pair_score(sequence_maps, *shifted)[0], pair_score(uniform_map, *shifted)[0]
+                else:
+                    baseline = uniform_baseline = torch.full_like(score, torch.nan)
+                difference = score - baseline
+                scores.append(torch.stack([score, baseline, difference, uniform.expand_as(score), difference - (uniform - uniform_baseline)], dim=-1))
         if scores:
             self._pending.append(torch.stack(scores))  # [pair, head, quantity]
 
@@ -126,7 +138,7 @@ class FrameHeads(LayerwiseAnalyzer):
             self.pairs += len(pairs)
             self.matched += len(matched)
             if matched:
-                differences.append(sentence[matched, ..., 2].mean(axis=0))
+                differences.append(sentence[matched, ..., 4].mean(axis=0))  # the excess over the uniform head
         if self._pairs is None:
             self._pairs, self._sentences = RunningMoments(rows.shape[1:]), RunningMoments(rows.shape[1:3])
         self._pairs.push(rows)
@@ -144,7 +156,7 @@ class FrameHeads(LayerwiseAnalyzer):
 
     def result(self, min_sample: int = MIN_SAMPLE) -> pd.DataFrame:
         """Per head: the score and baseline over pairs, and the test over sentences (none on fewer than ``min_sample``)."""
-        columns = ["layer", "head", "score", "ci_low", "ci_high", "baseline", "difference", "t", "p", "n", "pairs"]
+        columns = ["layer", "head", "score", "ci_low", "ci_high", "baseline", "difference", "uniform", "excess", "t", "p", "n", "pairs"]
         if self._pairs is None:
             return pd.DataFrame(columns=columns)
         means = self._pairs.means()
@@ -154,5 +166,6 @@ class FrameHeads(LayerwiseAnalyzer):
         return pd.DataFrame({
             "layer": layer.ravel(), "head": head.ravel(), "score": means[..., 0].ravel(), "ci_low": low[..., 0].ravel(),
             "ci_high": high[..., 0].ravel(), "baseline": means[..., 1].ravel(), "difference": means[..., 2].ravel(),
+            "uniform": means[..., 3].ravel(), "excess": means[..., 4].ravel(),
             "t": t.ravel(), "p": p.ravel(), "n": self._sentences.count.ravel().astype(np.int64), "pairs": self.pairs,
         })[columns]
