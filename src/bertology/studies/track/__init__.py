@@ -53,6 +53,8 @@ class Track(Study):
         lines = [f"{claim}: {result.verdict[claim]['verdict']}: {result.verdict[claim]['statement']}" for claim in ("depth", "training")]
         if "sinks" in result.verdict:  # a decoder's series
             lines.append(f"attention sinks: {result.verdict['sinks']['statement']}")
+        if "losses" in result.verdict:
+            lines.append(f"loss: {result.verdict['losses']['statement']}")
         return [*lines, f"report: {(Path(settings['out']) / 'report.html').resolve()}"]
 
 

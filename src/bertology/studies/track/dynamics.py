@@ -12,13 +12,15 @@ corpus, and :func:`hypothesis_verdict` tests two claims:
    bootstrap over sequences (:class:`~bertology.studies.track.peaks.LayerPeaks`); the statistic is the
    share of replicates in which the whole order holds.
 2. **Training** (two or more checkpoints): each pattern's strength at step s is
-   ``max_l m_l(s)``. A pattern emerges if its final strength exceeds its strength at the first
-   checkpoint; it has emerged at the step where it first covers half of that rise,
+   ``max_l m_l(s)``. Its half-rise step is where it first covers half of its rise,
    ``first + (final - first) / 2`` (a random network already attends uniformly, so "half its final
    value" is measured above that starting point), interpolated linearly in ``ln(1 + step)``
-   between checkpoints. The order [CLS] before [SEP] before punctuation is tested on paired
-   replicates (the same sequence weights at every checkpoint). With trees, the mean over relations
-   of the best head's accuracy (Clark et al.'s syntactic heads) is tracked the same way.
+   between checkpoints. A pattern **emerges** only when the 95% interval of its first-to-last change (paired
+   replicates) excludes 0 and its half-rise step is located more narrowly than the run (:func:`emergence_verdict`);
+   else there is "no evidence" that it does, and the order is not judged (verdict ``no evidence``). The order
+   [CLS] before [SEP] before punctuation is tested on paired replicates (the same sequence weights at every
+   checkpoint). With trees, the mean over relations of the best head's accuracy (Clark et al.'s syntactic heads) is
+   tracked the same way.
 
 On a decoder (docs/methods.md#decoders; e.g. ``bertology pretrain --causal``) [SEP] has no meaning and the first token,
 the candidate attention sink, takes [CLS]'s place (:func:`~bertology.studies.track.peaks.peak_metrics`): the
@@ -26,8 +28,11 @@ claims become "first-token attention peaks below punctuation" and "it emerges be
 (Gu et al. 2025, "When Attention Sink Emerges in Language Models"), the share of heads whose mean attention to the first
 token exceeds eps, is followed per layer and overall over the checkpoints.
 
-A claim is **supported** when the order holds in the data and in at least 95% of the
-replicates, **contradicted** when it holds in at most 5% of them, and **inconclusive** otherwise.
+Two patterns **tie** when they peak in the same layer (emerge at the same step) or their 95% intervals overlap. A claim
+is **contradicted** when a pair is reversed in the data, with intervals apart, in at least 95% of the replicates; else a
+**tie** when a pair ties; else **supported** when the order holds in the data and in at least 95% of the replicates;
+else **inconclusive** (:func:`_order_verdict`). Each checkpoint's recorded validation loss (:func:`checkpoint_loss`)
+goes with the verdict.
 """
 
 from __future__ import annotations
@@ -100,6 +105,54 @@ def checkpoint_step(name: str) -> int | None:
     if match is None:
         return None
     return int(match.group(1)) * (1000 if match.group(2) else 1)
+
+
+#: The validation losses a checkpoint's own marker file records: ``bertology pretrain``'s (masked LM, causal LM) and a Trainer's.
+LOSS_KEYS = (("pretraining_step.json", "mlm_loss", "masked-LM validation loss"), ("pretraining_step.json", "lm_loss", "causal LM validation loss"))
+
+
+def checkpoint_loss(name: str) -> dict | None:
+    """The validation loss recorded with a checkpoint when it was saved, where it has a language-model head: ``pretraining_step.json``'s
+    ``mlm_loss`` or ``lm_loss`` (``bertology pretrain``: its own validation split) or ``trainer_state.json``'s last ``eval_loss``
+    (Hugging Face Trainer); None when it records none. ``{"loss": value, "name": what it is, "source": the file}``. It is not
+    measured on the track corpus."""
+    folder = Path(name)
+    for marker, key, words in LOSS_KEYS:
+        path = folder / marker
+        if path.is_file():
+            document = _readable_json(path)
+            value = document.get(key) if isinstance(document, dict) else None
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value):
+                return {"loss": float(value), "name": words, "source": str(path)}
+    path = folder / "trainer_state.json"
+    if path.is_file():
+        document = _readable_json(path)
+        history = document.get("log_history") if isinstance(document, dict) else None
+        losses = [entry["eval_loss"] for entry in history if isinstance(entry, dict) and isinstance(entry.get("eval_loss"), (int, float))] \
+            if isinstance(history, list) else []
+        if losses:
+            return {"loss": float(losses[-1]), "name": "Trainer eval_loss", "source": str(path)}
+    return None
+
+
+def _readable_json(path: Path):
+    """A marker file's JSON document for :func:`checkpoint_loss`; None where it cannot be read (a damaged loss record is no loss)."""
+    try:
+        return read_json(path)
+    except StateError:
+        return None
+
+
+def loss_series(steps: list[int | None], checkpoints: list[str]) -> dict:
+    """Each checkpoint's recorded validation loss (:func:`checkpoint_loss`; null where none), with the sentence the report shows."""
+    found = [checkpoint_loss(c) for c in checkpoints]
+    where = ", ".join(f"{'step unknown' if s is None else f'step {s}'}: " + ("none recorded" if f is None else f"{f['loss']:.3f}")
+                      for s, f in zip(steps, found))
+    names = sorted({f["name"] for f in found if f is not None})
+    statement = (f"Validation loss recorded with each checkpoint ({', '.join(names)}; not measured on the track corpus): {where}." if names
+                 else "No checkpoint records a validation loss (no pretraining_step.json loss or Trainer eval_loss); it is not measured here.")
+    return {"steps": steps, "values": [None if f is None else f["loss"] for f in found], "names": [None if f is None else f["name"] for f in found],
+            "statement": statement}
 
 
 def parse_steps(text: str) -> list[int]:
@@ -201,12 +254,31 @@ def _json_value(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-def _decide(holds: bool, probability: float) -> str:
+def _order_verdict(data: np.ndarray, replicates: np.ndarray, intervals: list[tuple[float, float]]) -> tuple[str, list[dict]]:
+    """The verdict on an order ``data[0] < data[1] < ...`` (peak layers or half-rise steps) with ``replicates [B, k]`` and each
+    value's 95% interval ``intervals[k]``; and, per adjacent pair, what it rests on.
+
+    A pair is a **tie** when its two values are equal in the data or their intervals overlap (the order cannot be told).
+    The verdict is **contradicted** when some pair is reversed in the data, with intervals apart, and reversed in at least 95%
+    of the replicates; else **tie** when some pair ties; else **supported** when the whole order holds in the data and in at
+    least 95% of the replicates; else **inconclusive**.
+    """
+    pairs = []
+    for i in range(len(data) - 1):
+        (low_a, high_a), (low_b, high_b) = intervals[i], intervals[i + 1]
+        overlap = bool(high_a >= low_b and high_b >= low_a)
+        state = "tie" if data[i] == data[i + 1] or overlap else ("<" if data[i] < data[i + 1] else ">")
+        reversed_share = float((replicates[:, i] > replicates[:, i + 1]).mean()) if len(replicates) else float("nan")
+        pairs.append({"state": state, "reversed_share": reversed_share})
+    holds = bool(_in_order(data))
+    probability = float(_in_order(replicates).mean()) if len(replicates) else float("nan")
+    if any(p["state"] == ">" and p["reversed_share"] >= LEVEL for p in pairs):
+        return "contradicted", pairs
+    if any(p["state"] == "tie" for p in pairs):
+        return "tie", pairs
     if holds and probability >= LEVEL:
-        return "supported"
-    if probability <= 1 - LEVEL:
-        return "contradicted"
-    return "inconclusive"
+        return "supported", pairs
+    return "inconclusive", pairs
 
 
 def _in_order(values: np.ndarray) -> np.ndarray:
@@ -229,11 +301,17 @@ def depth_verdict(means: np.ndarray, kind: Kind, step: int | None = None, checkp
     probability = float(_in_order(replicate_peaks).mean())
     pairwise = {f"{a}<{b}": float((replicate_peaks[:, i] < replicate_peaks[:, i + 1]).mean())
                 for i, (a, b) in enumerate(zip(metrics, metrics[1:]))}
-    verdict = _decide(holds, probability)
+    verdict, pairs = _order_verdict(peaks.peak_layer.to_numpy(), replicate_peaks,
+                                    [(r.ci_low, r.ci_high) for r in peaks.itertuples()])
     where = ", ".join(
         f"{METRIC_NAMES[r.metric]} peaks in layer {r.peak_layer} (95% interval {r.ci_low:.0f}-{r.ci_high:.0f}, mean attention {means[0, r.peak_layer, k]:.3f})"
         for k, r in enumerate(peaks.itertuples())
     )
+    rows = list(peaks.itertuples())
+    ties = [f"{METRIC_NAMES[a.metric]} and {METRIC_NAMES[b.metric]} tie ("
+            + (f"both peak in layer {a.peak_layer}" if a.peak_layer == b.peak_layer
+               else f"intervals {a.ci_low:.0f}-{a.ci_high:.0f} and {b.ci_low:.0f}-{b.ci_high:.0f} overlap")
+            + ")" for a, b, pair in zip(rows, rows[1:], pairs) if pair["state"] == "tie"]
     return {
         "claim": CLAIMS[kind.name][0],
         "step": step,
@@ -244,11 +322,22 @@ def depth_verdict(means: np.ndarray, kind: Kind, step: int | None = None, checkp
         "order_holds": holds,
         "probability": probability,
         "pairwise_probability": pairwise,
+        "pairs": {f"{a}<{b}": pairs[i]["state"] for i, (a, b) in enumerate(zip(metrics, metrics[1:]))},
         "replicates": int(len(means) - 1),
         "verdict": verdict,
         "statement": f"{where} (layers 0-based). The order {_order(metrics)} holds in {probability:.1%} of "
-                     f"{len(means) - 1} bootstrap replicates over sequences: {verdict}.",
+                     f"{len(means) - 1} bootstrap replicates over sequences" + (f"; {'; '.join(ties)}" if ties else "") + f": {verdict}.",
     }
+
+
+def _crossing_index(strength: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``strength [checkpoint, ...]`` -> (the half-rise target, whether the series rises (final > first), the index of the
+    first checkpoint at or above the target; 1 where it does not rise)."""
+    first, final = strength[0], strength[-1]
+    target = first + 0.5 * (final - first)
+    rises = final > first
+    above = strength >= target[None]
+    return target, rises, np.where(rises, above.argmax(axis=0), 1)  # never 0 when it rises
 
 
 def crossing_steps(steps: np.ndarray, strength: np.ndarray) -> np.ndarray:
@@ -257,11 +346,7 @@ def crossing_steps(steps: np.ndarray, strength: np.ndarray) -> np.ndarray:
     ``strength [checkpoint, ...]`` -> ``[...]`` steps; NaN where the series does not rise
     (final <= first).
     """
-    first, final = strength[0], strength[-1]
-    target = first + 0.5 * (final - first)
-    rises = final > first
-    above = strength >= target[None]
-    k = np.where(rises, above.argmax(axis=0), 1)  # the first checkpoint at or above the target (never 0 when it rises)
+    target, rises, k = _crossing_index(strength)
     before = np.take_along_axis(strength, (k - 1)[None], axis=0)[0]
     after = np.take_along_axis(strength, k[None], axis=0)[0]
     x = np.log1p(steps.astype(np.float64))
@@ -271,56 +356,114 @@ def crossing_steps(steps: np.ndarray, strength: np.ndarray) -> np.ndarray:
     return np.where(rises, crossed, np.nan)
 
 
+def crossing_brackets(steps: np.ndarray, strength: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The checkpoints' steps that bracket each series' half-rise crossing: the one before it and the one at or after it;
+    where a series does not rise (or is NaN), the whole run (the first and the last checkpoint)."""
+    _, rises, k = _crossing_index(strength)
+    rises = rises & np.isfinite(strength).all(axis=0)
+    steps = np.asarray(steps)
+    return np.where(rises, steps[k - 1], steps[0]), np.where(rises, steps[k], steps[-1])
+
+
+def _interval(values: np.ndarray) -> tuple[float, float]:
+    """The 2.5th-97.5th percentile of ``values`` (NaN ignored); NaN, NaN when none is a number."""
+    values = values[np.isfinite(values)]
+    return tuple(float(v) for v in np.percentile(values, [2.5, 97.5])) if values.size else (np.nan, np.nan)
+
+
 def emergence_verdict(steps: list[int], strength: np.ndarray, kind: Kind, syntax: bool = False) -> tuple[dict, pd.DataFrame]:
     """Claim 2 on a ``kind`` of model from ``strength [checkpoint, 1 + B, metric]``; the metrics are :func:`peak_metrics`
     of ``kind``, then, with ``syntax``, ``syntax``.
 
-    Returns the verdict and a table ``metric, first, final, emerges, half_step, ci_low, ci_high, bracket_low, bracket_high``.
+    A pattern **emerges** only when (a) the 95% interval of its first-to-last change (paired bootstrap replicates:
+    ``strength[-1, b] - strength[0, b]``) lies above 0 and (b) its half-rise step is located more narrowly than the run:
+    the checkpoints that bracket the crossing in the replicates (a replicate that does not rise: the whole run), from the
+    2.5th percentile of the lower to the 97.5th of the upper, do not span from the first checkpoint to the last (with two
+    checkpoints they always do). Otherwise the table says ``no evidence``. The order of the claim is judged
+    (:func:`_order_verdict`, on the half-rise steps and their 95% intervals) only when every one of its patterns emerges;
+    else the verdict is ``no evidence``.
+
+    Returns the verdict and a table ``metric, first, final, change, change_low, change_high, emerges, half_step, ci_low,
+    ci_high, bracket_low, bracket_high, located_low, located_high``.
     """
     peak_metrics_ = peak_metrics(kind)
     metrics = (*peak_metrics_, *(("syntax",) if syntax else ()))
     steps_array = np.asarray(steps)
     crossed = crossing_steps(steps_array, strength)  # [1 + B, metric]
+    lows, highs = crossing_brackets(steps_array, strength[:, 1:])  # [B, metric]
     rows = []
     for k, metric in enumerate(metrics):
         point = crossed[0, k]
-        low, high = (np.nanpercentile(crossed[1:, k], [2.5, 97.5]) if np.isfinite(crossed[1:, k]).any() else (np.nan, np.nan))
+        low, high = _interval(crossed[1:, k])
+        change_low, change_high = _interval(strength[-1, 1:, k] - strength[0, 1:, k])
+        if lows.shape[0]:
+            located_low = float(np.percentile(lows[:, k], 2.5, method="lower"))
+            located_high = float(np.percentile(highs[:, k], 97.5, method="higher"))
+        else:
+            located_low, located_high = float(steps_array[0]), float(steps_array[-1])
+        located = bool(np.isfinite(point)) and not (located_low <= steps_array[0] and located_high >= steps_array[-1])
         # the checkpoint at or after the crossing (rounded: exp(log(s)) may land a hair above a checkpoint's own step)
         after = int(np.searchsorted(steps_array, round(float(point), 6))) if np.isfinite(point) else None
-        rows.append({"metric": metric, "first": float(strength[0, 0, k]), "final": float(strength[-1, 0, k]), "emerges": bool(np.isfinite(point)),
+        rows.append({"metric": metric, "first": float(strength[0, 0, k]), "final": float(strength[-1, 0, k]),
+                     "change": float(strength[-1, 0, k] - strength[0, 0, k]), "change_low": change_low, "change_high": change_high,
+                     "emerges": "yes" if bool(change_low > 0) and located else "no evidence",
                      "half_step": float(point), "ci_low": float(low), "ci_high": float(high),
-                     "bracket_low": int(steps_array[after - 1]) if after else None, "bracket_high": int(steps_array[after]) if after else None})
+                     "bracket_low": int(steps_array[after - 1]) if after else None, "bracket_high": int(steps_array[after]) if after else None,
+                     "located_low": located_low, "located_high": located_high})
     table = pd.DataFrame(rows)
     main = crossed[:, : len(peak_metrics_)]
     holds = bool(_in_order(main[0]))
-    probability = float(_in_order(main[1:]).mean())
-    verdict = _decide(holds, probability)
+    probability = float(_in_order(main[1:]).mean()) if main.shape[0] > 1 else float("nan")
+    emerged = bool((table.emerges.iloc[: len(peak_metrics_)] == "yes").all())
+    if emerged:
+        verdict, pairs = _order_verdict(main[0], main[1:], [(r.ci_low, r.ci_high) for r in table.iloc[: len(peak_metrics_)].itertuples()])
+    else:
+        verdict, pairs = "no evidence", []
 
     def describe(row) -> str:
         name = METRIC_NAMES[row.metric]
-        if not row.emerges:
-            return f"{name} does not rise ({row.first:.3f} at step {steps[0]}, {row.final:.3f} at step {steps[-1]})"
-        return (f"{name} rises from {row.first:.3f} to {row.final:.3f} and crosses half of that rise at step {row.half_step:.0f} "
-                f"(between checkpoints {row.bracket_low:.0f} and {row.bracket_high:.0f}; 95% interval {row.ci_low:.0f}-{row.ci_high:.0f})")
+        change = (f"{name} goes from {row.first:.3f} at step {steps[0]} to {row.final:.3f} at step {steps[-1]} "
+                  f"(change {row.change:+.3f}, 95% interval {row.change_low:+.3f} to {row.change_high:+.3f})")
+        if np.isfinite(row.half_step):
+            change += (f", crosses half of that rise at step {row.half_step:.0f} (95% interval {row.ci_low:.0f}-{row.ci_high:.0f}; "
+                       f"between checkpoints {row.bracket_low:.0f} and {row.bracket_high:.0f}, in 95% of the replicates between "
+                       f"{row.located_low:.0f} and {row.located_high:.0f})")
+        if row.emerges == "yes":
+            return change + ": it emerges"
+        why = []
+        if not row.change_low > 0:
+            why.append("the change's interval does not exclude 0" if row.change_high >= 0 or np.isnan(row.change_high) else "it falls")
+        if not (np.isfinite(row.half_step) and not (row.located_low <= steps[0] and row.located_high >= steps[-1])):
+            why.append("its half-rise step is not located more narrowly than the run")
+        return change + f": no evidence that it emerges ({' and '.join(why)})"
 
+    ties = [f"{METRIC_NAMES[a]} and {METRIC_NAMES[b]} tie (half-rise intervals overlap)"
+            for (a, b), pair in zip(zip(peak_metrics_, peak_metrics_[1:]), pairs) if pair["state"] == "tie"]
+    if emerged:
+        ending = (f". The order {_order(peak_metrics_)} holds in {probability:.1%} of {strength.shape[1] - 1} paired bootstrap replicates"
+                  + (f"; {'; '.join(ties)}" if ties else "") + f": {verdict}.")
+    else:
+        ending = f". Not every pattern of the order {_order(peak_metrics_)} emerges: no evidence on the order."
     result = {
         "claim": CLAIMS[kind.name][1],
         "steps": [int(s) for s in steps],
         "strength": "max over layers of the layer mean; emerged = the step where it first covers half of its rise from the first checkpoint",
         "patterns": {row.metric: {k: _json_value(v) for k, v in row._asdict().items() if k not in ("Index", "metric")} for row in table.itertuples()},
         "order_holds": holds,
-        "probability": probability,
+        "probability": _json_value(probability),
+        "pairs": {f"{a}<{b}": pair["state"] for (a, b), pair in zip(zip(peak_metrics_, peak_metrics_[1:]), pairs)},
         "replicates": int(strength.shape[1] - 1),
         "verdict": verdict,
-        "statement": "; ".join(describe(row) for row in table.itertuples())
-                     + f". The order {_order(peak_metrics_)} holds in {probability:.1%} of {strength.shape[1] - 1} paired bootstrap replicates: {verdict}.",
+        "statement": "; ".join(describe(row) for row in table.itertuples()) + ending,
     }
     if syntax:
         k = metrics.index("syntax")
         last = len(peak_metrics_) - 1  # punctuation
         between = _in_order(np.stack([crossed[1:, 0], crossed[1:, k], crossed[1:, last]], axis=-1))
-        result[f"syntax_between_{peak_metrics_[0]}_and_punct_probability"] = float(between.mean())
-        result["statement"] += f" Dependency heads emerge between {METRIC_NAMES[peak_metrics_[0]]} and punctuation in {between.mean():.1%} of the replicates."
+        result[f"syntax_between_{peak_metrics_[0]}_and_punct_probability"] = float(between.mean()) if between.size else None
+        if emerged and table.emerges.iloc[k] == "yes":
+            result["statement"] += (f" Dependency heads emerge between {METRIC_NAMES[peak_metrics_[0]]} and punctuation in "
+                                    f"{between.mean():.1%} of the replicates.")
     return result, table
 
 
@@ -712,6 +855,7 @@ def track(
     verdict, emergence = hypothesis_verdict(steps, [r.checkpoint for r in results], np.stack([r.means for r in results]), kind, syntax)
     if follows_sinks(kind):
         verdict["sinks"] = sink_series(results, sink_eps)
+    verdict["losses"] = loss_series(steps, [r.checkpoint for r in results])
     corpus_info["examples"] = len(examples)
     result = TrackResult(results, corpus_info, settings, verdict, emergence, started)
     if out is not None:

@@ -27,14 +27,23 @@ def track_report(folder: RunFolder, track) -> str:
         title="The learning-curve hypothesis",
         intro=(
             claim + "Attention to a token set follows Clark et al. (2019); "
-            "intervals come from a Poisson bootstrap over sequences, paired across checkpoints. A claim is supported when its order "
-            "holds in the data and in at least 95% of the replicates, contradicted when it holds in at most 5%."
+            "intervals come from a Poisson bootstrap over sequences, paired across checkpoints. A pattern emerges only when the 95% "
+            "interval of its first-to-last change excludes 0 and its half-rise step is located more narrowly than the run; otherwise "
+            "there is no evidence that it does, and no order is judged. Two patterns tie when they peak in the same layer (or emerge at "
+            "the same step) or their intervals overlap. A claim is contradicted when a pair is reversed with intervals apart in at "
+            "least 95% of the replicates, a tie when a pair ties, supported when the whole order holds in the data and in at least "
+            "95% of the replicates, and inconclusive otherwise."
         ),
     )
     section.notes.append(f"Depth ({depth['checkpoint']}): {depth['statement']}")
     section.notes.append(f"Training: {training['statement']}")
     if "sinks" in track.verdict:
         section.notes.append(f"Attention sinks: {track.verdict['sinks']['statement']}")
+    if "losses" in track.verdict:
+        section.notes.append(f"Loss: {track.verdict['losses']['statement']}")
+        losses = track.verdict["losses"]
+        section.tables.append(("Each checkpoint's validation loss, as recorded when it was saved (empty: none recorded)",
+                               pd.DataFrame({"step": losses["steps"], "validation loss": losses["values"], "what": losses["names"]})))
     peaks = folder.write_figure("peak_layers", peak_layers_by_metric(depth["layer_means"], depth["peaks"]))
     section.figures.append(Figure(peaks, "Final checkpoint: the layer mean of each pattern; the star marks its peak, the bar its 95% bootstrap interval."))
     section.tables.append(("Where each pattern peaks, per checkpoint (peak_layers; interval: 2.5th-97.5th percentile of the replicates)",
@@ -50,9 +59,13 @@ def track_report(folder: RunFolder, track) -> str:
                                           f"Sink_{sinks['eps']:g}: the share of heads whose mean attention to the first token exceeds "
                                           f"{sinks['eps']:g}, per layer and over all heads, at each checkpoint."))
         curves = folder.write_figure("emergence", emergence_curves(track.strength(), track.emergence))
-        section.figures.append(Figure(curves, "Left: each pattern's strength (max over layers of the layer mean). Right: the patterns that rise, "
+        section.figures.append(Figure(curves, "Left: each pattern's strength (max over layers of the layer mean). Right: the patterns that emerge, "
                                               "as a share of their rise; dotted: where each crosses half."))
-        section.tables.append(("When each pattern emerges (emergence.csv)", track.emergence))
+        section.tables.append(("When each pattern emerges (emergence.csv; change: final - first with its 95% interval; half_step with its "
+                               "95% interval; located_low-located_high: the checkpoints that bracket the crossing in 95% of the replicates)",
+                               track.emergence))
+        section.tables.append(("Per-head trajectories: each head's attention to each token set at each checkpoint (track.csv)",
+                               head_trajectories(track.table, track.metrics)))
         series = track.syntax_series()
         if series is not None:
             best = track.table[track.table.metric.str.startswith("syntax:")]
@@ -76,6 +89,14 @@ def track_report(folder: RunFolder, track) -> str:
         sections=[section],
     )
     return report.render()
+
+
+def head_trajectories(table: pd.DataFrame, metrics: tuple[str, ...]) -> pd.DataFrame:
+    """``metric, layer, head`` (rows) x step (columns): each head's value of each of ``metrics`` at each checkpoint."""
+    rows = table[table.metric.isin(metrics)]
+    wide = rows.pivot_table(index=["metric", "layer", "head"], columns="step", values="value", aggfunc="first")
+    wide.columns = [f"step {step}" for step in wide.columns]
+    return wide.round(4).reset_index()
 
 
 def layer_by_step_heatmaps(layers: pd.DataFrame, metrics: tuple[str, ...]):
@@ -115,7 +136,7 @@ def sinks_by_step(sinks: dict):
 
 
 def emergence_curves(strength: pd.DataFrame, emergence: pd.DataFrame):
-    """Left: each pattern's strength against step. Right: the patterns that rise, as a share of their rise, with the half-way crossings."""
+    """Left: each pattern's strength against step. Right: the patterns that emerge, as a share of their rise, with the half-way crossings."""
     figure, (raw, scaled) = plt.subplots(1, 2, figsize=(12, 4.0))
     for k, (metric, rows) in enumerate(strength.groupby("metric", sort=False)):
         color, label = f"C{k}", METRIC_TITLES.get(metric, metric)
@@ -123,14 +144,14 @@ def emergence_curves(strength: pd.DataFrame, emergence: pd.DataFrame):
         raw.plot(x, rows.value, "o-", color=color, label=label)
         first, final = rows.value.iloc[0], rows.value.iloc[-1]
         crossing = emergence[emergence.metric == metric].half_step.iloc[0]
-        if final > first:
+        if final > first and emergence[emergence.metric == metric].emerges.iloc[0] == "yes":
             scaled.plot(x, (rows.value - first) / (final - first), "o-", color=color, label=f"{label} ({first:.3f} -> {final:.3f})")
             scaled.axvline(max(crossing, 1), color=color, linestyle=":", alpha=0.8)
     scaled.axhline(0.5, color="black", linestyle="--", linewidth=0.8, label="half of the rise")
     raw.set_ylabel("strength (max over layers of the layer mean)")
     raw.set_title("each pattern's strength")
     scaled.set_ylabel("share of the rise from the first checkpoint")
-    scaled.set_title("patterns that rise; dotted: where each crosses half")
+    scaled.set_title("patterns that emerge; dotted: where each crosses half")
     log_step_axis(raw)
     log_step_axis(scaled)
     figure.set_layout_engine("tight")  # laid out once, when drawn
