@@ -40,6 +40,19 @@ def layer_lines(axis, table: pd.DataFrame, by: str, labels: dict[str, str]) -> N
     axis.grid(alpha=0.3)
 
 
+#: The x label of a figure by hidden state (:func:`hidden_state_axis`): blocks numbered as in every other figure.
+HIDDEN_STATE_LABEL = "output of block (0-based, as in every figure); emb.: the embeddings"
+
+
+def hidden_state_axis(axis, states) -> None:
+    """On ``axis``, whose x values are hidden-state indices (0 the embeddings, ``l`` the output of block ``l - 1``, as
+    transformers returns them): ticks named as every other figure numbers layers, the embeddings ``emb.``, block ``l - 1``
+    at index ``l``, and an x label that says so (:data:`HIDDEN_STATE_LABEL`)."""
+    states = sorted(int(state) for state in pd.unique(pd.Series(states)))
+    axis.set_xticks(states, ["emb." if state == 0 else str(state - 1) for state in states])
+    axis.set_xlabel(HIDDEN_STATE_LABEL)
+
+
 def head_grid(axis, grid: pd.DataFrame, title: str, **imshow) -> None:
     """On ``axis``: a layer x head heat map of ``grid`` (index: layer, columns: head, both 0-based) with a colour bar."""
     image = axis.imshow(grid.values, aspect="auto", **{"cmap": "viridis", **imshow})

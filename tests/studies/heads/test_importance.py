@@ -146,6 +146,14 @@ def test_pruning_curve_goes_down_to_one_head_per_layer_and_stops_at_keep_at(task
     assert all(mask.sum(1).min() >= 1 for mask in curve.masks.values())
     assert (curve.masks[pruned[-1]].sum(1) == 1).all()
     np.testing.assert_allclose(curve.table.share_pruned, curve.table.heads_pruned / 12)
+    # each step names the heads it removed (layer-head): the mask's zeros that the step before had not
+    steps = curve.table.drop_duplicates("heads_pruned").set_index("heads_pruned").removed
+    assert steps.loc[0] == ""
+    previous = np.ones((3, 4))
+    for count, removed in steps.items():
+        gone = {f"{layer}-{head}" for layer, head in zip(*np.nonzero((previous == 1) & (curve.masks[count] == 0)))}
+        assert set(removed.split()) == gone and len(gone) == count - int(12 - previous.sum())
+        previous = curve.masks[count]
     # each step's value is the metric of the masked model
     mask = curve.masks[5]
     masked = Intervention(masked=frozenset(zip(*map(lambda a: a.tolist(), np.nonzero(mask == 0)))))
@@ -243,6 +251,10 @@ def test_an_ablate_run_records_only_the_settings_that_applied(task_model, cat_ta
     assert set(manifest["settings"]) == {"intervention", "bootstrap", "correction", "min_sample", "max_examples", "batch_size", "max_length", "seed",
                                          "device"}
     assert manifest["settings"]["bootstrap"] == 200 and manifest["settings"]["max_length"] == 128 and manifest["settings"]["device"] == "cpu"
+    # the report describes the files the run wrote, and no other
+    report = (tmp_path / "run" / "report.html").read_text()
+    assert "ablation.csv" in report and (tmp_path / "run" / "ablation.csv").is_file()
+    assert "importance.csv" not in report and "pruning.csv" not in report and not (tmp_path / "run" / "pruning.csv").exists()
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -276,6 +288,8 @@ def test_the_command_line_importance_on_ten_dev_examples_with_global_normalisati
     assert manifest["importance_examples"] == 10 and manifest["settings"]["normalise"] == "global"
     table = pd.read_csv(tmp_path / "run" / "importance.csv")
     np.testing.assert_allclose(table.importance_normalised, _min_max(table.importance.to_numpy()), rtol=1e-12)
+    report = (tmp_path / "run" / "report.html").read_text()
+    assert "importance.csv" in report and "ablation.csv" not in report and not (tmp_path / "run" / "ablation.csv").exists()
 
     result = bertology("--normalise", "l2", "--out", tmp_path / "refused")
     assert result.returncode == 2 and result.stderr.startswith("error: unknown normalisation 'l2'")

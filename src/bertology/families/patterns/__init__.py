@@ -80,11 +80,13 @@ class Patterns(Family):
     def section(self, folder, result, settings):
         from dataclasses import asdict
 
+        from bertology.core.model.kinds import kind_named
         from bertology.families.patterns.analyzer import PatternThresholds
         from bertology.families.patterns.report import patterns_section, training_section
 
         thresholds = asdict(settings["pattern_thresholds"] or PatternThresholds()) if settings["classifier"] is None else None
-        section = patterns_section(folder, result.tables["patterns"], result.tables["patterns_by_layer"], result.extras["pattern_examples"], thresholds)
+        section = patterns_section(folder, result.tables["patterns"], result.tables["patterns_by_layer"], result.extras["pattern_examples"], thresholds,
+                                   kind_named(settings["kind"]))
         if settings["classifier"] is not None:
             section.notes.append(f"Classes from the trained classifier {settings['classifier']}, not the rules.")
         if "pattern_training" in result.tables:

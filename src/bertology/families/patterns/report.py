@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from bertology.core.model.kinds import Kind
 from bertology.core.storage.runfolder import RunFolder
 from bertology.render.figures import plt
 from bertology.render.html import Figure, Section
@@ -50,9 +51,35 @@ def pattern_grid(patterns: pd.DataFrame):
     return figure
 
 
-def pattern_thumbnails(examples: dict):
-    """A row of example maps for each pattern class with examples (one head each), the tokens on both axes; the classes
-    without any are named in the title."""
+#: The mark of a piece that begins a word after a space on a decoder's thumbnails: byte-level BPE's (GPT-2's) "Ġ".
+WORD_START = "\u0120"
+
+
+def shown_tokens(tokens: list[str], text: str, kind: Kind | None = None) -> list[str]:
+    """A thumbnail's token labels in the marks of the ``kind``'s tokenizers: an encoder's as the analyzer names them (BERT's
+    ``##`` before a piece that goes on a word, [CLS] and [SEP]); a decoder's as byte-level BPE writes them, ``Ġ`` before a
+    piece that follows a space in ``text`` (it begins a word), every other piece bare, no ``##``, and an added first token
+    ``BOS``."""
+    if kind is None or kind.sees_later_keys:
+        return list(tokens)
+    shown, cursor = [], 0
+    for token in tokens:
+        if token in ("[CLS]", "[SEP]", ""):
+            shown.append("BOS" if token == "[CLS]" else token)
+            continue
+        piece = token.removeprefix("##")
+        at = text.find(piece, cursor) if piece else -1
+        if at < 0:
+            shown.append(piece)
+            continue
+        shown.append(WORD_START + piece if at > 0 and text[at - 1].isspace() else piece)
+        cursor = at + len(piece)
+    return shown
+
+
+def pattern_thumbnails(examples: dict, kind: Kind | None = None):
+    """A row of example maps for each pattern class with examples (one head each), the tokens on both axes in the marks of
+    the ``kind``'s tokenizers (:func:`shown_tokens`); the classes without any are named in the title."""
     shown = {pattern: items for pattern, items in examples.items() if items}
     columns = max([len(items) for items in shown.values()], default=1)
     rows = max(1, len(shown))
@@ -67,9 +94,10 @@ def pattern_thumbnails(examples: dict):
         for axis, item in zip(axes[row], items):
             axis.axis("on")
             axis.imshow(item.attention.astype(float), cmap="Greys", vmin=0, vmax=max(float(item.attention.max()), 1e-6))
-            size = min(7.0, 170 / len(item.tokens))  # points: the labels of a 32-piece map just fit
-            axis.set_xticks(range(len(item.tokens)), item.tokens, rotation=90, fontsize=size)
-            axis.set_yticks(range(len(item.tokens)), item.tokens, fontsize=size)
+            tokens = shown_tokens(item.tokens, item.text, kind)
+            size = min(7.0, 170 / len(tokens))  # points: the labels of a 32-piece map just fit
+            axis.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=size)
+            axis.set_yticks(range(len(tokens)), tokens, fontsize=size)
             axis.tick_params(length=0, pad=1)
             axis.set_title(f"{pattern}: layer {item.layer}, head {item.head}", fontsize=8)
     missing = [pattern for pattern, items in examples.items() if not items]
@@ -79,8 +107,10 @@ def pattern_thumbnails(examples: dict):
     return figure
 
 
-def patterns_section(folder: RunFolder, patterns: pd.DataFrame, by_layer: pd.DataFrame, examples: dict, thresholds: dict | None) -> Section:
-    """Write the pattern figures into ``folder`` and return the report section."""
+def patterns_section(folder: RunFolder, patterns: pd.DataFrame, by_layer: pd.DataFrame, examples: dict, thresholds: dict | None,
+                     kind: Kind | None = None) -> Section:
+    """Write the pattern figures into ``folder`` and return the report section (``kind``: the run's kind of model, whose
+    tokenizers' marks the thumbnails use)."""
     section = Section(
         title="Attention patterns",
         intro=(
@@ -92,8 +122,10 @@ def patterns_section(folder: RunFolder, patterns: pd.DataFrame, by_layer: pd.Dat
     section.figures.append(Figure(folder.write_figure("patterns_by_layer", pattern_shares_by_layer(by_layer)),
                                   "Pattern shares per layer, and over all layers."))
     section.figures.append(Figure(folder.write_figure("patterns_grid", pattern_grid(patterns)), "Each head's majority pattern."))
-    section.figures.append(Figure(folder.write_figure("patterns_examples", pattern_thumbnails(examples)),
-                                  "Example maps of each class, each from another head, drawn from the corpus."))
+    marks = ("pieces that begin a word after a space marked \u0120, as byte-level BPE writes them, the others bare" if kind is not None
+             and not kind.sees_later_keys else "pieces that go on a word marked ##")
+    section.figures.append(Figure(folder.write_figure("patterns_examples", pattern_thumbnails(examples, kind)),
+                                  f"Example maps of each class, each from another head, drawn from the corpus ({marks})."))
     wide = by_layer.assign(layer=by_layer.layer.map(lambda layer: "all" if layer == -1 else layer)).pivot(index="layer", columns="pattern", values="share")
     section.tables.append(("Pattern shares per layer", wide.reset_index()))
     if thresholds is not None:

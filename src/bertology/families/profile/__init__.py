@@ -55,10 +55,19 @@ class Profile(Family):
                                kind_named(settings["kind"]), settings["punct"])
 
     def summary(self, result):
+        from bertology.families.summaries import by_view
+
         labels, thresholds = result.tables["head_labels"], result.tables["clark_thresholds"]
-        counts = labels.label.value_counts()
-        lines = ["heads past Clark's thresholds: " + (", ".join(f"{label} {counts[label]}" for label in counts.index) if len(counts) else "none")]
-        for row in thresholds[~thresholds.reachable].itertuples():
+        lines = []
+        groups = list(by_view(labels))
+        if "weighting" in labels and "weighting" in thresholds:  # every view, also one without a labelled head
+            groups = [(prefix, labels[labels.weighting == view]) for (prefix, _), view in zip(by_view(thresholds), dict.fromkeys(thresholds.weighting))]
+        for prefix, rows in groups or [("", labels)]:
+            counts = rows.label.value_counts()
+            passed = ", ".join(f"{label} {counts[label]}" for label in counts.index) if len(counts) else "none"
+            lines.append(f"{prefix}heads past Clark's thresholds: {passed}")
+        # the corpus's ceiling is the same under every view: one line per label, not one per view
+        for row in thresholds[~thresholds.reachable].drop_duplicates("label").itertuples():
             lines.append(f"no head can be '{row.label}' on this corpus: {row.metric} > {row.threshold:g} needs more than its largest "
                          f"possible mean, {row.corpus_max:.2f} (the mean of ln n over its sequences)")
         return lines

@@ -56,14 +56,17 @@ def rollout_section(folder: RunFolder, table: pd.DataFrame, kind: Kind) -> Secti
     section = Section(
         title="Attention rollout",
         intro=("Abnar & Zuidema (2020): R_l = (0.5 A_l + 0.5 I) R_(l-1), rows renormalised, A_l the head mean of layer l, so R_l[i, j] "
-               "is how much input token j reaches position i after layer l (the residual counted as half). The profile of "
-               "[CLS]'s rolled-out attention says which inputs the [CLS] vector is built from, layer by layer (rollout.csv)."),
+               "is how much input token j reaches position i after layer l (the residual counted as half). "
+               + ("The profile of [CLS]'s rolled-out attention says which inputs the [CLS] vector is built from, layer by layer (rollout.csv)."
+                  if kind.sees_later_keys else
+                  "The profile of the last position's rolled-out attention says which inputs the vector that predicts the next token is "
+                  "built from, layer by layer (rollout.csv).")),
     )
     if table.empty:
         return without_rows(section, "rollout.csv")
     if not kind.sees_later_keys:
-        section.intro += (" On a decoder the first token's row sees only itself: the rows are the last position's (the one that predicts "
-                          "the next token) and every position but the first, and the first token takes [CLS]'s place.")
+        section.intro += (" On a decoder the first token's row sees only itself: the rows are the last position's and every position "
+                          f"but the first, and the anchor is {kind.anchor_words}.")
     anchors = ", ".join(ANCHOR_NAMES[anchor] for anchor in kind.anchors)
     section.figures.append(Figure(folder.write_figure("rollout_by_layer", rollout_by_layer(table, kind)),
                                   f"Rolled-out attention to {anchors}, punctuation and the token itself by layer (0-based), with 95% intervals."))

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from bertology.core.storage.runfolder import RunFolder
-from bertology.render.figures import head_grid, head_grid_size, layer_lines, plt
+from bertology.render.figures import head_grid, head_grid_size, hidden_state_axis, layer_lines, plt
 from bertology.render.html import Figure, Section, without_rows
 
 
@@ -29,15 +29,19 @@ def sink_map(sinks: pd.DataFrame, eps: float, min_sample: int = 1, correction: s
 
 def weight_and_share_by_layer(sinks: pd.DataFrame, rates: pd.DataFrame):
     """Left: Sink_eps per layer. Right: the head mean of the first token's attention weight and of its norm share per layer:
-    a sink takes much weight and gives little (Kobayashi et al. 2020's norms)."""
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10.0, 3.6))
+    a sink takes much weight and gives little (Kobayashi et al. 2020's norms). With no rate to draw (:func:`rates_to_show`),
+    the right panel alone."""
     per_layer = rates[rates.layer != "all"]
-    left.bar(per_layer.layer.astype(int), per_layer.rate, color="tab:blue")
-    left.set_ylim(0, 1)
-    left.set_xticks(per_layer.layer.astype(int))
-    left.set_xlabel("layer (0-based)")
-    left.set_ylabel(f"Sink_{per_layer.eps.iloc[0]:g}: share of sink heads")
-    left.grid(alpha=0.3, axis="y")
+    if rates_to_show(rates):
+        figure, (left, right) = plt.subplots(1, 2, figsize=(10.0, 3.6))
+        left.bar(per_layer.layer.astype(int), per_layer.rate, color="tab:blue")
+        left.set_ylim(0, 1)
+        left.set_xticks(per_layer.layer.astype(int))
+        left.set_xlabel("layer (0-based)")
+        left.set_ylabel(f"Sink_{per_layer.eps.iloc[0]:g}: share of sink heads")
+        left.grid(alpha=0.3, axis="y")
+    else:
+        figure, right = plt.subplots(figsize=(5.4, 3.6))
     means = sinks[sinks.quantity.isin(("attention", "norm_share"))].groupby(["quantity", "layer"], as_index=False).value.mean()
     for quantity, label, marker in (("attention", "attention weight", "o"), ("norm_share", "norm share", "s")):
         rows = means[means.quantity == quantity]
@@ -52,13 +56,28 @@ def weight_and_share_by_layer(sinks: pd.DataFrame, rates: pd.DataFrame):
     return figure
 
 
+def rates_to_show(rates: pd.DataFrame) -> bool:
+    """Whether a bar of Sink_eps per layer would show anything: not when every rate is 0 or undecided (an empty frame)."""
+    values = pd.to_numeric(rates[rates.layer != "all"].rate, errors="coerce").dropna()
+    return bool((values != 0).any())
+
+
+def rates_note(rates: pd.DataFrame, eps: float) -> str:
+    """The section's line in place of an empty plot of the rates."""
+    values = pd.to_numeric(rates[rates.layer != "all"].rate, errors="coerce")
+    if values.isna().all():
+        return f"Sink_{eps:g} per layer: nothing to show: no layer's rate is decided (too few sequences per head; sink_rates.csv)."
+    return f"Sink_{eps:g} per layer: nothing to show: every value is 0 (no sink head in any layer; sink_rates.csv)."
+
+
 def activations_by_layer(activations: pd.DataFrame):
     """The largest hidden-state magnitude at position 0 and elsewhere per layer output, with 95% intervals (log scale)."""
     figure, axis = plt.subplots(figsize=(6.0, 3.6))
     layer_lines(axis, activations[activations.quantity != "ratio"], "quantity", {"first_max": "position 0", "rest_max": "every other position"})
+    hidden_state_axis(axis, activations.layer)  # massive_activations.csv's layer 0 is the embeddings, its layer l block l - 1's output
     axis.set_yscale("log")
     axis.set_ylabel("largest |hidden state| (log)")
-    axis.set_title("massive activations (Sun et al. 2024); layer 0: the embeddings", fontsize=9)
+    axis.set_title("massive activations (Sun et al. 2024)", fontsize=9)
     axis.legend(fontsize=8)
     figure.set_layout_engine("tight")
     return figure
@@ -84,11 +103,17 @@ def sinks_section(folder: RunFolder, sinks: pd.DataFrame, rates: pd.DataFrame, s
         return without_rows(section, "sinks.csv")
     section.figures.append(Figure(folder.write_figure("sink_map", sink_map(sinks, eps, min_sample, correction)),
                                   "Each head's mean attention to the first token, layer x head; white rings mark sink heads."))
-    section.figures.append(Figure(folder.write_figure("sinks_by_layer", weight_and_share_by_layer(sinks, rates)),
-                                  "Left: the share of sink heads per layer. Right: the first token's attention weight and its norm share, head means."))
+    if rates_to_show(rates):
+        caption = "Left: the share of sink heads per layer. Right: the first token's attention weight and its norm share, head means."
+    else:
+        section.notes.append(rates_note(rates, eps))
+        caption = "The first token's attention weight and its norm share per layer, head means."
+    section.figures.append(Figure(folder.write_figure("sinks_by_layer", weight_and_share_by_layer(sinks, rates)), caption))
     if not activations.empty:
         section.figures.append(Figure(folder.write_figure("massive_activations", activations_by_layer(activations)),
-                                      "The largest hidden-state magnitude at position 0 and elsewhere, per layer output, with 95% intervals."))
+                                      "The largest hidden-state magnitude at position 0 and elsewhere after the embeddings (emb.) and after each block "
+                                      "(0-based, as in the other figures; massive_activations.csv counts the embeddings as layer 0, so its "
+                                      "layer l is block l - 1's output), with 95% intervals."))
     section.tables.append((f"Sink_{eps:g} per layer and overall (heads on fewer than {min_sample} sequences leave a rate undecided)", rates))
     wide = sinks.groupby(["quantity", "layer"]).value.mean().unstack("quantity").reset_index()
     section.tables.append(("Per-layer head means: attention to the first token, its norm share, its key and value norm ratios", wide))

@@ -23,7 +23,7 @@ from bertology.core.backends import BACKENDS, PassPlan, Resume, fingerprint, req
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.measures.norms import CONTRIBUTION_VIEWS, WEIGHTING_TITLES, parse_weighting
-from bertology.core.model.kinds import Kind
+from bertology.core.model.kinds import Kind, kind_named
 from bertology.core.model.models import LoadedModel, attention_blocks, load_model
 from bertology.core.options import check_seed
 from bertology.core.statistics.stats import MIN_SAMPLE
@@ -176,7 +176,7 @@ class Analysis:
                     section.title += f" — {WEIGHTING_TITLES[weighting]}"
                 sections.append(section)
         if len(views) > 1:
-            sections.append(views_section(folder, self.by_view, views))
+            sections.append(views_section(folder, self.by_view, views, kind_named(self.settings["kind"])))
         if self.view is not None:
             self.view.labels = head_labels(folder.path)
             self.view.save(folder.path / "viewer.html")

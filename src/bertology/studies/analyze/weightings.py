@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from bertology.core.measures.norms import WEIGHTING_TITLES
+from bertology.core.model.kinds import ENCODER, Kind
 from bertology.core.storage.runfolder import RunFolder
 from bertology.families import FamilyResult, get_family
 from bertology.render.html import Figure, Section
@@ -77,12 +78,19 @@ VIEW_STYLES = ("-o", "--s", ":^", "-.D")
 STYLE_NAMES = ("solid", "dashed", "dotted", "dash-dot")
 
 
+def all_zero(values) -> bool:
+    """True if every value that is there (not NaN) is 0, or none is: a plot of them would be an empty frame."""
+    values = pd.to_numeric(pd.Series(values), errors="coerce").dropna()
+    return bool((values == 0).all())
+
+
 def views_figure(table: pd.DataFrame, views: list[str]):
-    """One panel per family: each headline quantity by layer, a colour per quantity, a line style per view (:data:`VIEW_STYLES`)."""
+    """One panel per family: each headline quantity by layer, a colour per quantity, a line style per view (:data:`VIEW_STYLES`).
+    Each panel's title is its family's name; the line styles are said once, above the panels; layers are whole numbers."""
     from bertology.render.figures import plt
 
     families = list(dict.fromkeys(table.family))
-    figure, axes = plt.subplots(1, len(families), figsize=(4.4 * len(families), 4.2), squeeze=False)
+    figure, axes = plt.subplots(1, len(families), figsize=(4.4 * len(families), 4.4), squeeze=False)
     styles = dict(zip(views, VIEW_STYLES))
     short = [WEIGHTING_TITLES[view].split(" (")[0] for view in views]
     for axis, family in zip(axes[0], families):
@@ -91,25 +99,33 @@ def views_figure(table: pd.DataFrame, views: list[str]):
             for weighting, line in lines.groupby("weighting", sort=False):
                 axis.plot(line.layer, line.value, styles[weighting], color=f"C{colour % 10}", markersize=3,
                           label=quantity if weighting == views[0] else None)
-        legend = ", ".join(f"{style}: {name}" for style, name in zip(STYLE_NAMES, short))
-        axis.set_title(f"{family} ({legend})", fontsize=8 if len(views) == 2 else 6)
+        axis.set_title(family, fontsize=9)
+        axis.set_xticks(sorted(int(layer) for layer in rows.layer.unique()))
         axis.set_xlabel("layer (0-based)", fontsize=8)
         axis.tick_params(labelsize=7)
         axis.grid(alpha=0.3)
         axis.legend(fontsize=6)
+    figure.suptitle("; ".join(f"{style}: {name}" for style, name in zip(STYLE_NAMES, short)), fontsize=8)
     figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 
-def views_section(folder: RunFolder, by_view: dict[str, dict[str, FamilyResult]], views: list[str]) -> Section:
-    """Write ``views_by_layer`` and its figure; return the report section that compares the ``views`` (in the run's order)."""
+def anchor_phrase(kind: Kind) -> str:
+    """How the section names the tokens a head parks its weight on: the ``kind``'s anchors (:attr:`Kind.anchor_words`)."""
+    return "[CLS] or [SEP]" if kind is ENCODER else kind.anchor_words
+
+
+def views_section(folder: RunFolder, by_view: dict[str, dict[str, FamilyResult]], views: list[str], kind: Kind) -> Section:
+    """Write ``views_by_layer`` and its figure; return the report section that compares the ``views`` (in the run's order),
+    in the words of the run's ``kind`` of model (:func:`anchor_phrase`)."""
+    table = by_layer_across_views(by_view)
     if views == ["attention", "norm"]:
         title = "Attention weights beside norm shares"
     else:
         title = "Views of attention side by side"
     section = Section(
         title=title,
-        intro=("Kobayashi et al. (2020): a head adds a[i, j] f(x_j) to token i, and heads that put their weight on [CLS] or [SEP] "
+        intro=(f"Kobayashi et al. (2020): a head adds a[i, j] f(x_j) to token i, and heads that put their weight on {anchor_phrase(kind)} "
                "often mix in little, because f of those tokens is small. Norm shares w[i, j] = ||a[i, j] f(x_j)|| / "
                "sum_k ||a[i, k] f(x_k)|| are a distribution like the weights"
                + ("; so are the per-head contribution maps of ALTI (Ferrando et al. 2022, each head's own output decomposed, "
@@ -118,14 +134,18 @@ def views_section(folder: RunFolder, by_view: dict[str, dict[str, FamilyResult]]
                + "; every analysis above ran on each (every table has a weighting column). Per layer, each family's headline "
                f"quantities under {' and '.join(WEIGHTING_TITLES[view] for view in views)} (views_by_layer.csv)."),
     )
-    table = by_layer_across_views(by_view)
     if table.empty or len(views) < 2:
         section.notes.append("No family reported per-layer quantities under more than one view.")
         return section
     folder.write_table("views_by_layer", table)
     styles = "; ".join(f"{style}, {WEIGHTING_TITLES[view]}" for style, view in zip(STYLE_NAMES, views))
-    section.figures.append(Figure(folder.write_figure("views_by_layer", views_figure(table, views)),
-                                  f"Each family's headline quantities by layer (0-based): {styles}."))
+    zero = [family for family, rows in table.groupby("family", sort=False) if all_zero(rows.value)]
+    for family in zero:
+        section.notes.append(f"{family}: nothing to show: every value is 0 under every view (views_by_layer.csv).")
+    shown = table[~table.family.isin(zero)]
+    if len(shown):
+        section.figures.append(Figure(folder.write_figure("views_by_layer", views_figure(shown, views)),
+                                      f"Each family's headline quantities by layer (0-based): {styles}."))
     ranked = disagreements(table, views)
     top = ranked.iloc[0]
     if len(views) == 2:

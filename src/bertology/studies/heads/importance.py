@@ -216,7 +216,8 @@ def importance_table(importance: np.ndarray, normalise: str = "layer") -> pd.Dat
 
 @dataclass
 class PruningCurve:
-    """The metric after each pruning step, and the head mask (1 kept, 0 pruned) of every step."""
+    """The metric after each pruning step, and the head mask (1 kept, 0 pruned) of every step. ``table``: ``heads_pruned,
+    share_pruned, metric, value, removed`` (the heads that step removed, ``layer-head`` ids, 0-based, space-separated)."""
 
     table: pd.DataFrame
     masks: dict[int, np.ndarray] = field(repr=False)
@@ -238,7 +239,10 @@ def pruning_curve(task_model: TaskModel | LanguageModel, importance_rows: list[d
 
     def record(pruned: int) -> None:
         values = score(_masking(mask))
-        rows.extend({"heads_pruned": pruned, "share_pruned": pruned / total, "metric": metric, "value": value} for metric, value in values.items())
+        before = masks[max(masks)] if masks else np.ones_like(mask)
+        removed = " ".join(f"{layer}-{head}" for layer, head in zip(*np.nonzero((before == 1) & (mask == 0))))
+        rows.extend({"heads_pruned": pruned, "share_pruned": pruned / total, "metric": metric, "value": value, "removed": removed}
+                    for metric, value in values.items())
         masks[pruned] = mask.copy()
 
     record(0)

@@ -47,15 +47,18 @@ def importance_section(folder: RunFolder, study) -> Section:
     loss = study.loss if study.corpus is None else f"{study.loss}, each text's mean over its real pieces, none on padding"
     section = Section(
         title="Which heads matter",
-        intro=(
-            f"{study.task}, {study.examples} {study.unit}; {metric} with no intervention: {unpruned:.4f}. "
-            "Leave-one-out (ablation.csv): the metric with one head, or one whole layer (head -1), disabled, its change with a "
-            "paired bootstrap 95% interval over examples and a two-sided p, FDR-corrected across heads and layers (p_adj). "
-            "Importance (importance.csv, Michel et al. 2019): E|dL/d xi_h| for a gate xi_h on each head's output, the absolute gradient "
-            f"per example of the loss L ({loss}) averaged over examples. {measured}"
-            "Pruning (pruning.csv): mask the least important heads by normalised importance step by step, recomputing the importance each time."
-        ),
+        intro=f"{study.task}, {study.examples} {study.unit}; {metric} with no intervention: {unpruned:.4f}.",
     )
+    # Only the files this run wrote: ``ablate`` writes ablation.csv, ``importance`` and ``prune`` importance.csv and pruning.csv.
+    if study.ablation is not None:
+        section.intro += (" Leave-one-out (ablation.csv): the metric with one head, or one whole layer (head -1), disabled, its change "
+                          "with a paired bootstrap 95% interval over examples and a two-sided p, FDR-corrected across heads and layers (p_adj).")
+    if study.importance is not None:
+        section.intro += (" Importance (importance.csv, Michel et al. 2019): E|dL/d xi_h| for a gate xi_h on each head's output, the "
+                          f"absolute gradient per example of the loss L ({loss}) averaged over examples. {measured}".rstrip())
+    if study.pruning is not None:
+        section.intro += (" Pruning (pruning.csv): mask the least important heads by normalised importance step by step, recomputing "
+                          "the importance each time; each step's row names the heads it removed (removed: layer-head, 0-based).")
     if study.ablation is not None:
         section.figures.append(Figure(folder.write_figure("ablation_heatmap", ablation_heatmap(study.ablation, metric)),
                                       "Change of the metric when each head or layer is disabled (points); * p_adj < 0.05."))
