@@ -162,7 +162,7 @@ def test_ablate_importance_and_prune_write_their_tables(tiny_classifier_dir, cat
     importance = pd.read_csv(out / "importance.csv")
     assert list(importance.columns) == ["layer", "head", "importance", "importance_normalised"]
     pruning = pd.read_csv(out / "pruning.csv")
-    assert list(pruning.columns) == ["heads_pruned", "share_pruned", "metric", "value"]
+    assert list(pruning.columns) == ["heads_pruned", "share_pruned", "metric", "value", "removed"]
     assert 6 in pruning.heads_pruned.tolist()
     pruned = json.loads((out / "pruned.json").read_text())
     assert pruned["heads_kept"] == 6 and (out / "pruned-6-heads" / "model.safetensors").is_file()
