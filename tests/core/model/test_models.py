@@ -125,3 +125,21 @@ def test_device_and_weight_errors_from_the_command_line_are_one_line(tiny_bert_d
         result = bertology("info", *args)
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert result.stderr.strip().splitlines() == [expected]
+
+
+def test_a_tokenizer_that_makes_no_pieces_of_text_is_refused(tiny_llama_dir, tmp_path):
+    """A post-processor template with nothing in it drops every text (found by tests/fuzz/test_model_folders.py): refused in
+    one line at load, not a model whose every sequence is skipped."""
+    import json
+    import shutil
+
+    from bertology.core.errors import ModelError
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, folder)
+    document = json.loads((folder / "tokenizer.json").read_text())
+    document["post_processor"]["single"] = []
+    (folder / "tokenizer.json").write_text(json.dumps(document))
+    with pytest.raises(ModelError, match=r"the tokenizer makes no pieces of the text 'the cat': its files are damaged$"):
+        load_model(folder, device="cpu")
+    load_model(tiny_llama_dir, device="cpu")  # the whole tokenizer loads

@@ -352,9 +352,15 @@ def load_tokenizer(source: str, *, trust_remote_code: bool = False) -> PreTraine
     return tokenizer
 
 
+#: A text every tokenizer must make pieces of (:func:`require_tokenizer_fits`).
+TOKENIZER_PROBE = "the cat"
+
+
 def require_tokenizer_fits(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, source: str) -> None:
-    """Refuse, in one line naming the first such piece, a tokenizer whose ids reach past the model's embedding table
-    (each would index outside it)."""
+    """Refuse, in one line, a tokenizer that makes no pieces of a plain text (:data:`TOKENIZER_PROBE`), or whose ids reach
+    past the model's embedding table (each would index outside it), naming the first such piece."""
+    if not tokenizer.tokenize(TOKENIZER_PROBE):  # e.g. a post-processor template that drops the text
+        raise ModelError(f"{source}: the tokenizer makes no pieces of the text {TOKENIZER_PROBE!r}: its files are damaged")
     rows = model.get_input_embeddings().num_embeddings
     beyond = sorted((index, piece) for piece, index in tokenizer.get_vocab().items() if index >= rows)
     if beyond:
