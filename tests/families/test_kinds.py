@@ -206,6 +206,33 @@ def test_syntactic_scores_of_each_kind_equal_numpy(kind):
         np.testing.assert_allclose(scores[role][0].numpy(), np.mean(values, axis=0), rtol=1e-12, err_msg=f"{kind} {role}")
 
 
+def test_syntactic_scores_in_a_sliding_window_count_only_the_pairs_it_reaches():
+    # a decoder layer whose queries see the last 3 keys (j <= i, i - j < 3): a dependent whose head word lies further back
+    # sees none of it, so the pair is left out, and each piece row's reference is |V_p| = min(p + 1, 3)
+    rng = np.random.default_rng(4)
+    n, window = 8, 3
+    unit_of_piece = [0, 1, 2, 2, 3, 4, 5, 6]  # piece 0 alone, then words 0..5 (word 1 has two pieces)
+    assignment = np.zeros((7, n))
+    assignment[unit_of_piece, range(n)] = 1
+    visible = np.array([[0 <= i - j < window for j in range(n)] for i in range(n)])
+    a = np.where(visible, rng.random((2, n, n)), 0.0)
+    a = (a / a.sum(-1, keepdims=True))[None]  # [layer 1, head 2, n, n]
+    heads, relations = (2, 0, 2, 2, 6, 1), ("det", "root", "obj", "nmod", "case", "punct")  # 1-based heads
+    scores = syntactic_scores(torch.tensor(a), assignment, np.arange(1, 7), heads, relations, DECODER, visible=torch.tensor(visible))
+    pieces = {word: [p for p in range(n) if unit_of_piece[p] == word + 1] for word in range(6)}
+    by_relation = {}
+    for word, (head, relation) in enumerate(zip(heads, relations)):
+        if head == 0 or not all(visible[p, q] for p in pieces[word] for q in pieces[head - 1]):
+            continue
+        value = np.mean([np.mean([a[0, :, p, q] for q in pieces[head - 1]], axis=0) * visible[p].sum() for p in pieces[word]], axis=0)
+        by_relation.setdefault(f"syntactic:{relation}", []).append(value)
+        by_relation.setdefault("syntactic", []).append(value)
+    # obj (word 2 -> word 1) is seen; det and case look ahead; nmod (pieces 5 -> 2..3) and punct (7 -> 1) are out of reach
+    assert set(scores) == set(by_relation) == {"syntactic", "syntactic:obj"}
+    for role, values in by_relation.items():
+        np.testing.assert_allclose(scores[role][0].numpy(), np.mean(values, axis=0), rtol=1e-12, err_msg=role)
+
+
 def built(kind):
     """An analyzer of every family whose measures depend on the kind, built for ``kind``."""
     return {

@@ -24,7 +24,7 @@ from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.measures.contributions import CONTRIBUTION_MEASURES, alti_contributions, alti_per_head, value_zeroing
 from bertology.core.measures.norms import CONTRIBUTION_VIEWS, WEIGHTINGS, mixing_ratios, norm_shares, transformed_norms
 from bertology.core.model.hooks import Hooks, uniform_attention
-from bertology.core.model.kinds import ENCODER, Kind
+from bertology.core.model.kinds import ENCODER, Kind, uniform_rows
 from bertology.core.model.models import PUNCT_SETS, LoadedModel, attention_blocks, punctuation_table
 from bertology.core.text.alignment import WordAlignment, align, default_word_spans, to_word_level
 from bertology.core.text.corpora import Example
@@ -227,11 +227,22 @@ class LayerMaps:
     #: sliding window, a layer of local attention); None where the pass did not record it (:meth:`visible`).
     visible_keys: torch.Tensor | None = None
     _word_maps: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+    _uniform: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     def visible(self, batch: Batch) -> torch.Tensor:
         """``[batch, n, n]`` bool: the keys each query of ``batch`` saw in this layer: the mask the model applied where the
         pass recorded it, else the kind's (:meth:`~bertology.core.model.kinds.Kind.visible_keys`)."""
         return self.visible_keys if self.visible_keys is not None else batch.kind.visible_keys(batch.mask)
+
+    def uniform(self, batch: Batch) -> torch.Tensor:
+        """``[batch, 1, n, n]``: this layer's uniform head, every row ``1 / |S_i|`` over the keys it saw (:meth:`visible`,
+        :func:`~bertology.core.model.kinds.uniform_rows`), in float64 (float32 on MPS, which has no float64); made once a
+        layer and shared by the analyzers that score it beside the heads (docs/methods.md#the-null-model)."""
+        if self._uniform is None:
+            visible = self.visible(batch)
+            dtype = torch.float32 if visible.device.type == "mps" else torch.float64
+            self._uniform = uniform_rows(visible, dtype)[:, None]
+        return self._uniform
 
     def word_attention(self, batch: Batch, b: int) -> torch.Tensor:
         """Word-level attention ``[head, u, u]`` of sequence ``b`` at this layer (docs/methods.md#notation-and-word-level-attention)."""

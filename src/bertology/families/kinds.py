@@ -29,13 +29,6 @@ def check_same_kind(analyzer: Analyzer, other: Analyzer) -> None:
                          "their measures differ")
 
 
-def first_query(kind: Kind) -> int:
-    """The position of a sequence's first query in a mean over queries (:meth:`~bertology.core.model.kinds.Kind.query_mask`):
-    0, or 1 where a query sees no later key (a decoder's row 0 sees only itself). A mean over queries that slices the rows
-    from here sums exactly the terms it averages."""
-    return 0 if kind.sees_later_keys else 1
-
-
 def one_row(kind: Kind) -> str:
     """The one position whose row a family reports beside the mean over every query: the first anchor's (``cls_row``,
     [CLS]'s) where that row sees the other tokens, else the last token's (``last_row``, the one a decoder predicts the next

@@ -39,6 +39,8 @@ from contextvars import ContextVar
 import torch
 from torch import nn
 
+from bertology.core.model.kinds import uniform_rows
+
 ATTN_IMPLEMENTATION = "bertology"
 HOOK_POINTS = ("key", "value", "pattern", "head_output")
 
@@ -163,8 +165,7 @@ def uniform_attention(hooks: Hooks) -> Handler:
         seen = hooks.key_mask
         if seen is None:  # no mask: every query sees every key
             return torch.full_like(pattern, 1.0 / pattern.shape[-1])
-        weights = seen.expand_as(pattern).to(pattern.dtype)
-        return weights / weights.sum(dim=-1, keepdim=True).clamp(min=1)
+        return uniform_rows(seen.expand_as(pattern), pattern.dtype)
 
     return handler
 

@@ -34,6 +34,10 @@ class Kind:
     sees_later_keys: ClassVar[bool]
     #: How a report names the anchors in a sentence.
     anchor_words: ClassVar[str]
+    #: The position of a sequence's first query in a mean over queries (:meth:`query_mask`, for a sequence that starts at
+    #: position 0): 0, or 1 where a query sees no later key (a decoder's row 0 sees only itself). A mean over queries that
+    #: slices the rows from here sums exactly the terms it averages.
+    first_query: ClassVar[int]
     #: The one instance of the kind (:mod:`bertology.core.storage.states` gives it back for a stored kind).
     shared_instance: ClassVar["Kind"]
 
@@ -49,8 +53,9 @@ class Kind:
         raise NotImplementedError
 
     def query_mask(self, mask: torch.Tensor) -> torch.Tensor:
-        """``[batch, n]`` bool: the queries that enter a mean over queries."""
-        raise NotImplementedError
+        """``[batch, n]`` bool: the queries that enter a mean over queries, the real tokens from :attr:`first_query` on."""
+        positions = torch.arange(mask.shape[1], device=mask.device)
+        return mask & (positions >= self.first_query)[None]
 
     def visible_keys(self, mask: torch.Tensor) -> torch.Tensor:
         """``[batch, n, n]`` bool: key ``j`` is seen by query ``i`` (both real tokens)."""
@@ -70,6 +75,13 @@ class Kind:
         return np.array([self.uniform_entropy(int(n)) for n in lengths], dtype=np.float64)
 
 
+def uniform_rows(visible: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``[..., n, n]``: the uniform head over ``visible [..., n, n]`` keys, ``U = V / V.sum(-1)``: each query's row ``1 /
+    |S_i|`` on the keys it sees, zero where it sees none (padding); the null of docs/methods.md#the-null-model."""
+    weights = visible.to(dtype)
+    return weights / weights.sum(dim=-1, keepdim=True).clamp(min=1)
+
+
 def first_token_mask(mask: torch.Tensor) -> torch.Tensor:
     """``[batch, n]``: each sequence's first token, position 0 (a decoder's anchor, docs/methods.md#decoders)."""
     first = torch.zeros_like(mask)
@@ -83,13 +95,11 @@ class EncoderKind(Kind):
     name = "encoder"
     anchors = ("cls", "sep")
     sees_later_keys = True
+    first_query = 0
     anchor_words = "[CLS], [SEP]"
 
     def anchor_masks(self, input_ids, mask, cls_token_id, sep_token_id):
         return {"cls": (input_ids == cls_token_id) & mask, "sep": (input_ids == sep_token_id) & mask}
-
-    def query_mask(self, mask):
-        return mask
 
     def visible_keys(self, mask):
         return mask[:, None, :] & mask[:, :, None]
@@ -107,13 +117,11 @@ class DecoderKind(Kind):
     name = "decoder"
     anchors = ("first",)
     sees_later_keys = False
+    first_query = 1
     anchor_words = "the first token (the candidate attention sink)"
 
     def anchor_masks(self, input_ids, mask, cls_token_id, sep_token_id):
         return {"first": first_token_mask(mask)}
-
-    def query_mask(self, mask):
-        return mask & ~first_token_mask(mask)
 
     def visible_keys(self, mask):
         width = mask.shape[1]

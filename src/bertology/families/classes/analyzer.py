@@ -43,7 +43,7 @@ from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, interval_frame, merge_moments
 from bertology.core.text.alignment import WordAlignment, default_word_spans, to_word_level
 from bertology.core.text.corpora import Example
-from bertology.families.kinds import check_kind, check_same_kind, first_query, one_row
+from bertology.families.kinds import check_kind, check_same_kind, one_row
 
 #: What a class's words are chosen by: a UPOS tag, a dependency relation, a word list or a regular expression.
 CLASS_KINDS = ("upos", "deprel", "words", "regex")
@@ -120,14 +120,6 @@ def class_units(example: Example, alignment: WordAlignment, classes: tuple[Token
     return members, int(aligned.sum())
 
 
-def uniform_word_map(visible: torch.Tensor, alignment: WordAlignment, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """``[1, u, u]``: the word-level map of the uniform head of one sequence, each row spread evenly over the keys it sees
-    in the layer (``visible [width, width]``, :meth:`~bertology.core.engine.LayerMaps.visible`, cut to the ``n`` real
-    pieces), ``1 / |S_i|``: computed from the visible keys, no forward pass."""
-    seen = visible[:n, :n].to(dtype)
-    return to_word_level((seen / seen.sum(dim=-1, keepdim=True).clamp(min=1))[None], alignment)
-
-
 class ClassAttention(LayerwiseAnalyzer):
     """Per head and class: attention to the class's words from every query and from one position's row ([CLS]'s, a
     decoder's last unit's), against the class's share of words, on a ``kind`` of model (see the module docstring)."""
@@ -145,7 +137,7 @@ class ClassAttention(LayerwiseAnalyzer):
         self._pending: list[torch.Tensor] = []  # one [sequence, head, class, row] per layer
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
-        start = first_query(self.kind)  # the first unit that is a query (a decoder's unit 0 sees only itself)
+        start = self.kind.first_query  # the first unit that is a query (a decoder's unit 0 sees only itself)
         if maps.layer == 0:
             check_kind(self, batch)
             self._pending, self._kept = [], []
@@ -168,10 +160,11 @@ class ClassAttention(LayerwiseAnalyzer):
                 baseline = np.nanmean(shares, axis=0) if (seen_words > 0).any() else np.full(len(self.classes), np.nan)
                 self._kept.append((b, members, present, baseline, alignment.num_units - 1))
         values = []  # per kept sequence: [head + 1, class, row] at this layer, the uniform head last
-        visible = maps.visible(batch) if self._kept else None
         for b, members, _, _, row_unit in self._kept:
             word_maps = maps.word_attention(batch, b)  # [head, u, u]
-            word_maps = torch.cat([word_maps, uniform_word_map(visible[b], batch.alignments[b], int(batch.host_lengths[b]), word_maps.dtype)])
+            n = int(batch.host_lengths[b])  # the uniform head's word-level map (1 / |S_i| over the keys each row saw) last
+            uniform = to_word_level(maps.uniform(batch)[b, :, :n, :n], batch.alignments[b]).to(word_maps.dtype)
+            word_maps = torch.cat([word_maps, uniform])
             indicator = torch.as_tensor(members, dtype=word_maps.dtype, device=word_maps.device)
             to_class = word_maps @ indicator  # [head, u, class]: each query's attention to the class
             every = to_class[:, start:].mean(dim=-2)

@@ -108,12 +108,10 @@ class FrameHeads(LayerwiseAnalyzer):
                 if pairs:
                     self._pairs_of.append((b, pairs))
         scores = []  # per pair, in order: the FRAME_QUANTITIES of every head at this layer
-        visible = maps.visible(batch)
         for b, pairs in self._pairs_of:
             n = int(batch.host_lengths[b])
             sequence_maps = maps.attention[None, b, :, :n, :n]  # [1, head, n, n]
-            seen = visible[b, :n, :n].to(maps.attention.dtype)
-            uniform_map = (seen / seen.sum(-1, keepdim=True).clamp(min=1))[None, None]  # [1, 1, n, n]: the layer's uniform head
+            uniform_map = maps.uniform(batch)[None, b, :, :n, :n].to(maps.attention.dtype)  # [1, 1, n, n]: the layer's uniform head
             for pieces, shifted in pairs:
                 score, uniform = pair_score(sequence_maps, *pieces)[0], pair_score(uniform_map, *pieces)[0]
                 if shifted is not None:

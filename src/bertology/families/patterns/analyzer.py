@@ -39,6 +39,7 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps, is_pair
+from bertology.core.model.kinds import ENCODER, uniform_rows
 from bertology.core.statistics.stats import keyed_rng, sequence_key
 
 PATTERNS = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
@@ -86,10 +87,7 @@ def pattern_features(attention: torch.Tensor, mask: torch.Tensor, special: torch
 def uniform_pattern_map(mask: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
     """The uniform map of each sequence, ``U = V / V.sum(-1)`` ``[batch, 1, n, n]`` float64, over the keys each query saw
     (``visible [batch, n, n]``; None: every real token, an encoder's)."""
-    if visible is None:
-        visible = mask[:, :, None] & mask[:, None, :]
-    weights = visible.to(torch.float64)
-    return (weights / weights.sum(-1, keepdim=True).clamp(min=1))[:, None]
+    return uniform_rows(ENCODER.visible_keys(mask) if visible is None else visible)[:, None]
 
 
 def pattern_excess(attention: torch.Tensor, mask: torch.Tensor, special: torch.Tensor, segment_ids: torch.Tensor,

@@ -37,7 +37,7 @@ from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, interval_frame, keyed_rng, sequence_key
-from bertology.families.kinds import check_kind, check_same_kind, first_query
+from bertology.families.kinds import check_kind, check_same_kind
 
 ENTROPY_SMOOTHING = 1e-4  # Clark et al.: a <- (1 - eps) a + eps / n
 
@@ -63,7 +63,7 @@ def profile_metrics(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[s
     """
     dtype, width = attention.dtype, attention.shape[-1]
     real = mask.to(dtype)
-    start = first_query(kind)  # rows before it enter no mean
+    start = kind.first_query  # rows before it enter no mean
     queries = real.sum(dim=1)[:, None] - start  # [batch, 1]: the queries of kind.query_mask
     queries = torch.where(queries > 0, queries, torch.nan)
     positions = torch.arange(width, device=attention.device)
@@ -87,14 +87,6 @@ def profile_metrics(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[s
         columns["next"] = attention.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1) / queries
         columns[f"{kind.anchors[0]}_entropy"] = torch.where(anchor.any(dim=1)[:, None], row, torch.nan)
     return torch.stack([columns[name] for name in profile_metric_names(kind)], dim=-1)
-
-
-def uniform_maps(visible: torch.Tensor) -> torch.Tensor:
-    """``[batch, 1, n, n]``: the uniform head of a layer, each row spread evenly over the keys it sees (``visible [batch, n,
-    n]``, :meth:`~bertology.core.engine.LayerMaps.visible`), ``1 / |S_i|`` (padding rows zero), in float64 where the device has it."""
-    dtype = torch.float32 if visible.device.type == "mps" else torch.float64
-    seen = visible.to(dtype)
-    return (seen / seen.sum(dim=-1, keepdim=True).clamp(min=1))[:, None]
 
 
 #: How far a head's mean excess over the uniform head's must clear 0 (its 95% interval's lower end) for a label: beyond
@@ -130,7 +122,7 @@ class GeneralProfile(LayerwiseAnalyzer):
             check_kind(self, batch)
             self._pending = []
         values = profile_metrics(maps.attention, batch.mask, batch.anchors, batch.punct_mask, self.kind)
-        uniform = profile_metrics(uniform_maps(maps.visible(batch)), batch.mask, batch.anchors, batch.punct_mask, self.kind)
+        uniform = profile_metrics(maps.uniform(batch), batch.mask, batch.anchors, batch.punct_mask, self.kind)
         self._pending.append(torch.cat([values.double(), uniform.double()], dim=1))
 
     def finish_batch(self, batch: Batch) -> None:

@@ -95,13 +95,6 @@ def reference_counts(visible: torch.Tensor) -> torch.Tensor:
     return visible.sum(-1)
 
 
-def uniform_map(visible: torch.Tensor) -> torch.Tensor:
-    """The uniform head of a layer, ``U = V / V.sum(-1)`` ``[batch, 1, n, n]`` in float64: every query's row uniform over the
-    keys it saw (:meth:`~bertology.core.engine.LayerMaps.visible`), zero rows where it saw none (padding)."""
-    weights = visible.to(torch.float64)
-    return (weights / weights.sum(-1, keepdim=True).clamp(min=1))[:, None]
-
-
 def role_scores(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, torch.Tensor], segment_ids: torch.Tensor, kind: Kind,
                 window: int = 2, any_pair: bool | None = None, visible: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Sieve scores ``[batch, head]`` (float64) of the :func:`role_names` of a ``kind`` of model on one layer's attention
@@ -155,30 +148,26 @@ def role_scores(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, 
 
 def syntactic_scores(attention: torch.Tensor, assignment: np.ndarray, word_unit: np.ndarray, heads, relations, kind: Kind,
                      visible: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """Per relation (and pooled as ``syntactic``): ``n`` times the mean over dependency pairs of the
-    mean-over-pieces attention from the dependent to its head, in float64, on one sequence of a ``kind`` of model.
-    ``attention [layer, head, n, n]``; ``visible [n, n]`` the keys each piece saw (None: the kind's formula).
-
-    Where a query does not see the keys after it (a decoder), each piece row is taken against its own uniform reference
-    ``1/|V_i|`` in place of ``1/n``, and only the pairs whose head word ends before the dependent begins count (the
-    others are invisible to the dependent)."""
+    """Per relation (and pooled as ``syntactic``): the mean over dependency pairs of the mean-over-pieces attention from the
+    dependent to its head, each piece row against its uniform reference ``1/|V_i|`` (``n`` on an encoder, so ``n`` times the
+    attention, as Pande et al. 2021 score it), in float64, on one sequence of a ``kind`` of model. ``attention [layer, head,
+    n, n]``; ``visible [n, n]`` the keys each piece saw in the layer (:meth:`~bertology.core.engine.LayerMaps.visible`;
+    None: the kind's formula). Only the pairs whose dependent sees the whole head word count: every pair on an encoder, the
+    head words that end before the dependent begins on a decoder, and within a sliding window only those the window
+    reaches (the others are invisible to the dependent, and a score of 0 there would say nothing of the head)."""
     attention = attention.to(torch.float64)
     n = attention.shape[-1]
-    pieces = torch.as_tensor(assignment / assignment.sum(1, keepdims=True), dtype=attention.dtype, device=attention.device)
-    if kind.sees_later_keys:  # every row's reference is 1/n
-        pair_attention = n * (pieces @ attention @ pieces.T)  # mean over pieces in both directions: [layer, head, u, u]
-    else:
-        if visible is None:
-            visible = kind.visible_keys(torch.ones(1, n, dtype=torch.bool, device=attention.device))[0]
-        counts = visible.sum(-1)  # |V_i|
-        pair_attention = pieces @ (attention * counts.to(attention.dtype)[:, None]) @ pieces.T
-        first_piece = assignment.argmax(axis=1)
-        last_piece = assignment.shape[1] - 1 - assignment[:, ::-1].argmax(axis=1)
+    if visible is None:
+        visible = kind.visible_keys(torch.ones(1, n, dtype=torch.bool, device=attention.device))[0]
+    seen = visible.to(attention.dtype)
+    covered = torch.as_tensor(assignment, dtype=attention.dtype, device=attention.device)  # [u, n]: the pieces of each unit
+    pieces = covered / covered.sum(1, keepdim=True)
+    pair_attention = pieces @ (attention * seen.sum(-1)[:, None]) @ pieces.T  # [layer, head, u, u]
+    size = covered.sum(1)
+    sees_word = (covered @ seen @ covered.T == size[:, None] * size[None, :]).cpu().numpy()  # [u, u]: every piece sees every piece
     by_relation: dict[str, list[torch.Tensor]] = {}
     for word, (head, relation) in enumerate(zip(heads, relations)):
-        if head == 0 or word_unit[word] < 0 or word_unit[head - 1] < 0:
-            continue
-        if not kind.sees_later_keys and last_piece[word_unit[head - 1]] >= first_piece[word_unit[word]]:
+        if head == 0 or word_unit[word] < 0 or word_unit[head - 1] < 0 or not sees_word[word_unit[word], word_unit[head - 1]]:
             continue
         value = pair_attention[:, :, word_unit[word], word_unit[head - 1]]
         by_relation.setdefault(f"{SYNTACTIC}:{relation}", []).append(value)
@@ -243,7 +232,7 @@ class HeadRoles(LayerwiseAnalyzer):
             self._pending, self._pending_uniform, self._tree_pending, self._tree_uniform = [], [], [], []
             self._trees = [(b, example) for b, example in enumerate(batch.examples) if example.has_tree]
         visible = maps.visible(batch)
-        uniform = uniform_map(visible)  # the uniform head of this layer: one pseudo-head, scored by the same functions
+        uniform = maps.uniform(batch)  # the uniform head of this layer: one pseudo-head, scored by the same functions
         arguments = (batch.mask, batch.anchors, batch.segment_ids, self.kind, self.window)
         scores = role_scores(maps.attention, *arguments, any_pair=batch.any_pair, visible=visible)
         uniform_scores = role_scores(uniform, *arguments, any_pair=batch.any_pair, visible=visible)

@@ -6,7 +6,6 @@ import pandas as pd
 
 from bertology.core.model.kinds import Kind
 from bertology.core.storage.runfolder import RunFolder
-from bertology.families.kinds import first_query
 from bertology.families.rollout.analyzer import rollout_rows, rollout_targets
 from bertology.render.figures import layer_lines, plt
 from bertology.render.html import Figure, Section, without_rows
@@ -33,7 +32,7 @@ def row_titles(kind: Kind) -> dict[str, str]:
     """The titles of a ``kind`` of model's rows (:func:`~bertology.families.rollout.analyzer.rollout_rows`), the one
     position's row first: every query's mean leaves out the rows that are no query (a decoder's first)."""
     every, one = rollout_rows(kind)
-    return {one: ROW_TITLES[one], every: "every position but the first (mean)" if first_query(kind) else "every position (mean)"}
+    return {one: ROW_TITLES[one], every: "every position but the first (mean)" if kind.first_query else "every position (mean)"}
 
 
 def rollout_by_layer(table: pd.DataFrame, kind: Kind):

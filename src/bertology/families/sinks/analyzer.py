@@ -38,7 +38,7 @@ from bertology.core.engine import Batch, LayerMaps
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, corrected, interval_frame, merge_moments, t_test_greater
 from bertology.families.kinds import check_kind, check_same_kind
-from bertology.families.roles.analyzer import excess_over_uniform, uniform_map
+from bertology.families.roles.analyzer import excess_over_uniform
 
 #: The per-head quantities of the ``sinks`` table, in order.
 SINK_QUANTITIES = ("attention", "norm_share", "key_norm_ratio", "value_norm_ratio")
@@ -123,7 +123,7 @@ class AttentionSinks(LayerwiseAnalyzer):
         attention, mask = maps.attention, batch.mask
         received = received_attention(attention, mask)
         key_norms, value_norms, transformed = maps.vector_norms.unbind(dim=2)
-        uniform = uniform_map(maps.visible(batch))  # [batch, 1, n, n] float64: the same statistics of the uniform head
+        uniform = maps.uniform(batch)  # [batch, 1, n, n] float64: the same statistics of the uniform head
         uniform_received = received_attention(uniform, mask)
         uniform_share = first_token_norm_share(uniform, transformed.to(torch.float64), mask)  # [batch, head]
         missing = torch.full_like(uniform_share, torch.nan)

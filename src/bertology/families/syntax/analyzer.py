@@ -89,12 +89,11 @@ def parent_hits(word_maps: torch.Tensor, dependent_units: torch.Tensor, gold_uni
     return hits, seen
 
 
-def uniform_word_maps(visible: torch.Tensor, alignment) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(uniform [1, u, u], sees [u, u])`` of one sequence's ``visible [n, n]`` keys: the word-level map of the head that
-    spreads each row evenly over the keys it sees (``1 / |S_i|``), and which units' rows see which units."""
-    seen = visible.to(torch.float64)
-    uniform = to_word_level((seen / seen.sum(dim=-1, keepdim=True).clamp(min=1))[None], alignment)
-    return uniform, to_word_level(seen, alignment) > 0
+def uniform_word_maps(uniform: torch.Tensor, visible: torch.Tensor, alignment) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(uniform [1, u, u], sees [u, u])`` of one sequence's uniform head ``[1, n, n]`` (rows ``1 / |S_i|`` over its
+    ``visible [n, n]`` keys, :meth:`~bertology.core.engine.LayerMaps.uniform`): its word-level map, and which units' rows
+    see which units."""
+    return to_word_level(uniform, alignment), to_word_level(visible.to(uniform.dtype), alignment) > 0
 
 
 class RelationHeads(LayerwiseAnalyzer):
@@ -144,7 +143,7 @@ class RelationHeads(LayerwiseAnalyzer):
             is_word = torch.as_tensor(alignment.unit_is_word, device=device)
             units = torch.as_tensor(alignment.word_unit[dependents], device=device)
             gold_units = torch.as_tensor(alignment.word_unit[gold], device=device)
-            uniform, sees = uniform_word_maps(visible[b, :n, :n], alignment)
+            uniform, sees = uniform_word_maps(maps.uniform(batch)[b, :, :n, :n], visible[b, :n, :n], alignment)
             hits, seen = parent_hits(word_maps, units, gold_units, is_word, sees)  # [direction, head, dep], [direction, dep]
             uniform_hits, _ = parent_hits(uniform, units, gold_units, is_word, sees)  # [direction, 1, dep]
             columns.append(torch.cat([hits.permute(2, 1, 0).flatten(1).double(), uniform_hits[:, 0].T.double(), seen.T.double()], dim=1))

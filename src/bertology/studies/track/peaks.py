@@ -12,7 +12,7 @@ from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import bootstrap_weights
-from bertology.families.kinds import check_kind, check_same_kind, first_query
+from bertology.families.kinds import check_kind, check_same_kind
 
 
 def peak_metrics(kind: Kind) -> tuple[str, ...]:
@@ -61,7 +61,7 @@ class LayerPeaks(LayerwiseAnalyzer):
         members = torch.stack([sets[metric] for metric in self.metrics], dim=-1).to(maps.attention.dtype)  # [batch, n, metric]
         # attention to each set, (1/m) sum_{i in Q} sum_{j in K} a[i, j] over the m queries Q of a mean, through the column sums
         # over Q: the rows from the kind's first query on (padding rows are zero)
-        columns = maps.attention[..., first_query(self.kind):, :].sum(dim=-2)
+        columns = maps.attention[..., self.kind.first_query:, :].sum(dim=-2)
         m = batch.query_mask.sum(dim=1).to(maps.attention.dtype)[:, None, None]
         values = torch.einsum("bhj,bjk->bhk", columns, members) / m
         self._pending.append(values.mean(dim=1))  # a sequence's layer value, the head mean: [batch, metric]
