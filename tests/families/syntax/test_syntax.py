@@ -389,7 +389,9 @@ def syntax_best_table():
 def test_the_summary_names_the_best_head_of_the_most_frequent_tested_relations_and_the_probe():
     from bertology.families import FamilyResult, get_family
 
-    probe = {"evaluation": "5-fold cross-validation over sentences", "uas": {"attn": 0.61, "attn+emb": 0.774, "right_branching": 0.3}}
+    verdict = {"attn": {"uas": 0.612, "reference": "uniform_attn", "reference_uas": 0.6, "p_adj": 0.3, "beats_baselines": False},
+               "attn+emb": {"uas": 0.77, "reference": "uniform_attn+emb", "reference_uas": 0.7, "p_adj": 0.002, "beats_baselines": True}}
+    probe = {"evaluation": "5-fold cross-validation over sentences", "uas": {"attn": 0.61, "attn+emb": 0.774, "right_branching": 0.3}, "verdict": verdict}
     result = FamilyResult(tables={"syntax_best": syntax_best_table()}, documents={"probe": probe})
     assert get_family("syntax").summary(result) == [
         "syntactic heads: 3 of 7 tested relations have a head above both the best offset baseline and the uniform head "
@@ -401,7 +403,11 @@ def test_the_summary_names_the_best_head_of_the_most_frequent_tested_relations_a
         "  obj (80 dependents): 5-3 head->dep 0.700 (95% CI 0.600-0.800) vs offset -2 0.200, uniform 0.100, p_adj 0.004",
         "  case (70 dependents): 1-1 dep->head 0.950 (95% CI 0.900-0.990) vs offset +1 0.900, uniform 0.100, p_adj 0.07",
         "parsing probe UAS (5-fold cross-validation over sentences): attn 0.610, attn+emb 0.774, right_branching 0.300",
+        "  parsing probe attn 0.612 does not beat the offset baselines and the uniform probe (best: uniform_attn 0.600; p_adj 0.3); "
+        "parsing probe attn+emb 0.770 beats the offset baselines and the uniform probe (best: uniform_attn+emb 0.700; p_adj 0.002)",
     ]  # iobj's perfect head is on 9 dependents: not tested, not named
+    probe_claims = [line for line in get_family("syntax").claims(result) if "parsing probe" in line]
+    assert probe_claims == ["parsing probe attn+emb 0.770 beats the offset baselines and the uniform probe (best: uniform_attn+emb 0.700; p_adj 0.002)"]
 
 
 def test_the_summary_of_two_views_names_each_view(tiny_bert):

@@ -10,11 +10,17 @@ For dependent i and candidate parent j (the root, or another word), the probe sc
 over the word-level maps ``A_k`` of every head k (docs/methods.md#notation-and-word-level-attention) in both directions, and is
 trained with a softmax over candidates (cross-entropy on the gold parent). The root candidate is
 the [CLS] unit. Evaluation is unlabelled attachment score (UAS) over every word, root included.
-Baselines: right-branching, left-branching and the best fixed offset (chosen on training data).
+Baselines: right-branching, left-branching, the best fixed offset (chosen on training data), and the null model's probe
+(docs/methods.md#the-null-model): each variant trained on the same sentences, folds and seed with ``A_k`` replaced by each
+layer's uniform head ``U[i, j] = 1 / |S_i|`` over the keys row i saw, at word level (``uniform_attn``, ``uniform_attn+emb``:
+2 channels a layer; the latter is in effect a probe of the embeddings and of position). A variant beats the baselines
+only if its UAS exceeds the best of the three offset baselines and its uniform probe, by a one-sided paired bootstrap over
+the held-out sentences (:func:`probe_verdicts`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,20 +32,27 @@ from tqdm.auto import tqdm
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
-from bertology.core.statistics.stats import keyed_rng, sequence_key
+from bertology.core.statistics.stats import MIN_SAMPLE, corrected, keyed_rng, sequence_key, withheld
+from bertology.core.text.alignment import to_word_level
 from bertology.families.syntax.analyzer import OFFSETS
 
 VARIANTS = ("attn", "attn+emb")
+#: Every probe trained per split: each variant on the heads' maps, then on the uniform head's (``uniform_<variant>``).
+PROBES = (*VARIANTS, *(f"uniform_{variant}" for variant in VARIANTS))
+#: The fixed-offset baselines, named as in the ``uas`` of :func:`evaluate`.
+OFFSET_BASELINES = ("right_branching", "left_branching", "best_offset")
 
 
 @dataclass
 class ProbeSentence:
     """One sentence's probe inputs: ``features[channel, dependent, candidate]`` (candidate 0 is the
-    root, candidate j the j-th word), ``heads`` (gold candidate per word) and word ``embeddings``."""
+    root, candidate j the j-th word) from every head, ``uniform_features`` the same from every layer's uniform head,
+    ``heads`` (gold candidate per word) and word ``embeddings``."""
 
     source: str
     key: str  # stable identity (line and text, not the file's name; stats.sequence_key): orders sentences and fixes their folds
     features: np.ndarray  # float16 [2 * layers * heads, m, m + 1]
+    uniform_features: np.ndarray  # float16 [2 * layers, m, m + 1]
     heads: np.ndarray  # int [m]
     embeddings: np.ndarray  # float16 [m, dim]
 
@@ -47,9 +60,9 @@ class ProbeSentence:
 class ProbeData(LayerwiseAnalyzer):
     """Collects the probe's inputs for every sentence with a tree (one forward pass with the rest).
 
-    Its memory grows with the treebank (``2 L H m (m+1)`` half-floats per sentence of m words), as
-    a probe's training set must. ``result()`` lists the sentences kept. Sentences with a word that
-    no piece covers (cut by truncation) are left out.
+    Its memory grows with the treebank (``2 L (H + 1) m (m+1)`` half-floats per sentence of m words: the heads' and
+    the uniform head's), as a probe's training set must. ``result()`` lists the sentences kept. Sentences with a word
+    that no piece covers (cut by truncation) are left out.
     """
 
     name = "probe_data"
@@ -57,7 +70,7 @@ class ProbeData(LayerwiseAnalyzer):
     def __init__(self) -> None:
         self.sentences: dict[str, ProbeSentence] = {}
         self._kept: list[int] = []  # the batch's sentences whose every word has a piece
-        self._pending: list[list[torch.Tensor]] = []  # per layer, each kept sentence's features
+        self._pending: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per layer, each kept sentence's (heads', uniform) features
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
@@ -67,15 +80,15 @@ class ProbeData(LayerwiseAnalyzer):
                 word_units = batch.alignments[b].word_unit[: len(example.heads)] if example.has_tree else None
                 if word_units is not None and not (word_units < 0).any():
                     self._kept.append(b)
-        features = []  # per kept sentence: [2, head, m, m + 1] at this layer
+        features = []  # per kept sentence: ([2, head, m, m + 1], [2, 1, m, m + 1]) at this layer
+        uniform = maps.uniform(batch) if self._kept else None  # [batch, 1, n, n]
         for b in self._kept:
-            alignment = batch.alignments[b]
+            alignment, n = batch.alignments[b], int(batch.host_lengths[b])
             word_maps = maps.word_attention(batch, b)  # [head, u, u]
+            uniform_maps = to_word_level(uniform[b, :, :n, :n], alignment)  # [1, u, u], as word_attention merges the heads'
             words = torch.as_tensor(alignment.word_unit[: len(batch.examples[b].heads)], device=word_maps.device)
             candidates = torch.cat([torch.as_tensor([alignment.unit_of_piece[0]], device=word_maps.device), words])
-            dep_to_head = word_maps[:, words][:, :, candidates]
-            head_to_dep = word_maps[:, candidates][:, :, words].transpose(-1, -2)
-            features.append(torch.stack([dep_to_head, head_to_dep]).half())
+            features.append((pair_features(word_maps, words, candidates), pair_features(uniform_maps, words, candidates)))
         self._pending.append(features)
 
     def finish_batch(self, batch: Batch) -> None:
@@ -83,14 +96,17 @@ class ProbeData(LayerwiseAnalyzer):
             example, alignment, n = batch.examples[b], batch.alignments[b], int(batch.host_lengths[b])
             word_units = alignment.word_unit[: len(example.heads)]
             # [direction, layer, head, m, m + 1], flattened in that order as the probe reads its channels
-            features = torch.stack([layer[row] for layer in self._pending], dim=1)
+            features = torch.stack([layer[row][0] for layer in self._pending], dim=1)
+            uniform = torch.stack([layer[row][1] for layer in self._pending], dim=1)  # [direction, layer, 1, m, m + 1]
             assignment = torch.as_tensor(alignment.assignment[word_units], dtype=torch.float32, device=features.device)
             embeddings = (assignment / assignment.sum(1, keepdim=True)) @ batch.input_embeddings[b, :n].float()
             key = repr(sequence_key(example))
+            shape = (-1, len(word_units), len(word_units) + 1)
             self.sentences[key] = ProbeSentence(
                 source=example.source,
                 key=key,
-                features=features.reshape(-1, len(word_units), len(word_units) + 1).cpu().numpy(),
+                features=features.reshape(shape).cpu().numpy(),
+                uniform_features=uniform.reshape(shape).cpu().numpy(),
                 heads=np.asarray(example.heads),
                 embeddings=embeddings.half().cpu().numpy(),
             )
@@ -107,6 +123,20 @@ class ProbeData(LayerwiseAnalyzer):
 
     def ordered(self) -> list[ProbeSentence]:
         return [self.sentences[key] for key in sorted(self.sentences)]
+
+
+def pair_features(word_maps: torch.Tensor, words: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """``[2, channel, m, m + 1]`` half floats of word-level maps ``[channel, u, u]``: ``A[i, j]`` (dep->head, row of
+    dependent i at candidate j) and ``A[j, i]`` (head->dep), for the dependents' units ``words`` and the ``candidates``
+    (the root's unit, then the words')."""
+    dep_to_head = word_maps[:, words][:, :, candidates]
+    head_to_dep = word_maps[:, candidates][:, :, words].transpose(-1, -2)
+    return torch.stack([dep_to_head, head_to_dep]).half()
+
+
+def uniform_view(sentences: Sequence[ProbeSentence]) -> list[ProbeSentence]:
+    """The sentences with the uniform head's features in place of the heads': what the ``uniform_`` probes train on."""
+    return [dataclasses.replace(sentence, features=sentence.uniform_features) for sentence in sentences]
 
 
 class AttentionProbe(nn.Module):
@@ -159,8 +189,9 @@ def _pad(sentences: Sequence[ProbeSentence]):
 
 
 def _batches(sentences: Sequence[ProbeSentence], size: int):
-    ordered = sorted(sentences, key=lambda s: len(s.heads))
-    return [_pad(ordered[i : i + size]) for i in range(0, len(ordered), size)]
+    """``(indices, padded)`` per batch of up to ``size`` sentences, by length; ``indices`` index ``sentences``."""
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i].heads))
+    return [(order[i : i + size], _pad([sentences[k] for k in order[i : i + size]])) for i in range(0, len(order), size)]
 
 
 def train_probe(train: Sequence[ProbeSentence], variant: str = "attn", epochs: int = 30, lr: float | None = None,
@@ -173,7 +204,7 @@ def train_probe(train: Sequence[ProbeSentence], variant: str = "attn", epochs: i
     order = np.random.default_rng(seed)
     for _ in range(epochs):
         for index in order.permutation(len(batches)):
-            features, embeddings, heads, allowed = batches[index]
+            _, (features, embeddings, heads, allowed) = batches[index]
             scores = probe(features, embeddings).masked_fill(~allowed, -1e9)
             loss = nn.functional.cross_entropy(scores.reshape(-1, scores.shape[-1]), heads.reshape(-1), ignore_index=-100)
             optimizer.zero_grad()
@@ -182,16 +213,24 @@ def train_probe(train: Sequence[ProbeSentence], variant: str = "attn", epochs: i
     return probe.eval()
 
 
+def probe_correct(probe: AttentionProbe, sentences: Sequence[ProbeSentence]) -> np.ndarray:
+    """Per sentence, the words whose highest-scoring candidate is the gold parent."""
+    correct = np.zeros(len(sentences), dtype=np.int64)
+    with torch.no_grad():
+        for indices, (features, embeddings, heads, allowed) in _batches(sentences, 64):
+            predicted = probe(features, embeddings).masked_fill(~allowed, -torch.inf).argmax(-1)
+            correct[indices] = ((predicted == heads) & (heads != -100)).sum(-1).numpy()
+    return correct
+
+
+def word_counts(sentences: Sequence[ProbeSentence]) -> np.ndarray:
+    """Per sentence, its words m: the dependents UAS counts (the root word included)."""
+    return np.array([len(s.heads) for s in sentences], dtype=np.int64)
+
+
 def probe_uas(probe: AttentionProbe, sentences: Sequence[ProbeSentence]) -> float:
     """Unlabelled attachment score: share of words whose highest-scoring candidate is the gold parent."""
-    correct = total = 0
-    with torch.no_grad():
-        for features, embeddings, heads, allowed in _batches(sentences, 64):
-            predicted = probe(features, embeddings).masked_fill(~allowed, -torch.inf).argmax(-1)
-            valid = heads != -100
-            correct += int((predicted[valid] == heads[valid]).sum())
-            total += int(valid.sum())
-    return correct / total
+    return int(probe_correct(probe, sentences).sum()) / int(word_counts(sentences).sum())
 
 
 def offset_predictions(words: int, offset: int) -> np.ndarray:
@@ -200,42 +239,106 @@ def offset_predictions(words: int, offset: int) -> np.ndarray:
     return np.where((target >= 0) & (target < words), target + 1, 0)
 
 
+def offset_correct(sentences: Sequence[ProbeSentence], offset: int) -> np.ndarray:
+    """Per sentence, the words whose parent is the word at ``offset`` (+1 right-branching, -1 left)."""
+    return np.array([int((offset_predictions(len(s.heads), offset) == s.heads).sum()) for s in sentences], dtype=np.int64)
+
+
 def baseline_uas(sentences: Sequence[ProbeSentence], offset: int) -> float:
     """UAS of always attaching a word to the word at ``offset`` (+1 right-branching, -1 left)."""
-    correct = sum(int((offset_predictions(len(s.heads), offset) == s.heads).sum()) for s in sentences)
-    return correct / sum(len(s.heads) for s in sentences)
+    return int(offset_correct(sentences, offset).sum()) / int(word_counts(sentences).sum())
 
 
-def evaluate(train: Sequence[ProbeSentence], test: Sequence[ProbeSentence], epochs: int = 30, seed: int = 0, bar: tqdm | None = None) -> dict:
-    """UAS on ``test`` of both probe variants trained on ``train``, and of the baselines; ``bar`` advances by one per variant."""
+def held_out_correct(train: Sequence[ProbeSentence], test: Sequence[ProbeSentence], epochs: int = 30, seed: int = 0,
+                     bar: tqdm | None = None) -> tuple[dict[str, np.ndarray], int]:
+    """Per method (:data:`PROBES`, then :data:`OFFSET_BASELINES`), the correct words of each ``test`` sentence, every probe
+    trained on ``train`` with the same seed, and the best offset (chosen on ``train``); ``bar`` advances by one per probe."""
     best_offset = max(OFFSETS, key=lambda k: baseline_uas(train, k))
-    scores = {}
+    correct = {}
+    for prefix, (train_on, test_on) in {"": (train, test), "uniform_": (uniform_view(train), uniform_view(test))}.items():
+        for variant in VARIANTS:
+            correct[prefix + variant] = probe_correct(train_probe(train_on, variant, epochs=epochs, seed=seed), test_on)
+            if bar is not None:
+                bar.update(1)
+    correct.update(zip(OFFSET_BASELINES, (offset_correct(test, 1), offset_correct(test, -1), offset_correct(test, best_offset))))
+    return correct, best_offset
+
+
+def probe_verdicts(sentences: Sequence[ProbeSentence], correct: dict[str, np.ndarray], seed: int = 0, bootstrap: int = 1000,
+                   correction: str = "fdr_bh", min_sample: int = MIN_SAMPLE) -> dict:
+    """Per variant, does its UAS on the held-out ``sentences`` beat the baselines, the best of the offset baselines and
+    of its own uniform probe (``uniform_<variant>``, same folds and seed)?
+
+    ``correct[method]`` holds each sentence's correct words. A Poisson bootstrap over sentences (weights ``w_s ~ Poisson(1)``
+    keyed by the seed and the sentence, docs/methods.md#statistics-conventions) scores every method on the same replicate,
+    ``UAS_b = sum_s w_s correct_s / sum_s w_s words_s``; the margin is ``UAS_variant - max_r UAS_r`` over the references
+    r, and the one-sided paired p-value ``(1 + #{b: margin_b <= 0}) / (1 + B)``, corrected over the variants
+    (``correction``), none on fewer than ``min_sample`` sentences. A variant beats the baselines when its corrected test
+    rejects."""
+    words = word_counts(sentences).astype(np.float64)
+    weights = np.ones((len(sentences), 1 + bootstrap))
+    for row, sentence in enumerate(sentences):
+        weights[row, 1:] = keyed_rng(seed, "probe", sentence.key).poisson(1.0, bootstrap)
+    total = words @ weights
+    with np.errstate(invalid="ignore", divide="ignore"):  # a replicate that drew no sentence has no UAS: no win
+        uas = {name: (values.astype(np.float64) @ weights) / total for name, values in correct.items()}
+    verdicts, p_values = {}, {}
     for variant in VARIANTS:
-        scores[variant] = probe_uas(train_probe(train, variant, epochs=epochs, seed=seed), test)
-        if bar is not None:
-            bar.update(1)
-    scores.update(right_branching=baseline_uas(test, 1), left_branching=baseline_uas(test, -1), best_offset=baseline_uas(test, best_offset))
-    return {"uas": scores, "best_offset": best_offset, "train_sentences": len(train), "test_sentences": len(test)}
+        references = (*OFFSET_BASELINES, f"uniform_{variant}")
+        rivals = np.stack([uas[name] for name in references])  # [reference, 1 + B]
+        margin = uas[variant] - rivals.max(axis=0)
+        p_values[variant] = float(withheld((1 + np.sum(~(margin[1:] > 0))) / (1 + bootstrap), len(sentences), min_sample))
+        low, high = np.nanpercentile(margin[1:], [2.5, 97.5])
+        best = references[int(rivals[:, 0].argmax())]
+        verdicts[variant] = {"uas": float(uas[variant][0]), "reference": best, "reference_uas": float(uas[best][0]),
+                             "margin": float(margin[0]), "ci_low": float(low), "ci_high": float(high)}
+    p_adj, reject = corrected(pd.Series(p_values), correction)
+    for variant, verdict in verdicts.items():
+        verdict.update(p_value=None if np.isnan(p_values[variant]) else p_values[variant],
+                       p_adj=None if np.isnan(p_adj[variant]) else float(p_adj[variant]), beats_baselines=bool(reject[variant]))
+    return verdicts
 
 
-def cross_validate(sentences: Sequence[ProbeSentence], folds: int = 5, epochs: int = 30, seed: int = 0, progress: bool = False) -> dict:
+def _uas(correct: dict[str, np.ndarray], words: np.ndarray) -> dict[str, float]:
+    """Per method, ``UAS = sum_s correct_s / sum_s words_s`` over the held-out sentences."""
+    return {name: int(values.sum()) / int(words.sum()) for name, values in correct.items()}
+
+
+def evaluate(train: Sequence[ProbeSentence], test: Sequence[ProbeSentence], epochs: int = 30, seed: int = 0, bar: tqdm | None = None,
+             bootstrap: int = 1000, correction: str = "fdr_bh", min_sample: int = MIN_SAMPLE) -> dict:
+    """UAS on ``test`` of every probe trained on ``train`` (:data:`PROBES`) and of the baselines, and each variant's
+    verdict against the baselines (:func:`probe_verdicts`); ``bar`` advances by one per probe."""
+    correct, best_offset = held_out_correct(train, test, epochs=epochs, seed=seed, bar=bar)
+    return {"uas": _uas(correct, word_counts(test)), "best_offset": best_offset, "train_sentences": len(train), "test_sentences": len(test),
+            "verdict": probe_verdicts(test, correct, seed=seed, bootstrap=bootstrap, correction=correction, min_sample=min_sample)}
+
+
+def cross_validate(sentences: Sequence[ProbeSentence], folds: int = 5, epochs: int = 30, seed: int = 0, progress: bool = False,
+                   bootstrap: int = 1000, correction: str = "fdr_bh", min_sample: int = MIN_SAMPLE) -> dict:
     """k-fold cross-validation over sentences (each sentence's fold is fixed by a hash of its key); ``progress``: a bar
-    over the folds' probes."""
+    over the folds' probes. ``uas`` is the mean over folds; the verdicts pool every held-out sentence (each is held out
+    once) and bootstrap over them (:func:`probe_verdicts`)."""
     fold_of = np.array([keyed_rng(seed, "fold", s.key).integers(folds) for s in sentences])
-    runs = []
-    with tqdm(total=folds * len(VARIANTS), unit="probe", desc="parsing probe", disable=not progress) as bar:
+    runs, held_out, pooled = [], [], {}
+    with tqdm(total=folds * len(PROBES), unit="probe", desc="parsing probe", disable=not progress) as bar:
         for fold in range(folds):
             train = [s for s, f in zip(sentences, fold_of) if f != fold]
             test = [s for s, f in zip(sentences, fold_of) if f == fold]
             if train and test:
-                runs.append(evaluate(train, test, epochs=epochs, seed=seed, bar=bar))
+                correct, best_offset = held_out_correct(train, test, epochs=epochs, seed=seed, bar=bar)
+                runs.append({"uas": _uas(correct, word_counts(test)), "best_offset": best_offset, "train_sentences": len(train),
+                             "test_sentences": len(test)})
+                held_out.extend(test)
+                for name, values in correct.items():
+                    pooled.setdefault(name, []).append(values)
     names = runs[0]["uas"].keys()
     return {
         "evaluation": f"{folds}-fold cross-validation over sentences",
         "uas": {name: float(np.mean([run["uas"][name] for run in runs])) for name in names},
         "uas_sd": {name: float(np.std([run["uas"][name] for run in runs], ddof=1)) if len(runs) > 1 else None for name in names},
+        "verdict": probe_verdicts(held_out, {name: np.concatenate(values) for name, values in pooled.items()}, seed=seed,
+                                  bootstrap=bootstrap, correction=correction, min_sample=min_sample),
         "folds": runs,
         "sentences": len(sentences),
         "words": int(sum(len(s.heads) for s in sentences)),
     }
-

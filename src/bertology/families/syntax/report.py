@@ -95,8 +95,19 @@ def syntax_section(folder: RunFolder, syntax: pd.DataFrame, best: pd.DataFrame, 
     if probe is not None:
         uas = pd.DataFrame({"method": list(probe["uas"]), "UAS": list(probe["uas"].values())})
         section.tables.append((f"Attention parsing probe ({probe['evaluation']})", uas))
+        section.tables.append(("Does each probe variant beat the best of the offset baselines and its uniform probe?", probe_verdict_table(probe)))
         section.notes.append(
             "attn: a learned linear combination of every head's word-level attention in both directions; attn+emb: the "
-            "head weights also depend on the two words' input embeddings from the model (Clark et al. used GloVe)."
+            "head weights also depend on the two words' input embeddings from the model (Clark et al. used GloVe). "
+            "uniform_attn and uniform_attn+emb: the same probes, same folds and seed, on each layer's uniform head instead of its "
+            "heads (the null model; uniform_attn+emb is in effect a probe of the embeddings and of position). A variant beats "
+            "the baselines only when its UAS exceeds the best of right-branching, left-branching, the best offset and its own "
+            "uniform probe, by a one-sided paired bootstrap over the held-out sentences, corrected over the variants."
         )
     return section
+
+
+def probe_verdict_table(probe: dict) -> pd.DataFrame:
+    """One row per probe variant: its UAS, the best reference (offset baseline or uniform probe of the variant) and its UAS,
+    the margin with its 95% bootstrap interval, p, p_adj and whether it beats them (``probe.json``'s ``verdict``)."""
+    return pd.DataFrame([{"variant": variant, **verdict} for variant, verdict in probe["verdict"].items()])
