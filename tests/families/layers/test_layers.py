@@ -243,3 +243,28 @@ def test_the_report_tables_show_the_accuracy_intervals(tmp_path):
     below = table.assign(selectivity=table.selectivity - 0.9)  # a control task that beats the probe
     for axis, (_, rows) in zip(probes_by_layer(below).axes, below.groupby("task", sort=False)):
         assert axis.get_ylim()[0] < rows.selectivity.min() and axis.get_ylim()[1] == 1  # every selectivity in view
+
+
+def probe_table(layers: int = 3) -> pd.DataFrame:
+    """A ``layer_probes`` table by hand: both tasks on hidden states ``0..layers - 1`` (0 the embeddings)."""
+    return pd.DataFrame([{"task": task, "layer": layer, "accuracy": 0.5 + 0.1 * layer, "ci_low": 0.45 + 0.1 * layer, "ci_high": 0.55 + 0.1 * layer,
+                          "control_accuracy": 0.3, "selectivity": 0.2 + 0.1 * layer, "majority": 0.25}
+                         for task in ("upos", "deprel") for layer in range(layers)])
+
+
+def test_the_probe_figure_marks_the_embeddings_and_numbers_the_blocks_as_every_figure(tmp_path):
+    """Issue 39: layer_probes.csv's layer 0 is the embeddings and its layer l block l - 1's output; the figure's ticks say
+    emb., 0, 1 (blocks 0-based, as every figure), and the section says how the tables count."""
+    from bertology.core.storage.runfolder import RunFolder
+    from bertology.families.layers.report import HIDDEN_STATES_NUMBERED, layers_section, probes_by_layer
+    from bertology.render.figures import HIDDEN_STATE_LABEL
+
+    table = probe_table()
+    for axis in probes_by_layer(table).axes:
+        assert [tick.get_text() for tick in axis.get_xticklabels()] == ["emb.", "0", "1"]
+        assert list(axis.get_xticks()) == [0, 1, 2] and axis.get_xlabel() == HIDDEN_STATE_LABEL
+    summary = probe_summary(table)
+    with RunFolder(tmp_path / "run") as folder:
+        section = layers_section(folder, table, summary)
+    assert section.intro.endswith(HIDDEN_STATES_NUMBERED) and "(0 = embeddings)" not in section.intro
+    assert "after the embeddings (emb.) and after each block (0-based" in section.figures[0].caption

@@ -94,3 +94,29 @@ def test_the_rolled_out_shares_multiply_in_layer_order_on_four_layers(tiny_bert_
     for layer in range(4):
         np.testing.assert_allclose(table.loc[(layer, "alti_rollout"), "value"], np.mean(right[layer]), atol=1e-10, err_msg=str(layer))
     assert abs(np.mean(right[3]) - np.mean(wrong[3])) > 1e-6  # the test tells the two orders apart
+
+
+def test_the_section_says_why_alti_and_value_zeroing_differ_wherever_it_shows_both(tmp_path):
+    """Issue 39: ALTI's share from the other tokens (about 0.05 on GPT-2) beside value zeroing's (about 0.85), both right: the
+    section that shows both says why they differ (the residual counted as the token's own, or credited to no token)."""
+    import pandas as pd
+
+    from bertology.core.model.kinds import DECODER, ENCODER
+    from bertology.core.storage.runfolder import RunFolder
+    from bertology.families.mixing.report import ALTI_AND_VALUE_ZEROING, mixing_section
+
+    def mixing_table(shares: dict[str, float]) -> pd.DataFrame:
+        return pd.DataFrame([{"layer": layer, "ratio": ratio, "value": value, "ci_low": value - 0.01, "ci_high": value + 0.01, "n": 5}
+                             for ratio, value in shares.items() for layer in range(2)])
+
+    both = mixing_table({"alti": 0.05, "value_zeroing": 0.85})
+    with RunFolder(tmp_path / "run") as folder:
+        decoder = mixing_section(folder, both, DECODER)
+        encoder = mixing_section(folder, mixing_table({"attn": 0.6, "attn_res": 0.2, "attn_res_ln": 0.2, "alti": 0.05, "value_zeroing": 0.85}), ENCODER)
+        alti_alone = mixing_section(folder, mixing_table({"alti": 0.05}), DECODER)
+    for section in (decoder, encoder):
+        assert section.intro.endswith(ALTI_AND_VALUE_ZEROING)
+        assert "alti" in section.tables[0][1].columns and "value_zeroing" in section.tables[0][1].columns
+    assert "the residual puts token i's own vector x_i in T_i(x_i)" in ALTI_AND_VALUE_ZEROING
+    assert "so it is credited to no token, not even i" in ALTI_AND_VALUE_ZEROING
+    assert ALTI_AND_VALUE_ZEROING not in alti_alone.intro

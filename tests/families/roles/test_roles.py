@@ -431,3 +431,23 @@ def test_the_summary_of_a_run_matches_its_table(tiny_bert):
     assert lines["role local at tau 1"].startswith(f"role local at tau 1: {int(local.has_role.sum())} of {len(local)} tested heads")
     assert f"strongest {int(top.layer)}-{int(top['head'])} (mean score {top['mean']:.2f}," in lines["role local at tau 1"]
     assert lines["role block at tau 1"] == "role block at tau 1: not tested (every head seen in at most 2 sequences, fewer than --min-sample)"
+
+
+def test_with_no_head_holding_a_role_the_section_says_so_in_words_in_place_of_empty_frames(tmp_path):
+    """Issue 39: where every share is 0 the bars per layer and the colocation counts would be empty frames: the section says
+    so in one note and draws the score grid alone; where a head holds a role, both figures are drawn."""
+    from bertology.core.storage.runfolder import RunFolder
+    from bertology.families.roles.report import roles_section
+
+    shares_by_tau = pd.DataFrame({"role": ["local", "cls"], "tau": [3.0, 3.0], "share": [0.0, 0.0]})
+    unheld = roles_table().assign(has_role=False)
+    assert not (role_shares(unheld, by_layer=True).share > 0).any()
+    with RunFolder(tmp_path / "unheld") as folder:
+        section = roles_section(folder, unheld, shares_by_tau, tau=3.0, correction="fdr_bh", min_sample=10)
+    assert [figure.path.stem for figure in section.figures] == ["roles_grid"]
+    assert any(note.startswith("Share of heads holding each role per layer, and heads holding two roles at once: nothing to show: "
+                               "every value is 0") for note in section.notes)
+    with RunFolder(tmp_path / "held") as folder:
+        section = roles_section(folder, roles_table(), shares_by_tau, tau=3.0, correction="fdr_bh", min_sample=10)
+    assert [figure.path.stem for figure in section.figures] == ["roles_by_layer", "roles_grid", "roles_colocation"]
+    assert not any("nothing to show" in note for note in section.notes)

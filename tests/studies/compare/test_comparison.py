@@ -157,3 +157,22 @@ def test_a_seed_numpy_cannot_take_is_refused_before_a_model_loads(seed, tmp_path
     with pytest.raises(BertologyError, match=f"^seed must be a whole number from 0 to 4294967295, not {seed}$"):
         compare("nobody/a", "nobody/b", tmp_path / "no-such-corpus.txt", seed=seed, out=tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_layer_view_figure_marks_the_embeddings_and_numbers_the_blocks_as_every_figure(tmp_path):
+    """Issue 39: layer_probes.csv and layer_comparison.csv count the embeddings as layer 0; the compared probes' figure
+    marks them emb. and numbers the blocks from 0, and the section says how the tables count."""
+    from families.layers.test_layers import probe_table
+
+    from bertology.core.storage.runfolder import RunFolder
+    from bertology.families.layers.report import HIDDEN_STATES_NUMBERED, probes_by_layer
+    from bertology.studies.compare.report import layer_view_section
+
+    probes = pd.concat([probe_table().assign(model=side) for side in "AB"], ignore_index=True)
+    for axis in probes_by_layer(probes, by="model").axes:
+        assert [tick.get_text() for tick in axis.get_xticklabels()] == ["emb.", "0", "1"]
+    comparison = pd.DataFrame({"layer": [0, 1, 2], "task": "upos", "cosine": [np.nan, 1.0, 1.0]})
+    with RunFolder(tmp_path / "cmp") as folder:
+        section = layer_view_section(folder, probes, comparison, "a", "b")
+    assert section.intro.endswith(HIDDEN_STATES_NUMBERED)
+    assert "(0 = embeddings)" not in section.figures[0].caption and "after the embeddings (emb.) and after each block" in section.figures[0].caption

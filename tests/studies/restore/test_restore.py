@@ -104,3 +104,21 @@ def test_restore_command(tuned_dir, cat_task, tmp_path):
     assert "restored alone: 0:" in done.stdout and "restored with all below: 0:" in done.stdout
     assert set(pd.read_csv(out / "restore.csv").kind) == {"layer", "first_k"}
     assert (out / "restore_accuracy.png").exists() and "Layers restored" in (out / "report.html").read_text()
+
+
+def test_the_figure_marks_the_embeddings_and_numbers_the_blocks_as_every_figure(tmp_path):
+    """Issue 39: restore.csv counts the embeddings as layer 0 and block l - 1 as layer l; the figure's ticks say emb., 0, 1
+    (blocks 0-based, as every figure), its legend what each line restores, and the section how the table counts."""
+    from bertology.core.storage.runfolder import RunFolder
+    from bertology.studies.restore.report import KIND_TITLES, RESTORED_LABEL, restore_curves, restore_section
+
+    table = pd.DataFrame([{"kind": kind, "layer": layer, "metric": "accuracy", "value": 0.8 - 0.1 * layer, "delta": -0.1 * layer,
+                           "ci_low": -0.1 * layer - 0.05, "ci_high": -0.1 * layer + 0.05, "p": 0.01, "p_adj": 0.02}
+                          for kind in ("layer", "first_k") for layer in range(3)])
+    axis = restore_curves(table, "accuracy", 0.8).axes[0]
+    assert [tick.get_text() for tick in axis.get_xticklabels()] == ["emb.", "0", "1"] and list(axis.get_xticks()) == [0, 1, 2]
+    assert axis.get_xlabel() == RESTORED_LABEL
+    assert [text.get_text() for text in axis.get_legend().get_texts()] == ["fine-tuned", *KIND_TITLES.values()]
+    with RunFolder(tmp_path / "run") as folder:
+        section = restore_section(folder, table, {"accuracy": 0.8})
+    assert section.intro.endswith("restore.csv counts the embeddings as layer 0, so its layer l is block l - 1.")

@@ -521,3 +521,18 @@ def test_view_puts_the_contribution_views_of_a_decoder_in_its_menu_from_the_comm
     refused = bertology("view", "the cat.", "--model", tiny_gpt2_dir, "--contributions", "norm", "--out", tmp_path / "other.html", "--device", "cpu")
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == ["error: unknown contribution measure 'norm': use alti, value-zeroing or both"]
     assert not (tmp_path / "other.html").exists()
+
+
+def test_view_refuses_a_sentence_pair_on_a_decoder_in_one_line_naming_the_option_and_the_kind(tiny_gpt2_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from bertology.cli import app
+    from bertology.core.errors import BertologyError
+
+    page = tmp_path / "view.html"
+    result = CliRunner().invoke(app, ["view", "the cat sat.", "--pair", "it was tired.", "--model", str(tiny_gpt2_dir), "--out", str(page),
+                                      "--device", "cpu"])
+    assert isinstance(result.exception, BertologyError)
+    message = str(result.exception)
+    assert "\n" not in message and message.startswith("--pair does not apply to ") and ", a decoder: it has no sentence-pair structure" in message
+    assert not page.exists()

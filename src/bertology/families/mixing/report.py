@@ -15,6 +15,17 @@ RATIO_TITLES = {"attn": "attention alone (Attn-N)", "attn_res": "with the residu
                 "value_zeroing": "value zeroing: 1 - c[i, i] (Mohebbi et al. 2023)", "alti_rollout": "ALTI rolled out: 1 - R[i, i]",
                 "value_zeroing_rollout": "value zeroing rolled out: 1 - R[i, i]"}
 
+#: Why ALTI's share from the other tokens is small where value zeroing's is large (docs/methods.md#norms-and-mixing): said
+#: wherever the section shows both.
+ALTI_AND_VALUE_ZEROING = (
+    "Why ALTI's share from the other tokens is small and value zeroing's large: both are right, they measure different things. "
+    "ALTI (Ferrando et al. 2022) splits the block's output y_i, residual included, into each input token's part T_i(x_j) and scores "
+    "c[i, j] = max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1), rows normalised; the residual puts token i's own vector x_i in T_i(x_i), "
+    "and it is most of y_i, so 1 - c[i, i] is small. Value zeroing (Mohebbi et al. 2023) reruns the layer with token j's value "
+    "vectors zeroed and scores the cosine distance between token i's output with and without them, each row normalised to sum 1; "
+    "the residual x_i stays in both outputs whichever token's values are zeroed, so it is credited to no token, not even i, and "
+    "1 - c[i, i] reads how the attention mixes the tokens' values (token i's own value one among them) without the residual's weight.")
+
 
 def mixing_by_layer(table: pd.DataFrame):
     """Each context-mixing ratio by layer, with its 95% interval over sequences."""
@@ -44,6 +55,8 @@ def mixing_section(folder: RunFolder, table: pd.DataFrame, kind: Kind) -> Sectio
     )
     if table.empty:
         return without_rows(section, "mixing.csv")
+    if {"alti", "value_zeroing"} <= set(table.ratio):
+        section.intro += " " + ALTI_AND_VALUE_ZEROING
     section.figures.append(Figure(folder.write_figure("mixing_by_layer", mixing_by_layer(table)),
                                   "Context-mixing ratios by layer (0-based), mean over sequences with 95% intervals."))
     wide = table.pivot(index="layer", columns="ratio", values="value")[[ratio for ratio in RATIO_TITLES if (table.ratio == ratio).any()]].reset_index()

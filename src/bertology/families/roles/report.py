@@ -108,11 +108,18 @@ def roles_section(folder: RunFolder, roles: pd.DataFrame, shares_by_tau: pd.Data
         return without_rows(section, "roles.csv")
     colocation = role_colocation(roles)
     folder.write_table("role_colocation", colocation.reset_index(names="role"))
-    section.figures.append(Figure(folder.write_figure("roles_by_layer", role_shares_by_layer(by_layer, tau)), "Share of heads holding each role, per layer."))
+    held = bool((by_layer.share > 0).any())  # else the shares' bars and the colocation counts would be empty frames
+    if held:
+        section.figures.append(Figure(folder.write_figure("roles_by_layer", role_shares_by_layer(by_layer, tau)),
+                                      "Share of heads holding each role, per layer."))
+    else:
+        section.notes.append("Share of heads holding each role per layer, and heads holding two roles at once: nothing to show: every value "
+                             "is 0 (no tested head holds any role; role_shares_by_layer.csv, role_colocation.csv).")
     section.figures.append(Figure(folder.write_figure("roles_grid", role_grid(roles, SUMMARY_ROLES, tau)),
                                   f"Each role's mean sieve score per head, on the role's own scale: white at tau = {tau:g}, red above, blue below; "
                                   "a dot marks the heads that hold the role (corrected t-test)."))
-    section.figures.append(Figure(folder.write_figure("roles_colocation", role_colocation_heatmap(colocation)), "How many heads hold two roles at once."))
+    if held:
+        section.figures.append(Figure(folder.write_figure("roles_colocation", role_colocation_heatmap(colocation)), "How many heads hold two roles at once."))
     section.tables.append(("Share of heads holding each role, by tau", shares_by_tau.pivot(index="role", columns="tau", values="share").reset_index()))
     untested = roles[roles.p.isna() & (roles.n > 0)]
     if len(untested):

@@ -33,16 +33,18 @@ def comparison_section(folder: RunFolder, similarity: pd.DataFrame, layers: pd.D
 
 def layer_view_section(folder: RunFolder, probes: pd.DataFrame, layers: pd.DataFrame, name_a: str, name_b: str) -> Section:
     """Both models' layer probes side by side, with each layer's attention similarity."""
-    from bertology.families.layers.report import probes_by_layer
+    from bertology.families.layers.report import HIDDEN_STATES_NUMBERED, probes_by_layer
 
     section = Section(
         title="What changed, layer by layer",
         intro=(f"Linear probes of every layer's word vectors (UPOS tags and dependency relations, with control tasks) for {name_a} (A) "
                f"and {name_b} (B) on the same sentences, beside the mean cosine similarity of the two models' attention in the block "
-               "that makes each layer (layer_probes.csv, layer_comparison.csv). The Primer: fine-tuning changes the last layers most."),
+               "that makes each layer (layer_probes.csv, layer_comparison.csv). The Primer: fine-tuning changes the last layers most. "
+               + HIDDEN_STATES_NUMBERED),
     )
     section.figures.append(Figure(folder.write_figure("layer_probes_compared", probes_by_layer(probes, by="model")),
-                                  "Probe accuracy, control accuracy and selectivity by layer (0 = embeddings), A and B."))
+                                  "Probe accuracy, control accuracy and selectivity after the embeddings (emb.) and after each block "
+                                  "(0-based, as in the other figures), A and B."))
     section.tables.append(("Probe accuracy of A and B and attention similarity per layer", layers))
     return section
 

@@ -1,14 +1,18 @@
-"""The figure and report section of ``bertology restore`` (the Primer, section 6.3). Layer 0 is the embeddings."""
+"""The figure and report section of ``bertology restore`` (the Primer, section 6.3). restore.csv counts the embeddings as layer 0
+and block l - 1 as layer l; the figure numbers blocks from 0 as every figure does and marks the embeddings ``emb.``
+(:func:`~bertology.render.figures.hidden_state_axis`)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from bertology.core.storage.runfolder import RunFolder
-from bertology.render.figures import plt
+from bertology.render.figures import hidden_state_axis, plt
 from bertology.render.html import Figure, Section
 
-KIND_TITLES = {"layer": "this layer alone restored", "first_k": "layers 0..L all restored"}
+KIND_TITLES = {"layer": "restored alone", "first_k": "restored with the embeddings and every block before it"}
+#: The figure's x label: what each tick restores.
+RESTORED_LABEL = "restored: emb. the embeddings, else that block (0-based, as in every figure)"
 
 
 def restore_curves(table: pd.DataFrame, metric: str, fine_tuned: float):
@@ -19,8 +23,8 @@ def restore_curves(table: pd.DataFrame, metric: str, fine_tuned: float):
         axis.errorbar(group.layer, group.value, yerr=[group.delta - group.ci_low, group.ci_high - group.delta], marker="o", capsize=3,
                       label=KIND_TITLES[kind])
     axis.axhline(fine_tuned, color="grey", linestyle="--", label="fine-tuned")
-    axis.set_xticks(sorted(rows.layer.unique()))
-    axis.set_xlabel("layer L (0 = embeddings)")
+    hidden_state_axis(axis, rows.layer)  # restore.csv's layer 0 is the embeddings, its layer l block l - 1
+    axis.set_xlabel(RESTORED_LABEL)
     axis.set_ylabel(f"dev {metric}")
     axis.set_title("restoring pre-trained weights after fine-tuning")
     axis.grid(alpha=0.3)
@@ -36,7 +40,8 @@ def restore_section(folder: RunFolder, table: pd.DataFrame, fine_tuned: dict[str
         intro=("The Primer (section 6.3): put a layer of the fine-tuned model back to its pre-trained weights and evaluate the task. "
                "Each layer alone, and the first layers together, against the fine-tuned model, with 95% paired-bootstrap intervals of "
                "the change over dev examples and p-values corrected within each kind (restore.csv). Early layers are expected to "
-               "matter little, the last ones much."),
+               "matter little, the last ones much. The figures mark the embeddings emb. and number the blocks from 0, as every figure "
+               "does; restore.csv counts the embeddings as layer 0, so its layer l is block l - 1."),
     )
     for metric, value in fine_tuned.items():
         section.figures.append(Figure(folder.write_figure(f"restore_{metric}", restore_curves(table, metric, value)),

@@ -14,7 +14,7 @@ class View(Study):
     title = "Write an interactive attention viewer (head view and model view) as one self-contained HTML page."
     options = (
         Option("text", None, "The text to look at.", type=str, argument=True, required=True),
-        Option("pair", None, "A second text (sentence B).", type=str),
+        Option("pair", None, "A second text (sentence B; an encoder's sentence pair, refused on a decoder).", type=str),
         *pick(MODEL, "model"),
         Option("out", Path("view.html"), "The page to write.", flag="--out -o"),
         Option("run", None, "A run folder whose roles and patterns label the heads.", type=Path),
@@ -28,7 +28,9 @@ class View(Study):
     report = False
 
     def run(self, settings: dict, command: list[str] | None = None):
+        from bertology.core.errors import BertologyError
         from bertology.core.measures.contributions import parse_measures
+        from bertology.core.model.kinds import DECODER
         from bertology.core.model.models import load_model
         from bertology.core.storage.runfolder import check_file_out
         from bertology.studies.view.viewer import PAGE_MARK, attention_view
@@ -37,6 +39,9 @@ class View(Study):
         check_file_out(s["out"], made_by=PAGE_MARK)
         contributions = tuple(measure.replace("_", "-") for measure in parse_measures(s["contributions"]))  # the views' names
         loaded = load_model(s["model"], device=s["device"], trust_remote_code=s["trust_remote_code"])
+        if s["pair"] is not None and loaded.kind is DECODER:
+            raise BertologyError(f"--pair does not apply to {loaded.name}, a decoder: it has no sentence-pair structure (no segment ids, no "
+                                 "separator between sentence A and B); give both sentences in the one text")
         return attention_view(s["text"], s["pair"], model=loaded, run=s["run"], top_k=s["top_k"], max_length=s["max_length"],
                               contributions=contributions).save(s["out"])
 
