@@ -62,3 +62,17 @@ def test_the_calibration_is_printed_on_the_command_line(tiny_gpt2_dir, corpora, 
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "null model uniform: 0 claims, as a null model should" in done.stdout, done.stdout[-2000:]
+
+
+def test_calibrate_runs_the_null_model_beside_the_run_and_shows_both(tiny_llama_dir, corpora, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "bertology.cli", "analyze", "--model", str(tiny_llama_dir), "--corpus", str(corpora["trees"]),
+                           "--calibrate", "--out", str(tmp_path / "run"), "--quiet", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    real = next(line for line in done.stdout.splitlines() if line.startswith("claims: "))
+    assert "calibration, null model uniform: 0 claims, as a null model should" in done.stdout, done.stdout[-2000:]
+    # the run's own tables are the model's, not the null's: the same as a run without --calibrate
+    alone = analyze(load_model(tiny_llama_dir, device="cpu"), corpora["trees"], view=False, progress=False)
+    assert real == alone.claims_line()
+    report = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")
+    assert "null model uniform: 0 claims, as a null model should" in report and real in report

@@ -8,6 +8,7 @@ batch is also capped so that its attention tensor holds at most ``max_attention_
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import time
@@ -453,6 +454,15 @@ class Engine:
         model.tokenizer.deprecation_warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
         table = model.punct_by_id if punct == "upos" else punctuation_table(model.tokenizer, punct)
         self._punct_by_id = torch.as_tensor(table, device=model.device)
+
+    def with_null(self, null: str) -> "Engine":
+        """This engine's twin, the same model, batches, cuts and punctuation, that runs the null model ``null`` (:data:`NULL_MODELS`)
+        instead of the model's own attention."""
+        if null not in NULL_MODELS:
+            raise BertologyError(f"unknown null model {null!r}: use {' or '.join(repr(name) for name in NULL_MODELS)}")
+        twin = copy.copy(self)
+        twin.null = null
+        return twin
 
     def punctuation(self, input_ids: torch.Tensor) -> torch.Tensor:
         """True for the pieces of the run's punctuation set (``punct``)."""

@@ -129,6 +129,8 @@ PASS = (
     Option("null", None, "Calibration: run the null model instead of the model's attention: 'uniform', every head attending uniformly "
            "over the keys the model's mask lets each query see (its queries zeroed), on the same tokenizer, corpus and settings; "
            "a run on it should make no claim (docs/methods.md#the-null-model).", type=str),
+    Option("calibrate", False, "Also run the null model ('uniform', as --null) after the run, on the same model, corpus and settings, and "
+           "show its claims beside the run's in the summary and the report: it should make none."),
     Option("checkpoint_every", None, "Save the pass's states every N batches [default: every 30 s]; rerun the same command with the same --out "
            "to resume.", type=int, minimum=1),
 )

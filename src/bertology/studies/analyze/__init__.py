@@ -74,7 +74,7 @@ class Analyze(Study):
         registry = registered()
         for name, family_result in result.results.items():
             lines += registry[name].summary(family_result)
-        lines += [result.claims_line()]
+        lines += [result.claims_line()] + ([f"calibration, {result.settings['calibration']}"] if result.settings.get("calibration") else [])
         lines += [f"warning: {warning}" for warning in result.warnings]
         return [*lines, f"report: {(result.out / 'report.html').resolve()}"]
 

@@ -134,6 +134,7 @@ class Analysis:
             "corpus": f"{self.corpus['name']} ({self.corpus['format']}{', trees: ' + trees if trees else ''})",
             "analyses": ", ".join(self.settings["analyses"]),
             **({"null model": self.claims_line()} if self.settings.get("null") else {}),
+            **({"claims": self.claims_line(), "null model": self.settings["calibration"]} if self.settings.get("calibration") else {}),
             "sequences": stats["sequences"],
             "tokens": stats["tokens"],
             "truncated": stats["truncated"],
@@ -459,6 +460,23 @@ def _finish_families(analysis: Analysis, one_pass: FamilyPass, engine: Engine) -
         raise BertologyError("; ".join(analysis.failures.values()))
 
 
+def _calibration(analysis: Analysis, chosen: list[Family], examples, engine: Engine, spacy_pipeline: str | None, *, parse: bool,
+                 backend: str, total: int, model, device: str, trust_remote_code: bool, workers: int | None, address: str | None) -> str:
+    """The claims line of the null model (docs/methods.md#the-null-model: every head uniform over the keys it sees) on the
+    run's model, corpus and settings: a second pass, its analyzers built afresh, its tables kept nowhere."""
+    began = time.perf_counter()
+    null_engine = engine.with_null("uniform")
+    settings = {**analysis.settings, "null": "uniform"}
+    one_pass = _plan_pass(chosen, settings, engine.model.kind, spacy_pipeline, parse=parse)
+    stats = _run_pass(backend, null_engine, examples, one_pass, total=total, resume=None, model=model, device=device,
+                      trust_remote_code=trust_remote_code, workers=workers, address=address, progress=engine.progress)
+    null = Analysis(model=analysis.model, corpus=analysis.corpus, stats=stats, settings=settings, started=analysis.started, warnings=[],
+                    phases={})
+    _finish_families(null, one_pass, null_engine)
+    analysis.phases["calibration"] = round(time.perf_counter() - began, 2)
+    return null.claims_line()
+
+
 def _add_viewer(analysis: Analysis, engine: Engine, examples, loaded: LoadedModel) -> None:
     """The attention viewer of the first example the pass analysed, with the contribution maps the run reads."""
     began = time.perf_counter()
@@ -492,6 +510,7 @@ def analyze(
     min_sample: int = MIN_SAMPLE,
     weighting: str | Iterable[str] = "attention",
     null: str | None = None,
+    calibrate: bool = False,
     backend: str = "local",
     workers: int | None = None,
     address: str | None = None,
@@ -520,7 +539,9 @@ def analyze(
     ``weighting``: the view of attention every family reads, ``"attention"`` (the weights), ``"norm"``
     (Kobayashi et al. 2020's norm shares, docs/methods.md#norms-and-mixing) or both (``"attention,norm"``), in one pass.
     ``null="uniform"`` runs the null model instead of the model's attention (every head uniform over the keys it sees: the
-    model with its queries zeroed, docs/methods.md#the-null-model), the calibration of every claim: it should make none.
+    model with its queries zeroed, docs/methods.md#the-null-model), the calibration of every claim: it should make none;
+    ``calibrate`` runs it after the run, in a second pass of the same model, corpus and settings, and puts its claims line
+    beside the run's (``settings["calibration"]``, the summary, the report).
     ``backend``: ``"local"`` (this process) or ``"ray"`` (shards of the corpus across a Ray cluster: ``workers``
     actors on a local cluster started here, or the cluster at ``address``, ``"auto"`` or ``"ray://host:port"``;
     the tables equal the local ones to float rounding). With ``out``, the pass saves its analyzers' states in
@@ -553,6 +574,10 @@ def analyze(
     analysis = Analysis(model=loaded.info(), corpus=corpus_info, stats=stats, settings=settings, started=started, warnings=warnings,
                         phases=phases)
     _finish_families(analysis, one_pass, engine)
+    if calibrate and null is None:
+        analysis.settings["calibration"] = _calibration(analysis, chosen, examples, engine, spacy_pipeline, parse=parser == "spacy",
+                                                        backend=backend, total=total, model=model, device=device,
+                                                        trust_remote_code=trust_remote_code, workers=workers, address=address)
     if view:
         _add_viewer(analysis, engine, examples, loaded)
     if out is not None:
