@@ -15,12 +15,12 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeniz
 
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, ModelError
-from bertology.core.learning.tasks import NEXT_TOKEN_LOSS, load_task
+from bertology.core.learning.tasks import NEXT_TOKEN_LOSS, load_task, masked_positions
 from bertology.core.model.hooks import Hooks
 from bertology.core.model.kinds import DECODER, ENCODER
 from bertology.core.model.models import load_model
 from bertology.core.text.corpora import Example
-from bertology.studies.gradients.gradients import AttentionGradients, attention_gradients, gradient_targets, masked_positions
+from bertology.studies.gradients.gradients import AttentionGradients, attention_gradients, gradient_targets
 
 ENCODER_TARGETS, DECODER_TARGETS = ("sep", "cls", "punct", "all"), ("first", "punct", "all")
 

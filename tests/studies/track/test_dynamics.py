@@ -4,6 +4,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.stats
 import torch
 from conftest import TEXTS, write_books
 
@@ -397,6 +398,20 @@ def test_a_part_written_before_kinds_is_read_back_as_an_encoders(saved_parts, ti
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["kind"] == "encoder"
 
 
+def test_a_part_written_before_measured_losses_is_computed_again(saved_parts, tiny_bert_dir, tmp_path):
+    """A part without ``measured_loss`` in its ``meta`` cannot tell whether the checkpoint's loss was measured: it is computed
+    again (and written with it), not read back as a checkpoint without a language-model head."""
+    import shutil
+
+    out, examples = saved_parts
+    shutil.copytree(out, tmp_path / "out")
+    [marker] = (tmp_path / "out" / "parts").glob("*.npz")
+    rewrite_npz(marker, meta=meta_with(marker, drop=("measured_loss", "measured_loss_name")))
+    track([str(tiny_bert_dir)], examples, out=tmp_path / "out", bootstrap=20, min_dependents=2, device="cpu", progress=False)
+    meta = json.loads(str(np.load(marker)["meta"]))
+    assert meta["measured_loss"] is None and meta["measured_loss_name"] is None  # a bare BERT: no masked-LM head
+
+
 def test_parts_of_an_unfinished_track_with_other_settings_or_weights_are_refused_not_overwritten(saved_parts, tiny_bert_dir, tmp_path):
     """Issue 25: a rerun with other settings overwrote an unfinished run's parts; the parts now carry the weights' hash too."""
     import shutil
@@ -482,7 +497,13 @@ def test_track_over_causal_checkpoints_leaves_sep_out_and_follows_the_sinks(caus
         at_step = layers[(layers.step == step) & (layers.metric == "first")].sort_values("layer")
         np.testing.assert_allclose(at_step.value, layer_means, rtol=1e-5)  # the profile's
         np.testing.assert_allclose(result.results[k].means[0, :, 0], layer_means, rtol=1e-5)  # the peaks' (the verdict's)
-    rates = (heads > eps).mean(axis=1)  # Sink_eps per layer: the share of its heads past eps
+    # Sink_eps per layer: the share of its heads past eps whose excess over the uniform head (alpha_0 = mean_{i>=1} 1/(i+1) per
+    # sequence) has a 95% Student-t interval above 0
+    lengths = np.array([len(tokenizer(text)["input_ids"]) for text in texts])
+    uniform = np.array([np.mean(1 / np.arange(2, n + 1)) if n > 1 else np.nan for n in lengths])
+    excess = (expected[final] - uniform[:, None, None])[lengths > 1]  # [sequence, layer, head]
+    low = excess.mean(axis=0) - scipy.stats.t.ppf(0.975, len(excess) - 1) * excess.std(axis=0, ddof=1) / np.sqrt(len(excess))
+    rates = ((heads > eps) & (low > 0)).mean(axis=1)
     assert 0 < rates.mean() < 1
     sinks = layers[(layers.step == 20) & (layers.metric == "sink_eps")].sort_values("layer")
     np.testing.assert_array_equal(sinks.value, rates)

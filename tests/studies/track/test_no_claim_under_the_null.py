@@ -137,6 +137,9 @@ def test_a_series_of_one_null_model_makes_no_claim(null_series, tmp_path):
     assert result.verdict["losses"]["values"] == pytest.approx(losses) and result.verdict["losses"]["steps"] == STEPS
     report = (tmp_path / "t" / "report.html").read_text()
     assert "masked-LM validation loss" in report and f"{losses[-1]:.3f}" in report
+    # the checkpoints are bare encoders (no masked-LM head): no loss is measured on the track corpus, and the report says so
+    assert result.losses.measured_loss.isna().all() and result.verdict["losses"]["measured"] == [None] * len(STEPS)
+    assert "No checkpoint loads with a language-model head: no loss is measured on the track corpus" in report
     assert "Per-head trajectories" in report and "step 100000" in report
     saved = json.loads((tmp_path / "t" / "verdict.json").read_text())
     assert saved["training"]["verdict"] == "no evidence" and saved["losses"]["values"] == pytest.approx(losses)

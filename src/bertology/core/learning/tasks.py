@@ -40,9 +40,7 @@ from bertology.core.model.models import (
     require_whole_weights,
     resolve_device,
 )
-from bertology.core.statistics.stats import (
-    confusion_metric,
-)
+from bertology.core.statistics.stats import confusion_metric, keyed_rng, sequence_key
 from bertology.core.text.corpora import Example, TableLayout, glue_layout, read_table
 
 #: GLUE tasks bertology knows: folder name -> (task, metrics, positive label for F1).
@@ -52,6 +50,21 @@ GLUE_TASKS = {
     "mrpc": ("mrpc", ("f1", "accuracy"), "1"),
     "rte": ("rte", ("accuracy",), None),
 }
+
+
+#: The share of pieces the masked-LM loss masks unless ``mask_share`` says otherwise.
+DEFAULT_MASK_SHARE = 0.15
+
+
+def masked_positions(item, share: float, seed: int) -> np.ndarray:
+    """The pieces to mask in one encoded sequence (:class:`~bertology.core.engine.Encoded`: its ``sequence_ids`` and
+    ``example``): ``max(1, round(share * m))`` of its ``m`` non-special pieces, drawn without replacement from a generator
+    keyed by the seed and the sequence (so every checkpoint and every run sees the same masks)."""
+    candidates = np.array([p for p, segment in enumerate(item.sequence_ids) if segment is not None])
+    if len(candidates) == 0:
+        return candidates
+    count = max(1, int(round(share * len(candidates))))
+    return np.sort(keyed_rng(seed, "mask", *sequence_key(item.example)).choice(candidates, size=count, replace=False))
 
 
 @dataclass(frozen=True)

@@ -37,11 +37,11 @@ from tqdm.auto import tqdm
 
 from bertology.core.engine import MIN_PIECES, Encoded, Engine, RunStats
 from bertology.core.errors import BertologyError
-from bertology.core.learning.tasks import NEXT_TOKEN_LOSS, next_token_losses
+from bertology.core.learning.tasks import DEFAULT_MASK_SHARE, NEXT_TOKEN_LOSS, masked_positions, next_token_losses
 from bertology.core.model.hooks import Hooks
 from bertology.core.model.kinds import DECODER, Kind, kind_named
 from bertology.core.model.models import LANGUAGE_MODEL, LoadedModel, load_model
-from bertology.core.statistics.stats import RunningMoments, keyed_rng, sequence_key
+from bertology.core.statistics.stats import RunningMoments
 from bertology.core.storage.runfolder import RunFolder, claims_out, complete_run
 from bertology.core.text.corpora import open_corpus
 
@@ -55,20 +55,6 @@ def gradient_targets(kind: Kind) -> tuple[str, ...]:
     [SEP]; a decoder's first token, in [CLS]'s place, docs/methods.md#decoders), punctuation, and ``all``, every real key.
     The last anchor comes first: an encoder's [SEP], the token of Clark et al.'s gradient figure."""
     return (*reversed(kind.anchors), "punct", "all")
-
-
-#: The share of pieces the masked-LM loss masks unless ``mask_share`` says otherwise.
-DEFAULT_MASK_SHARE = 0.15
-
-
-def masked_positions(item: Encoded, share: float, seed: int) -> np.ndarray:
-    """The pieces to mask in one sequence: ``max(1, round(share * m))`` of its ``m`` non-special pieces, drawn
-    without replacement from a generator keyed by the sequence."""
-    candidates = np.array([p for p, segment in enumerate(item.sequence_ids) if segment is not None])
-    if len(candidates) == 0:
-        return candidates
-    count = max(1, int(round(share * len(candidates))))
-    return np.sort(keyed_rng(seed, "mask", *sequence_key(item.example)).choice(candidates, size=count, replace=False))
 
 
 def keep_patterns(hooks: Hooks, patterns: list[torch.Tensor]) -> Hooks:

@@ -26,7 +26,7 @@ class Track(Study):
         family_option("syntax", "bootstrap"), family_option("roles", "tau"), family_option("syntax", "min_dependents"), family_option("sinks", "sink_eps"),
         *pick(CORPUS, "punct"), *pick(RUN, "seed", "quiet"), *pick(MODEL, "device", "trust_remote_code"), *RAY,
     )
-    outputs = ("track", "track_layers", "peaks")
+    outputs = ("track", "track_layers", "peaks", "losses")
     optional_outputs = ("emergence",)
     work = "parts"
 

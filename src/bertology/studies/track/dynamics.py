@@ -26,13 +26,14 @@ On a decoder (docs/methods.md#decoders; e.g. ``bertology pretrain --causal``) [S
 the candidate attention sink, takes [CLS]'s place (:func:`~bertology.studies.track.peaks.peak_metrics`): the
 claims become "first-token attention peaks below punctuation" and "it emerges before punctuation", and ``Sink_eps``
 (Gu et al. 2025, "When Attention Sink Emerges in Language Models"), the share of heads whose mean attention to the first
-token exceeds eps, is followed per layer and overall over the checkpoints.
+token exceeds eps and the uniform head's on the same sequences (:func:`layer_sink_rates`), is followed per layer and overall
+over the checkpoints.
 
 Two patterns **tie** when they peak in the same layer (emerge at the same step) or their 95% intervals overlap. A claim
 is **contradicted** when a pair is reversed in the data, with intervals apart, in at least 95% of the replicates; else a
 **tie** when a pair ties; else **supported** when the order holds in the data and in at least 95% of the replicates;
 else **inconclusive** (:func:`_order_verdict`). Each checkpoint's recorded validation loss (:func:`checkpoint_loss`)
-goes with the verdict.
+goes with the verdict, beside its loss measured on the track corpus where it has a language-model head (:func:`measured_loss`).
 """
 
 from __future__ import annotations
@@ -48,21 +49,23 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import torch
+from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
 from bertology.core.backends import BACKENDS, map_on_ray
-from bertology.core.engine import Engine
-from bertology.core.errors import BertologyError, StateError
+from bertology.core.engine import Engine, RunStats
+from bertology.core.errors import BertologyError, ModelError, StateError
+from bertology.core.learning.tasks import DEFAULT_MASK_SHARE, NEXT_TOKEN_LOSS, masked_positions, next_token_losses
 from bertology.core.model.kinds import DECODER, ENCODER, Kind, kind_named, kind_of
-from bertology.core.model.models import DEFAULT_MODEL, default_model_path, load_model, loading_errors
+from bertology.core.model.models import DEFAULT_MODEL, LANGUAGE_MODEL, default_model_path, load_model, loading_errors
 from bertology.core.options import check_seed
 from bertology.core.storage.runfolder import RunFolder, atomic_write, claims_out, complete_run, finished_run
 from bertology.core.storage.safeload import field as document_field
 from bertology.core.storage.safeload import parse_json, read_json, read_npz, whole_number
 from bertology.core.text.corpora import open_corpus
 from bertology.core.text.parsing import spacy_trees
-from bertology.families.profile.analyzer import GeneralProfile
-from bertology.families.roles.analyzer import HeadRoles
+from bertology.families.profile.analyzer import EXCESS_TOLERANCE, GeneralProfile
+from bertology.families.roles.analyzer import HeadRoles, excess_over_uniform
 from bertology.families.sinks.analyzer import SINK_EPS, sink_rates
 from bertology.families.syntax.analyzer import RelationHeads
 from bertology.studies.track.peaks import LayerPeaks, peak_layers, peak_metrics
@@ -143,16 +146,68 @@ def _readable_json(path: Path):
         return None
 
 
-def loss_series(steps: list[int | None], checkpoints: list[str]) -> dict:
-    """Each checkpoint's recorded validation loss (:func:`checkpoint_loss`; null where none), with the sentence the report shows."""
+def loss_series(steps: list[int | None], checkpoints: list[str], measured: list[tuple[float, str | None]] | None = None) -> dict:
+    """Each checkpoint's recorded validation loss (:func:`checkpoint_loss`; null where none) and its loss measured on the track
+    corpus (``measured``: one ``(loss, what it is)`` per checkpoint from :func:`measured_loss`, ``(NaN, None)`` where it has no
+    language-model head; None: none measured), with the sentences the report shows."""
     found = [checkpoint_loss(c) for c in checkpoints]
-    where = ", ".join(f"{'step unknown' if s is None else f'step {s}'}: " + ("none recorded" if f is None else f"{f['loss']:.3f}")
-                      for s, f in zip(steps, found))
+    measured = measured if measured is not None else [(float("nan"), None)] * len(checkpoints)
+    labels = ["step unknown" if s is None else f"step {s}" for s in steps]
+    where = ", ".join(f"{label}: " + ("none recorded" if f is None else f"{f['loss']:.3f}") for label, f in zip(labels, found))
     names = sorted({f["name"] for f in found if f is not None})
-    statement = (f"Validation loss recorded with each checkpoint ({', '.join(names)}; not measured on the track corpus): {where}." if names
-                 else "No checkpoint records a validation loss (no pretraining_step.json loss or Trainer eval_loss); it is not measured here.")
+    statement = (f"Validation loss recorded with each checkpoint ({', '.join(names)}; on its own validation split, not the track corpus): {where}."
+                 if names else "No checkpoint records a validation loss (no pretraining_step.json loss or Trainer eval_loss).")
+    measured_names = sorted({name for _, name in measured if name is not None})
+    if measured_names:
+        where = ", ".join(f"{label}: " + ("none (no language-model head)" if name is None else f"{loss:.3f}")
+                          for label, (loss, name) in zip(labels, measured))
+        statement += f" Loss measured here on the track corpus ({', '.join(measured_names)}): {where}."
+    else:
+        statement += " No checkpoint loads with a language-model head: no loss is measured on the track corpus (measured_loss NaN)."
     return {"steps": steps, "values": [None if f is None else f["loss"] for f in found], "names": [None if f is None else f["name"] for f in found],
-            "statement": statement}
+            "measured": [_json_value(loss) for loss, _ in measured], "measured_names": [name for _, name in measured], "statement": statement}
+
+
+def measured_loss(engine: Engine, examples: list, seed: int, progress: bool = False, desc: str = "loss") -> tuple[float, str | None]:
+    """The mean loss of ``engine``'s model, loaded with its language-model head (``load_model(head="language-model")``), over
+    the sequences of the track pass (:meth:`~bertology.core.engine.Engine.encode`: the same truncation and the same sequences
+    left out), in the engine's batches, on its device; the sums are accumulated in float64. Returns ``(loss, what it is)``.
+
+    A decoder's: the next-token cross-entropy ``-log softmax(logits[i])[x_{i+1}]`` averaged over every predicted piece of the
+    corpus (:func:`~bertology.core.learning.tasks.next_token_losses`). An encoder's: the masked-LM cross-entropy averaged over
+    every masked piece, with :data:`~bertology.core.learning.tasks.DEFAULT_MASK_SHARE` (15%) of each sequence's
+    non-special pieces replaced by the mask token, drawn by :func:`~bertology.core.learning.tasks.masked_positions`
+    from a generator keyed by ``seed`` and the sequence, so every checkpoint sees the same masks; ``(NaN, None)`` where the
+    tokenizer has no mask token."""
+    model = engine.model
+    causal = model.kind is DECODER
+    mask_id = model.tokenizer.mask_token_id
+    if not causal and mask_id is None:
+        return float("nan"), None
+    total, count = 0.0, 0
+    with torch.inference_mode(), tqdm(total=len(examples), unit="seq", desc=desc, disable=not progress) as bar:
+        for items in engine.batches(engine.encode(enumerate(examples), RunStats())):
+            tensors = engine.collate(items)
+            input_ids = tensors["input_ids"]
+            if causal:
+                logits = model.model(**engine.model_inputs(tensors)).logits
+                summed, counted = next_token_losses(logits, input_ids, tensors["mask"])
+            else:
+                targets, masked = torch.full_like(input_ids, -100), input_ids.clone()  # -100: cross_entropy's ignore_index
+                for b, item in enumerate(items):
+                    chosen = torch.as_tensor(masked_positions(item, DEFAULT_MASK_SHARE, seed), dtype=torch.long, device=input_ids.device)
+                    targets[b, chosen], masked[b, chosen] = input_ids[b, chosen], mask_id
+                logits = model.model(**engine.model_inputs(tensors, masked)).logits
+                summed = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+                counted = targets != -100
+            total += float(summed.double().sum())
+            count += int(counted.sum())
+            bar.update(len(items))
+    if not count:
+        return float("nan"), None
+    what = (f"{NEXT_TOKEN_LOSS}, mean over {count} predicted pieces" if causal else
+            f"masked-LM loss, mean over {count} masked pieces ({DEFAULT_MASK_SHARE:.0%} of each sequence's, seed {seed})")
+    return total / count, what
 
 
 def parse_steps(text: str) -> list[int]:
@@ -493,6 +548,8 @@ class CheckpointResult:
     means: np.ndarray  # [1 + B, layer, metric] of `metrics`
     syntax: np.ndarray | None  # [1 + B]: mean over relations of the best head's accuracy
     kind: Kind  # the checkpoint's kind of model
+    measured_loss: float = float("nan")  # its loss on the track corpus (measured_loss); NaN: no language-model head
+    measured_loss_name: str | None = None  # what that loss is; None where none is measured
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -515,7 +572,7 @@ class TrackResult:
     per head; ``role:<role>`` mean sieve scores; ``syntax:<relation>`` for the best head of each
     relation). ``layers``: profile metrics per layer, and a decoder's ``sink_eps`` (the layer's Sink_eps, no interval).
     ``peaks``: where [CLS]/[SEP]/punctuation (a decoder's first token and punctuation) peak at each checkpoint.
-    ``emergence``: claim 2's table (None for one checkpoint).
+    ``emergence``: claim 2's table (None for one checkpoint). ``losses``: each checkpoint's recorded and measured loss.
     """
 
     results: list[CheckpointResult]
@@ -552,6 +609,16 @@ class TrackResult:
     def peaks(self) -> pd.DataFrame:
         return pd.concat([peak_layers(r.means, r.metrics).assign(step=r.step, checkpoint=r.checkpoint) for r in self.results], ignore_index=True)
 
+    @property
+    def losses(self) -> pd.DataFrame:
+        """``step, checkpoint, recorded_loss, recorded_loss_name, measured_loss, measured_loss_name``: the validation loss each
+        checkpoint recorded when it was saved (:func:`checkpoint_loss`) and its loss measured on the track corpus
+        (:func:`measured_loss`); NaN (and no name) where none."""
+        losses = self.verdict["losses"]
+        return pd.DataFrame({"step": self.steps, "checkpoint": [r.checkpoint for r in self.results],
+                             "recorded_loss": [np.nan if v is None else v for v in losses["values"]], "recorded_loss_name": losses["names"],
+                             "measured_loss": [r.measured_loss for r in self.results], "measured_loss_name": [r.measured_loss_name for r in self.results]})
+
     def syntax_series(self) -> pd.DataFrame | None:
         """``step, value, ci_low, ci_high``: mean over relations of the best head's accuracy, with its bootstrap interval."""
         if any(r.syntax is None for r in self.results):
@@ -567,8 +634,8 @@ class TrackResult:
 
     @claims_out(work="parts")
     def save(self, out: str | Path, command: list[str] | None = None) -> Path:
-        """Write ``track.csv``/``.parquet``, ``track_layers``, ``peaks``, ``emergence``, ``verdict.json``, figures, ``report.html``
-        (replacing ``out`` whole, its saved ``parts/`` kept)."""
+        """Write ``track.csv``/``.parquet``, ``track_layers``, ``peaks``, ``emergence``, ``losses``, ``verdict.json``, figures,
+        ``report.html`` (replacing ``out`` whole, its saved ``parts/`` kept)."""
         from bertology.studies.track.report import track_report
 
         folder = RunFolder(out)
@@ -577,6 +644,7 @@ class TrackResult:
         folder.write_table("peaks", self.peaks)
         if self.emergence is not None:
             folder.write_table("emergence", self.emergence)
+        folder.write_table("losses", self.losses)
         folder.write_json("verdict.json", self.verdict)
         manifest = {"kind": self.kind.name, "corpus": self.corpus, "settings": self.settings,
                     "checkpoints": [{"step": r.step, "checkpoint": r.checkpoint} for r in self.results], "started": self.started,
@@ -614,7 +682,8 @@ def _load_part(parts: Path, name: str, key: str, replicates: int, finished: bool
     in a run that finished (``finished``); in an unfinished run such a part is refused, never overwritten.
 
     It is checked before use: the ``.npz``'s arrays (``meta`` naming this part's checkpoint, a whole-number or null step
-    and the model's kind (:func:`_part_kind`); ``means [replicates, layer, metric]`` and ``syntax [replicates]`` or empty,
+    and the model's kind (:func:`_part_kind`), its measured loss (a part without one, written before track measured losses, is
+    None: computed again); ``means [replicates, layer, metric]`` and ``syntax [replicates]`` or empty,
     shares in [0, 1], NaN only in bootstrap replicates) and the two tables (their columns, this checkpoint's rows, of the
     layers of ``means``); a damaged part is refused (:func:`_damaged_part`).
     """
@@ -641,6 +710,10 @@ def _load_part(parts: Path, name: str, key: str, replicates: int, finished: bool
         step = document_field(meta, "step", (int, type(None)), marker)
         step = None if step is None else whole_number(step, "step", marker, high=MAX_STEP)
         kind = _part_kind(meta, marker)
+        measured = ((document_field(meta, "measured_loss", (int, float, type(None)), marker),
+                     document_field(meta, "measured_loss_name", (str, type(None)), marker)) if "measured_loss" in meta else None)
+        if measured is not None and measured[0] is not None and not 0 <= measured[0] <= np.finfo(np.float64).max:
+            raise StateError(marker, f"'measured_loss' = {measured[0]} is not a loss (a finite number, at least 0)")
     except StateError as exc:
         raise _damaged_part(marker, marker, f"its 'meta' is damaged: {exc.message}") from None
     if _part_name(checkpoint) != name:
@@ -652,7 +725,10 @@ def _load_part(parts: Path, name: str, key: str, replicates: int, finished: bool
         tables.append(_part_table(parts / f"{name}.{table}.parquet", columns, step, checkpoint, marker))
         if set(tables[-1]["layer"]) != set(range(means.shape[1])):
             raise _damaged_part(marker, marker, f"'means' has {means.shape[1]} layers, not those of {name}.{table}.parquet")
-    return CheckpointResult(step, checkpoint, *tables, means, syntax, kind)
+    if measured is None:  # a sound part written before track measured losses: computed again
+        return None
+    loss, loss_name = measured
+    return CheckpointResult(step, checkpoint, *tables, means, syntax, kind, np.nan if loss is None else float(loss), loss_name)
 
 
 def _part_kind(meta: dict, marker: Path) -> Kind:
@@ -706,7 +782,8 @@ def _save_part(parts: Path, name: str, key: str, result: CheckpointResult) -> No
     """One checkpoint's results, written before the next checkpoint starts; the ``.npz``, written last, marks the part complete."""
     atomic_write(parts / f"{name}.rows.parquet", lambda p: result.rows.to_parquet(p, index=False))
     atomic_write(parts / f"{name}.layers.parquet", lambda p: result.layers.to_parquet(p, index=False))
-    meta = json.dumps({"step": result.step, "checkpoint": result.checkpoint, "kind": result.kind.name})
+    meta = json.dumps({"step": result.step, "checkpoint": result.checkpoint, "kind": result.kind.name,
+                       "measured_loss": _json_value(result.measured_loss), "measured_loss_name": result.measured_loss_name})
     syntax = result.syntax if result.syntax is not None else np.array([])
 
     def write(path: Path) -> None:
@@ -718,11 +795,16 @@ def _save_part(parts: Path, name: str, key: str, result: CheckpointResult) -> No
 
 def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_trees: bool, settings: dict, progress: bool,
                         source: str | None = None, device: str | None = None) -> CheckpointResult:
-    """One checkpoint's profile, roles and syntax, and a decoder's Sink_eps per layer (:func:`layer_sink_rates`). On a Ray task,
-    ``source`` is where to load it from (the folder's absolute path) and ``device`` the task's own."""
+    """One checkpoint's profile, roles and syntax, a decoder's Sink_eps per layer (:func:`layer_sink_rates`) and, where it
+    loads with a language-model head, its loss on the same sequences (:func:`measured_loss`). On a Ray task, ``source`` is
+    where to load it from (the folder's absolute path) and ``device`` the task's own."""
     source = source or checkpoint
-    loaded = load_model(None if source in ("default", DEFAULT_MODEL) else source, device=device or settings["device"],
-                        trust_remote_code=settings["trust_remote_code"])
+    name = None if source in ("default", DEFAULT_MODEL) else source
+    options = {"device": device or settings["device"], "trust_remote_code": settings["trust_remote_code"]}
+    try:
+        loaded, with_lm_head = load_model(name, head=LANGUAGE_MODEL, **options), True
+    except ModelError:  # no language-model head (a bare encoder, a classifier): its attention is measured without one
+        loaded, with_lm_head = load_model(name, **options), False
     torch.manual_seed(settings["seed"])
     engine = Engine(loaded, batch_size=settings["batch_size"], max_length=settings["max_length"], progress=progress, punct=settings["punct"])
     kind = loaded.kind
@@ -747,14 +829,26 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
     rows = pd.concat([frame.assign(step=step, checkpoint=checkpoint)[TRACK_COLUMNS] for frame in frames], ignore_index=True)
     layers = pd.concat([profile.layers()] + ([layer_sink_rates(heads, settings["sink_eps"])] if follows_sinks(kind) else []), ignore_index=True)
     layers = layers.assign(step=step, checkpoint=checkpoint)[TRACK_LAYER_COLUMNS]
-    return CheckpointResult(step, checkpoint, rows, layers, peaks.replicate_means(), syntax, kind)
+    loss, loss_name = (measured_loss(engine, examples, settings["seed"], progress, f"{Path(checkpoint).name} loss") if with_lm_head
+                       else (float("nan"), None))
+    return CheckpointResult(step, checkpoint, rows, layers, peaks.replicate_means(), syntax, kind, loss, loss_name)
 
 
 def layer_sink_rates(heads: pd.DataFrame, eps: float) -> pd.DataFrame:
     """A decoder's ``Sink_eps`` per layer (Gu et al. 2025; the sinks family's :func:`~bertology.families.sinks.analyzer.sink_rates`):
     ``layer, metric = "sink_eps", value, ci_low, ci_high`` (no interval: NaN), from the profile's per-head ``first``, the mean
-    over sequences of ``(1/(n-1)) sum_{i>=1} a[i, 0]``, which is the sinks family's ``alpha_0``."""
-    rates = sink_rates(heads[heads.metric == "first"].assign(quantity="attention"), eps)
+    over sequences of ``(1/(n-1)) sum_{i>=1} a[i, 0]``, which is the sinks family's ``alpha_0``.
+
+    As in the sinks family, a head is a sink head only when it does more than the uniform head on the same sequences (the
+    profile's ``uniform``; docs/methods.md#the-null-model), whose ``alpha_0`` is ``mean_{i>=1} 1/(i+1)``, above 0.3 on sequences
+    of five pieces or fewer: its mean ``alpha_0 > eps`` (strictly), its mean excess over the uniform head beyond float noise
+    (:func:`~bertology.families.roles.analyzer.excess_over_uniform` > 0) and the 95% interval of that excess above 0
+    (``excess_ci_low`` > :data:`~bertology.families.profile.analyzer.EXCESS_TOLERANCE`, the profile's own test for a label;
+    it stands in for the sinks family's ``p_excess``, which the profile does not compute)."""
+    first = heads[heads.metric == "first"]
+    beyond_uniform = (excess_over_uniform(first.value, first.uniform) > 0) & (first.excess_ci_low > EXCESS_TOLERANCE)
+    # a head no more than the uniform one enters sink_rates without a mean (NaN > eps is false): it is no sink head
+    rates = sink_rates(first.assign(quantity="attention", value=first.value.where(beyond_uniform)), eps)
     rates = rates[rates.layer != "all"]
     return pd.DataFrame({"layer": rates.layer.astype(int), "metric": "sink_eps", "value": rates.rate, "ci_low": np.nan, "ci_high": np.nan})
 
@@ -766,8 +860,11 @@ def sink_series(results: list[CheckpointResult], eps: float) -> dict:
     grid = [r.layers[r.layers.metric == "sink_eps"].sort_values("layer").value.tolist() for r in results]
     overall = [float(np.mean(rates)) for rates in grid]
     where = ", ".join(f"{rate:.0%} at {'step unknown' if step is None else f'step {step}'}" for step, rate in zip(steps, overall))
-    return {"eps": eps, "steps": steps, "by_layer": grid, "overall": overall,
-            "statement": f"Sink_{eps:g} (the share of heads whose mean attention to the first token exceeds {eps:g}, Gu et al. 2025): {where}."}
+    statement = (f"Sink_{eps:g} (the share of heads whose mean attention to the first token exceeds {eps:g}, and exceeds the uniform "
+                 f"head's on the same sequences with its 95% interval, Gu et al. 2025): {where}.")
+    if not any(overall):
+        statement += " No head is a sink head at any checkpoint: no attention sink appears."
+    return {"eps": eps, "steps": steps, "by_layer": grid, "overall": overall, "statement": statement}
 
 
 @claims_out(work="parts", words=("format", "parser", "punct", "device", "backend", "address"))
@@ -855,7 +952,7 @@ def track(
     verdict, emergence = hypothesis_verdict(steps, [r.checkpoint for r in results], np.stack([r.means for r in results]), kind, syntax)
     if follows_sinks(kind):
         verdict["sinks"] = sink_series(results, sink_eps)
-    verdict["losses"] = loss_series(steps, [r.checkpoint for r in results])
+    verdict["losses"] = loss_series(steps, [r.checkpoint for r in results], [(r.measured_loss, r.measured_loss_name) for r in results])
     corpus_info["examples"] = len(examples)
     result = TrackResult(results, corpus_info, settings, verdict, emergence, started)
     if out is not None:

@@ -41,9 +41,10 @@ def track_report(folder: RunFolder, track) -> str:
         section.notes.append(f"Attention sinks: {track.verdict['sinks']['statement']}")
     if "losses" in track.verdict:
         section.notes.append(f"Loss: {track.verdict['losses']['statement']}")
-        losses = track.verdict["losses"]
-        section.tables.append(("Each checkpoint's validation loss, as recorded when it was saved (empty: none recorded)",
-                               pd.DataFrame({"step": losses["steps"], "validation loss": losses["values"], "what": losses["names"]})))
+        section.tables.append(("Each checkpoint's loss (losses.csv): recorded_loss, the validation loss recorded when it was saved (on its own "
+                               "validation split; empty: none recorded); measured_loss, measured here on the track corpus with the checkpoint's "
+                               "language-model head, over the sequences the track pass reads (NaN: the checkpoint has no language-model head)",
+                               track.losses.drop(columns="checkpoint")))
     peaks = folder.write_figure("peak_layers", peak_layers_by_metric(depth["layer_means"], depth["peaks"]))
     section.figures.append(Figure(peaks, "Final checkpoint: the layer mean of each pattern; the star marks its peak, the bar its 95% bootstrap interval."))
     section.tables.append(("Where each pattern peaks, per checkpoint (peak_layers; interval: 2.5th-97.5th percentile of the replicates)",
@@ -57,7 +58,7 @@ def track_report(folder: RunFolder, track) -> str:
             sinks = track.verdict["sinks"]
             section.figures.append(Figure(folder.write_figure("sinks_by_step", sinks_by_step(sinks)),
                                           f"Sink_{sinks['eps']:g}: the share of heads whose mean attention to the first token exceeds "
-                                          f"{sinks['eps']:g}, per layer and over all heads, at each checkpoint."))
+                                          f"{sinks['eps']:g} and the uniform head's, per layer and over all heads, at each checkpoint."))
         curves = folder.write_figure("emergence", emergence_curves(track.strength(), track.emergence))
         section.figures.append(Figure(curves, "Left: each pattern's strength (max over layers of the layer mean). Right: the patterns that emerge, "
                                               "as a share of their rise; dotted: where each crosses half."))
