@@ -27,6 +27,13 @@ METRIC_TITLES = {
 LINE_STYLES = (("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", (0, (5, 1, 1, 1))), ("P", (0, (1, 2))))
 
 
+def all_zero(values) -> bool:
+    """True if every value that is there (not NaN) is 0, or none is: a plot of them would be an empty frame, and a report
+    says so in words instead."""
+    values = pd.to_numeric(pd.Series(values), errors="coerce").dropna()
+    return bool((values == 0).all())
+
+
 def layer_lines(axis, table: pd.DataFrame, by: str, labels: dict[str, str]) -> None:
     """On ``axis``: one line per value of column ``by``, its ``value`` by ``layer`` with the 95% interval
     (``ci_low``, ``ci_high``) as error bars; layers numbered from 0. Each line has its own marker and line style, and

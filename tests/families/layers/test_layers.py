@@ -134,9 +134,9 @@ def test_the_summary_names_the_best_layer_and_the_expected_layer_of_each_task():
     # deprel: gains 0.2, 0.1, 0.05 -> (1*0.2 + 2*0.1 + 3*0.05) / 0.35 = 1.571...
     assert lines == [
         "upos probe: best layer 2 (accuracy 0.900, selectivity 0.300); most selective layer 2 (0.300); "
-        "expected layer (running-max gains of one probe per layer) 1.50",
+        "expected layer (running-max gains of one probe per layer) 1.50 (layers are hidden states: 0 the embeddings, l block l - 1's output)",
         "deprel probe: best layer 3 (accuracy 0.650, selectivity 0.150); most selective layer 2 (0.300); "
-        "expected layer (running-max gains of one probe per layer) 1.57",
+        "expected layer (running-max gains of one probe per layer) 1.57 (layers are hidden states: 0 the embeddings, l block l - 1's output)",
     ]
 
 

@@ -85,7 +85,8 @@ class Layers(Family):
     def summary(self, result):
         return [f"{row.task} probe: best layer {row.best_layer} (accuracy {row.best_accuracy:.3f}, selectivity {row.its_selectivity:.3f}); "
                 f"most selective layer {row.most_selective_layer} ({row.selectivity:.3f}); "
-                f"expected layer (running-max gains of one probe per layer) {row.expected_layer_running_max:.2f}"
+                f"expected layer (running-max gains of one probe per layer) {row.expected_layer_running_max:.2f} "
+                "(layers are hidden states: 0 the embeddings, l block l - 1's output)"
                 for row in result.tables["layer_probe_summary"].itertuples()]
 
     def overview(self, result):

@@ -8,7 +8,7 @@ from matplotlib.colors import TwoSlopeNorm
 
 from bertology.core.storage.runfolder import RunFolder
 from bertology.families.roles.analyzer import SUMMARY_ROLES, role_colocation, role_shares
-from bertology.render.figures import plt
+from bertology.render.figures import all_zero, plt
 from bertology.render.html import Figure, Section, without_rows
 
 ROLE_COLOURS = {"local": "tab:green", "delimiter": "tab:red", "cls": "tab:orange", "sep": "tab:purple", "block": "tab:blue", "syntactic": "tab:brown"}
@@ -108,7 +108,7 @@ def roles_section(folder: RunFolder, roles: pd.DataFrame, shares_by_tau: pd.Data
         return without_rows(section, "roles.csv")
     colocation = role_colocation(roles)
     folder.write_table("role_colocation", colocation.reset_index(names="role"))
-    held = bool((by_layer.share > 0).any())  # else the shares' bars and the colocation counts would be empty frames
+    held = not all_zero(by_layer.share)  # else the shares' bars and the colocation counts would be empty frames
     if held:
         section.figures.append(Figure(folder.write_figure("roles_by_layer", role_shares_by_layer(by_layer, tau)),
                                       "Share of heads holding each role, per layer."))

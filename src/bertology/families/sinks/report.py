@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from bertology.core.storage.runfolder import RunFolder
-from bertology.render.figures import head_grid, head_grid_size, hidden_state_axis, layer_lines, plt
+from bertology.render.figures import all_zero, head_grid, head_grid_size, hidden_state_axis, layer_lines, plt
 from bertology.render.html import Figure, Section, without_rows
 
 
@@ -58,8 +58,7 @@ def weight_and_share_by_layer(sinks: pd.DataFrame, rates: pd.DataFrame):
 
 def rates_to_show(rates: pd.DataFrame) -> bool:
     """Whether a bar of Sink_eps per layer would show anything: not when every rate is 0 or undecided (an empty frame)."""
-    values = pd.to_numeric(rates[rates.layer != "all"].rate, errors="coerce").dropna()
-    return bool((values != 0).any())
+    return not all_zero(rates[rates.layer != "all"].rate)
 
 
 def rates_note(rates: pd.DataFrame, eps: float) -> str:

@@ -78,12 +78,6 @@ VIEW_STYLES = ("-o", "--s", ":^", "-.D")
 STYLE_NAMES = ("solid", "dashed", "dotted", "dash-dot")
 
 
-def all_zero(values) -> bool:
-    """True if every value that is there (not NaN) is 0, or none is: a plot of them would be an empty frame."""
-    values = pd.to_numeric(pd.Series(values), errors="coerce").dropna()
-    return bool((values == 0).all())
-
-
 def views_figure(table: pd.DataFrame, views: list[str]):
     """One panel per family: each headline quantity by layer, a colour per quantity, a line style per view (:data:`VIEW_STYLES`).
     Each panel's title is its family's name; the line styles are said once, above the panels; layers are whole numbers."""
@@ -138,6 +132,8 @@ def views_section(folder: RunFolder, by_view: dict[str, dict[str, FamilyResult]]
         section.notes.append("No family reported per-layer quantities under more than one view.")
         return section
     folder.write_table("views_by_layer", table)
+    from bertology.render.figures import all_zero
+
     styles = "; ".join(f"{style}, {WEIGHTING_TITLES[view]}" for style, view in zip(STYLE_NAMES, views))
     zero = [family for family, rows in table.groupby("family", sort=False) if all_zero(rows.value)]
     for family in zero:
