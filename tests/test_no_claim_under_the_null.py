@@ -76,3 +76,16 @@ def test_calibrate_runs_the_null_model_beside_the_run_and_shows_both(tiny_llama_
     assert real == alone.claims_line()
     report = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")
     assert "null model uniform: 0 claims, as a null model should" in report and real in report
+
+
+@pytest.mark.parametrize("model_fixture", ["tiny_bert_dir", "tiny_gpt2_dir"])
+def test_a_null_model_claims_nothing_under_every_view_of_attention(model_fixture, corpora, request):
+    # under the norm, ALTI and value-zeroing views the uniform head is seen through the same view (each head's own vectors),
+    # so a null model's heads do no more than it there too (the norm view alone made 67 role claims on the bundled model)
+    loaded = load_model(request.getfixturevalue(model_fixture), device="cpu")
+    families = [name for name in CLAIMING if name != "sinks"]
+    result = analyze(loaded, corpora["trees"], analyses=families, null="uniform", view=False, progress=False, max_length=64,
+                     weighting="norm,alti,value-zeroing")
+    assert set(result.table("roles").weighting) == {"norm", "alti", "value-zeroing"}
+    claims = {family: lines for family, lines in result.claims().items() if lines}
+    assert claims == {}, claims

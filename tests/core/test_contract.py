@@ -125,10 +125,11 @@ def view_contracts(bert64, gpt2_64):
 
     def contract(view: str, model: str, name: str) -> AnalyzerContract:
         if (view, model, name) not in made:
-            # value zeroing's 1 - cos of two nearly equal outputs magnifies float64 rounding (which padding moves) to about 1e-9
-            rtol = 1e-9 if view == "alti" else 1e-6
+            # value zeroing's 1 - cos of two nearly equal outputs magnifies float64 rounding (which padding moves) to about 1e-9,
+            # which a head's excess over its uniform head (a difference of two such values) keeps as an absolute error
+            rtol, atol = (1e-9, 1e-12) if view == "alti" else (1e-6, 1e-9)
             loaded = {"bert": bert64, "gpt2": gpt2_64}[model]
-            made[view, model, name] = AnalyzerContract(partial(ANALYZERS[name], loaded.kind), loaded, examples_for(name), rtol=rtol, atol=1e-12,
+            made[view, model, name] = AnalyzerContract(partial(ANALYZERS[name], loaded.kind), loaded, examples_for(name), rtol=rtol, atol=atol,
                                                        weighting=view)
         return made[view, model, name]
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 from conftest import float64_model, tiny_examples
 
+from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError
 from bertology.core.model.hooks import register_attention
@@ -72,3 +73,43 @@ def test_the_uniform_null_is_the_model_with_its_queries_zeroed(tiny_llama_dir, t
 def test_an_unknown_null_model_is_refused(tiny_bert):
     with pytest.raises(BertologyError, match="unknown null model 'zeros'"):
         Engine(tiny_bert, null="zeros")
+
+
+class UniformRecorder(LayerwiseAnalyzer):
+    """Records, per layer, the heads' maps and the layer's uniform head in the view it is given (LayerMaps.uniform)."""
+
+    name = "uniform_recorder"
+
+    def __init__(self):
+        self.maps, self.uniform = [], []
+
+    def update_layer(self, batch, maps):
+        self.maps.append(maps.attention.double().clone())
+        self.uniform.append(maps.uniform(batch).clone())
+
+    def finish_batch(self, batch):
+        pass
+
+    def merge(self, other):
+        return self
+
+    def result(self):
+        return None
+
+
+@pytest.mark.parametrize("layerwise", [True, False])
+@pytest.mark.parametrize("view", ["attention", "norm", "alti", "value-zeroing"])
+def test_under_the_null_model_every_views_uniform_head_is_what_the_heads_show(tiny_gpt2_dir, tiny_bert_dir, view, layerwise):
+    # the null model's heads are the uniform head, so in any view of attention (the weights, Kobayashi's norm shares, the
+    # per-head ALTI and value-zeroing maps) each head's maps, computed by the pass, equal the uniform head's in that view,
+    # computed from the visible keys alone: [batch, 1, n, n] for the weights, one per head in the views of each head's vectors
+    for folder in (tiny_gpt2_dir, tiny_bert_dir):
+        loaded = float64_model(folder)
+        recorder = UniformRecorder()
+        engine = Engine(loaded, progress=False, null="uniform", layerwise=layerwise, batch_size=3)
+        engine.run(tiny_examples()[:5], [recorder], weightings=[view])
+        assert len(recorder.maps) == 2 * loaded.num_layers  # two batches
+        for heads, uniform in zip(recorder.maps, recorder.uniform):
+            assert uniform.dtype == torch.float64
+            assert uniform.shape[1] == (1 if view == "attention" else loaded.num_heads)
+            torch.testing.assert_close(heads, uniform.expand_as(heads), rtol=1e-9, atol=1e-12)

@@ -110,6 +110,8 @@ class Batch:
     vector_norms: torch.Tensor | None = field(default=None, repr=False)
     contributions: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # measure -> [layer, batch, n, n]
     view_maps: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # alti, value-zeroing -> [layer, batch, head, n, n]
+    #: The stacked pass: each contribution view's maps of the layer's uniform head, per head, as ``view_maps``.
+    uniform_view_maps: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     layer_visible_keys: list[torch.Tensor] = field(default_factory=list, repr=False)  # the stacked pass: LayerMaps.visible_keys per layer
     layer_count: int | None = None  # where there are no maps to count them from (the layer-by-layer pass)
     head_count: int | None = None
@@ -159,10 +161,16 @@ class Batch:
 
     def layer_maps(self, layer: int) -> "LayerMaps":
         """Layer ``layer``'s maps of this (whole) batch, as the layer-by-layer pass hands them out."""
+        if self.weighting == "norm":
+            uniform_view = partial(norm_shares, key_norms=self.key_norms[layer])
+        elif self.weighting in self.uniform_view_maps:
+            uniform_view = partial(_computed_view, self.uniform_view_maps[self.weighting][layer])
+        else:
+            uniform_view = None
         return LayerMaps(layer, self.attentions[layer], mixing=None if self.mixing is None else self.mixing[layer],
                          vector_norms=None if self.vector_norms is None else self.vector_norms[layer],
                          contributions={measure: maps[layer] for measure, maps in self.contributions.items()},
-                         visible_keys=self.layer_visible_keys[layer] if self.layer_visible_keys else None)
+                         visible_keys=self.layer_visible_keys[layer] if self.layer_visible_keys else None, uniform_view=uniform_view)
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -227,6 +235,10 @@ class LayerMaps:
     #: ``[batch, n, n]`` bool: the keys each query saw in this layer, from the mask the model applied (padding, causality, a
     #: sliding window, a layer of local attention); None where the pass did not record it (:meth:`visible`).
     visible_keys: torch.Tensor | None = None
+    #: How this view of attention sees a head's weights ``[batch, head, n, n]``, applied to the uniform head's
+    #: (:meth:`uniform`): None for the weights themselves; the norm shares of each head's own vectors under ``norm``; each
+    #: head's contribution maps under ``alti`` and ``value-zeroing``.
+    uniform_view: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
     _word_maps: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
     _uniform: torch.Tensor | None = field(default=None, init=False, repr=False)
 
@@ -236,13 +248,16 @@ class LayerMaps:
         return self.visible_keys if self.visible_keys is not None else batch.kind.visible_keys(batch.mask)
 
     def uniform(self, batch: Batch) -> torch.Tensor:
-        """``[batch, 1, n, n]``: this layer's uniform head, every row ``1 / |S_i|`` over the keys it saw (:meth:`visible`,
-        :func:`~bertology.core.model.kinds.uniform_rows`), in float64 (float32 on MPS, which has no float64); made once a
-        layer and shared by the analyzers that score it beside the heads (docs/methods.md#the-null-model)."""
+        """This layer's uniform head in this view of attention (docs/methods.md#the-null-model): ``[batch, 1, n, n]``, every
+        row ``1 / |S_i|`` over the keys it saw (:meth:`visible`, :func:`~bertology.core.model.kinds.uniform_rows`); under a
+        view that reads each head's own vectors (``norm``, ``alti``, ``value-zeroing``: :attr:`uniform_view`) those weights
+        seen through it, one per head, ``[batch, head, n, n]``. In float64 (float32 on MPS, which has no float64); made once
+        a layer and shared by the analyzers that score it beside the heads."""
         if self._uniform is None:
             visible = self.visible(batch)
             dtype = torch.float32 if visible.device.type == "mps" else torch.float64
-            self._uniform = uniform_rows(visible, dtype)[:, None]
+            uniform = uniform_rows(visible, dtype)[:, None]
+            self._uniform = uniform if self.uniform_view is None else self.uniform_view(uniform).to(dtype)
         return self._uniform
 
     def word_attention(self, batch: Batch, b: int) -> torch.Tensor:
@@ -251,6 +266,11 @@ class LayerMaps:
             n = int(batch.host_lengths[b])
             self._word_maps[b] = to_word_level(self.attention[b, :, :n, :n], batch.alignments[b])
         return self._word_maps[b]
+
+
+def _computed_view(maps: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+    """A :attr:`LayerMaps.uniform_view` whose maps the stacked pass computed already."""
+    return maps
 
 
 def attention_view(weighting: str, attention: torch.Tensor, key_norms: torch.Tensor | None,
@@ -828,16 +848,31 @@ class BatchCapture:
             computed = (alti_contributions(pattern, value, x, block) if measure == "alti"
                         else value_zeroing(pattern, value, head_output, x, block))
             contributions[measure] = computed * mask[:, :, None] if self.padded else computed
-        views = {}
+        views, uniform_views = {}, {}
         for view in needs.views:  # per head, padding rows zero
-            computed = (alti_per_head(pattern, value, x, block) if view == "alti"
-                        else value_zeroing(pattern, value, head_output, x, block, per_head=True))
-            views[view] = computed * mask[:, None, :, None] if self.padded else computed
+            views[view] = self.per_head_view(view, pattern, value, head_output, x, block)
+            uniform_views[view] = partial(self.uniform_view, view, value, x, block)
+        if norm is not None:
+            uniform_views["norm"] = partial(norm_shares, key_norms=norm)
         vectors = None
         if needs.vectors:
             key_norm, value_norm = torch.linalg.vector_norm(key, dim=-1), torch.linalg.vector_norm(value, dim=-1)
             vectors = torch.stack([key_norm, value_norm, norm if norm is not None else torch.full_like(key_norm, torch.nan)], dim=2)
-        return LayerCapture(layer, pattern, norm, ratio, vectors, contributions, views)
+        return LayerCapture(layer, pattern, norm, ratio, vectors, contributions, views, uniform_views)
+
+    def per_head_view(self, view: str, pattern: torch.Tensor, value: torch.Tensor, head_output: torch.Tensor, x: torch.Tensor,
+                      block) -> torch.Tensor:
+        """One contribution view's per-head maps of a layer (:mod:`bertology.core.measures.contributions`), padding rows zero."""
+        computed = (alti_per_head(pattern, value, x, block) if view == "alti"
+                    else value_zeroing(pattern, value, head_output, x, block, per_head=True))
+        return computed * self.batch.mask[:, None, :, None] if self.padded else computed
+
+    def uniform_view(self, view: str, value: torch.Tensor, x: torch.Tensor, block, uniform: torch.Tensor) -> torch.Tensor:
+        """The contribution view's maps of the layer's uniform head (``uniform [batch, 1, n, n]``), per head: the same measure
+        with every head's weights uniform over the keys it saw, its output ``U v`` (docs/methods.md#the-null-model)."""
+        with torch.inference_mode():  # as the pass: the stacked pass asks for it after the forward
+            weights = uniform.to(value.dtype).expand(-1, value.shape[1], -1, -1)
+            return self.per_head_view(view, weights, value, torch.matmul(weights, value), x, block)
 
     def stack_into_batch(self, outputs) -> None:
         """Stack what the layers gave into the batch (the stacked pass), and the hidden states where needed."""
@@ -851,6 +886,7 @@ class BatchCapture:
             batch.vector_norms = torch.stack([layer.vector_norms for layer in kept]) if needs.vectors else None
             batch.contributions = {measure: torch.stack([layer.contributions[measure] for layer in kept]) for measure in needs.contributions}
             batch.view_maps = {view: torch.stack([layer.views[view] for layer in kept]) for view in needs.views}
+            batch.uniform_view_maps = {view: torch.stack([layer.maps(view).uniform(batch) for layer in kept]) for view in needs.views}
         if needs.hidden_states:
             batch.hidden_states = (torch.stack([*self.layer_inputs, outputs.last_hidden_state]) if self.own_states
                                    else torch.stack(outputs.hidden_states))
@@ -868,6 +904,8 @@ class LayerCapture:
     vector_norms: torch.Tensor | None
     contributions: dict[str, torch.Tensor]
     views: dict[str, torch.Tensor]
+    #: How each view other than the weights sees the uniform head (:attr:`LayerMaps.uniform_view`).
+    uniform_views: dict[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
     visible_keys: torch.Tensor | None = None
     _made: dict[str, LayerMaps] = field(default_factory=dict, init=False, repr=False)
 
@@ -876,5 +914,5 @@ class LayerCapture:
         if weighting not in self._made:
             self._made[weighting] = LayerMaps(self.layer, attention_view(weighting, self.pattern, self.key_norms, self.views),
                                               mixing=self.mixing, vector_norms=self.vector_norms, contributions=self.contributions,
-                                              visible_keys=self.visible_keys)
+                                              visible_keys=self.visible_keys, uniform_view=self.uniform_views.get(weighting))
         return self._made[weighting]

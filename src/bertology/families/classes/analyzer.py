@@ -130,7 +130,7 @@ class ClassAttention(LayerwiseAnalyzer):
         self.kind = kind
         self.classes = tuple(classes)
         self._attention: RunningMoments | None = None  # [layer, head, class, row]
-        self._uniform: RunningMoments | None = None  # [layer, class, row]: the uniform head's
+        self._uniform: RunningMoments | None = None  # [layer, 1 or head, class, row]: the uniform head's
         self._excess: RunningMoments | None = None  # [layer, head, class, row]: each head's minus the uniform head's, per sequence
         self._baseline = RunningMoments((len(self.classes),))
         self._kept: list[tuple] = []  # the batch's sequences with a class: (sequence, members, present, baseline, row unit)
@@ -159,7 +159,7 @@ class ClassAttention(LayerwiseAnalyzer):
                     shares = np.where(seen_words > 0, seen_members / seen_words, np.nan)
                 baseline = np.nanmean(shares, axis=0) if (seen_words > 0).any() else np.full(len(self.classes), np.nan)
                 self._kept.append((b, members, present, baseline, alignment.num_units - 1))
-        values = []  # per kept sequence: [head + 1, class, row] at this layer, the uniform head last
+        values = []  # per kept sequence: [head + uniform heads, class, row] at this layer, the uniform heads last
         for b, members, _, _, row_unit in self._kept:
             word_maps = maps.word_attention(batch, b)  # [head, u, u]
             n = int(batch.host_lengths[b])  # the uniform head's word-level map (1 / |S_i| over the keys each row saw) last
@@ -176,18 +176,20 @@ class ClassAttention(LayerwiseAnalyzer):
     def finish_batch(self, batch: Batch) -> None:
         if not self._kept:
             return
-        values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [sequence, layer, head + 1, class, row]: one copy
+        # [sequence, layer, head + uniform heads, class, row], one copy: the uniform head's after the heads' (one, or one per
+        # head under a view that reads each head's own vectors, LayerMaps.uniform)
+        values = torch.stack(self._pending, dim=1).double().cpu().numpy()
         self._pending = []
         for value, (_, _, present, _, _) in zip(values, self._kept):
             value[:, :, present == 0] = np.nan  # a sequence without the class says nothing of it
-        values, uniform = values[:, :, :-1], values[:, :, -1]
+        values, uniform = values[:, :, : batch.num_heads], values[:, :, batch.num_heads :]
         if self._attention is None:
             self._attention = RunningMoments(values.shape[1:])
             self._uniform = RunningMoments(uniform.shape[1:])
             self._excess = RunningMoments(values.shape[1:])
         self._attention.push(values)
         self._uniform.push(uniform)
-        self._excess.push(values - uniform[:, :, None])
+        self._excess.push(values - uniform)
         # an encoder's baseline: the class's share of the words; a decoder's: the mean over its rows of the share each row sees
         self._baseline.push(np.stack([np.where(present > 0, baseline, np.nan) for _, _, present, baseline, _ in self._kept]))
         self._kept = []
@@ -217,7 +219,7 @@ class ClassAttention(LayerwiseAnalyzer):
         table["baseline"] = table["class"].map(baseline).astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             table["ratio"] = table["value"] / table["baseline"]
-        table["uniform"] = np.broadcast_to(self._uniform.means()[:, None], self._attention.count.shape).ravel()
+        table["uniform"] = np.broadcast_to(self._uniform.means(), self._attention.count.shape).ravel()
         excess = interval_frame(self._excess, index)
         table["excess"], table["excess_ci_low"], table["excess_ci_high"] = excess.value, excess.ci_low, excess.ci_high
         return table[columns]

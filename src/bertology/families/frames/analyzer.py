@@ -111,7 +111,7 @@ class FrameHeads(LayerwiseAnalyzer):
         for b, pairs in self._pairs_of:
             n = int(batch.host_lengths[b])
             sequence_maps = maps.attention[None, b, :, :n, :n]  # [1, head, n, n]
-            uniform_map = maps.uniform(batch)[None, b, :, :n, :n].to(maps.attention.dtype)  # [1, 1, n, n]: the layer's uniform head
+            uniform_map = maps.uniform(batch)[None, b, :, :n, :n].to(maps.attention.dtype)  # [1, 1 or head, n, n]: the uniform head
             for pieces, shifted in pairs:
                 score, uniform = pair_score(sequence_maps, *pieces)[0], pair_score(uniform_map, *pieces)[0]
                 if shifted is not None:

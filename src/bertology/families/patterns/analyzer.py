@@ -91,12 +91,15 @@ def uniform_pattern_map(mask: torch.Tensor, visible: torch.Tensor | None = None)
 
 
 def pattern_excess(attention: torch.Tensor, mask: torch.Tensor, special: torch.Tensor, segment_ids: torch.Tensor,
-                   visible: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """The rule features of ``attention`` over the uniform map of the same sequence (:func:`uniform_pattern_map`),
+                   visible: torch.Tensor | None = None, uniform: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The rule features of ``attention`` over the uniform map ``U`` of the same sequence (``uniform [batch, 1 or head, n,
+    n]``, the layer's uniform head in the maps' view, :meth:`~bertology.core.engine.LayerMaps.uniform`; None: built from
+    ``visible`` by :func:`uniform_pattern_map`),
     ``[batch, head]`` float64: ``vertical``, the special columns' mass less ``U``'s plus the largest excess of one other
     column, ``(1/n) sum_i (a[i,j] - U[i,j])`` (column by column, so a column ``U`` fills anyway counts only past ``U``);
     ``diagonal``, the +-1 diagonals' mass less ``U``'s; ``block``, the own-sentence mass less ``U``'s (NaN for a single)."""
-    uniform = uniform_pattern_map(mask, visible)  # on the maps' device: built from their masks
+    if uniform is None:
+        uniform = uniform_pattern_map(mask, visible)  # on the maps' device: built from their masks
     n = mask.sum(1).to(torch.float64)[:, None]
     columns = (attention.sum(-2).to(torch.float64) - uniform.sum(-2)) / n[..., None]  # [batch, head, n]
     special_excess = (columns * special[:, None].to(torch.float64)).sum(-1)
@@ -114,11 +117,13 @@ class RuleClassifier:
     def __init__(self, thresholds: PatternThresholds = PatternThresholds()):
         self.thresholds = thresholds
 
-    def classify(self, attention, mask, special, segment_ids, visible: torch.Tensor | None = None) -> torch.Tensor:
-        """Class indices ``[batch, head]``; ``visible [batch, n, n]`` the keys each query saw (None: every real token)."""
+    def classify(self, attention, mask, special, segment_ids, visible: torch.Tensor | None = None,
+                 uniform: torch.Tensor | None = None) -> torch.Tensor:
+        """Class indices ``[batch, head]``; ``visible [batch, n, n]`` the keys each query saw (None: every real token), or
+        ``uniform`` the uniform head's maps in the view the maps are in (:func:`pattern_excess`)."""
         features = pattern_features(attention, mask, special, segment_ids)
         vertical, diagonal, block = features["vertical"], features["diagonal"], features["block"]
-        excess = pattern_excess(attention, mask, special, segment_ids, visible)
+        excess = pattern_excess(attention, mask, special, segment_ids, visible, uniform)
         t = self.thresholds
         past = {name: torch.nan_to_num(value, nan=-1.0) >= t.margin for name, value in excess.items()}  # beyond the uniform map
         result = torch.full(vertical.shape, PATTERNS.index("heterogeneous"), dtype=torch.long, device=vertical.device)
@@ -196,8 +201,8 @@ class HeadPatterns(LayerwiseAnalyzer):
             lengths = batch.host_lengths
             self._eligible = [b for b in range(batch.size) if self.min_example_length <= lengths[b] <= self.max_example_length]
         arguments = (maps.attention, batch.mask, batch.anchor_mask, batch.segment_ids)
-        if isinstance(self.classifier, RuleClassifier):  # the rules compare each map with the uniform map over the keys seen
-            self._pending.append(self.classifier.classify(*arguments, visible=maps.visible(batch)))  # [batch, head]
+        if isinstance(self.classifier, RuleClassifier):  # the rules compare each map with the uniform head's, in the same view
+            self._pending.append(self.classifier.classify(*arguments, uniform=maps.uniform(batch)))  # [batch, head]
         else:
             self._pending.append(self.classifier.classify(*arguments))
         if self._eligible:  # the short sequences' maps, candidates for thumbnails (at most max_example_length square)

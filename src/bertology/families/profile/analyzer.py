@@ -38,6 +38,7 @@ from bertology.core.engine import Batch, LayerMaps
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, interval_frame, keyed_rng, sequence_key
 from bertology.families.kinds import check_kind, check_same_kind
+from bertology.families.profile import HEAD_DISTANCE_BUDGET
 
 ENTROPY_SMOOTHING = 1e-4  # Clark et al.: a <- (1 - eps) a + eps / n
 
@@ -111,11 +112,11 @@ class GeneralProfile(LayerwiseAnalyzer):
         self.kind = kind
         self._heads: RunningMoments | None = None
         self._layers: RunningMoments | None = None
-        self._uniform: RunningMoments | None = None  # [layer, metric]: the uniform head's metrics
+        self._uniform: RunningMoments | None = None  # [layer, 1 or head, metric]: the uniform head's metrics
         self._excess: RunningMoments | None = None  # [layer, head, metric]: each head's minus the uniform head's, per sequence
         self._log_lengths = 0.0  # sum over sequences of their uniform entropy (an encoder's ln n), for the entropy's ceiling
         self._sequences = 0
-        self._pending: list[torch.Tensor] = []  # this batch's metrics so far, one [batch, head + 1, metric] per layer, the uniform head last
+        self._pending: list[torch.Tensor] = []  # this batch's metrics so far, one [batch, head + 1 or 2 head, metric] per layer, the uniform heads last
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
@@ -126,9 +127,11 @@ class GeneralProfile(LayerwiseAnalyzer):
         self._pending.append(torch.cat([values.double(), uniform.double()], dim=1))
 
     def finish_batch(self, batch: Batch) -> None:
-        values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, head + 1, metric]: one copy to the host
+        # [batch, layer, head + uniform heads, metric], one copy to the host: the uniform head's metrics after the heads' (one,
+        # or one per head under a view that reads each head's own vectors, LayerMaps.uniform)
+        values = torch.stack(self._pending, dim=1).double().cpu().numpy()
         self._pending = []
-        values, uniform = values[:, :, :-1], values[:, :, -1]
+        values, uniform = values[:, :, : batch.num_heads], values[:, :, batch.num_heads :]
         ceilings = self.kind.uniform_entropies(batch.host_lengths)  # NaN where a sequence has no query (a decoder's one token)
         ceilings = ceilings[~np.isnan(ceilings)]
         self._log_lengths += float(ceilings.sum())
@@ -141,7 +144,7 @@ class GeneralProfile(LayerwiseAnalyzer):
         self._heads.push(values)
         self._layers.push(values.mean(axis=2))
         self._uniform.push(uniform)
-        self._excess.push(values - uniform[:, :, None, :])
+        self._excess.push(values - uniform)
 
     def merge(self, other: "GeneralProfile") -> "GeneralProfile":
         check_same_kind(self, other)
@@ -165,7 +168,7 @@ class GeneralProfile(LayerwiseAnalyzer):
         num_layers, num_heads, _ = self._heads.count.shape
         index = pd.MultiIndex.from_product([range(num_layers), range(num_heads), self.metrics], names=["layer", "head", "metric"])
         table = interval_frame(self._heads, index)
-        table["uniform"] = np.broadcast_to(self._uniform.means()[:, None, :], self._heads.count.shape).ravel()
+        table["uniform"] = np.broadcast_to(self._uniform.means(), self._heads.count.shape).ravel()
         excess = interval_frame(self._excess, index)
         table["excess"], table["excess_ci_low"], table["excess_ci_high"] = excess.value, excess.ci_low, excess.ci_high
         return table[columns]
@@ -188,7 +191,7 @@ class GeneralProfile(LayerwiseAnalyzer):
             return pd.DataFrame(columns=columns)
         index = pd.MultiIndex.from_product([range(self._layers.count.shape[0]), self.metrics], names=["layer", "metric"])
         table = interval_frame(self._layers, index)
-        table["uniform"] = self._uniform.means().ravel()
+        table["uniform"] = self._uniform.means().mean(axis=1).ravel()  # as a layer's value: the mean of its heads'
         return table[columns]
 
 
@@ -220,47 +223,111 @@ def pairwise_js(rows: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     return upper + upper.T
 
 
+#: How the head distance of a pair was computed (the ``method`` column): over every row of the sampled sequences ...
+EXACT = "exact"
+#: ... or, past :data:`HEAD_DISTANCE_BUDGET`, by the approximation over a keyed sample of each long sequence's rows.
+SAMPLED_ROWS = "approximation: sampled rows"
+
+
+def sampled_row_counts(budget: int, length: int, layers: int, heads: int, draw: float) -> tuple[int, int]:
+    """How many of a ``length``-token sequence's rows enter the cross-layer and the within-layer head pairs of a model of
+    ``layers`` x ``heads``: every row where all pairs over all rows fit ``budget`` JS terms (pairs x rows x keys, keys =
+    ``length``); otherwise ``budget / (pairs x length)`` rows for each kind of pair (at most ``length``), its fraction
+    rounded up where ``draw`` (uniform in [0, 1)) falls below it, so the expected cost of each kind is at most the budget.
+    The within-layer pairs are fewer (``layers x heads (heads - 1) / 2``), so they get at least as many rows."""
+    total = layers * heads
+    all_pairs, within_pairs = total * (total - 1) // 2, layers * heads * (heads - 1) // 2
+    if all_pairs * length * length <= budget:
+        return length, length
+
+    def rows(pairs: int) -> int:
+        share = budget / (pairs * length)
+        return min(length, math.floor(share) + (draw < share % 1))
+
+    cross = rows(all_pairs)
+    return cross, max(cross, rows(within_pairs)) if within_pairs else cross
+
+
 class HeadDistance(LayerwiseAnalyzer):
     """Head-to-head Jensen-Shannon distance and its 2-D MDS map (Clark et al. 2019, section 6).
 
-    ``d(A, B) = sum_docs sum_i JS(A_i, B_i)`` over the rows i of the sampled sequences, reported
-    divided by the number of rows (the mean JS divergence per row, in nats). A sequence is sampled
-    if a hash of its line and text (:func:`~bertology.core.statistics.stats.sequence_key`) and the seed falls below
-    ``sample``, so the sample is the same whatever the batch size, order, sharding or file name.
+    ``d(A, B) = sum_docs sum_i JS(A_i, B_i)`` over the rows i of the sampled sequences, reported divided by the number of
+    rows (the mean JS divergence per row, in nats). A sequence is sampled if a hash of its line and text
+    (:func:`~bertology.core.statistics.stats.sequence_key`) and the seed falls below ``sample``, so the sample is the same
+    whatever the batch size, order, sharding or file name.
+
+    Exact (:data:`EXACT`, Clark's distance) on every sequence whose all head pairs x rows x keys fit ``budget``
+    (:data:`HEAD_DISTANCE_BUDGET`). On a longer sequence, the approximation :data:`SAMPLED_ROWS`: its rows are shuffled by a
+    generator keyed by the seed and the sequence, the first :func:`sampled_row_counts` of them enter the cross-layer pairs
+    and the first, more, the within-layer pairs, each pair's sum then divided by its own number of rows (an unbiased
+    estimate of the mean JS per row). The within-layer pairs are folded layer by layer as the pass goes; only the
+    cross-layer rows wait for the last layer, so the memory held is about ``2 budget / (layers x heads)`` values per
+    sequence, whatever its length. bench/head_distance.py measures the approximation's error against the exact distance.
     """
 
     name = "head_distance"
 
-    def __init__(self, sample: float = 0.1, seed: int = 0):
+    def __init__(self, sample: float = 0.1, seed: int = 0, budget: int = HEAD_DISTANCE_BUDGET):
         if not 0 < sample <= 1:
             raise ValueError("sample must be in (0, 1]")
+        if budget < 1:
+            raise ValueError("budget must be at least 1 JS term")
         self.sample = sample
         self.seed = seed
+        self.budget = budget
         self._total: np.ndarray | None = None
-        self._rows = 0
+        self._rows = 0  # the real rows of the sampled sequences (the exact distance's divisor)
+        self._within_rows = 0  # the rows summed into the within-layer pairs
+        self._cross_rows = 0  # the rows summed into the cross-layer pairs
         self._shape: tuple[int, int] | None = None
         self._sampled: list[int] = []  # the batch's sampled sequences
-        self._pending: list[torch.Tensor] = []  # their real rows so far, one [head, r, n] per layer
+        self._cross: list[slice | torch.Tensor] = []  # each one's rows for every pair of heads
+        self._within_only: list[torch.Tensor] = []  # each one's further rows for the within-layer pairs alone
+        self._pending: list[torch.Tensor] = []  # the cross rows so far, one [head, r, n] per layer
+        self._within: list[torch.Tensor] = []  # the within-layer sums over the further rows so far, one [head, head] per layer
+
+    def _plan_rows(self, batch: Batch, device: torch.device) -> None:
+        """Choose the batch's sampled sequences and, for each, its rows (see the class docstring)."""
+        self._sampled = [b for b, e in enumerate(batch.examples) if keyed_rng(self.seed, *sequence_key(e)).random() < self.sample]
+        self._cross, self._within_only = [], []
+        for b in self._sampled:
+            length = int(batch.host_lengths[b])
+            rng = keyed_rng(self.seed, "head distance rows", *sequence_key(batch.examples[b]))
+            cross, within = sampled_row_counts(self.budget, length, batch.num_layers, batch.num_heads, rng.random())
+            if cross == length:  # exact: every row, as the slice the maps already hold
+                self._cross.append(slice(None, length))
+                self._within_only.append(torch.arange(0, device=device))
+                continue
+            order = torch.as_tensor(rng.permutation(length), device=device)
+            self._cross.append(order[:cross].sort().values)
+            self._within_only.append(order[cross:within].sort().values)
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
-            self._sampled = [b for b, e in enumerate(batch.examples) if keyed_rng(self.seed, *sequence_key(e)).random() < self.sample]
-            self._pending = []
+            self._plan_rows(batch, maps.attention.device)
+            self._pending, self._within = [], []
         if self._sampled:
-            # The sampled sequences' real rows side by side (padding rows are zero and would add nothing but work), cut by
-            # the lengths the host knows: [head, rows, n]
-            lengths = batch.host_lengths
-            self._pending.append(torch.cat([maps.attention[b, :, : lengths[b]] for b in self._sampled], dim=1))
+            # The sampled sequences' chosen real rows side by side (padding rows are zero and would add nothing but work): [head, rows, n]
+            self._pending.append(torch.cat([maps.attention[b, :, rows] for b, rows in zip(self._sampled, self._cross)], dim=1))
+            further = torch.cat([maps.attention[b, :, rows] for b, rows in zip(self._sampled, self._within_only)], dim=1)
+            if further.shape[1]:
+                self._within.append(pairwise_js(further))
 
     def finish_batch(self, batch: Batch) -> None:
         self._shape = (batch.num_layers, batch.num_heads)
         if self._total is None:
             self._total = np.zeros((batch.num_layers * batch.num_heads,) * 2)
-        rows, self._pending = self._pending, []
+        rows, within, self._pending, self._within = self._pending, self._within, [], []
+        further_rows, self._cross, self._within_only = self._within_only, [], []  # the batch's plan (slices: not a state)
         if not rows:
             return
-        self._total += pairwise_js(rows).cpu().numpy()  # every layer's [head, r, n] in: one copy of [heads, heads] out
+        total = pairwise_js(rows)  # every layer's [head, r, n] in: one copy of [heads, heads] out
+        if within:
+            total += torch.block_diag(*within)
+        self._total += total.cpu().numpy()
         self._rows += int(batch.host_lengths[self._sampled].sum())
+        self._cross_rows += rows[0].shape[1]
+        self._within_rows += rows[0].shape[1] + sum(len(further) for further in further_rows)
         self._sampled = []
 
     def merge(self, other: "HeadDistance") -> "HeadDistance":
@@ -268,18 +335,30 @@ class HeadDistance(LayerwiseAnalyzer):
         if other._total is not None:
             self._total = other._total.copy() if self._total is None else self._total + other._total
             self._rows += other._rows
+            self._within_rows += other._within_rows
+            self._cross_rows += other._cross_rows
             self._shape = other._shape
         return self
+
+    def _pair_rows(self) -> np.ndarray:
+        """``[layer*head, layer*head]``: the rows each pair's sum runs over (within-layer pairs, cross-layer pairs)."""
+        num_layers, num_heads = self._shape
+        layer = np.arange(num_layers * num_heads) // num_heads
+        return np.where(layer[:, None] == layer[None, :], self._within_rows, self._cross_rows)
 
     def matrix(self) -> np.ndarray:
         """``[layer*head, layer*head]`` mean JS divergence per row (heads in layer-major order)."""
         if self._total is None or self._rows == 0:
             raise ValueError("no sequence was sampled for the head distance: raise `sample` or give more data")
-        return self._total / self._rows
+        if self._cross_rows == 0 and self._shape[0] > 1:
+            raise ValueError("no row was sampled for the head distance between layers: raise the budget or give more data")
+        return self._total / self._pair_rows()
 
     def result(self) -> pd.DataFrame:
-        """Long table ``layer_a, head_a, layer_b, head_b, distance, rows`` over all ordered pairs."""
-        matrix = self.matrix()
+        """Long table ``layer_a, head_a, layer_b, head_b, distance, rows, method`` over all ordered pairs: ``rows`` the
+        rows the pair's mean runs over, ``method`` :data:`EXACT` where that is every row of the sampled sequences, else
+        :data:`SAMPLED_ROWS`."""
+        matrix, rows = self.matrix(), self._pair_rows()
         num_layers, num_heads = self._shape
         layer, head = np.divmod(np.arange(num_layers * num_heads), num_heads)
         a, b = np.meshgrid(np.arange(len(layer)), np.arange(len(layer)), indexing="ij")
@@ -290,7 +369,8 @@ class HeadDistance(LayerwiseAnalyzer):
                 "layer_b": layer[b.ravel()],
                 "head_b": head[b.ravel()],
                 "distance": matrix.ravel(),
-                "rows": self._rows,
+                "rows": rows.ravel(),
+                "method": np.where(rows.ravel() == self._rows, EXACT, SAMPLED_ROWS),
             }
         )
 

@@ -7,7 +7,7 @@ import pandas as pd
 
 from bertology.core.model.kinds import Kind
 from bertology.core.storage.runfolder import RunFolder
-from bertology.families.profile.analyzer import clark_threshold_values, profile_metric_names
+from bertology.families.profile.analyzer import EXACT, clark_threshold_values, profile_metric_names
 from bertology.render.figures import METRIC_TITLES, plt
 from bertology.render.html import Figure, Section, without_rows
 
@@ -101,6 +101,18 @@ def head_map_figure(embedding: pd.DataFrame):
     return figure
 
 
+def head_distance_approximation_note(head_distance: pd.DataFrame) -> str:
+    """One line naming the head distance's approximation and the rows each kind of pair ran over (Clark et al.'s distance
+    is the mean over every row of the sampled sequences of JS(A_i, B_i); past the budget, over sampled rows)."""
+    approximated = head_distance[head_distance.method != EXACT]
+    same = approximated.layer_a == approximated.layer_b
+    rows = "; ".join(f"{what} pairs on {int(part.rows.iloc[0]):,} rows" for what, part in (("within-layer", approximated[same]),
+                                                                                          ("cross-layer", approximated[~same])) if len(part))
+    return (f"The head distance is an approximation ({approximated.method.iloc[0]}) for {len(approximated) // 2:,} pairs of heads: sequences "
+            f"past --head-distance-budget (head pairs x rows x keys) compare their heads on a sample of their rows ({rows}; "
+            "head_distance.csv's rows and method columns).")
+
+
 def profile_section(
     folder: RunFolder,
     heads: pd.DataFrame,
@@ -110,10 +122,12 @@ def profile_section(
     head_map: pd.DataFrame | None,
     kind: Kind,
     punct: str = "upos",
+    head_distance: pd.DataFrame | None = None,
 ) -> Section:
     """Write the profile figures into ``folder`` and return the report section that shows them (``kind``: the run's kind of
     model, whose metrics the tables hold, :func:`~bertology.families.profile.analyzer.profile_metric_names`; ``punct``: the
-    punctuation set). A decoder's table has ``first`` in place of ``cls`` (docs/methods.md#decoders)."""
+    punctuation set; ``head_distance``: the head distance's table, whose ``method`` the head map's note names).
+    A decoder's table has ``first`` in place of ``cls`` (docs/methods.md#decoders)."""
     metrics, thresholds, targets = profile_metric_names(kind), clark_threshold_values(kind), kind.anchor_words
     section = Section(
         title="General attention profile",
@@ -134,6 +148,8 @@ def profile_section(
     if head_map is not None:
         mds = folder.write_figure("head_map", head_map_figure(head_map))
         section.figures.append(Figure(mds, "Heads placed by their Jensen-Shannon distance (MDS): heads that attend alike sit together."))
+    if head_distance is not None and "method" in head_distance and (head_distance.method != EXACT).any():
+        section.notes.append(head_distance_approximation_note(head_distance))
     wide = layers.pivot(index="layer", columns="metric", values="value")[list(metrics)].reset_index()
     section.tables.append(("Per-layer means (a sequence's layer value is the mean of its heads)", wide))
     thresholds = ", ".join(f"{metric} > {value}" for metric, value in thresholds.items())

@@ -146,33 +146,62 @@ def role_scores(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, 
     return scores
 
 
-def syntactic_scores(attention: torch.Tensor, assignment: np.ndarray, word_unit: np.ndarray, heads, relations, kind: Kind,
-                     visible: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """Per relation (and pooled as ``syntactic``): the mean over dependency pairs of the mean-over-pieces attention from the
-    dependent to its head, each piece row against its uniform reference ``1/|V_i|`` (``n`` on an encoder, so ``n`` times the
-    attention, as Pande et al. 2021 score it), in float64, on one sequence of a ``kind`` of model. ``attention [layer, head,
-    n, n]``; ``visible [n, n]`` the keys each piece saw in the layer (:meth:`~bertology.core.engine.LayerMaps.visible`;
-    None: the kind's formula). Only the pairs whose dependent sees the whole head word count: every pair on an encoder, the
-    head words that end before the dependent begins on a decoder, and within a sliding window only those the window
-    reaches (the others are invisible to the dependent, and a score of 0 there would say nothing of the head)."""
+def syntactic_pairs(word_unit: np.ndarray, heads, relations) -> list[tuple[int, int, str]]:
+    """``(dependent's unit, head word's unit, relation)`` of every dependency of a tree (root out) whose two words have
+    pieces (:class:`~bertology.core.text.alignment.WordAlignment`'s ``word_unit``; heads 1-based)."""
+    return [(int(word_unit[word]), int(word_unit[head - 1]), relation) for word, (head, relation) in enumerate(zip(heads, relations))
+            if head != 0 and word_unit[word] >= 0 and word_unit[head - 1] >= 0]
+
+
+def syntactic_pair_scores(attention: torch.Tensor, assignment: np.ndarray, pairs: list[tuple[int, int, str]],
+                          visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pande et al. 2021's syntactic score of each dependency pair (:func:`syntactic_pairs`) on one sequence, on the device:
+    ``values [layer, head, pair]`` float64, the mean over the dependent's pieces ``p`` of ``|V_p|`` times their mean attention
+    to the head word's pieces (the uniform reference of row p is ``1/|V_p|``: ``n`` on an encoder, as in the paper); and
+    ``seen [pair]`` bool, whether every piece of the dependent saw every piece of its head word in the layer (``visible
+    [n, n]``, :meth:`~bertology.core.engine.LayerMaps.visible`): on a decoder the head words that end before the dependent
+    begins, within a sliding window only those it reaches. A pair not seen says nothing of the head and counts nowhere."""
     attention = attention.to(torch.float64)
-    n = attention.shape[-1]
-    if visible is None:
-        visible = kind.visible_keys(torch.ones(1, n, dtype=torch.bool, device=attention.device))[0]
     seen = visible.to(attention.dtype)
     covered = torch.as_tensor(assignment, dtype=attention.dtype, device=attention.device)  # [u, n]: the pieces of each unit
     pieces = covered / covered.sum(1, keepdim=True)
-    pair_attention = pieces @ (attention * seen.sum(-1)[:, None]) @ pieces.T  # [layer, head, u, u]
+    dependents = torch.as_tensor([pair[0] for pair in pairs], dtype=torch.long, device=attention.device)
+    targets = torch.as_tensor([pair[1] for pair in pairs], dtype=torch.long, device=attention.device)
+    rows = pieces[dependents] * seen.sum(-1)  # [pair, n]: each dependent piece's weight 1/m times |V_p|
+    values = torch.einsum("pi,lhij,pj->lhp", rows, attention, pieces[targets])
     size = covered.sum(1)
-    sees_word = (covered @ seen @ covered.T == size[:, None] * size[None, :]).cpu().numpy()  # [u, u]: every piece sees every piece
-    by_relation: dict[str, list[torch.Tensor]] = {}
-    for word, (head, relation) in enumerate(zip(heads, relations)):
-        if head == 0 or word_unit[word] < 0 or word_unit[head - 1] < 0 or not sees_word[word_unit[word], word_unit[head - 1]]:
-            continue
-        value = pair_attention[:, :, word_unit[word], word_unit[head - 1]]
-        by_relation.setdefault(f"{SYNTACTIC}:{relation}", []).append(value)
-        by_relation.setdefault(SYNTACTIC, []).append(value)
-    return {role: torch.stack(values).mean(0) for role, values in by_relation.items()}
+    sees_all = (covered[dependents] @ seen * covered[targets]).sum(-1) == size[dependents] * size[targets]
+    return values, sees_all
+
+
+def relation_means(values: np.ndarray, seen: np.ndarray, relations: list[str]) -> dict[str, np.ndarray]:
+    """Per relation (and pooled as ``syntactic``): the mean of ``values [..., pair]`` over the pairs ``seen [..., pair]``
+    (broadcast), NaN where a relation has no seen pair; only the relations seen somewhere are returned."""
+    seen = np.broadcast_to(seen, values.shape)
+    names = np.array(relations)
+    means = {}
+    for role, chosen in [(SYNTACTIC, np.ones(len(names), dtype=bool))] + [(f"{SYNTACTIC}:{r}", names == r) for r in dict.fromkeys(relations)]:
+        counted = seen & chosen
+        if counted.any():
+            with np.errstate(invalid="ignore"):
+                means[role] = np.where(counted, values, 0.0).sum(-1) / counted.sum(-1)
+    return means
+
+
+def syntactic_scores(attention: torch.Tensor, assignment: np.ndarray, word_unit: np.ndarray, heads, relations, kind: Kind,
+                     visible: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Per relation (and pooled as ``syntactic``): the mean over the dependency pairs the dependent sees of their syntactic
+    scores (:func:`syntactic_pair_scores`), in float64, on one sequence of a ``kind`` of model; ``attention [layer, head, n,
+    n]``, ``visible [n, n]`` (None: the kind's formula). The one-sequence form of what :class:`HeadRoles` folds per batch."""
+    n = attention.shape[-1]
+    if visible is None:
+        visible = kind.visible_keys(torch.ones(1, n, dtype=torch.bool, device=attention.device))[0]
+    pairs = syntactic_pairs(word_unit, heads, relations)
+    if not pairs:
+        return {}
+    values, seen = syntactic_pair_scores(attention, assignment, pairs, visible)
+    means = relation_means(values.cpu().numpy(), seen.cpu().numpy(), [pair[2] for pair in pairs])
+    return {role: torch.as_tensor(value) for role, value in means.items()}
 
 
 #: Per sequence, a head's excess over the uniform head within this relative band of the uniform score,
@@ -207,11 +236,9 @@ class HeadRoles(LayerwiseAnalyzer):
         self._excess: dict[str, RunningMoments] = {}  # per sequence, each head's score less the uniform head's (paired)
         self._shape: tuple[int, int] | None = None
         self._pending: list[torch.Tensor] = []  # this batch's base-role scores so far, one [batch, head, role] per layer
-        self._pending_uniform: list[torch.Tensor] = []  # the uniform head's, one [batch, 1, role] per layer
-        self._trees: list = []  # the batch's sequences with a tree
-        self._tree_keys: list[tuple[int, str]] = []  # (sequence, role) of each row of the syntactic scores
-        self._tree_pending: list[torch.Tensor] = []  # one [sequence x role, head] per layer
-        self._tree_uniform: list[torch.Tensor] = []  # one [sequence x role, 1] per layer
+        self._pending_uniform: list[torch.Tensor] = []  # the uniform head's, one [batch, 1 or head, role] per layer
+        self._trees: list = []  # the batch's sequences with a tree, and their dependency pairs (syntactic_pairs)
+        self._tree_pending: list[torch.Tensor] = []  # one [head + uniform heads + 1, pair] per layer
 
     def _push(self, role: str, values: np.ndarray, uniform: np.ndarray | None = None) -> None:
         """Fold scores ``values [k, layer, head]`` and the uniform head's on the same sequences (broadcast to them) into the
@@ -229,41 +256,45 @@ class HeadRoles(LayerwiseAnalyzer):
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
             check_kind(self, batch)
-            self._pending, self._pending_uniform, self._tree_pending, self._tree_uniform = [], [], [], []
-            self._trees = [(b, example) for b, example in enumerate(batch.examples) if example.has_tree]
+            self._pending, self._pending_uniform, self._tree_pending = [], [], []
+            self._trees = [(b, syntactic_pairs(batch.alignments[b].word_unit, example.heads, example.relations))
+                           for b, example in enumerate(batch.examples) if example.has_tree]
+            self._trees = [(b, pairs) for b, pairs in self._trees if pairs]
         visible = maps.visible(batch)
-        uniform = maps.uniform(batch)  # the uniform head of this layer: one pseudo-head, scored by the same functions
+        uniform = maps.uniform(batch)  # the layer's uniform head (one, or each head's under the norm view), scored alike
         arguments = (batch.mask, batch.anchors, batch.segment_ids, self.kind, self.window)
         scores = role_scores(maps.attention, *arguments, any_pair=batch.any_pair, visible=visible)
         uniform_scores = role_scores(uniform, *arguments, any_pair=batch.any_pair, visible=visible)
         self._pending.append(torch.stack([scores[role] for role in role_names(self.kind)], dim=-1))  # [batch, head, role]
-        self._pending_uniform.append(torch.stack([uniform_scores[role] for role in role_names(self.kind)], dim=-1))  # [batch, 1, role]
-        tree_scores = []  # per sequence with a tree, in order: its roles' scores [head] and the uniform head's [1] at this layer
-        for b, example in self._trees:
-            alignment, n = batch.alignments[b], int(batch.host_lengths[b])
-            tree = (alignment.assignment, alignment.word_unit, example.heads, example.relations, self.kind)
-            scores = syntactic_scores(maps.attention[None, b, :, :n, :n], *tree, visible=visible[b, :n, :n])
-            uniform_scores = syntactic_scores(uniform[None, b, :, :n, :n], *tree, visible=visible[b, :n, :n])
-            tree_scores.extend(((b, role), values[0], uniform_scores[role][0]) for role, values in scores.items())
-        if tree_scores:
-            self._tree_keys = [key for key, _, _ in tree_scores]
-            self._tree_pending.append(torch.stack([values for _, values, _ in tree_scores]))  # [sequence x role, head]
-            self._tree_uniform.append(torch.stack([values for _, _, values in tree_scores]))  # [sequence x role, 1]
+        self._pending_uniform.append(torch.stack([uniform_scores[role] for role in role_names(self.kind)], dim=-1))  # [batch, 1 or head, role]
+        tree_columns = []  # per sequence with a tree: [head + uniform heads + 1, pair] at this layer, whether each pair is seen last
+        for b, pairs in self._trees:
+            n = int(batch.host_lengths[b])
+            both = torch.cat([maps.attention[b, :, :n, :n].to(torch.float64), uniform[b, :, :n, :n].to(torch.float64)])[None]
+            values, seen = syntactic_pair_scores(both, batch.alignments[b].assignment, pairs, visible[b, :n, :n])
+            tree_columns.append(torch.cat([values[0], seen[None].to(values.dtype)]))
+        if tree_columns:
+            self._tree_pending.append(torch.cat(tree_columns, dim=1))  # [head + uniform heads + 1, every sequence's pairs]
 
     def finish_batch(self, batch: Batch) -> None:
         self._shape = (batch.num_layers, batch.num_heads)
-        # [batch, layer, head + 1, role]: the heads' scores and the uniform head's last, one copy to the host
+        heads = batch.num_heads
+        # [batch, layer, head + uniform heads, role]: the heads' scores and the uniform head's (one, or one per head under a
+        # view that reads each head's own vectors) after them, one copy to the host
         both = torch.cat([torch.stack(self._pending, dim=1).double(), torch.stack(self._pending_uniform, dim=1).double()], dim=2).cpu().numpy()
-        base, base_uniform = both[:, :, :-1], both[:, :, -1:]
         for k, role in enumerate(role_names(self.kind)):
-            self._push(role, base[..., k], base_uniform[..., k])
+            self._push(role, both[:, :, :heads, k], both[:, :, heads:, k])
         if self._tree_pending:
-            # [sequence x role, layer, head + 1]: the uniform head's last, one copy
-            both = torch.cat([torch.stack(self._tree_pending, dim=1).double(), torch.stack(self._tree_uniform, dim=1).double()], dim=2).cpu().numpy()
-            trees, trees_uniform = both[..., :-1], both[..., -1:]
-            for (_, role), values, uniform in zip(self._tree_keys, trees, trees_uniform):
-                self._push(role, values[None], uniform[None])
-        self._pending, self._pending_uniform, self._tree_pending, self._tree_uniform, self._trees, self._tree_keys = [], [], [], [], [], []
+            # [layer, head + uniform heads + 1, pair]: every sequence's pairs side by side, whether each is seen last, one copy
+            columns = torch.stack(self._tree_pending).cpu().numpy()
+            start = 0
+            for _, pairs in self._trees:
+                part = columns[..., start : start + len(pairs)]
+                start += len(pairs)
+                means = relation_means(part[:, :-1], part[:, -1:] > 0, [pair[2] for pair in pairs])  # [layer, head + uniform heads]
+                for role, value in means.items():
+                    self._push(role, value[None, :, :heads], value[None, :, heads:])
+        self._pending, self._pending_uniform, self._tree_pending, self._trees = [], [], [], []
 
     def merge(self, other: "HeadRoles") -> "HeadRoles":
         check_same_kind(self, other)

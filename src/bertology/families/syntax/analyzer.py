@@ -33,6 +33,8 @@ stream, merge across shards and do not depend on batch order.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import torch
@@ -64,14 +66,14 @@ def tree_targets(example, word_unit: np.ndarray):
 
 
 def parent_hits(word_maps: torch.Tensor, dependent_units: torch.Tensor, gold_units: torch.Tensor, is_word: torch.Tensor,
-                sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                sees: torch.Tensor, tie_rtol: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Each head's hit on each dependent in both directions, and which pairs the directions see.
 
     ``word_maps`` is ``[head, u, u]``, ``sees[u, v]`` whether some piece of unit u's row saw some piece of unit v in this
     layer. A row's candidates are the word units it sees other than the dependent (``dep->head``: the dependent's row;
     ``head->dep``: the column of the dependent in every row that sees it). The hit is ``1 / t`` when the gold head is among
-    the ``t`` candidates tied at the row's maximum (within a few ulps of it), else 0: a uniform row scores its chance,
-    never a tie-break's. Returns ``hits [direction, head, dependent]`` (0 where the pair is unseen) and
+    the ``t`` candidates tied at the row's maximum (within ``tie_rtol`` of it, relative; default 16 ulps of the maps'
+    dtype), else 0: a uniform row scores its chance, never a tie-break's. Returns ``hits [direction, head, dependent]`` (0 where the pair is unseen) and
     ``seen [direction, dependent]`` (dep->head: the dependent's row sees its head; head->dep: the head's row sees the dependent).
     """
     count = len(dependent_units)
@@ -81,7 +83,8 @@ def parent_hits(word_maps: torch.Tensor, dependent_units: torch.Tensor, gold_uni
     scores = torch.stack([word_maps[:, dependent_units, :], word_maps[:, :, dependent_units].transpose(-1, -2)])  # [dir, head, dep, u]
     allowed = allowed[:, None].expand_as(scores)
     top = scores.masked_fill(~allowed, -torch.inf).amax(dim=-1, keepdim=True)
-    tolerance = 16 * torch.finfo(scores.dtype).eps * top.abs().nan_to_num(posinf=0.0)
+    tie_rtol = 16 * torch.finfo(scores.dtype).eps if tie_rtol is None else tie_rtol
+    tolerance = tie_rtol * top.abs().nan_to_num(posinf=0.0)
     tied = allowed & (scores >= top - tolerance)
     gold = tied.gather(-1, gold_units[None, None, :, None].expand(*scores.shape[:3], 1))[..., 0]
     seen = torch.stack([sees[dependent_units, gold_units], sees[gold_units, dependent_units]])  # [direction, dep]
@@ -114,13 +117,15 @@ class RelationHeads(LayerwiseAnalyzer):
         self.kind = kind
         self.bootstrap = bootstrap
         self.seed = seed
-        # relation -> [1 + B, L*H*2 heads (layer, head, direction) + L*2 uniform heads (layer, direction) + L*2*6 offsets]
+        # relation -> [1 + B, L*H*2 heads (layer, head, direction) + L*U*2 uniform heads (layer, 1 or head, direction) + L*2*6
+        # offsets]: one uniform head a layer, or one per head under a view that reads each head's own vectors (LayerMaps.uniform)
         self._correct: dict[str, np.ndarray] = {}
         self._count: dict[str, np.ndarray] = {}  # relation -> [1 + B]: dependents
         self._seen: dict[str, np.ndarray] = {}  # relation -> [1 + B, L*2]: the pairs each layer's direction sees
-        self._shape: tuple[int, int] | None = None
+        self._shape: tuple[int, int, int] | None = None  # layers, heads, uniform heads a layer
+        self._uniform_heads = 1  # the uniform heads of the view the maps are in (LayerMaps.uniform): 1, or one per head
         self._trees: list[tuple] = []  # the batch's sentences with dependents
-        self._pending: list[torch.Tensor] = []  # per layer, [dependent, H*2 + 2 + 2]: head hits, uniform hits, pairs seen
+        self._pending: list[torch.Tensor] = []  # per layer, [dependent, H*2 + U*2 + 2]: head hits, uniform hits, pairs seen
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0:
@@ -132,9 +137,13 @@ class RelationHeads(LayerwiseAnalyzer):
                     dependents, gold, relations = tree_targets(example, batch.alignments[b].word_unit)
                     if len(dependents):
                         self._trees.append((b, dependents, gold, relations))
+        self._uniform_heads = 1 if maps.uniform_view is None else batch.num_heads
         if not self._trees:
             return
         visible = maps.visible(batch)
+        # The uniform head's ties are exact: its rows are exact in the weights, but a view computed from each head's vectors
+        # (ALTI, value zeroing) rounds them in the model's dtype, far below the square root of its epsilon.
+        tie_rtol = None if maps.uniform_view is None else math.sqrt(torch.finfo(maps.attention.dtype).eps)
         columns = []
         for b, dependents, gold, _ in self._trees:
             alignment, n = batch.alignments[b], int(batch.host_lengths[b])
@@ -145,17 +154,18 @@ class RelationHeads(LayerwiseAnalyzer):
             gold_units = torch.as_tensor(alignment.word_unit[gold], device=device)
             uniform, sees = uniform_word_maps(maps.uniform(batch)[b, :, :n, :n], visible[b, :n, :n], alignment)
             hits, seen = parent_hits(word_maps, units, gold_units, is_word, sees)  # [direction, head, dep], [direction, dep]
-            uniform_hits, _ = parent_hits(uniform, units, gold_units, is_word, sees)  # [direction, 1, dep]
-            columns.append(torch.cat([hits.permute(2, 1, 0).flatten(1).double(), uniform_hits[:, 0].T.double(), seen.T.double()], dim=1))
+            uniform_hits, _ = parent_hits(uniform, units, gold_units, is_word, sees, tie_rtol)  # [direction, 1 or head, dep]
+            columns.append(torch.cat([hits.permute(2, 1, 0).flatten(1).double(), uniform_hits.permute(2, 1, 0).flatten(1).double(),
+                                      seen.T.double()], dim=1))
         self._pending.append(torch.cat(columns))  # every sentence's dependents one under the other
 
     def finish_batch(self, batch: Batch) -> None:
-        self._shape = (num_layers, num_heads) = (batch.num_layers, batch.num_heads)
+        self._shape = (batch.num_layers, batch.num_heads, self._uniform_heads)
         if not self._trees:
             return
-        every = torch.stack(self._pending, dim=1).cpu().numpy()  # [dependent, layer, H*2 + 4]: one copy to the host
+        every = torch.stack(self._pending, dim=1).cpu().numpy()  # [dependent, layer, H*2 + U*2 + 2]: one copy to the host
         trees, self._pending, self._trees = self._trees, [], []
-        heads = num_heads * 2
+        heads, uniform_heads = batch.num_heads * 2, self._uniform_heads * 2
         offsets = np.array(OFFSETS)
         weights: dict[str, list[np.ndarray]] = {}
         sums: dict[str, list[np.ndarray]] = {}
@@ -165,9 +175,10 @@ class RelationHeads(LayerwiseAnalyzer):
         for b, dependents, gold, relations in trees:
             rows = every[start : start + len(dependents)]
             start += len(dependents)
-            seen = rows[:, :, heads + 2 :].reshape(len(dependents), -1)  # [dep, layer*direction]
+            seen = rows[:, :, heads + uniform_heads :].reshape(len(dependents), -1)  # [dep, layer*direction]
             offset_hits = ((dependents[:, None] + offsets[None, :]) == gold[:, None]).astype(np.float64)  # [dep, offset]
-            hits = np.concatenate([rows[:, :, :heads].reshape(len(dependents), -1), rows[:, :, heads : heads + 2].reshape(len(dependents), -1),
+            hits = np.concatenate([rows[:, :, :heads].reshape(len(dependents), -1),
+                                   rows[:, :, heads : heads + uniform_heads].reshape(len(dependents), -1),
                                    (seen[:, :, None] * offset_hits[:, None, :]).reshape(len(dependents), -1)], axis=1)
             relations = np.array(relations)
             sentence_weights = bootstrap_weights(self.seed, self.bootstrap, batch.examples[b])
@@ -205,15 +216,17 @@ class RelationHeads(LayerwiseAnalyzer):
         return self
 
     def _accuracies(self, relation: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(heads [1 + B, L, H, 2], uniform [1 + B, L, 2], offsets [1 + B, L, 2, 6], pairs [1 + B, L, 2])``: each accuracy
-        on the pairs its layer's direction sees (NaN where it sees none), and that count of pairs."""
-        num_layers, num_heads = self._shape
+        """``(heads [1 + B, L, H, 2], uniform [1 + B, L, H, 2], offsets [1 + B, L, 2, 6], pairs [1 + B, L, 2])``: each accuracy
+        on the pairs its layer's direction sees (NaN where it sees none), and that count of pairs; each head's uniform head
+        (the layer's one, or its own under a view that reads each head's vectors)."""
+        num_layers, num_heads, uniform_heads = self._shape
         replicates = 1 + self.bootstrap
         correct, pairs = self._correct[relation], self._seen[relation].reshape(replicates, num_layers, 2)
-        width, uniform_width = num_layers * num_heads * 2, num_layers * 2
+        width, uniform_width = num_layers * num_heads * 2, num_layers * uniform_heads * 2
         with np.errstate(invalid="ignore", divide="ignore"):
             heads = correct[:, :width].reshape(replicates, num_layers, num_heads, 2) / pairs[:, :, None, :]
-            uniform = correct[:, width : width + uniform_width].reshape(replicates, num_layers, 2) / pairs
+            uniform = correct[:, width : width + uniform_width].reshape(replicates, num_layers, uniform_heads, 2) / pairs[:, :, None, :]
+            uniform = np.broadcast_to(uniform, heads.shape)
             offsets = correct[:, width + uniform_width :].reshape(replicates, num_layers, 2, len(OFFSETS)) / pairs[..., None]
         return heads, uniform, offsets, pairs
 
@@ -225,14 +238,14 @@ class RelationHeads(LayerwiseAnalyzer):
         columns = ["relation", "direction", "layer", "head", "accuracy", "n", "uniform"]
         if not self._count:
             return pd.DataFrame(columns=columns)
-        num_layers, num_heads = self._shape
+        num_layers, num_heads, _ = self._shape
         layer, head, direction = np.unravel_index(np.arange(num_layers * num_heads * 2), (num_layers, num_heads, 2))
         frames = []
         for relation in self._relations():
             heads, uniform, _, pairs = self._accuracies(relation)
             frames.append(pd.DataFrame({"relation": relation, "direction": np.array(DIRECTIONS)[direction], "layer": layer, "head": head,
                                         "accuracy": heads[0].ravel(), "n": pairs[0][layer, direction].astype(np.int64),
-                                        "uniform": uniform[0][layer, direction]}))
+                                        "uniform": uniform[0][layer, head, direction]}))
         return pd.concat(frames, ignore_index=True)
 
     def best_accuracy_replicates(self, min_dependents: int = 25) -> np.ndarray:
@@ -279,7 +292,7 @@ class RelationHeads(LayerwiseAnalyzer):
                    "baseline_accuracy", "p_value", "p_adj", "uniform", "significant", "few", "n_ties", "ties"]
         if not self._count:
             return pd.DataFrame(columns=columns)
-        num_layers, num_heads = self._shape
+        num_layers, num_heads, _ = self._shape
         rows = []
         for relation in self._relations():
             heads, uniform, offsets, pairs = self._accuracies(relation)
@@ -298,7 +311,7 @@ class RelationHeads(LayerwiseAnalyzer):
             layer, head, direction = np.unravel_index(tied, (num_layers, num_heads, 2))
             at = (layer[0], direction[0])
             base = int(np.argmax(np.nan_to_num(offsets[0][at], nan=-1.0)))
-            reference = np.fmax(offsets[1:, at[0], at[1], base], uniform[1:, at[0], at[1]])
+            reference = np.fmax(offsets[1:, at[0], at[1], base], uniform[1:, at[0], head[0], at[1]])
             replicates = flat[1:, best]
             valid = ~np.isnan(replicates) & ~np.isnan(reference)
             difference = replicates[valid] - reference[valid]
@@ -314,7 +327,7 @@ class RelationHeads(LayerwiseAnalyzer):
                     "ci_high": np.percentile(replicates[valid], 97.5) if valid.any() else np.nan,
                     "baseline_offset": OFFSETS[base],
                     "baseline_accuracy": offsets[0, at[0], at[1], base],
-                    "uniform": uniform[0, at[0], at[1]],
+                    "uniform": uniform[0, at[0], head[0], at[1]],
                     "p_value": (1 + np.sum(difference <= 0)) / (1 + len(difference)),
                     "n_ties": len(tied),
                     "ties": "; ".join(f"{tl}-{th} {DIRECTIONS[td]}" for tl, th, td in zip(layer, head, direction)),

@@ -97,7 +97,9 @@ class ProbeData(LayerwiseAnalyzer):
             word_units = alignment.word_unit[: len(example.heads)]
             # [direction, layer, head, m, m + 1], flattened in that order as the probe reads its channels
             features = torch.stack([layer[row][0] for layer in self._pending], dim=1)
-            uniform = torch.stack([layer[row][1] for layer in self._pending], dim=1)  # [direction, layer, 1, m, m + 1]
+            uniform = torch.stack([layer[row][1] for layer in self._pending], dim=1)  # [direction, layer, 1 (or head), m, m + 1]
+            heads = features.shape[2]
+            both = torch.cat([features, uniform], dim=2).cpu().numpy()  # one copy of the heads' and the uniform head's
             assignment = torch.as_tensor(alignment.assignment[word_units], dtype=torch.float32, device=features.device)
             embeddings = (assignment / assignment.sum(1, keepdim=True)) @ batch.input_embeddings[b, :n].float()
             key = repr(sequence_key(example))
@@ -105,8 +107,8 @@ class ProbeData(LayerwiseAnalyzer):
             self.sentences[key] = ProbeSentence(
                 source=example.source,
                 key=key,
-                features=features.reshape(shape).cpu().numpy(),
-                uniform_features=uniform.reshape(shape).cpu().numpy(),
+                features=both[:, :, :heads].reshape(shape),
+                uniform_features=both[:, :, heads:].reshape(shape),
                 heads=np.asarray(example.heads),
                 embeddings=embeddings.half().cpu().numpy(),
             )
