@@ -77,6 +77,26 @@ def test_attention_budget_caps_the_batch(tiny_bert):
     assert [b.size for b in collect.batches] == [2, 2, 2]
 
 
+
+def test_batches_packed_by_tokens_hold_at_most_that_many_padded_pieces_and_give_the_same_tables(tiny_bert):
+    from bertology.families.profile.analyzer import GeneralProfile
+
+    # short and long sequences: packed by tokens, the short ones go many to a batch and the long ones few
+    examples = [Example(" ".join(["the"] * words)) for words in (2, 3, 2, 30, 28, 3, 2, 25, 4, 3)]
+    collect = Collect()
+    Engine(tiny_bert, batch_tokens=64, progress=False).run(examples, [collect])
+    sizes = [(b.size, int(b.lengths.max())) for b in collect.batches]
+    assert all(count * longest <= 64 or count == 1 for count, longest in sizes), sizes
+    assert sum(count for count, _ in sizes) == len(examples)
+    assert sizes[0][0] > 2 and sizes[-1][0] <= 2  # many short ones together (sorted by length), the long ones apart
+    # batching changes no number (the analyzer contract): the same profile as batches of 32 sequences
+    packed, by_count = GeneralProfile(ENCODER), GeneralProfile(ENCODER)
+    Engine(tiny_bert, batch_tokens=64, progress=False).run(examples, [packed])
+    Engine(tiny_bert, batch_size=32, progress=False).run(examples, [by_count])
+    a, b = packed.result(), by_count.result()
+    np.testing.assert_allclose(a.value, b.value, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(a.excess, b.excess, rtol=1e-5, atol=1e-6)
+
 def test_pair_segments_and_word_alignments(tiny_bert):
     collect = Collect()
     Engine(tiny_bert, batch_size=1, progress=False).run([Example("the cat.", "we saw it")], [collect])

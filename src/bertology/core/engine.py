@@ -412,7 +412,10 @@ class Engine:
     ----------
     model : LoadedModel
     batch_size : int
-        Most sequences per forward pass.
+        Most sequences per forward pass (and, with ``batch_tokens``, the sort window's unit).
+    batch_tokens : int, optional
+        Pack batches by tokens instead: as many length-sorted sequences as fit in ``batch_tokens`` padded pieces (``count x
+        longest``; at least one sequence), so that a batch of short sentences is wide and one of long passages narrow.
     max_length : int, optional
         Most pieces per sequence (default and upper bound: the model's limit).
     overflow : {"truncate", "skip"}
@@ -442,6 +445,7 @@ class Engine:
         model: LoadedModel,
         *,
         batch_size: int = 32,
+        batch_tokens: int | None = None,
         max_length: int | None = None,
         overflow: str = "truncate",
         sort_window: int = 32,
@@ -457,11 +461,14 @@ class Engine:
             raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, not {overflow!r}")
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if batch_tokens is not None and batch_tokens < 1:
+            raise ValueError("batch_tokens must be at least 1")
         if null not in NULL_MODELS:
             raise BertologyError(f"unknown null model {null!r}: use {' or '.join(repr(name) for name in NULL_MODELS)}")
         self.null = null
         self.model = model
         self.batch_size = batch_size
+        self.batch_tokens = batch_tokens
         self.max_length = min(max_length or model.max_length, model.max_length)
         self.overflow = overflow
         self.sort_window = sort_window
@@ -562,21 +569,23 @@ class Engine:
     def windows(self, encoded: Iterable[Encoded]) -> Iterator[list[list[Encoded]]]:
         """Consecutive windows of ``batch_size * sort_window`` encoded examples, each as its length-sorted batches:
         sorting within a window cuts padding while memory stays bounded."""
-        per_sequence = self.model.num_layers * self.model.num_heads
         iterator = iter(encoded)
         while window := list(itertools.islice(iterator, self.batch_size * self.sort_window)):
             window.sort(key=lambda item: (len(item), item.index))
             batches, start = [], 0
             while start < len(window):
                 stop = start + 1
-                while stop < len(window) and stop - start < self.batch_size:
-                    longest = len(window[stop])
-                    if (stop - start + 1) * per_sequence * longest * longest > self.max_attention_elements:
-                        break
+                while stop < len(window) and self.fits(stop - start + 1, len(window[stop])):
                     stop += 1
                 batches.append(window[start:stop])
                 start = stop
             yield batches
+
+    def fits(self, count: int, longest: int) -> bool:
+        """Whether ``count`` sequences padded to ``longest`` pieces make one batch: at most ``batch_size`` sequences, or
+        with ``batch_tokens`` at most that many padded pieces; and at most ``max_attention_elements`` of attention."""
+        within = count <= self.batch_size if self.batch_tokens is None else count * longest <= self.batch_tokens
+        return within and count * self.model.num_layers * self.model.num_heads * longest * longest <= self.max_attention_elements
 
     def batches(self, encoded: Iterable[Encoded]) -> Iterator[list[Encoded]]:
         """Length-sorted batches, sorted within windows so that memory stays bounded."""

@@ -1,8 +1,8 @@
 """The analyzer contract, checked the way scikit-learn's ``check_estimator`` checks estimators.
 
 ``check_analyzer(make_analyzer, model, examples)`` runs a fresh analyzer from ``make_analyzer()``
-over ``examples`` several ways and asserts that the result does not depend on batch size or
-order, that ``merge`` of two halves equals one run over the whole, that merging an empty
+over ``examples`` several ways and asserts that the result does not depend on batch size, on batches packed by
+tokens, or on order, that ``merge`` of two halves equals one run over the whole, that merging an empty
 analyzer changes nothing, that the analyzer survives pickling (for shipping to cluster workers),
 that the layer-by-layer pass equals the one that stacks every layer's maps,
 and that the same seed gives the same result. Every analyzer in bertology must pass it.
@@ -23,9 +23,10 @@ from bertology.core.text.corpora import Example
 
 
 def _runner(model: LoadedModel, compare_with: LoadedModel | None, weighting: str = "attention"):
-    def run(make_analyzer: Callable[[], Analyzer], examples: Sequence[Example], batch_size: int, layerwise: bool = True) -> Analyzer:
+    def run(make_analyzer: Callable[[], Analyzer], examples: Sequence[Example], batch_size: int, layerwise: bool = True,
+            batch_tokens: int | None = None) -> Analyzer:
         analyzer = make_analyzer()
-        engine = Engine(model, batch_size=batch_size, progress=False, layerwise=layerwise)
+        engine = Engine(model, batch_size=batch_size, batch_tokens=batch_tokens, progress=False, layerwise=layerwise)
         if compare_with is not None:
             from bertology.core.paired import CompareEngine
 
@@ -69,8 +70,8 @@ class AnalyzerContract:
         self._run = _runner(model, compare_with, weighting)
         self._whole: Analyzer | None = None
 
-    def run(self, examples: Sequence[Example], batch_size: int, layerwise: bool = True) -> Analyzer:
-        return self._run(self.make_analyzer, examples, batch_size, layerwise)
+    def run(self, examples: Sequence[Example], batch_size: int, layerwise: bool = True, batch_tokens: int | None = None) -> Analyzer:
+        return self._run(self.make_analyzer, examples, batch_size, layerwise, batch_tokens)
 
     @property
     def whole(self) -> Analyzer:
@@ -91,6 +92,9 @@ class AnalyzerContract:
 
     def check_batch_size_3(self) -> None:
         self.same(self.run(self.examples, 3).result(), "batch size 3 differs from one batch")
+
+    def check_packed_by_tokens(self) -> None:
+        self.same(self.run(self.examples, len(self.examples), batch_tokens=48).result(), "batches packed by 48 tokens differ from one batch")
 
     def check_order(self) -> None:
         shuffled = self.examples[:]
