@@ -15,7 +15,6 @@ Every count must be 0 (the real run of the bundled model is the one exception: i
 from __future__ import annotations
 
 import argparse
-import csv
 import subprocess
 import sys
 import tempfile
@@ -39,25 +38,10 @@ from bertology import analyze
 from bertology.core.model.models import default_model_path
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-CLAIMING = ["profile", "roles", "patterns", "syntax", "classes", "sinks"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_no_claim_under_the_null import CLAIMING, ewt_trees, rte_pairs  # noqa: E402  (the corpora and families of the test)
+
 LAYERS, HEADS, HIDDEN = 3, 4, 32
-
-
-def ewt_trees(count: int, folder: Path) -> Path:
-    """The first ``count`` EWT test sentences, as CoNLL-U."""
-    blocks = (SHARED / "ud_english_ewt" / "en_ewt-ud-test.conllu").read_text(encoding="utf-8").split("\n\n")
-    path = folder / "ewt.conllu"
-    path.write_text("\n\n".join(blocks[:count]) + "\n\n", encoding="utf-8")
-    return path
-
-
-def rte_pairs(count: int, folder: Path) -> Path:
-    """The first ``count`` RTE dev pairs, as a two-column TSV."""
-    with open(SHARED / "glue" / "RTE" / "dev.tsv", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))[:count]
-    path = folder / "rte.tsv"
-    path.write_text("".join(f"{row['sentence1']}\t{row['sentence2']}\n" for row in rows), encoding="utf-8")
-    return path
 
 
 def byte_level_tokenizer(texts: list[str], bos: str | None) -> PreTrainedTokenizerFast:
@@ -124,7 +108,7 @@ def main() -> None:
         sys.exit(f"{SHARED} is not there: this benchmark reads the EWT trees and the RTE pairs from it")
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        corpora = {"EWT trees": ewt_trees(arguments.sentences, folder), "RTE pairs": rte_pairs(arguments.pairs, folder)}
+        corpora = {"EWT trees": ewt_trees(SHARED, folder, arguments.sentences), "RTE pairs": rte_pairs(SHARED, folder, arguments.pairs)}
         sequences = {"EWT trees": arguments.sentences, "RTE pairs": len(corpora["RTE pairs"].read_text(encoding="utf-8").splitlines())}
         texts = [line for path in corpora.values() for line in path.read_text(encoding="utf-8").splitlines() if line and not line.startswith("#")]
         saved = null_models(texts, folder)

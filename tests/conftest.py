@@ -456,6 +456,16 @@ def float64_model(folder):
 
 
 @pytest.fixture(scope="module")
+def bert64(tiny_bert_dir):
+    return float64_model(tiny_bert_dir)
+
+
+@pytest.fixture(scope="module")
+def roberta64(tiny_roberta_dir):
+    return float64_model(tiny_roberta_dir)
+
+
+@pytest.fixture(scope="module")
 def gpt2_64(tiny_gpt2_dir):
     return float64_model(tiny_gpt2_dir)
 

@@ -18,18 +18,18 @@ CLAIMING = ["profile", "roles", "patterns", "syntax", "classes", "sinks"]
 SENTENCES = 40
 
 
-def ewt_trees(shared: Path, folder: Path) -> Path:
-    """The first ``SENTENCES`` sentences of the UD EWT test set, as a CoNLL-U file."""
+def ewt_trees(shared: Path, folder: Path, count: int = SENTENCES) -> Path:
+    """The first ``count`` sentences of the UD EWT test set, as a CoNLL-U file (bench/null_claims.py takes 300)."""
     blocks = (shared / "ud_english_ewt" / "en_ewt-ud-test.conllu").read_text(encoding="utf-8").split("\n\n")
     path = folder / "ewt.conllu"
-    path.write_text("\n\n".join(blocks[:SENTENCES]) + "\n\n", encoding="utf-8")
+    path.write_text("\n\n".join(blocks[:count]) + "\n\n", encoding="utf-8")
     return path
 
 
-def rte_pairs(shared: Path, folder: Path) -> Path:
-    """The first ``SENTENCES`` RTE dev pairs, as a two-column TSV of sentence pairs."""
+def rte_pairs(shared: Path, folder: Path, count: int = SENTENCES) -> Path:
+    """The first ``count`` RTE dev pairs, as a two-column TSV of sentence pairs."""
     with open(shared / "glue" / "RTE" / "dev.tsv", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))[:SENTENCES]
+        rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))[:count]
     path = folder / "rte.tsv"
     path.write_text("".join(f"{row['sentence1']}\t{row['sentence2']}\n" for row in rows), encoding="utf-8")
     return path

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import float64_model, tiny_examples
+from conftest import tiny_examples
 
 from bertology.core.analyzer import Analyzer
 from bertology.core.model.kinds import DECODER, ENCODER
@@ -60,14 +60,6 @@ COVERED_ELSEWHERE = {
 }
 
 
-@pytest.fixture(scope="module")
-def bert64(tiny_bert_dir):
-    return float64_model(tiny_bert_dir)
-
-
-@pytest.fixture(scope="module")
-def roberta64(tiny_roberta_dir):
-    return float64_model(tiny_roberta_dir)
 
 
 def examples_for(name):

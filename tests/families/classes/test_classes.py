@@ -60,13 +60,6 @@ def numpy_class_attention(folder, examples, members_of):
     return values, baselines
 
 
-@pytest.fixture(scope="module")
-def bert64(tiny_bert_dir):
-    model = bertology.load_model(tiny_bert_dir, device="cpu")
-    model.model.double()
-    return model
-
-
 @pytest.mark.parametrize("spec, members_of", [
     ("noun=upos:NOUN", lambda e: np.array([t == "NOUN" for t in e.upos])),
     ("negation=words:negation", lambda e: np.array([w in ("not", "never") for w in e.words])),

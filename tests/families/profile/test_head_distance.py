@@ -6,7 +6,7 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
-from conftest import WORDS, float64_model, tiny_examples
+from conftest import WORDS, tiny_examples
 from scipy.spatial.distance import jensenshannon
 
 from bertology.core.analyzer import LayerwiseAnalyzer
@@ -80,14 +80,6 @@ def by_scipy(maps: dict, analyzer: HeadDistance) -> np.ndarray:
     return total / np.where(same, within_rows, cross_rows)
 
 
-@pytest.fixture(scope="module")
-def bert64(tiny_bert_dir):
-    return float64_model(tiny_bert_dir)
-
-
-@pytest.fixture(scope="module")
-def llama64(tiny_llama_dir):
-    return float64_model(tiny_llama_dir)
 
 
 def test_sampled_row_counts_are_every_row_within_the_budget_and_fit_it_past_it():
