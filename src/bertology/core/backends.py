@@ -334,7 +334,7 @@ def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list,
             return ray.put(source)
 
         shipped, shipped_other = ship(model), ship(compare_with)
-        options = {"batch_size": engine.batch_size, "max_length": engine.max_length, "overflow": engine.overflow,
+        options = {"batch_size": engine.batch_size, "batch_tokens": engine.batch_tokens, "max_length": engine.max_length, "overflow": engine.overflow,
                    "sort_window": engine.sort_window, "max_attention_elements": engine.max_attention_elements, "punct": engine.punct,
                    "null": engine.null}
         worker_class = ray.remote(PassWorker)

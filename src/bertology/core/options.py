@@ -84,6 +84,10 @@ MODEL = (
     Option("model", None, "Hub name or local folder [default: the bundled all-MiniLM-L6-v2].", type=str, flag="--model -m", reads_files=True),
     Option("device", "auto", "auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps."),
     Option("trust_remote_code", False, "Allow models that need their own code from the hub."),
+    Option("dtype", "auto", "Weights' precision: auto (the checkpoint's own), float32, bfloat16 or float16; softmax and statistics are "
+           "computed in float32 or wider whatever it is."),
+    Option("device_map", None, "Spread the layers over several devices with accelerate (auto, balanced, balanced_low_0 or sequential; "
+           "pip install 'bertology[multi-device]'), instead of --device.", type=str),
 )
 #: The run: where it goes, its seed, its progress bar.
 RUN = (
@@ -96,6 +100,8 @@ CORPUS = (
     Option("corpus", None, "Corpus file [default: the bundled sample corpus].", type=Path, flag="--corpus -c"),
     Option("format", "auto", "auto, text, pairs, glue, conllu or frames (frame-annotated JSON lines, .jsonl).", flag="--format -f"),
     Option("batch_size", 32, "Sequences per batch.", minimum=1),
+    Option("batch_tokens", None, "Pack batches by tokens instead: as many length-sorted sequences as fit in N padded pieces (at least one).",
+           type=int, minimum=1),
     Option("max_length", None, "Most pieces per sequence [default: the model's].", type=int, minimum=3),
     Option("limit", None, "Use only the first N examples.", type=int, minimum=1),
     Option("skip_long", False, "Skip sequences over --max-length instead of truncating them."),

@@ -22,7 +22,9 @@ cosine distance ``1 - cos`` between token i's layer output with and without t's 
 decoder the layer's own rest (``AttentionBlock.rest_of_layer``: GPT-2's ``h + MLP(ln_2(h))``, Llama's, a parallel residual's) is rerun,
 and a token no query sees (a later one) scores exactly 0.
 
-Both are computed on the model's device in chunks: never the whole ``n x n x d`` tensor of one sequence at once.
+Both are computed on the model's device in chunks: never the whole ``n x n x d`` tensor of one sequence at once, and in
+float32 at least whatever the weights' dtype (:func:`~bertology.core.model.hooks.statistics_dtype`); value zeroing's reruns
+of the layer run in the layer's own dtype, their outputs compared in float32.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 
 from bertology.core.errors import BertologyError
 from bertology.core.measures.norms import rows_normalised
+from bertology.core.model.hooks import statistics_dtype
 from bertology.core.model.layouts import AttentionBlock
 
 #: The contribution measures an analyzer can ask the engine's pass for (in its ``needs``): each layer's maps ``c[b, i, j]``.
@@ -46,6 +49,13 @@ def parse_measures(text: str | None) -> tuple[str, ...]:
     if unknown:
         raise BertologyError(f"unknown contribution measure {unknown[0].replace('_', '-')!r}: use alti, value-zeroing or both")
     return names
+
+
+def in_statistics_dtype(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``tensors`` in :func:`~bertology.core.model.hooks.statistics_dtype` of the first one's dtype (the values'): float32 for
+    half-precision weights, as they are otherwise."""
+    dtype = statistics_dtype(tensors[0].dtype)
+    return tuple(tensor.to(dtype) for tensor in tensors)
 
 
 def head_vectors(value: torch.Tensor, block: AttentionBlock) -> torch.Tensor:
@@ -108,6 +118,7 @@ def alti_contributions(pattern: torch.Tensor, value: torch.Tensor, layer_input: 
     ``pattern [batch, head, n, n]`` (padding rows zero), ``value [batch, head, n, head_dim]`` (``x W_V + b_V``; pre-norm
     ``LN(x) W_V + b_V``), ``layer_input [batch, n, hidden]`` (x, the residual). ``T_i(x_j)`` is built a chunk of queries at a
     time, at most ``chunk_elements`` of ``[batch, rows, n, hidden]``: the result does not depend on the chunk."""
+    value, pattern, layer_input = in_statistics_dtype(value, pattern, layer_input)
     batch, n, hidden = layer_input.shape
     weights, parts_by_head, own, resultant = _linearised_block(pattern, head_vectors(value, block), layer_input, block)
     contributions = torch.zeros(batch, n, n, dtype=value.dtype, device=value.device)
@@ -131,6 +142,7 @@ def alti_per_head(pattern: torch.Tensor, value: torch.Tensor, layer_input: torch
     ``s_i`` the layer norm's real scale, pre-norm ``a_h[i, j] v_j^h W_O^h``) and ``y^h_i = sum_j T^h_i(x_j)`` (no residual,
     which belongs to no head), ``c_h[i, j] = max(0, ||y^h_i||_1 - ||y^h_i - T^h_i(x_j)||_1)``, rows normalised:
     ``[batch, head, n, n]``. Chunked over queries like :func:`alti_contributions`."""
+    value, pattern, layer_input = in_statistics_dtype(value, pattern, layer_input)
     batch, heads, n, _ = value.shape
     hidden = layer_input.shape[-1]
     weights, parts_by_head, _, _ = _linearised_block(pattern, head_vectors(value, block), layer_input, block)
@@ -153,12 +165,14 @@ def value_zeroing(pattern: torch.Tensor, value: torch.Tensor, head_output: torch
     The attention weights stay as they are, so zeroing t's values takes ``a_h[i, t] v_t^h W_O^h`` out of token i's
     attention output; the rest of the layer (residual, layer norm, feed-forward: ``block.rest_of_layer``) is run again on every
     such output, ``chunk_elements`` of ``[batch, zeroed, n, hidden]`` at a time."""
+    layer_dtype = layer_input.dtype  # the reruns run the model's own modules, in its dtype
+    value, pattern, head_output = in_statistics_dtype(value, pattern, head_output)
     batch, heads, n, _ = value.shape
     hidden = layer_input.shape[-1]
     vectors = head_vectors(value, block)  # [batch, head, n, hidden]
     bias = block.output_bias.to(value.dtype) if block.output_bias is not None else 0
     projected = torch.einsum("bhiv,hvd->bid", head_output, block.output_weight.to(value.dtype).reshape(heads, value.shape[-1], -1)) + bias
-    original = block.rest_of_layer(projected, layer_input)  # [batch, n, hidden]: the layer's output
+    original = block.rest_of_layer(projected.to(layer_dtype), layer_input).to(value.dtype)  # [batch, n, hidden]: the layer's output
     original_norm = torch.linalg.vector_norm(original, dim=-1)
     zeroed_count = heads * n if per_head else n  # per head: (h, t) pairs, head-major
     scores = torch.zeros(batch, zeroed_count, n, dtype=value.dtype, device=value.device)
@@ -170,7 +184,7 @@ def value_zeroing(pattern: torch.Tensor, value: torch.Tensor, head_output: torch
             removed = pattern[:, h, :, t].permute(1, 0, 2)[..., None] * vectors[:, h, t][:, :, None, :]
         else:  # summed over the heads
             removed = torch.einsum("bhit,bhtd->btid", pattern[..., chosen], vectors[:, :, chosen])
-        outputs = block.rest_of_layer(projected[:, None] - removed, layer_input[:, None])  # [batch, chunk, n, hidden]
+        outputs = block.rest_of_layer((projected[:, None] - removed).to(layer_dtype), layer_input[:, None]).to(value.dtype)  # [batch, chunk, n, hidden]
         norms = torch.linalg.vector_norm(outputs, dim=-1) * original_norm[:, None]
         cosine = (outputs * original[:, None]).sum(dim=-1) / torch.where(norms > 0, norms, 1)  # a zero vector: cosine 0, as sklearn's
         scores[:, chosen] = (1 - cosine).clamp(0, 2)

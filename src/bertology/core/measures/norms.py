@@ -18,6 +18,7 @@ from collections.abc import Iterable
 import torch
 
 from bertology.core.errors import BertologyError
+from bertology.core.model.hooks import statistics_dtype
 from bertology.core.model.layouts import AttentionBlock
 
 #: The views of attention every analysis can run on (``--weighting``): the weights, Kobayashi's norm shares, and two
@@ -52,8 +53,10 @@ def transformed_norms(value: torch.Tensor, block: AttentionBlock) -> torch.Tenso
     docs/methods.md#decoders); returns ``[batch, head, key]``.
 
     Computed as ``sqrt(v^T G_h v)`` with ``G_h = W_O^h W_O^h^T`` (``head_dim x head_dim``), which costs
-    ``head_dim / hidden`` of projecting every value vector.
+    ``head_dim / hidden`` of projecting every value vector. In float32 at least (:func:`~bertology.core.model.hooks.statistics_dtype`)
+    whatever the weights' dtype.
     """
+    value = value.to(statistics_dtype(value.dtype))
     num_heads, head_dim = value.shape[1], value.shape[-1]
     by_head = block.output_weight.reshape(num_heads, head_dim, -1).to(value.dtype)  # [head, head_dim, hidden]: f_h(x) = v_h @ W[h]
     gram = torch.matmul(by_head, by_head.transpose(1, 2))  # [head, head_dim, head_dim]
@@ -92,12 +95,15 @@ def mixing_ratios(pattern: torch.Tensor, value: torch.Tensor, head_output: torch
       the vector the layer norm actually normalises.
 
     ``pattern`` is ``[batch, head, query, key]``, ``value`` ``[batch, head, key, head_dim]``, ``head_output`` each head's
-    ``pattern @ value`` as the model computed it (``[batch, head, query, head_dim]``), ``layer_input`` ``[batch, query, hidden]``.
+    ``pattern @ value`` as the model computed it (``[batch, head, query, head_dim]``), ``layer_input`` ``[batch, query, hidden]``;
+    all in float32 at least (:func:`~bertology.core.model.hooks.statistics_dtype`) whatever the weights' dtype.
     """
     if block.pre_norm:
         raise BertologyError("the context-mixing ratios take the residual and the layer norm after attention (a post-norm block); "
                              "this model normalises before attention (pre-norm), where they have no such meaning")
-    weight = block.output_weight.to(value.dtype)  # [head * head_dim, hidden]
+    dtype = statistics_dtype(value.dtype)
+    pattern, value, head_output, layer_input = (tensor.to(dtype) for tensor in (pattern, value, head_output, layer_input))
+    weight = block.output_weight.to(dtype)  # [head * head_dim, hidden]
 
     def project(per_head: torch.Tensor) -> torch.Tensor:  # [batch, head, i, head_dim] -> sum_h per_head_h W_O^h: [batch, i, hidden]
         return torch.matmul(per_head.transpose(1, 2).flatten(2), weight)

@@ -12,8 +12,8 @@ passes two tensors through the handlers registered for each point:
     are mixed. Handlers read them (Kobayashi et al.'s norms) or return a replacement.
 ``pattern``
     the attention probabilities ``softmax(q k^T / sqrt(d) + mask)``, shape ``[batch, head, query, key]``,
-    after the softmax and before dropout. Handlers read it (statistics) or return a replacement
-    (e.g. uniform attention, Kovaleva et al. 2019).
+    after the softmax and before dropout, in float32 at least (:func:`statistics_dtype`) whatever the weights' dtype.
+    Handlers read it (statistics) or return a replacement (e.g. uniform attention, Kovaleva et al. 2019).
 ``head_output``
     each head's output ``pattern @ v``, shape ``[batch, head, query, head_dim]``, before the heads
     are concatenated and projected. Handlers may return a replacement (e.g. zeroing a head,
@@ -113,6 +113,13 @@ def _repeat_key_value_heads(tensor: torch.Tensor, query_heads: int) -> torch.Ten
     return tensor if groups == 1 else tensor.repeat_interleave(groups, dim=1)
 
 
+def statistics_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype bertology computes softmaxes, per-row metrics and statistics in for tensors of ``dtype``: float32 for
+    half-precision weights (bfloat16, float16: 8 and 11 bits of mantissa, about 3 significant digits), else ``dtype``
+    itself (float32, float64). As transformers' eager attention for Llama and its kin, ``softmax(..., dtype=torch.float32)``."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def bertology_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -125,6 +132,9 @@ def bertology_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager attention (Vaswani et al. 2017) with the ``value``, ``pattern`` and ``head_output`` hook points.
 
+    The scores are computed in the model's dtype and the softmax in :func:`statistics_dtype` (float32 for half-precision
+    weights, as transformers' ``eager_attention_forward`` of Llama does); the ``pattern`` hook point and the returned
+    weights are that float32 pattern, cast to the values' dtype only for ``pattern @ value``.
     ``softcap`` (Gemma 2): scores are capped as ``c tanh(s / c)`` before the mask, as transformers' eager attention does."""
     hooks = _ACTIVE.get()
     layer = -1
@@ -145,11 +155,11 @@ def bertology_attention(
         scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is not None:
         scores += attention_mask
-    pattern = nn.functional.softmax(scores, dim=-1)
+    pattern = nn.functional.softmax(scores, dim=-1, dtype=statistics_dtype(scores.dtype))
     if hooks is not None:
         pattern = hooks._fire("pattern", layer, pattern)
     dropped = nn.functional.dropout(pattern, p=dropout, training=module.training)
-    head_output = torch.matmul(dropped, value)
+    head_output = torch.matmul(dropped.to(value.dtype), value)
     if hooks is not None:
         head_output = hooks._fire("head_output", layer, head_output)
     return head_output.transpose(1, 2).contiguous(), pattern

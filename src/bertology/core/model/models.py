@@ -152,6 +152,7 @@ class LoadedModel:
     source: Path | None = None  # the folder the weights were read from (None: a hub name, or a model built in memory)
     kind: Kind = ENCODER
     adds_bos: bool = False  # a decoder's tokenizer puts BOS first (Llama's does, GPT-2's does not)
+    device_map: str | dict | None = None  # accelerate's placement as load_model was given it (None: all on ``device``)
 
     @property
     def layout(self) -> Layout | None:
@@ -173,6 +174,12 @@ class LoadedModel:
 
         return tokenizer_digest(self.tokenizer)
 
+    def placement(self) -> str | dict | None:
+        """Where accelerate put each module (transformers' ``hf_device_map``, which it sets only where the map spans several
+        devices), else the device map as given; None where the model is all on :attr:`device`."""
+        placed = getattr(self.model, "hf_device_map", None) or self.device_map
+        return {name: str(place) for name, place in placed.items()} if isinstance(placed, dict) else placed
+
     def info(self) -> dict:
         """The model facts as a plain dict (for ``bertology info`` and the manifest)."""
         config = self.model.config
@@ -191,6 +198,8 @@ class LoadedModel:
             "sep_token": None if self.sep_token_id is None else self.tokenizer.convert_ids_to_tokens(self.sep_token_id),
             "first_token": ("BOS" if self.adds_bos else "the first piece") if self.kind is DECODER else None,
             "device": str(self.device),
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "device_map": self.placement(),
         }
 
 
@@ -369,12 +378,60 @@ def require_tokenizer_fits(tokenizer: PreTrainedTokenizerBase, model: PreTrained
                          f"({len(beyond)} such pieces): the tokenizer is not this model's")
 
 
+#: The precisions ``--dtype`` names beside ``auto`` (the checkpoint's own: its config's ``dtype``, as transformers'
+#: ``from_pretrained(dtype="auto")`` reads it, float32 where the config names none).
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: The placements ``--device-map`` names: accelerate's (``from_pretrained(device_map=...)``, Hugging Face's "big model
+#: inference" guide): ``auto`` and ``balanced`` spread the layers evenly over the GPUs, ``balanced_low_0`` leaves the first
+#: one lighter, ``sequential`` fills one GPU before the next.
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+#: The optional dependencies that ``--device-map`` needs (pyproject.toml).
+MULTI_DEVICE_EXTRA = "multi-device"
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> str | torch.dtype:
+    """``"auto"`` as it is (transformers reads the checkpoint's own), a name of :data:`DTYPES` as its ``torch.dtype``; any
+    other value refused in one line."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values() or dtype == "auto":
+        return dtype
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r}: use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def require_device_map(device_map: str | dict, device: str | torch.device) -> None:
+    """Refuse, in one line, a device map that accelerate cannot place (not one of :data:`DEVICE_MAPS` nor a dict of module
+    names to devices), a device map where accelerate is not installed (naming the extra that brings it), or a device map
+    beside a device other than ``auto``: the map places every layer, so one device for all of them contradicts it."""
+    import importlib.util
+
+    if not isinstance(device_map, dict) and device_map not in DEVICE_MAPS:
+        raise ModelError(f"unknown device map {device_map!r}: use {', '.join(DEVICE_MAPS)}")
+    if importlib.util.find_spec("accelerate") is None:
+        raise ModelError(f"--device-map needs accelerate: pip install 'bertology[{MULTI_DEVICE_EXTRA}]'")
+    if str(device) != "auto":
+        raise ModelError(f"--device {device} and --device-map {device_map if isinstance(device_map, str) else 'given'} both place the model: "
+                         "give one of them")
+
+
+def require_one_device(model: PreTrainedModel, source: str) -> None:
+    """Refuse, in one line, a device map that spread the model over several devices: the pass hands every layer's maps to
+    analyzers that stack their per-layer results on the batch's device, and moving each layer's maps and measures between
+    devices is not built yet (issue 40); a map that keeps the model on one device (one GPU, or a dtype that fits) runs."""
+    devices = sorted({str(parameter.device) for parameter in model.parameters()})
+    if len(devices) > 1:
+        raise ModelError(f"{source}: the device map placed the model on {', '.join(devices)}; bertology reads a model's maps on one "
+                         "device for now: give a map that keeps it on one device, or a smaller --dtype")
+
+
 def load_model(
     name_or_path: str | Path | None = None,
     *,
     device: str | torch.device = "auto",
     trust_remote_code: bool = False,
     head: str | None = None,
+    dtype: str | torch.dtype = "auto",
+    device_map: str | dict | None = None,
 ) -> LoadedModel:
     """Load an encoder or a decoder by hub name or local folder, with bertology's eager attention hook point.
 
@@ -383,6 +440,12 @@ def load_model(
     ``"classifier"`` (a sequence classifier, e.g. from ``bertology finetune``), ``"causal-lm"`` (a decoder with its
     language-model head) or ``"language-model"`` (whichever of the two language-model heads the model is: an encoder's
     masked-LM head, a decoder's causal-LM head).
+
+    ``dtype``: the weights' precision, ``"auto"`` (the checkpoint's own, :data:`DTYPES`), ``"float32"``, ``"bfloat16"`` or
+    ``"float16"``; whatever it is, the attention's softmax and every statistic are computed in float32 or wider
+    (:func:`~bertology.core.model.hooks.statistics_dtype`, docs/methods.md#statistics-conventions). ``device_map``:
+    accelerate's placement of the layers over several devices (:data:`DEVICE_MAPS`, or a dict of module names to devices),
+    instead of ``device``; inputs go where the input embeddings are, and each layer's maps stay on that layer's device.
     """
     if head not in MODEL_HEADS and head != LANGUAGE_MODEL:
         raise ValueError(f"head must be one of {', '.join(map(str, MODEL_HEADS))} or {LANGUAGE_MODEL}")
@@ -397,6 +460,9 @@ def load_model(
             if not (Path(source) / "config.json").is_file():
                 raise ModelError(f"{source}: not a model folder (no config.json in it)")
             require_safetensors(source)
+    torch_dtype = resolve_dtype(dtype)
+    if device_map is not None:
+        require_device_map(device_map, device)
     torch_device = device if isinstance(device, torch.device) else resolve_device(device)
     with loading_errors(source):
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
@@ -410,6 +476,7 @@ def load_model(
         model, loading = MODEL_HEADS[head].from_pretrained(
             source, config=config, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=trust_remote_code, use_safetensors=True,
             output_loading_info=True, ignore_mismatched_sizes=True,  # reported, then refused by require_whole_weights with the key's name
+            dtype=torch_dtype, device_map=device_map,
         )
     if head is not None:
         prefix = model.base_model_prefix + "."
@@ -420,9 +487,16 @@ def load_model(
     require_finite_weights(model, source)
     tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)
     require_tokenizer_fits(tokenizer, model, source)
-    model.to(torch_device).eval()
+    if device_map is None:
+        model.to(torch_device)
+    else:  # accelerate placed the layers: inputs go where the input embeddings are
+        require_one_device(model, source)
+        torch_device = model.get_input_embeddings().weight.device
+    model.eval()
     require_hook_point(model, source)
-    return describe_model(model, tokenizer, name=name, device=torch_device, source=Path(source).resolve() if Path(source).is_dir() else None)
+    loaded = describe_model(model, tokenizer, name=name, device=torch_device, source=Path(source).resolve() if Path(source).is_dir() else None)
+    loaded.device_map = device_map
+    return loaded
 
 
 def require_hook_point(model: PreTrainedModel, source: str) -> None:

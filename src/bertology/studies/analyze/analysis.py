@@ -278,12 +278,13 @@ def _requested_families(analyses: Iterable[str] | None, include: Iterable[str], 
 
 
 def _run_settings(chosen: list[Family], options: dict, *, with_trees: bool, parser: str | None, views: list[str], batch_size: int,
-                  max_length: int | None, overflow: str, seed: int, limit: int | None, device: str, punct: str, correction: str,
+                  batch_tokens: int | None, max_length: int | None, overflow: str, seed: int, limit: int | None, device: str, punct: str, correction: str,
                   min_sample: int) -> dict:
     """The run's settings (in the manifest), the shared ones then each chosen family's; each family checks its own."""
     settings = {
         "analyses": [family.name for family in chosen],
         "batch_size": batch_size,
+        "batch_tokens": batch_tokens,
         "max_length": max_length,
         "overflow": overflow,
         "seed": seed,
@@ -310,10 +311,11 @@ def _count_examples(examples, corpus_info: dict) -> int:
     return total
 
 
-def _load(model, device: str, trust_remote_code: bool) -> tuple[LoadedModel, dict[str, float]]:
+def _load(model, device: str, trust_remote_code: bool, dtype: str, device_map: str | dict | None) -> tuple[LoadedModel, dict[str, float]]:
     """The model (as given where it is loaded already), and the run's first timed phase."""
     began = time.perf_counter()
-    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, trust_remote_code=trust_remote_code)
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, trust_remote_code=trust_remote_code, dtype=dtype,
+                                                                     device_map=device_map)
     return loaded, {"load": round(time.perf_counter() - began, 2)}
 
 
@@ -500,6 +502,7 @@ def analyze(
     spacy_pipeline: str | None = None,
     out: str | Path | None = None,
     batch_size: int = 32,
+    batch_tokens: int | None = None,
     max_length: int | None = None,
     limit: int | None = None,
     overflow: str = "truncate",
@@ -516,6 +519,8 @@ def analyze(
     address: str | None = None,
     checkpoint_every: int | None = None,
     trust_remote_code: bool = False,
+    dtype: str = "auto",
+    device_map: str | dict | None = None,
     view: bool = True,
     progress: bool = True,
     command: list[str] | None = None,
@@ -547,6 +552,8 @@ def analyze(
     the tables equal the local ones to float rounding). With ``out``, the pass saves its analyzers' states in
     ``out/resume/`` at least every 30 seconds (or every ``checkpoint_every`` batches); the same call after an
     interruption resumes from them.
+    ``dtype`` (``auto``, ``float32``, ``bfloat16``, ``float16``) and ``device_map`` (accelerate's, ``auto``; not with Ray)
+    are :func:`~bertology.core.model.models.load_model`'s; the model's info in the manifest records both.
     With ``out`` (checked before anything runs), the run folder is written there. ``view`` adds the
     attention viewer (``viewer.html``) for the corpus's first example, linked from the report. A family
     that fails, during the pass or after it, loses nothing else: it is left out and recorded in
@@ -556,13 +563,19 @@ def analyze(
     examples, corpus_info, views = _read_arguments(corpus, format, limit, seed, weighting, backend, workers, address, checkpoint_every, out,
                                                    parser)
     chosen, asked, with_trees = _requested_families(analyses, include, exclude, options, examples, parser, corpus_info["name"])
-    settings = _run_settings(chosen, options, with_trees=with_trees, parser=parser, views=views, batch_size=batch_size, max_length=max_length,
-                             overflow=overflow, seed=seed, limit=limit, device=device, punct=punct, correction=correction, min_sample=min_sample)
+    settings = _run_settings(chosen, options, with_trees=with_trees, parser=parser, views=views, batch_size=batch_size, batch_tokens=batch_tokens,
+                             max_length=max_length, overflow=overflow, seed=seed, limit=limit, device=device, punct=punct, correction=correction,
+                             min_sample=min_sample)
     total = _count_examples(examples, corpus_info)
-    loaded, phases = _load(model, device, trust_remote_code)
+    if device_map is not None and backend == "ray":
+        raise BertologyError("--device-map spreads one model over this machine's devices: run it with --backend local")
+    loaded, phases = _load(model, device, trust_remote_code, dtype, device_map)
+    if dtype != "auto" and not isinstance(model, LoadedModel):
+        model = loaded  # Ray's actors get the weights in the dtype asked for, shipped once
     chosen, warnings = _fit_model(chosen, loaded, settings, asked, options)
     torch.manual_seed(seed)
-    engine = Engine(loaded, batch_size=batch_size, max_length=max_length, overflow=overflow, progress=progress, punct=punct, null=null)
+    engine = Engine(loaded, batch_size=batch_size, batch_tokens=batch_tokens, max_length=max_length, overflow=overflow, progress=progress,
+                    punct=punct, null=null)
     settings["max_length"] = engine.max_length
     if null is not None:
         settings["null"] = null

@@ -210,14 +210,16 @@ def piece_difference(engines: Sequence[Engine], examples) -> str | None:
 def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, batch_size: int = 32, max_length: int | None = None,
             limit: int | None = None, overflow: str = "truncate", tau: float = 3.0, punct: str = "upos", device: str = "auto", seed: int = 0,
             trust_remote_code: bool = False, progress: bool = True, command: list[str] | None = None, backend: str = "local",
-            workers: int | None = None, address: str | None = None, layer_probes: bool | None = None, probe_sentences: int = 1000) -> Comparison:
+            workers: int | None = None, address: str | None = None, layer_probes: bool | None = None, probe_sentences: int = 1000,
+            dtype: str = "auto") -> Comparison:
     """Run two models over the same inputs and report per-head similarity and the change in profile and roles.
 
     ``punct``: the profile's punctuation set, as in :func:`bertology.analyze`; ``backend``, ``workers``, ``address``: as there
     (on Ray, each actor loads both models). ``layer_probes`` (default: where the corpus has trees): probe every layer of
     both models for UPOS and dependency labels (:mod:`bertology.families.layers`, on the first ``probe_sentences``
     sentences, one more pass per model) and set the accuracies side by side per layer. The pass feeds both models model A's
-    pieces: two models whose tokenizers cut an example otherwise (:func:`piece_difference`) are refused before it runs."""
+    pieces: two models whose tokenizers cut an example otherwise (:func:`piece_difference`) are refused before it runs.
+    ``dtype``: both models' weights' precision, as :func:`~bertology.core.model.models.load_model`'s."""
     check_seed(seed)
     if backend not in BACKENDS:
         raise BertologyError(f"unknown backend {backend!r}: use local or ray")
@@ -227,7 +229,8 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
         raise BertologyError("layer probes need dependency trees: give a CoNLL-U corpus")
     total = examples.validate() if isinstance(examples, Corpus) else len(examples)
     corpus_info["examples"] = total
-    loaded = [m if isinstance(m, LoadedModel) else load_model(m, device=device, trust_remote_code=trust_remote_code) for m in (model_a, model_b)]
+    loaded = [m if isinstance(m, LoadedModel) else load_model(m, device=device, trust_remote_code=trust_remote_code, dtype=dtype)
+              for m in (model_a, model_b)]
     torch.manual_seed(seed)
     length = min(max_length or 10**9, loaded[0].max_length, loaded[1].max_length)
     engines = [Engine(m, batch_size=batch_size, max_length=length, overflow=overflow, progress=progress, punct=punct) for m in loaded]
@@ -246,7 +249,8 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
     similarity, sides = analyzers[0], dict(zip([(kind, side) for kind in ("profile", "roles") for side in "ab"], analyzers[1:]))
     if backend == "ray":
         plan = PassPlan(build, ["attention"] * len(analyzers))
-        sources = [m if isinstance(m, LoadedModel) else (str(m) if m is not None else None) for m in (model_a, model_b)]
+        sources = [each if isinstance(m, LoadedModel) or dtype != "auto" else (str(m) if m is not None else None)  # shipped in its dtype
+                   for m, each in zip((model_a, model_b), loaded)]
         stats = run_ray(engines[0], examples, plan, analyzers, model=sources[0], compare_with=sources[1], device=device,
                         trust_remote_code=trust_remote_code, workers=workers, address=address, total=total, progress=progress)
     else:

@@ -21,7 +21,7 @@ class Gradients(Study):
         Option("mask_share", None, "Share of each sequence's pieces masked for the masked-LM loss (encoders only) [default: 0.15].", type=float,
                minimum=0.01, maximum=1.0),
         *pick(RUN, "out"), *pick(TASK_BATCHES, "batch_size"), *pick(CORPUS, "max_length", "limit", "punct"), *pick(RUN, "seed"),
-        *pick(MODEL, "device", "trust_remote_code"), *pick(RUN, "quiet"),
+        *pick(MODEL, "device", "trust_remote_code", "dtype"), *pick(RUN, "quiet"),
     )
     outputs = ("gradients",)
 
@@ -37,7 +37,8 @@ class Gradients(Study):
         s["out"] = s["out"] or default_out(self.name, s["model"], s["corpus"] or (data.name if data else None))
         return attention_gradients(s["model"], s["corpus"], task=data, format=s["format"], out=s["out"], batch_size=s["batch_size"],
                                    max_length=s["max_length"], limit=s["limit"], mask_share=s["mask_share"], punct=s["punct"], seed=s["seed"],
-                                   device=s["device"], trust_remote_code=s["trust_remote_code"], progress=not s["quiet"], command=command)
+                                   device=s["device"], trust_remote_code=s["trust_remote_code"], dtype=s["dtype"], progress=not s["quiet"],
+                                   command=command)
 
     def summary(self, study, settings: dict) -> list[str]:
         from bertology.core.engine import MIN_PIECES

@@ -174,7 +174,7 @@ class GradientStudy:
 def attention_gradients(model=None, corpus=None, *, task=None, format: str = "auto", out=None, batch_size: int = 16,
                         max_length: int | None = None, limit: int | None = None, mask_share: float | None = None, punct: str = "upos",
                         seed: int = 0, device: str = "auto", trust_remote_code: bool = False, progress: bool = True,
-                        command: list[str] | None = None) -> GradientStudy:
+                        command: list[str] | None = None, dtype: str = "auto") -> GradientStudy:
     """Attention to [SEP], [CLS] and punctuation per layer beside the gradient of the loss with respect to it.
 
     ``model``: a model with a masked-LM head (hub name, folder or :class:`~bertology.core.model.models.LoadedModel`;
@@ -182,7 +182,8 @@ def attention_gradients(model=None, corpus=None, *, task=None, format: str = "au
     the first token stands in [CLS]'s place, docs/methods.md#decoders), or with ``task`` (a
     :class:`~bertology.core.learning.tasks.TaskData`) a sequence classifier, whose loss is the cross-entropy of the task's gold labels
     on its dev examples (then ``corpus`` must be None). ``mask_share``: the share of pieces masked for the masked-LM loss
-    (0.15 when None; given for another loss, refused).
+    (0.15 when None; given for another loss, refused). ``dtype``: the weights' precision, as
+    :func:`~bertology.core.model.models.load_model`'s (the attention and its gradient are float32 whatever it is).
     """
     if mask_share is not None and not 0 < mask_share <= 1:
         raise BertologyError(f"--mask-share must be in (0, 1], not {mask_share}")
@@ -200,7 +201,8 @@ def attention_gradients(model=None, corpus=None, *, task=None, format: str = "au
     if isinstance(model, LoadedModel):
         loaded = model
     else:
-        loaded = load_model(model, device=device, trust_remote_code=trust_remote_code, head="classifier" if task is not None else LANGUAGE_MODEL)
+        loaded = load_model(model, device=device, trust_remote_code=trust_remote_code, head="classifier" if task is not None else LANGUAGE_MODEL,
+                            dtype=dtype)
     masked_lm = task is None and loaded.kind is not DECODER
     if mask_share is not None and not masked_lm:
         raise BertologyError("--mask-share applies to the masked-LM loss, not a task's" if task is not None else f"--mask-share applies to the "

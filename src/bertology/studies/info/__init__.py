@@ -18,7 +18,8 @@ class Info(Study):
     def run(self, settings: dict, command: list[str] | None = None) -> dict:
         from bertology.core.model.models import load_model
 
-        return load_model(settings["model"], device=settings["device"], trust_remote_code=settings["trust_remote_code"]).info()
+        return load_model(settings["model"], device=settings["device"], trust_remote_code=settings["trust_remote_code"], dtype=settings["dtype"],
+                          device_map=settings["device_map"]).info()
 
     def summary(self, info: dict, settings: dict) -> list[str]:
         return [json.dumps(info, indent=2)]

@@ -22,7 +22,7 @@ class Label(Study):
         Option("classifier", None, "A trained pattern classifier: show the maps it is least sure of.", type=Path),
         Option("limit", 500, "Draw from the first N inputs.", minimum=1),
         Option("max_length", 128, "Most pieces per input.", minimum=8),
-        *pick(RUN, "seed"), *pick(MODEL, "device", "trust_remote_code"),
+        *pick(RUN, "seed"), *pick(MODEL, "device", "trust_remote_code", "dtype", "device_map"),
         Option("browser", True, "Open the page in the default browser.", flag="--open/--no-open"),
     )
     writes = "file"
@@ -44,7 +44,7 @@ class Label(Study):
         saved_labels(labels)  # a file that is not ours is refused before the model loads
         trained = TrainedClassifier.load(s["classifier"]) if s["classifier"] is not None else None
         examples, _ = open_corpus(s["corpus"], s["format"], s["limit"])
-        loaded = load_model(s["model"], device=s["device"], trust_remote_code=s["trust_remote_code"])
+        loaded = load_model(s["model"], device=s["device"], trust_remote_code=s["trust_remote_code"], dtype=s["dtype"], device_map=s["device_map"])
         queue = choose_maps(loaded, list(examples), s["maps"], seed=s["seed"], classifier=trained, max_length=s["max_length"])
         server = LabelServer(queue, labels, loaded.name).start()
         print(f"labelling page: {server.url} ({server.labelled} of {len(queue)} maps labelled so far); Ctrl-C stops the server", flush=True)

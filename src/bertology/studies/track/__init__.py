@@ -24,7 +24,7 @@ class Track(Study):
         CORPUS[0].but(help="Corpus file; CoNLL-U adds syntactic heads [default: the bundled sample corpus]."),
         *pick(CORPUS, "format"), *pick(TREES, "parser"), *pick(RUN, "out"), *pick(CORPUS, "batch_size", "max_length", "limit"),
         family_option("syntax", "bootstrap"), family_option("roles", "tau"), family_option("syntax", "min_dependents"), family_option("sinks", "sink_eps"),
-        *pick(CORPUS, "punct"), *pick(RUN, "seed", "quiet"), *pick(MODEL, "device", "trust_remote_code"), *RAY,
+        *pick(CORPUS, "punct"), *pick(RUN, "seed", "quiet"), *pick(MODEL, "device", "trust_remote_code", "dtype"), *RAY,
     )
     outputs = ("track", "track_layers", "peaks", "losses")
     optional_outputs = ("emergence",)
@@ -44,7 +44,8 @@ class Track(Study):
         s["out"] = s["out"] or default_out(self.name, label, s["corpus"])
         return track(series, s["corpus"], format=s["format"], parser=s["parser"], out=s["out"], batch_size=s["batch_size"],
                      max_length=s["max_length"], limit=s["limit"], bootstrap=s["bootstrap"], tau=s["tau"], min_dependents=s["min_dependents"],
-                     punct=s["punct"], seed=s["seed"], device=s["device"], trust_remote_code=s["trust_remote_code"], sink_eps=s["sink_eps"],
+                     punct=s["punct"], seed=s["seed"], device=s["device"], trust_remote_code=s["trust_remote_code"], dtype=s["dtype"],
+                     sink_eps=s["sink_eps"],
                      progress=not s["quiet"],
                      command=command, steps=parse_steps(s["steps"]) if s["steps"] is not None else None, backend=s["backend"],
                      workers=s["workers"], address=s["address"])

@@ -800,7 +800,7 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
     where to load it from (the folder's absolute path) and ``device`` the task's own."""
     source = source or checkpoint
     name = None if source in ("default", DEFAULT_MODEL) else source
-    options = {"device": device or settings["device"], "trust_remote_code": settings["trust_remote_code"]}
+    options = {"device": device or settings["device"], "trust_remote_code": settings["trust_remote_code"], "dtype": settings["dtype"]}
     try:
         loaded, with_lm_head = load_model(name, head=LANGUAGE_MODEL, **options), True
     except ModelError:  # no language-model head (a bare encoder, a classifier): its attention is measured without one
@@ -885,6 +885,7 @@ def track(
     seed: int = 0,
     device: str = "auto",
     trust_remote_code: bool = False,
+    dtype: str = "auto",
     sink_eps: float = SINK_EPS,
     progress: bool = True,
     command: list[str] | None = None,
@@ -919,7 +920,7 @@ def track(
     with_trees = any(example.has_tree for example in examples)
     settings = {"batch_size": batch_size, "max_length": max_length, "limit": limit, "bootstrap": bootstrap, "tau": tau,
                 "min_dependents": min_dependents, "punct": punct, "seed": seed, "device": device, "trust_remote_code": trust_remote_code,
-                "parser": parser or ("gold" if with_trees else None), "sink_eps": sink_eps}
+                "dtype": dtype, "parser": parser or ("gold" if with_trees else None), "sink_eps": sink_eps}
     key = json.dumps({"corpus": corpus_info.get("sha256"), "examples": len(examples), **{k: v for k, v in settings.items() if k != "device"}}, sort_keys=True)
     parts = Path(out) / "parts" if out is not None else None
     finished = parts is not None and finished_run(Path(out))

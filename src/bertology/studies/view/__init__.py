@@ -22,7 +22,7 @@ class View(Study):
                "comma-separated (value zeroing reruns each layer once per token and head).", type=str),
         Option("top_k", None, "Keep each row's K largest weights (0: all); by default all up to 128 tokens, else 20, fewer where the maps "
                "would pass the page's 16 MiB.", type=int, minimum=0),
-        *pick(CORPUS, "max_length"), *pick(MODEL, "device", "trust_remote_code"),
+        *pick(CORPUS, "max_length"), *pick(MODEL, "device", "trust_remote_code", "dtype", "device_map"),
     )
     writes = "file"
     report = False
@@ -38,7 +38,7 @@ class View(Study):
         s = settings
         check_file_out(s["out"], made_by=PAGE_MARK)
         contributions = tuple(measure.replace("_", "-") for measure in parse_measures(s["contributions"]))  # the views' names
-        loaded = load_model(s["model"], device=s["device"], trust_remote_code=s["trust_remote_code"])
+        loaded = load_model(s["model"], device=s["device"], trust_remote_code=s["trust_remote_code"], dtype=s["dtype"], device_map=s["device_map"])
         if s["pair"] is not None and loaded.kind is DECODER:
             raise BertologyError(f"--pair does not apply to {loaded.name}, a decoder: it has no sentence-pair structure (no segment ids, no "
                                  "separator between sentence A and B); give both sentences in the one text")
