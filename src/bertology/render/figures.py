@@ -8,6 +8,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+# Titles sit at the top of their axes (no figure here has tick labels above a plot): placing each by the tick labels it
+# might overlap measured every label of the axes, a seventh of a report's drawing time.
+plt.rcParams["axes.titley"] = 1.0
+
 METRIC_TITLES = {
     "cls": "attention to [CLS]",
     "sep": "attention to [SEP]",
@@ -60,20 +64,70 @@ def hidden_state_axis(axis, states) -> None:
     axis.set_xlabel(HIDDEN_STATE_LABEL)
 
 
+#: Up to this many layers (or heads) an axis of a head grid names each one; past it, every :func:`tick_step`-th, so the
+#: labels of a 32 x 32 grid (heads 0, 4, 8, ...) never overlap. No head grid writes text in its cells.
+LABELLED_UP_TO = 16
+#: The most inches a head grid's map takes (width, height): past it the cells shrink, so a figure of 1,024 heads keeps
+#: the size of one of about 200.
+GRID_INCHES = (8.0, 6.0)
+#: The same for one panel of a figure of several maps side by side.
+PANEL_INCHES = (5.0, 3.5)
+
+
+def tick_step(count: int) -> int:
+    """Every how many layers (or heads) an axis of ``count`` names one: 1 up to :data:`LABELLED_UP_TO`, else at most
+    ``LABELLED_UP_TO / 2`` labels."""
+    return 1 if count <= LABELLED_UP_TO else -(-count // (LABELLED_UP_TO // 2))
+
+
+def head_ticks(axis, layers, heads, fontsize: float | None = None) -> None:
+    """Name the ``heads`` (x) and ``layers`` (y) of a layer x head map on ``axis``, every :func:`tick_step`-th of each."""
+    for set_ticks, names in ((axis.set_xticks, list(heads)), (axis.set_yticks, list(layers))):
+        shown = range(0, len(names), tick_step(len(names)))
+        set_ticks(shown, [str(names[position]) for position in shown], fontsize=fontsize)
+    axis.set_xlabel("head (0-based)", fontsize=fontsize)
+    axis.set_ylabel("layer (0-based)", fontsize=fontsize)
+
+
+def head_map_inches(layers: int, heads: int, cell: tuple[float, float] = (0.5, 0.45),
+                    most: tuple[float, float] = GRID_INCHES) -> tuple[float, float]:
+    """The inches of a layer x head map: ``cell`` inches a head, up to ``most`` (a panel among several: less than a
+    figure's :data:`GRID_INCHES`)."""
+    return min(cell[0] * heads, most[0]), min(cell[1] * layers, most[1])
+
+
 def head_grid(axis, grid: pd.DataFrame, title: str, **imshow) -> None:
     """On ``axis``: a layer x head heat map of ``grid`` (index: layer, columns: head, both 0-based) with a colour bar."""
     image = axis.imshow(grid.values, aspect="auto", **{"cmap": "viridis", **imshow})
-    axis.set_xticks(range(grid.shape[1]), grid.columns)
-    axis.set_yticks(range(grid.shape[0]), grid.index)
-    axis.set_xlabel("head (0-based)")
-    axis.set_ylabel("layer (0-based)")
+    head_ticks(axis, grid.index, grid.columns)
     axis.set_title(title, fontsize=9)
     plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
 
 
 def head_grid_size(grid: pd.DataFrame) -> tuple[float, float]:
-    """A figure size that gives each head's cell room."""
-    return 0.5 * grid.shape[1] + 2.8, 0.45 * grid.shape[0] + 1.6
+    """A figure size that gives each head's cell room, the map at most :data:`GRID_INCHES`."""
+    width, height = head_map_inches(*grid.shape)
+    return width + 2.8, height + 1.6
+
+
+def panel_grid(rows: int, columns: int, panel: tuple[float, float], *, top: float = 0.45, right: float = 0.25):
+    """A figure of ``rows x columns`` panels of ``panel`` inches each, margins and gaps fixed in inches: room for tick labels,
+    axis labels, a title and a colour bar beside each panel (:func:`panel_colorbar`), ``top`` inches above the panels and
+    ``right`` beside them. Laid out once by hand: a layout engine measures every label of every panel first, most of a
+    grid's drawing time. Returns the figure and its axes, ``[rows, columns]``."""
+    left, bottom, across, down = 0.7, 0.6, 1.45, 0.85
+    width = left + right + columns * panel[0] + (columns - 1) * across
+    height = bottom + top + rows * panel[1] + (rows - 1) * down
+    figure, axes = plt.subplots(rows, columns, figsize=(width, height), squeeze=False,
+                                gridspec_kw={"left": left / width, "right": 1 - right / width, "bottom": bottom / height,
+                                             "top": 1 - top / height, "wspace": across / panel[0], "hspace": down / panel[1]})
+    figure.fixed_layout = True  # RunFolder.write_figure keeps these margins
+    return figure, axes
+
+
+def panel_colorbar(figure, image, axis, label: str | None = None):
+    """A colour bar for ``image`` just right of ``axis`` (in the gap :func:`panel_grid` leaves), the panel kept whole."""
+    return figure.colorbar(image, cax=axis.inset_axes((1.03, 0.0, 0.04, 1.0)), label=label)
 
 
 def log_step_axis(axis) -> None:

@@ -7,7 +7,7 @@ import pandas as pd
 
 from bertology.core.model.kinds import Kind
 from bertology.core.storage.runfolder import RunFolder
-from bertology.render.figures import plt
+from bertology.render.figures import head_grid_size, head_ticks, plt
 from bertology.render.html import Figure, Section
 
 PATTERN_COLOURS = {"vertical": "tab:red", "diagonal": "tab:green", "vertical+diagonal": "tab:olive", "block": "tab:blue", "heterogeneous": "tab:gray"}
@@ -38,12 +38,10 @@ def pattern_grid(patterns: pd.DataFrame):
     codes = majority.map(names.index).values
     from matplotlib.colors import ListedColormap
 
-    figure, axis = plt.subplots(figsize=(0.5 * majority.shape[1] + 3.5, 0.45 * majority.shape[0] + 1.5))
+    width, height = head_grid_size(majority)
+    figure, axis = plt.subplots(figsize=(width + 0.7, height - 0.1))
     axis.imshow(codes, cmap=ListedColormap([PATTERN_COLOURS[n] for n in names]), vmin=-0.5, vmax=len(names) - 0.5, aspect="auto")
-    axis.set_xticks(range(majority.shape[1]), majority.columns)
-    axis.set_yticks(range(majority.shape[0]), majority.index)
-    axis.set_xlabel("head (0-based)")
-    axis.set_ylabel("layer (0-based)")
+    head_ticks(axis, majority.index, majority.columns)
     axis.set_title("majority pattern of each head")
     handles = [plt.Rectangle((0, 0), 1, 1, color=PATTERN_COLOURS[n]) for n in names]
     axis.legend(handles, names, fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from matplotlib.transforms import Bbox
 
 from bertology.core.model.kinds import Kind
 from bertology.core.storage.runfolder import RunFolder
 from bertology.families.profile.analyzer import EXACT, clark_threshold_values, profile_metric_names
-from bertology.render.figures import METRIC_TITLES, plt
+from bertology.render.figures import METRIC_TITLES, PANEL_INCHES, head_map_inches, head_ticks, panel_colorbar, panel_grid, plt
 from bertology.render.html import Figure, Section, without_rows
 
 _PUNCT_SETS = {"upos": "every token that is only punctuation (Unicode category P*; --punct upos)",
@@ -45,28 +46,29 @@ def metric_heatmap(heads: pd.DataFrame, metric: str, axis, **imshow):
     """Layer x head heatmap of one metric's mean over sequences, drawn on ``axis``; returns the image."""
     grid = heads[heads.metric == metric].pivot(index="layer", columns="head", values="value")
     image = axis.imshow(grid.values, aspect="auto", cmap="viridis", **imshow)
-    axis.set_xticks(range(grid.shape[1]), grid.columns)
-    axis.set_yticks(range(grid.shape[0]), grid.index)
-    axis.set_xlabel("head (0-based)")
-    axis.set_ylabel("layer (0-based)")
+    head_ticks(axis, grid.index, grid.columns)
     axis.set_title(METRIC_TITLES.get(metric, metric))
     return image
 
 
 def metric_heatmaps(heads: pd.DataFrame, metrics) -> plt.Figure:
     """All metrics' layer x head heatmaps in one grid (for the report). The shares of attention (:data:`SHARE_METRICS`)
-    share one colour scale from 0 to 1 and one colour bar; every other metric has its own bar, labelled with its unit."""
+    share one colour scale from 0 to 1 and one colour bar, right of the grid beside their rows; every other metric has its
+    own bar, labelled with its unit. The panels keep one size whatever the heads (:func:`head_map_inches`)."""
     columns = 3
     rows = int(np.ceil(len(metrics) / columns))
-    figure, axes = plt.subplots(rows, columns, figsize=(5.4 * columns, 3.4 * rows), squeeze=False, layout="constrained")
+    panel = head_map_inches(heads.layer.nunique(), heads["head"].nunique(), cell=(0.35, 0.42), most=PANEL_INCHES)
+    figure, axes = panel_grid(rows, columns, panel, right=1.1)
     shared = [axis for axis, metric in zip(axes.ravel(), metrics) if metric in SHARE_METRICS]
     for axis, metric in zip(axes.ravel(), metrics):
         if metric in SHARE_METRICS:
             share_image = metric_heatmap(heads, metric, axis, vmin=0.0, vmax=1.0)
         else:
-            figure.colorbar(metric_heatmap(heads, metric, axis), ax=axis, label=METRIC_UNITS.get(metric))
+            panel_colorbar(figure, metric_heatmap(heads, metric, axis), axis, label=METRIC_UNITS.get(metric))
     if shared:
-        figure.colorbar(share_image, ax=shared, label="share of attention (one scale for these maps)", shrink=0.9)
+        span = Bbox.union([axis.get_position() for axis in shared])
+        bar = figure.add_axes((span.x1 + 0.25 / figure.get_figwidth(), span.y0, 0.15 / figure.get_figwidth(), span.height))
+        figure.colorbar(share_image, cax=bar, label="share of attention (one scale for these maps)")
     for axis in axes.ravel()[len(metrics):]:
         axis.set_visible(False)
     return figure

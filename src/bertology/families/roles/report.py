@@ -8,7 +8,7 @@ from matplotlib.colors import TwoSlopeNorm
 
 from bertology.core.storage.runfolder import RunFolder
 from bertology.families.roles.analyzer import SUMMARY_ROLES, role_colocation, role_shares
-from bertology.render.figures import all_zero, plt
+from bertology.render.figures import LABELLED_UP_TO, PANEL_INCHES, all_zero, head_map_inches, head_ticks, panel_colorbar, panel_grid, plt
 from bertology.render.html import Figure, Section, without_rows
 
 ROLE_COLOURS = {"local": "tab:green", "delimiter": "tab:red", "cls": "tab:orange", "sep": "tab:purple", "block": "tab:blue", "syntactic": "tab:brown"}
@@ -65,23 +65,19 @@ def role_grid(roles: pd.DataFrame, order, tau: float):
     columns = min(2, len(grids))
     rows = -(-len(grids) // columns)
     num_layers, num_heads = next(iter(grids.values()))[0].shape
-    figure, axes = plt.subplots(rows, columns, figsize=(columns * (0.42 * num_heads + 2.2), rows * (0.36 * num_layers + 1.3)), squeeze=False,
-                                layout="constrained")
+    figure, axes = panel_grid(rows, columns, head_map_inches(num_layers, num_heads, cell=(0.42, 0.36), most=PANEL_INCHES), top=0.75)
     for axis, (role, (score, held)) in zip(axes.ravel(), grids.items()):
         top = float(np.nanmax(score.values))
         low = min(0.0, float(np.nanmin(score.values)), tau - 1.0)  # the scale must run below tau (scores are >= 0; tau may be too)
         norm = TwoSlopeNorm(vcenter=tau, vmin=low, vmax=max(top, tau + 0.05 * abs(tau) + 1e-6))
         image = axis.imshow(score.values, aspect="auto", cmap="RdBu_r", norm=norm)
         layer, head = np.nonzero(held.values)
-        axis.scatter(head, layer, s=14, color="black", edgecolor="white", linewidth=0.6)
+        axis.scatter(head, layer, s=14 * min(1.0, LABELLED_UP_TO / max(num_layers, num_heads)), color="black", edgecolor="white", linewidth=0.6)
         best = np.unravel_index(np.nanargmax(score.values), score.shape)
         axis.set_title(f"{role}: {int(held.values.sum())} of {held.size} heads hold it; strongest {score.index[best[0]]}-{score.columns[best[1]]} "
                        f"({top:.2f})", fontsize=9)
-        axis.set_xticks(range(num_heads), score.columns, fontsize=7)
-        axis.set_yticks(range(num_layers), score.index, fontsize=7)
-        axis.set_xlabel("head (0-based)", fontsize=8)
-        axis.set_ylabel("layer (0-based)", fontsize=8)
-        figure.colorbar(image, ax=axis, label=f"mean sieve score (tau = {tau:g})")
+        head_ticks(axis, score.index, score.columns, fontsize=7)
+        panel_colorbar(figure, image, axis, label=f"mean sieve score (tau = {tau:g})")
     for axis in axes.ravel()[len(grids):]:
         axis.set_visible(False)
     figure.suptitle("each role's mean sieve score per head (1 = uniform attention); dot: the head holds the role")
