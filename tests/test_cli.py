@@ -92,7 +92,7 @@ def test_syntax_writes_tables_probe_and_report(tiny_bert_dir, treebank, tmp_path
     assert best.relation.iloc[0] == "all" and (tested.ci_low <= tested.accuracy).all() and (tested.accuracy <= tested.ci_high).all()
     assert best[best.few][["ci_low", "ci_high", "p_value", "p_adj"]].isna().all().all() and not best[best.few].significant.any()
     probe = json.loads((out / "probe.json").read_text())
-    assert set(probe["uas"]) == {"attn", "attn+emb", "right_branching", "left_branching", "best_offset"}
+    assert set(probe["uas"]) == {"attn", "attn+emb", "uniform_attn", "uniform_attn+emb", "right_branching", "left_branching", "best_offset"}
     assert (out / "syntax_best.png").is_file() and (out / "syntax_heatmap_det.png").is_file()
     assert not (out / "heads.csv").exists()  # syntax alone
     assert "Syntactic heads" in (out / "report.html").read_text()

@@ -15,7 +15,7 @@ import bertology
 from bertology.core.model.kinds import DECODER, ENCODER
 from bertology.core.storage.runfolder import RunFolder
 from bertology.families import get_family
-from bertology.families.patterns.report import WORD_START, pattern_thumbnails, shown_tokens
+from bertology.families.patterns.report import THUMBNAILS_PER_CLASS, WORD_START, pattern_thumbnails, shown_tokens
 from bertology.families.sinks.report import activations_by_layer, sinks_section, weight_and_share_by_layer
 from bertology.render.figures import HIDDEN_STATE_LABEL, plt
 from bertology.studies.analyze.weightings import views_figure
@@ -62,8 +62,10 @@ def test_thumbnails_mark_gpt2_pieces_as_byte_level_bpe_does(run):
         assert any(token.startswith(WORD_START) for token in shown)
     figure = pattern_thumbnails(examples, DECODER)
     drawn = [axis for axis in figure.axes if axis.images]
+    items = [item for kept in examples.values() for item in kept[:THUMBNAILS_PER_CLASS]]  # the maps drawn
+    assert len(drawn) == len(items)
     for axis, item in zip(drawn, items):
-        assert [label.get_text() for label in axis.get_xticklabels()] == shown_tokens(item.tokens, item.text, DECODER)
+        assert [text.get_text() for text in axis.texts if text.get_gid() == "xtick"] == shown_tokens(item.tokens, item.text, DECODER)
     plt.close(figure)
     assert "pieces that begin a word after a space marked \u0120" in report and "marked ##" not in report
     # an encoder's thumbnails keep BERT's marks

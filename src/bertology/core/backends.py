@@ -336,7 +336,7 @@ def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list,
         shipped, shipped_other = ship(model), ship(compare_with)
         options = {"batch_size": engine.batch_size, "batch_tokens": engine.batch_tokens, "max_length": engine.max_length, "overflow": engine.overflow,
                    "sort_window": engine.sort_window, "max_attention_elements": engine.max_attention_elements, "punct": engine.punct,
-                   "null": engine.null}
+                   "null": engine.null, "attention_budget": engine.attention_budget, "query_block": engine.query_block}
         worker_class = ray.remote(PassWorker)
         pool = ActorPool([worker_class.options(**cluster.per_actor).remote(shipped, options, cluster.device(device), trust_remote_code,
                                                                            cluster.threads, shipped_other)

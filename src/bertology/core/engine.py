@@ -3,7 +3,10 @@
 Memory stays bounded whatever the corpus size: examples are read lazily, sorted by length only
 within a window of ``batch_size * sort_window`` examples (to cut padding), and each batch's
 attention ``[layer, batch, head, query, key]`` is dropped once the analyzers have seen it. A
-batch is also capped so that its attention tensor holds at most ``max_attention_elements``.
+batch is also capped so that its attention tensor holds at most ``max_attention_elements``. Past an ``attention_budget``
+(one sequence can exceed any cap), each layer's maps are computed by blocks of query rows
+(:func:`~bertology.core.model.hooks.bertology_attention`) and folded block by block by the analyzers that can
+(:func:`folds_row_blocks`), so a pass holds one block of one layer's maps, not ``heads x n x n``.
 """
 
 from __future__ import annotations
@@ -220,7 +223,9 @@ class LayerMaps:
     forward pass and released before the next layer runs, so a pass holds one layer's maps, not all of them.
 
     ``attention[b, h, i, j]`` (``[batch, head, n, n]``, in the analyzer's view of attention, padding rows and columns
-    zero, on the model's device and in its dtype); ``mixing[b, i, r]`` the layer's context-mixing ratios where an
+    zero, on the model's device and in its dtype; in a pass by blocks of queries, ``[batch, head, r, n]``, the query rows
+    :attr:`rows` of the layer, each row whole: an analyzer that sets ``folds_row_blocks`` receives each layer as
+    consecutive blocks, from :attr:`starts_layer` to :attr:`ends_layer`); ``mixing[b, i, r]`` the layer's context-mixing ratios where an
     analyzer ``needs`` them; ``vector_norms[b, h, k, j]`` the layer's key, value and transformed vector norms
     (:data:`VECTOR_NORMS`) where an analyzer ``needs`` ``"vectors"``. Analyzers of the same view share one object, so
     word-level maps are merged once.
@@ -239,13 +244,31 @@ class LayerMaps:
     #: (:meth:`uniform`): None for the weights themselves; the norm shares of each head's own vectors under ``norm``; each
     #: head's contribution maps under ``alti`` and ``value-zeroing``.
     uniform_view: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
+    #: The query rows ``attention`` holds (:func:`~bertology.core.model.hooks.bertology_attention` by blocks of queries);
+    #: None for every row. ``visible_keys`` and :meth:`uniform` hold the same rows.
+    rows: slice | None = None
     _word_maps: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
     _uniform: torch.Tensor | None = field(default=None, init=False, repr=False)
 
+    @property
+    def row_start(self) -> int:
+        """The first query row of ``attention`` in the layer (0 for every row)."""
+        return 0 if self.rows is None else self.rows.start
+
+    @property
+    def starts_layer(self) -> bool:
+        """Whether these maps hold the layer's first query row (every row, or its first block)."""
+        return self.row_start == 0
+
+    @property
+    def ends_layer(self) -> bool:
+        """Whether these maps hold the layer's last query row (every row, or its last block)."""
+        return self.rows is None or self.rows.stop == self.attention.shape[-1]
+
     def visible(self, batch: Batch) -> torch.Tensor:
-        """``[batch, n, n]`` bool: the keys each query of ``batch`` saw in this layer: the mask the model applied where the
-        pass recorded it, else the kind's (:meth:`~bertology.core.model.kinds.Kind.visible_keys`)."""
-        return self.visible_keys if self.visible_keys is not None else batch.kind.visible_keys(batch.mask)
+        """``[batch, n, n]`` bool (``[batch, r, n]`` for a block of rows): the keys each query of ``batch`` saw in this layer:
+        the mask the model applied where the pass recorded it, else the kind's (:meth:`~bertology.core.model.kinds.Kind.visible_keys`)."""
+        return self.visible_keys if self.visible_keys is not None else batch.kind.visible_keys(batch.mask, self.rows)
 
     def uniform(self, batch: Batch) -> torch.Tensor:
         """This layer's uniform head in this view of attention (docs/methods.md#the-null-model): ``[batch, 1, n, n]``, every
@@ -262,6 +285,8 @@ class LayerMaps:
 
     def word_attention(self, batch: Batch, b: int) -> torch.Tensor:
         """Word-level attention ``[head, u, u]`` of sequence ``b`` at this layer (docs/methods.md#notation-and-word-level-attention)."""
+        if self.rows is not None:
+            raise BertologyError("word-level maps need a layer's whole maps, not a block of its query rows")
         if b not in self._word_maps:
             n = int(batch.host_lengths[b])
             self._word_maps[b] = to_word_level(self.attention[b, :, :n, :n], batch.alignments[b])
@@ -340,6 +365,21 @@ NO_NEEDS = PassNeeds()
 def is_layerwise(analyzer) -> bool:
     """True for an analyzer that folds a batch one layer at a time (:class:`~bertology.core.analyzer.LayerwiseAnalyzer`)."""
     return callable(getattr(analyzer, "update_layer", None)) and callable(getattr(analyzer, "finish_batch", None))
+
+
+#: The views of attention a pass by blocks of queries gives: the weights and the norm shares (row by row); the contribution
+#: views rerun or decompose the whole block.
+BLOCKED_VIEWS = ("attention", "norm")
+#: What an analyzer may need and still fold blocks of queries: the mixing ratios and contribution maps read whole maps.
+BLOCKED_NEEDS = frozenset({"hidden_states", "vectors"})
+
+
+def folds_row_blocks(analyzer, weighting: str = "attention") -> bool:
+    """Whether ``analyzer`` receiving the view ``weighting`` takes each layer's maps as blocks of query rows
+    (:attr:`LayerMaps.rows`): a layerwise analyzer that says so (``folds_row_blocks``), in a view made row by row
+    (:data:`BLOCKED_VIEWS`), needing nothing that reads whole maps (:data:`BLOCKED_NEEDS`)."""
+    return (is_layerwise(analyzer) and bool(getattr(analyzer, "folds_row_blocks", False)) and weighting in BLOCKED_VIEWS
+            and getattr(analyzer, "needs", frozenset()) <= BLOCKED_NEEDS)
 
 
 @dataclass
@@ -435,6 +475,13 @@ class Engine:
         ``"uniform"``: run the null model instead of the model's own attention: every head attends uniformly over the keys the
         model's mask lets each query see (:func:`~bertology.core.model.hooks.uniform_attention`, docs/methods.md#the-null-model),
         so that a run can count the claims it makes where there is nothing to find.
+    attention_budget : int, optional
+        Most bytes of one layer's maps (``batch * heads * n * n`` in the statistics dtype, float32 at least) a batch may
+        hold at once: past it, each layer's maps are computed by blocks of query rows that fit it (at least one row), handed
+        to the analyzers that fold blocks (``folds_row_blocks``, :func:`folds_row_blocks`); the others are left out of such a
+        batch with one line naming the budget (``RunStats.failed`` with ``isolate``, else an error). None: no budget.
+    query_block : int, optional
+        Compute every layer's maps this many query rows at a time, whatever the budget (a test of the blocks, a fixed size).
     punct : {"upos", "clark"}
         The punctuation set of ``Batch.punct_mask`` (:data:`~bertology.core.model.models.PUNCT_SETS`,
         docs/methods.md#head-profile), so every analyzer of a run measures attention to the same punctuation.
@@ -454,6 +501,8 @@ class Engine:
         punct: str = "upos",
         layerwise: bool = True,
         null: str | None = None,
+        attention_budget: int | None = None,
+        query_block: int | None = None,
     ):
         if punct not in PUNCT_SETS:
             raise BertologyError(f"unknown punctuation set {punct!r}: use {' or '.join(PUNCT_SETS)}")
@@ -465,7 +514,12 @@ class Engine:
             raise ValueError("batch_tokens must be at least 1")
         if null not in NULL_MODELS:
             raise BertologyError(f"unknown null model {null!r}: use {' or '.join(repr(name) for name in NULL_MODELS)}")
+        if attention_budget is not None and attention_budget < 1:
+            raise BertologyError("the attention budget must be at least 1 byte")
+        if query_block is not None and query_block < 1:
+            raise BertologyError("a block of queries must hold at least 1 row")
         self.null = null
+        self.attention_budget, self.query_block = attention_budget, query_block
         self.model = model
         self.batch_size = batch_size
         self.batch_tokens = batch_tokens
@@ -587,6 +641,40 @@ class Engine:
         within = count <= self.batch_size if self.batch_tokens is None else count * longest <= self.batch_tokens
         return within and count * self.model.num_layers * self.model.num_heads * longest * longest <= self.max_attention_elements
 
+    def layer_bytes(self, items: list[Encoded]) -> int:
+        """Bytes of one layer's maps of a batch: ``batch * heads * n * n`` in the statistics dtype (float32 at least)."""
+        width = max(len(item) for item in items)
+        itemsize = torch.promote_types(self.model.model.dtype, torch.float32).itemsize
+        return len(items) * self.model.num_heads * width * width * itemsize
+
+    def query_rows(self, items: list[Encoded]) -> int | None:
+        """The query rows per block of a batch's maps (:attr:`query_block`, or as many as fit :attr:`attention_budget`, at
+        least one), or None where its whole maps fit (computed at once)."""
+        width = max(len(item) for item in items)
+        if self.query_block is not None:
+            return self.query_block if self.query_block < width else None
+        if self.attention_budget is None or self.layer_bytes(items) <= self.attention_budget:
+            return None
+        return max(1, self.attention_budget * width // self.layer_bytes(items))
+
+    def held_past_budget(self, analyzer, items: list[Encoded]) -> int | None:
+        """The bytes an analyzer that folds blocks holds beside them for a batch (its ``held_bytes(count, width)``, where it
+        has one: rollout's running products), where they exceed :attr:`attention_budget`; else None."""
+        held = getattr(analyzer, "held_bytes", None)
+        if self.attention_budget is None or held is None:
+            return None
+        size = held(len(items), max(len(item) for item in items))
+        return size if size > self.attention_budget else None
+
+    def refusal(self, analyzer, items: list[Encoded], rows: int) -> str:
+        """The one line that leaves ``analyzer`` out of a batch whose maps go by blocks of ``rows`` query rows."""
+        name, held = getattr(analyzer, "name", type(analyzer).__name__), self.held_past_budget(analyzer, items)
+        if held is not None:
+            return f"{name} left out: it holds {held:,} bytes for this batch, past the attention budget of {self.attention_budget:,} bytes"
+        why = (f"a layer's maps of this batch ({self.layer_bytes(items):,} bytes) exceed the attention budget of {self.attention_budget:,} bytes"
+               if self.query_block is None else f"the pass computes maps by blocks of {rows} query rows (query_block)")
+        return f"{name} left out: {why}, and it reads whole maps"
+
     def batches(self, encoded: Iterable[Encoded]) -> Iterator[list[Encoded]]:
         """Length-sorted batches, sorted within windows so that memory stays bounded."""
         for window in self.windows(encoded):
@@ -651,17 +739,22 @@ class Engine:
         )
 
     def run_batch(self, items: list[Encoded], needs: PassNeeds = NO_NEEDS,
-                  on_layer: Callable[[Batch, int, Callable[[str], LayerMaps]], object] | None = None) -> Batch:
+                  on_layer: Callable[[Batch, int, Callable[[str], LayerMaps]], object] | None = None,
+                  query_rows: int | None = None) -> Batch:
         """Run the model on one batch and capture every layer's attention, and what ``needs`` asks for beyond it
         (:class:`PassNeeds`).
 
         With ``on_layer``, the layer-by-layer pass: the maps are not kept. ``on_layer(batch, layer, maps)`` is called inside
         the forward pass as soon as a layer's attention has run, with the batch (its masks and items, no maps) and
         ``maps(weighting)`` giving that layer's :class:`LayerMaps` in a view (made once per layer and view); the layer's
-        tensors are released when it returns, and the batch comes back with ``attentions`` None."""
+        tensors are released when it returns, and the batch comes back with ``attentions`` None. With ``query_rows`` (the
+        layer-by-layer pass only), each layer's maps are computed and handed over that many query rows at a time
+        (:attr:`LayerMaps.rows`)."""
+        if query_rows is not None and (on_layer is None or needs.mixing or needs.contributions or needs.views):
+            raise BertologyError("maps by blocks of queries go to the layer-by-layer pass, without mixing ratios or contribution maps")
         tensors = self.collate(items)
         batch = self.new_batch(items, tensors)
-        capture = BatchCapture(self, batch, needs, on_layer)
+        capture = BatchCapture(self, batch, needs, on_layer, query_rows)
         capture.stack_into_batch(capture.forward(tensors))
         return batch
 
@@ -704,6 +797,8 @@ class Engine:
                 raise BertologyError(f"unknown weighting {weighting!r}: use {' or '.join(WEIGHTINGS)}")
         needs = PassNeeds.of(analyzers, weightings)
         layerwise = step is None and self.layerwise and all(is_layerwise(analyzer) for analyzer in analyzers)
+        folding = [step is None and folds_row_blocks(analyzer, weighting) for analyzer, weighting in zip(analyzers, weightings)]
+        blocked_needs = PassNeeds.of([a for a, folds in zip(analyzers, folding) if folds], [w for w, folds in zip(weightings, folding) if folds])
         if step is None:
             step = partial(self.run_batch, needs=needs)
         elif needs.anything:
@@ -716,7 +811,13 @@ class Engine:
         with tqdm(total=total, initial=stats.seen, unit="seq", desc=desc, disable=not self.progress, smoothing=0.1) as bar:
             for window in self.windows(encoded):
                 for done, items in enumerate(window[skip_batches:], start=skip_batches + 1):
-                    if layerwise:
+                    rows = self.query_rows(items)
+                    if rows is not None:  # by blocks of queries: those that fold them; the others left out, in one line
+                        for position, analyzer in enumerate(analyzers):
+                            if not folding[position] or self.held_past_budget(analyzer, items) is not None:
+                                feeder.refuse(position, self.refusal(analyzer, items, rows))
+                        feeder.finish_batch(self.run_batch(items, blocked_needs, on_layer=feeder.on_layer, query_rows=rows))
+                    elif layerwise:
                         feeder.finish_batch(step(items, on_layer=feeder.on_layer))
                     else:
                         feeder.update(step(items))
@@ -743,6 +844,13 @@ class Feeder:
 
     def __init__(self, analyzers: Sequence, weightings: Sequence[str], stats: RunStats, isolate: bool):
         self.analyzers, self.weightings, self.stats, self.isolate = analyzers, weightings, stats, isolate
+
+    def refuse(self, position: int, message: str) -> None:
+        """Leave analyzer ``position`` out of the rest of the pass with the one line ``message``, as one whose update raised."""
+        def refused():
+            raise BertologyError(message)
+
+        self.feed(position, refused)
 
     def feed(self, position: int, call: Callable[[], object]) -> None:
         if position in self.stats.failed:
@@ -774,8 +882,8 @@ class BatchCapture:
     the analyzers receive from that layer and either keeps it (the stacked pass) or hands it to ``on_layer`` and lets it go
     (the layer-by-layer pass)."""
 
-    def __init__(self, engine: Engine, batch: Batch, needs: PassNeeds, on_layer: Callable | None):
-        self.engine, self.batch, self.needs, self.on_layer = engine, batch, needs, on_layer
+    def __init__(self, engine: Engine, batch: Batch, needs: PassNeeds, on_layer: Callable | None, query_rows: int | None = None):
+        self.engine, self.batch, self.needs, self.on_layer, self.query_rows = engine, batch, needs, on_layer, query_rows
         self.attached: Hooks | None = None  # the hooks of the forward pass (their key_mask: the mask of the layer being run)
         # Rows of padding queries are zeroed: they are no query of the sequence (docs/methods.md#head-profile); known on the
         # host, so a batch of one length has none to zero.
@@ -795,6 +903,7 @@ class BatchCapture:
         replaced first."""
         keep = self.keep
         hooks = self.attached = Hooks()
+        hooks.query_rows = self.query_rows
         if self.engine.null == "uniform":
             hooks.add("pattern", uniform_attention(hooks))
         hooks.add("pattern", self.keep_pattern)
@@ -808,10 +917,30 @@ class BatchCapture:
         self.captured.setdefault(layer, {})[name] = tensor
 
     def keep_pattern(self, layer: int, pattern: torch.Tensor) -> None:
-        """The pattern, and the keys the model's mask let each real query see in this layer (``[batch, n, n]``)."""
-        mask, seen = self.batch.mask, self.attached.key_mask
-        visible = self.batch.kind.visible_keys(mask) if seen is None else seen[:, 0] & mask[:, None, :] & mask[:, :, None]
-        self.captured.setdefault(layer, {}).update(pattern=pattern, visible=visible)
+        """The pattern, and the keys the model's mask let each real query see in this layer (``[batch, n, n]``); a block of
+        query rows (:attr:`~bertology.core.model.hooks.Hooks.rows`) goes to the analyzers at once (:meth:`hand_block`)."""
+        mask, seen, rows = self.batch.mask, self.attached.key_mask, self.attached.rows
+        queries = mask if rows is None else mask[:, rows]
+        if seen is None:
+            visible = self.batch.kind.visible_keys(mask, rows)
+        else:
+            visible = seen[:, 0] & mask[:, None, :] & queries[:, :, None]
+        if rows is None:
+            self.captured.setdefault(layer, {}).update(pattern=pattern, visible=visible)
+        else:
+            self.hand_block(layer, rows, pattern, visible)
+
+    def hand_block(self, layer: int, rows: slice, pattern: torch.Tensor, visible: torch.Tensor) -> None:
+        """One block of a layer's query rows (padding rows zeroed in place) to ``on_layer``; at the layer's first block, the
+        norms the blocks share are computed from its value (and key) vectors."""
+        captured = self.captured.setdefault(layer, {})
+        if rows.start == 0:
+            captured["shared"] = self.measure(layer, None, captured.get("value"), captured.get("key"), None)
+        if self.padded:
+            pattern.masked_fill_(~self.batch.mask[:, None, rows, None], 0)
+        shared = captured["shared"]
+        block = dataclasses.replace(shared, pattern=pattern, visible_keys=visible, rows=rows)
+        self.on_layer(self.batch, layer, block.maps)
 
     def forward(self, tensors: dict[str, torch.Tensor]):
         """The model's forward pass with this capture's hooks, and, where needed, each layer's input ``x``: a post-norm
@@ -831,8 +960,11 @@ class BatchCapture:
                 handle.remove()
 
     def end_of_layer(self, layer: int, head_output: torch.Tensor) -> None:
-        """The layer's last hook point: its pattern has been used, so its padding rows are zeroed in place."""
+        """The layer's last hook point: its pattern has been used, so its padding rows are zeroed in place (a layer by blocks
+        of queries has handed them over already)."""
         captured = self.captured.pop(layer)
+        if "shared" in captured:
+            return
         pattern = captured["pattern"]
         if self.padded:
             pattern.masked_fill_(~self.batch.mask[:, None, :, None], 0)
@@ -916,6 +1048,7 @@ class LayerCapture:
     #: How each view other than the weights sees the uniform head (:attr:`LayerMaps.uniform_view`).
     uniform_views: dict[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
     visible_keys: torch.Tensor | None = None
+    rows: slice | None = None  # the query rows of pattern (a block of them), None for every row
     _made: dict[str, LayerMaps] = field(default_factory=dict, init=False, repr=False)
 
     def maps(self, weighting: str) -> LayerMaps:
@@ -923,5 +1056,5 @@ class LayerCapture:
         if weighting not in self._made:
             self._made[weighting] = LayerMaps(self.layer, attention_view(weighting, self.pattern, self.key_norms, self.views),
                                               mixing=self.mixing, vector_norms=self.vector_norms, contributions=self.contributions,
-                                              visible_keys=self.visible_keys, uniform_view=self.uniform_views.get(weighting))
+                                              visible_keys=self.visible_keys, uniform_view=self.uniform_views.get(weighting), rows=self.rows)
         return self._made[weighting]

@@ -107,6 +107,10 @@ CORPUS = (
     Option("skip_long", False, "Skip sequences over --max-length instead of truncating them."),
     Option("punct", "upos", "Punctuation set of the profile: upos (every punctuation-only token) or clark (the tokens '.' and ',' only, "
            "as in Clark et al.'s code)."),
+    Option("synthetic_repeats", None, "Instead of --corpus: N seeded sequences of --synthetic-length random whole-word pieces of the "
+           "model's vocabulary, each repeated twice (Olsson et al. 2022's probe; the induction score on it is their prefix matching).",
+           type=int, minimum=1),
+    Option("synthetic_length", 50, "Pieces in each half of a --synthetic-repeats sequence (Olsson et al.: 50).", minimum=2),
 )
 #: Dependency trees for a corpus without them.
 TREES = (
@@ -139,6 +143,9 @@ PASS = (
            "show its claims beside the run's in the summary and the report: it should make none."),
     Option("checkpoint_every", None, "Save the pass's states every N batches [default: every 30 s]; rerun the same command with the same --out "
            "to resume.", type=int, minimum=1),
+    Option("attention_budget", None, "Most bytes of one layer's maps a batch holds at once (batch x heads x n x n, float32): past it the maps "
+           "are computed by blocks of query rows that fit, and a family that needs whole maps is left out of such a batch with one line "
+           "[default: no budget, whole maps].", type=int, minimum=1),
 )
 #: A GLUE-style task: a folder with train.tsv and dev.tsv, or the two files and their columns.
 TASK = (

@@ -4,7 +4,8 @@
 over ``examples`` several ways and asserts that the result does not depend on batch size, on batches packed by
 tokens, or on order, that ``merge`` of two halves equals one run over the whole, that merging an empty
 analyzer changes nothing, that the analyzer survives pickling (for shipping to cluster workers),
-that the layer-by-layer pass equals the one that stacks every layer's maps,
+that the layer-by-layer pass equals the one that stacks every layer's maps, that maps computed by blocks of query rows
+give what whole maps give (or that an analyzer that needs whole maps is refused there in one line naming it),
 and that the same seed gives the same result. Every analyzer in bertology must pass it.
 """
 
@@ -17,16 +18,21 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 
 from bertology.core.analyzer import Analyzer
-from bertology.core.engine import Engine
+from bertology.core.engine import Engine, folds_row_blocks
+from bertology.core.errors import BertologyError
 from bertology.core.model.models import LoadedModel
 from bertology.core.text.corpora import Example
+
+#: The query rows per block of :meth:`AnalyzerContract.check_blocked_equals_whole`: fewer than any contract sequence's pieces,
+#: and no divisor of most, so a layer comes as several blocks, the last one shorter, some holding padding rows.
+CONTRACT_QUERY_BLOCK = 3
 
 
 def _runner(model: LoadedModel, compare_with: LoadedModel | None, weighting: str = "attention"):
     def run(make_analyzer: Callable[[], Analyzer], examples: Sequence[Example], batch_size: int, layerwise: bool = True,
-            batch_tokens: int | None = None) -> Analyzer:
+            batch_tokens: int | None = None, query_block: int | None = None) -> Analyzer:
         analyzer = make_analyzer()
-        engine = Engine(model, batch_size=batch_size, batch_tokens=batch_tokens, progress=False, layerwise=layerwise)
+        engine = Engine(model, batch_size=batch_size, batch_tokens=batch_tokens, progress=False, layerwise=layerwise, query_block=query_block)
         if compare_with is not None:
             from bertology.core.paired import CompareEngine
 
@@ -64,14 +70,16 @@ class AnalyzerContract:
     def __init__(self, make_analyzer: Callable[[], Analyzer], model: LoadedModel, examples: Sequence[Example], seed: int = 0,
                  rtol: float = 1e-4, atol: float = 1e-6, compare_with: LoadedModel | None = None, weighting: str = "attention"):
         self.make_analyzer, self.seed, self.rtol, self.atol = make_analyzer, seed, rtol, atol
+        self.weighting, self.compared = weighting, compare_with is not None
         self.examples = list(examples)
         if len(self.examples) < 4:
             raise ValueError("the analyzer contract needs at least 4 examples")
         self._run = _runner(model, compare_with, weighting)
         self._whole: Analyzer | None = None
 
-    def run(self, examples: Sequence[Example], batch_size: int, layerwise: bool = True, batch_tokens: int | None = None) -> Analyzer:
-        return self._run(self.make_analyzer, examples, batch_size, layerwise, batch_tokens)
+    def run(self, examples: Sequence[Example], batch_size: int, layerwise: bool = True, batch_tokens: int | None = None,
+            query_block: int | None = None) -> Analyzer:
+        return self._run(self.make_analyzer, examples, batch_size, layerwise, batch_tokens, query_block)
 
     @property
     def whole(self) -> Analyzer:
@@ -120,6 +128,23 @@ class AnalyzerContract:
         stacks every layer's maps, to float32 rounding; an analyzer that is not layerwise runs the stacked pass either way."""
         stacked = self.run(self.examples, len(self.examples), layerwise=False).result()
         assert_same_result(stacked, self.whole.result(), "the layer-by-layer pass differs from the stacked one", rtol=1e-6, atol=1e-9)
+
+    def check_blocked_equals_whole(self) -> None:
+        """Maps computed by blocks of :data:`CONTRACT_QUERY_BLOCK` query rows (:attr:`~bertology.core.engine.LayerMaps.rows`)
+        give the table of whole maps to rtol 1e-6, for an analyzer that folds blocks
+        (:func:`~bertology.core.engine.folds_row_blocks`); any other is refused by such a pass, in one line that names it."""
+        if folds_row_blocks(self.make_analyzer(), self.weighting) and not self.compared:
+            blocked = self.run(self.examples, len(self.examples), query_block=CONTRACT_QUERY_BLOCK).result()
+            assert_same_result(self.whole.result(), blocked, "maps by blocks of query rows differ from whole maps", rtol=1e-6, atol=1e-9)
+            return
+        name = getattr(self.make_analyzer(), "name", "")
+        try:
+            self.run(self.examples, len(self.examples), query_block=CONTRACT_QUERY_BLOCK)
+        except BertologyError as exc:
+            if name not in str(exc) or "\n" in str(exc):
+                raise AssertionError(f"analyzer contract broken: the refusal of maps by blocks names not {name!r} in one line: {exc}") from None
+            return
+        raise AssertionError("analyzer contract broken: an analyzer that reads whole maps ran on maps by blocks of query rows")
 
     def check_same_seed_same_result(self) -> None:
         again = self.run(self.examples, len(self.examples)).result()

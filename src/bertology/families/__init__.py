@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from bertology.render.html import Section
 
 #: The families bertology ships, in report order.
-BUILTIN_FAMILIES = ("profile", "sinks", "roles", "patterns", "syntax", "classes", "frames", "layers", "rollout", "mixing")
+BUILTIN_FAMILIES = ("profile", "sinks", "headtypes", "roles", "patterns", "syntax", "classes", "frames", "layers", "rollout", "mixing")
 #: Names no family option may take: the settings of the pass that every analysis command shares (its flags), and the other
 #: keywords of ``analyze()`` (a test checks that these are exactly its keywords, with the CLI's quiet and skip_long).
 COMMON_SETTINGS = frozenset({option.name for option in ANALYSIS} | {"analyses", "include", "exclude", "overflow", "view", "progress", "command"})
@@ -91,7 +91,8 @@ class Family:
     (``--frames``); ``kinds``: the kinds of model (:mod:`bertology.core.model.kinds`) on which the family has a meaning, and
     ``unfit``: the one line that says why not on the others (an encoder's families have none on a decoder's causal attention,
     docs/methods.md#decoders; the sinks family measures what only a decoder has): it is left out of such a model's run, and
-    refused there when asked for by name.
+    refused there when asked for by name; ``default_kinds``: the kinds on which a default family runs unasked (the decoder head
+    types run on an encoder only where asked for).
     """
 
     name: ClassVar[str]
@@ -109,6 +110,9 @@ class Family:
     corpus_flag: ClassVar[str | None] = None
     kinds: ClassVar[frozenset[str]] = frozenset({"encoder", "decoder"})
     unfit: ClassVar[str | None] = None
+    #: The kinds on which ``analyze`` runs a :attr:`default` family unasked (None: every kind in :attr:`kinds`); on the others
+    #: it runs where asked for (by name, ``include``, or one of its settings).
+    default_kinds: ClassVar[frozenset[str] | None] = None
 
     def fits(self, kind: Kind, settings: dict | None = None) -> str | None:
         """None where the family has a meaning on this ``kind`` of model with these ``settings``, else the line that says why

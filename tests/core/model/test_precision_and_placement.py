@@ -24,7 +24,7 @@ from bertology.core.model.models import load_model
 BF16_ATOL, BF16_RTOL = 2.0**-8, 2.0**-6
 #: Test statistics (t, p) divide a difference of means by its standard error: a rounding of the means moves them by that
 #: error over the standard error, which on nearly uniform random heads is unbounded; the means they test are compared instead.
-TEST_STATISTICS = ("t", "t_excess", "p", "p_excess", "p_corrected", "p_excess_corrected")
+TEST_STATISTICS = ("t", "t_excess", "p", "p_excess", "p_corrected", "p_excess_corrected", "p_adj")
 
 
 def numeric_tables(run) -> dict[str, pd.DataFrame]:

@@ -188,7 +188,7 @@ def test_examples_are_distinct_heads_each_with_its_smallest_hash_and_its_tokens(
 
 def test_thumbnails_draw_each_kept_map_with_its_tokens_on_both_axes():
     from bertology.families.patterns.analyzer import _Example
-    from bertology.families.patterns.report import pattern_thumbnails
+    from bertology.families.patterns.report import THUMBNAILS_PER_CLASS, pattern_thumbnails
 
     rng = np.random.default_rng(0)
 
@@ -196,15 +196,22 @@ def test_thumbnails_draw_each_kept_map_with_its_tokens_on_both_axes():
         return _Example(-rng.random(), layer, head, "s:1", "text", rng.dirichlet(np.ones(n), size=n).astype(np.float16),
                         ["[CLS]", *(f"w{k}" for k in range(n - 2)), "[SEP]"])
 
-    examples = {"vertical": [example(0, 1, 5), example(1, 0, 9)], "diagonal": [example(0, 2, 6)], "block": [], "heterogeneous": [example(1, 1, 4)]}
+    examples = {"vertical": [example(0, 1, 5), example(1, 0, 9), example(1, 1, 7)], "diagonal": [example(0, 2, 6)], "block": [],
+                "heterogeneous": [example(1, 1, 4)]}
     figure = pattern_thumbnails(examples)
     drawn = [axis for axis in figure.axes if axis.images]
-    items = [item for items in examples.values() for item in items]
-    assert len(drawn) == len(items)
+    items = [item for items in examples.values() for item in items[:THUMBNAILS_PER_CLASS]]  # the first two of each class
+    assert len(drawn) == len(items) == 4
+    figure.canvas.draw()
     for axis, item in zip(drawn, items):
         np.testing.assert_array_equal(axis.images[0].get_array(), item.attention.astype(float))
-        assert [label.get_text() for label in axis.get_xticklabels()] == item.tokens
-        assert [label.get_text() for label in axis.get_yticklabels()] == item.tokens
+        for which, side in (("xtick", "x"), ("ytick", "y")):  # each token named at its row and column, outside the map
+            labels = [text for text in axis.texts if text.get_gid() == which]
+            assert [label.get_text() for label in labels] == item.tokens
+            assert [label.get_position()[0 if side == "x" else 1] for label in labels] == list(range(len(item.tokens)))
+            boxes = [label.get_window_extent() for label in labels]
+            frame = axis.get_window_extent()
+            assert all(box.y1 <= frame.y0 for box in boxes) if side == "x" else all(box.x1 <= frame.x0 for box in boxes)
         assert axis.get_title().endswith(f"layer {item.layer}, head {item.head}")
     assert "no map of class block" in figure._suptitle.get_text()
 

@@ -127,6 +127,13 @@ def test_checkpoint_steps_are_log_spaced_from_zero():
     assert checkpoint_steps(5, 4) == [0, 5]
 
 
+def test_linear_checkpoints_are_evenly_spaced_from_zero():
+    """--linear-checkpoints: dense through the middle of the run, where a phase change such as the induction heads' falls."""
+    assert checkpoint_steps(1600, 33, linear=True) == list(range(0, 1601, 50))
+    assert checkpoint_steps(10, 4, linear=True) == [0, 3, 7, 10]  # round(10 / 3), round(20 / 3)
+    assert checkpoint_steps(2, 5, linear=True) == [0, 1, 2]  # steps that coincide are saved once
+
+
 def test_unigram_cross_entropy_by_hand():
     train = [[[5, 5, 6], [7]]]  # counts: 5 -> 2, 6 -> 1, 7 -> 1; vocabulary of 8, add-one smoothing
     expected = -(np.log(3 / 12) + np.log(1 / 12)) / 2

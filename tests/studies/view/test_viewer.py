@@ -56,7 +56,7 @@ def test_long_inputs_default_to_top_k():
 def stored(data: dict, view: str, key: str, dtype=np.uint8) -> np.ndarray:
     """One array of a view on the page: ``weights``, ``indices``, ``rest`` or ``overview``, ``[layers, heads, ...]``."""
     values = np.frombuffer(base64.b64decode(data["views"][view][key]), dtype=dtype)
-    shape = (data["layers"], data["views"][view]["heads"], data["n"] if key != "overview" else data["overview_size"])
+    shape = (len(data["stored_layers"]), data["views"][view]["heads"], data["n"] if key != "overview" else data["overview_size"])
     return values.reshape(shape) if key == "rest" else values.reshape(*shape, -1)
 
 
@@ -85,6 +85,41 @@ def test_the_page_carries_norm_shares_and_rollout_beside_the_weights(tiny_bert):
     for name in ("attention", "norm", "rollout"):  # at most one step of 1/255 apart: a float rounding at a step's edge
         maps = expected[name] if name != "rollout" else expected[name][:, 0, None]
         assert np.abs(stored(data, name, "weights").astype(int) - quantised(maps)).max() <= 1, name
+
+
+def test_the_page_computes_whole_layers_from_the_first_within_its_budget():
+    assert viewer.layers_within(32, 1_000, budget=10_000) == list(range(10))
+    assert viewer.layers_within(6, 1_000, budget=10_000) == list(range(6))  # every layer fits
+    assert viewer.layers_within(32, 20_000, budget=10_000) == [0]  # the first, always
+    # the default budget (weights and norm shares per head, one rollout map a layer): a 32 x 32-head model keeps 3 layers at
+    # 1,024 tokens and every one at 256; a 12 x 12-head one every layer at 512 tokens
+    assert len(viewer.layers_within(32, 1024**2 * (32 * 2 + 1))) == 3
+    assert len(viewer.layers_within(32, 256**2 * (32 * 2 + 1))) == 32
+    assert len(viewer.layers_within(12, 512**2 * (12 * 2 + 1))) == 12
+
+
+def test_a_layer_past_the_budget_is_left_off_and_the_layers_kept_hold_the_engines_maps(tiny_bert):
+    from bertology.core.errors import BertologyError
+    from bertology.studies.view.report import viewer_section
+
+    text = "the cat sat on the mat."
+    expected = engine_maps(tiny_bert, text)
+    n = expected["attention"].shape[-1]
+    view = attention_view(text, model=tiny_bert, budget=n * n * (4 * 2 + 1))  # room for one layer's weights, norm shares and rollout
+    data = view.payload()
+    assert data["layers"] == 2 and data["stored_layers"] == [0]
+    for name, layer in (("attention", 0), ("norm", 0), ("rollout", 0)):
+        maps = expected[name][layer:layer + 1] if name != "rollout" else expected[name][layer:layer + 1, 0, None]
+        assert np.abs(stored(data, name, "weights").astype(int) - quantised(maps)).max() <= 1, name
+    assert "layers 0 to 0 of 2" in " ".join(viewer_section(view).notes)
+    later = attention_view(text, model=tiny_bert, layers=[1]).payload()  # asked for: layer 1 alone, its rollout through layer 0
+    assert later["stored_layers"] == [1] and later["start_head"] == distinctive_head(expected["attention"][1])
+    for name in ("attention", "norm", "rollout"):
+        maps = expected[name][1:] if name != "rollout" else expected[name][1:, 0, None]
+        assert np.abs(stored(later, name, "weights").astype(int) - quantised(maps)).max() <= 1, name
+    assert attention_view(text, model=tiny_bert).payload()["stored_layers"] == [0, 1]  # the default budget: every layer here
+    with pytest.raises(BertologyError, match="has layers 0 to 1"):
+        attention_view(text, model=tiny_bert, layers=[2])
 
 
 LONG_TEXT = " ".join(["the cat sat on the mat. where is the dog? the quick brown fox jumps over the lazy dog."] * 400)
@@ -293,6 +328,21 @@ def test_switching_to_norm_shares_and_rollout_redraws(browser, pair_page):
     page.select_option("#view", "attention")
     assert page.evaluate("window.bertologyViewer.linesDrawn") == weights_lines and page.locator(".thumb.shared").count() == 0
     assert problems == []
+    page.close()
+
+
+def test_a_layer_past_the_budget_names_the_command_that_draws_it(browser, tiny_bert, tmp_path):
+    path = tmp_path / "view.html"
+    attention_view("the cat sat on the mat.", model=tiny_bert, budget=1).save(path)  # the first layer only
+    page, problems, _ = open_page(browser, path)
+    assert page.locator(".thumb").count() == 4 and page.locator(".thumb[data-layer='1']").count() == 0
+    assert page.evaluate("window.bertologyViewer.linesDrawn") > 0 and page.is_hidden("#missing-layer")
+    assert "Layers 0 of 2 are on this page" in page.inner_text("#missing-layers")
+    page.select_option("#layer", "1")
+    assert page.evaluate("window.bertologyViewer.linesDrawn") == 0
+    assert page.is_visible("#missing-layer") and "--layers 1" in page.inner_text("#missing-layer")
+    page.select_option("#layer", "0")
+    assert page.evaluate("window.bertologyViewer.linesDrawn") > 0 and page.is_hidden("#missing-layer") and problems == []
     page.close()
 
 

@@ -25,6 +25,12 @@ layer index is counted per forward pass, so models that share one attention modu
 :attr:`Hooks.key_mask` says which keys each query may see: the real tokens (not padding), and in a decoder
 only those at or before the query (causal attention).
 
+Maps by blocks of queries: where :attr:`Hooks.query_rows` is set and a layer has more queries, the attention function
+computes the maps ``query_rows`` rows at a time (every head), passes each block through ``pattern`` (:attr:`Hooks.rows`
+says which rows, :attr:`Hooks.key_mask` holds those rows) and writes that block of ``head_output``, so a layer never holds
+more than one block of its maps; ``head_output`` then fires once for the whole layer. Every row of a block is whole (a
+softmax over every key), so a metric that is a sum over rows folds the blocks.
+
 Decoders with grouped-query attention (Llama, Qwen2, Mistral, ...) keep fewer key-value heads than query
 heads; the attention function repeats them for the query heads that share them (as transformers' eager
 attention does), so every hook point has one entry per query head.
@@ -57,6 +63,10 @@ class Hooks:
         #: bool ``[batch, 1, query, key]``, True for the keys each query may see (real, unpadded keys; in a decoder
         #: those at or before the query), for the layer being run; None where the model passed no mask (nothing is padded).
         self.key_mask: torch.Tensor | None = None
+        #: Compute the maps this many query rows at a time (None: every row at once; see the module docstring).
+        self.query_rows: int | None = None
+        #: The query rows the ``pattern`` being fired holds (a block of them), None for every row.
+        self.rows: slice | None = None
 
     def add(self, point: str, handler: Handler) -> "Hooks":
         """Register ``handler`` at ``point`` (one of :data:`HOOK_POINTS`); returns self for chaining."""
@@ -143,26 +153,44 @@ def bertology_attention(
     if hooks is not None:
         layer = hooks._next_layer()
         hooks.key_mask = _visible_keys(attention_mask)
-    if hooks is not None:
         key = hooks._fire("key", layer, key)
         value = hooks._fire("value", layer, value)
     if scaling is None:
         scaling = query.size(-1) ** -0.5
+    width = query.shape[2]
+    if hooks is None or hooks.query_rows is None or hooks.query_rows >= width:
+        pattern, head_output = _attention_rows(module, query, key, value, attention_mask, scaling, dropout, kwargs.get("softcap"), hooks, layer)
+    else:  # by blocks of query rows: one block of the maps at a time, never the whole [batch, head, n, n]
+        whole_mask, pattern = hooks.key_mask, None
+        head_output = value.new_empty(*query.shape[:3], value.shape[-1])
+        for start in range(0, width, hooks.query_rows):
+            rows = slice(start, min(start + hooks.query_rows, width))
+            block_mask = None if attention_mask is None else attention_mask[:, :, rows] if attention_mask.shape[2] > 1 else attention_mask
+            hooks.rows, hooks.key_mask = rows, None if whole_mask is None else whole_mask[:, :, rows] if whole_mask.shape[2] > 1 else whole_mask
+            head_output[:, :, rows] = _attention_rows(module, query[:, :, rows], key, value, block_mask, scaling, dropout,
+                                                      kwargs.get("softcap"), hooks, layer)[1]
+        hooks.rows, hooks.key_mask = None, whole_mask
+    if hooks is not None:
+        head_output = hooks._fire("head_output", layer, head_output)
+    return head_output.transpose(1, 2).contiguous(), pattern
+
+
+def _attention_rows(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+                    scaling: float, dropout: float, softcap: float | None, hooks: Hooks | None, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pattern, pattern @ value)`` of the queries ``query [batch, head, rows, d]`` (every row, or a block of them) against
+    every key, the ``pattern`` hook point fired on the pattern."""
     scores = torch.matmul(query, key.transpose(2, 3))
     scores *= scaling  # in place: no second n x n tensor per head (the product is no input of its own gradient)
-    softcap = kwargs.get("softcap")
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is not None:
         scores += attention_mask
     pattern = nn.functional.softmax(scores, dim=-1, dtype=statistics_dtype(scores.dtype))
+    del scores
     if hooks is not None:
         pattern = hooks._fire("pattern", layer, pattern)
     dropped = nn.functional.dropout(pattern, p=dropout, training=module.training)
-    head_output = torch.matmul(dropped.to(value.dtype), value)
-    if hooks is not None:
-        head_output = hooks._fire("head_output", layer, head_output)
-    return head_output.transpose(1, 2).contiguous(), pattern
+    return pattern, torch.matmul(dropped.to(value.dtype), value)
 
 
 def uniform_attention(hooks: Hooks) -> Handler:

@@ -57,8 +57,9 @@ class Kind:
         positions = torch.arange(mask.shape[1], device=mask.device)
         return mask & (positions >= self.first_query)[None]
 
-    def visible_keys(self, mask: torch.Tensor) -> torch.Tensor:
-        """``[batch, n, n]`` bool: key ``j`` is seen by query ``i`` (both real tokens)."""
+    def visible_keys(self, mask: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        """``[batch, n, n]`` bool: key ``j`` is seen by query ``i`` (both real tokens); with ``rows``, only those query rows,
+        ``[batch, r, n]`` (a block of a pass by blocks of queries)."""
         raise NotImplementedError
 
     def visible_counts(self, mask: torch.Tensor) -> torch.Tensor:
@@ -101,8 +102,8 @@ class EncoderKind(Kind):
     def anchor_masks(self, input_ids, mask, cls_token_id, sep_token_id):
         return {"cls": (input_ids == cls_token_id) & mask, "sep": (input_ids == sep_token_id) & mask}
 
-    def visible_keys(self, mask):
-        return mask[:, None, :] & mask[:, :, None]
+    def visible_keys(self, mask, rows=None):
+        return mask[:, None, :] & mask[:, slice(None) if rows is None else rows, None]
 
     def visible_counts(self, mask):
         return mask.sum(dim=1, keepdim=True) * mask
@@ -123,10 +124,11 @@ class DecoderKind(Kind):
     def anchor_masks(self, input_ids, mask, cls_token_id, sep_token_id):
         return {"first": first_token_mask(mask)}
 
-    def visible_keys(self, mask):
-        width = mask.shape[1]
-        earlier = torch.ones(width, width, dtype=torch.bool, device=mask.device).tril()
-        return earlier[None] & mask[:, None, :] & mask[:, :, None]
+    def visible_keys(self, mask, rows=None):
+        rows = slice(0, mask.shape[1]) if rows is None else rows
+        positions = torch.arange(mask.shape[1], device=mask.device)
+        earlier = positions[None, :] <= positions[rows, None]  # [r, n]: j <= i
+        return earlier[None] & mask[:, None, :] & mask[:, rows, None]
 
     def visible_counts(self, mask):
         n = mask.sum(dim=1, keepdim=True)

@@ -43,6 +43,7 @@ class WordVectors(LayerwiseAnalyzer):
     """Every layer's word vectors of the first ``max_sentences`` sentences with trees (see the module docstring)."""
 
     name = "word_vectors"
+    folds_row_blocks = True  # it reads no maps, only the layers' outputs
     needs = frozenset({"hidden_states"})
 
     def __init__(self, pooling: str = "first", max_sentences: int = 3000):

@@ -70,18 +70,35 @@ class PatternClassifier(Protocol):
 
 def pattern_features(attention: torch.Tensor, mask: torch.Tensor, special: torch.Tensor, segment_ids: torch.Tensor) -> dict[str, torch.Tensor]:
     """The rule classifier's features ``[batch, head]`` (see the module docstring)."""
-    n = mask.sum(1).to(attention.dtype)[:, None]
-    column_mass = attention.sum(-2) / n[..., None]  # [batch, head, n]
-    special_mass = (column_mass * special[:, None].to(attention.dtype)).sum(-1)
-    other = column_mass.masked_fill(special[:, None] | ~mask[:, None], 0.0).amax(-1)
-    diagonal = (attention.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) + attention.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1)) / n
+    return features_from_sums(pattern_sums(attention, segment_ids), mask, special, segment_ids)
+
+
+def pattern_sums(attention: torch.Tensor, segment_ids: torch.Tensor, rows: slice | None = None) -> dict[str, torch.Tensor]:
+    """The sums over query rows the features are made of, in the maps' dtype: ``columns [batch, head, n]``, each key's
+    column sum; ``diagonal [batch, head]``, the mass on the +-1 diagonals; ``own [batch, head]``, the summed mass of each
+    sentence query on its own sentence. ``rows``: ``attention`` holds only these query rows (``[batch, head, r, n]``, a block
+    of a pass by blocks of queries, :attr:`~bertology.core.engine.LayerMaps.rows`): their sums, which add up over blocks."""
+    first = 0 if rows is None else rows.start
+    segments = segment_ids[:, first : first + attention.shape[-2]]  # the queries'
+    diagonal = attention.diagonal(offset=first - 1, dim1=-2, dim2=-1).sum(-1) + attention.diagonal(offset=first + 1, dim1=-2, dim2=-1).sum(-1)
     # attention to the query's own sentence: one product with the sentences' indicator columns, then each query's own
     sentences = torch.stack([segment_ids == 0, segment_ids == 1], dim=-1).to(attention.dtype)  # [batch, n, 2]
-    to_sentence = torch.matmul(attention, sentences[:, None])  # [batch, head, n, 2]
-    own = torch.where(segment_ids[:, None] == 0, to_sentence[..., 0], torch.where(segment_ids[:, None] == 1, to_sentence[..., 1], 0))
-    queries = (segment_ids >= 0).to(attention.dtype)[:, None]
-    block = (own * queries).sum(-1) / queries.sum(-1).clamp(min=1)
-    return {"vertical": special_mass + other, "diagonal": diagonal, "block": torch.where(is_pair(segment_ids)[:, None], block, torch.nan)}
+    to_sentence = torch.matmul(attention, sentences[:, None])  # [batch, head, r, 2]
+    own = torch.where(segments[:, None] == 0, to_sentence[..., 0], torch.where(segments[:, None] == 1, to_sentence[..., 1], 0))
+    return {"columns": attention.sum(-2), "diagonal": diagonal, "own": (own * (segments >= 0).to(attention.dtype)[:, None]).sum(-1)}
+
+
+def features_from_sums(sums: dict[str, torch.Tensor], mask: torch.Tensor, special: torch.Tensor, segment_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The rule classifier's features ``[batch, head]`` from a map's :func:`pattern_sums` over every query row."""
+    columns = sums["columns"]
+    n = mask.sum(1).to(columns.dtype)[:, None]
+    column_mass = columns / n[..., None]  # [batch, head, n]
+    special_mass = (column_mass * special[:, None].to(columns.dtype)).sum(-1)
+    other = column_mass.masked_fill(special[:, None] | ~mask[:, None], 0.0).amax(-1)
+    queries = (segment_ids >= 0).to(columns.dtype)[:, None]
+    block = sums["own"] / queries.sum(-1).clamp(min=1)
+    return {"vertical": special_mass + other, "diagonal": sums["diagonal"] / n,
+            "block": torch.where(is_pair(segment_ids)[:, None], block, torch.nan)}
 
 
 def uniform_pattern_map(mask: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
@@ -100,12 +117,18 @@ def pattern_excess(attention: torch.Tensor, mask: torch.Tensor, special: torch.T
     ``diagonal``, the +-1 diagonals' mass less ``U``'s; ``block``, the own-sentence mass less ``U``'s (NaN for a single)."""
     if uniform is None:
         uniform = uniform_pattern_map(mask, visible)  # on the maps' device: built from their masks
+    return excess_from_sums(pattern_sums(attention, segment_ids), pattern_sums(uniform, segment_ids), mask, special, segment_ids)
+
+
+def excess_from_sums(sums: dict[str, torch.Tensor], uniform_sums: dict[str, torch.Tensor], mask: torch.Tensor, special: torch.Tensor,
+                     segment_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """:func:`pattern_excess` from the :func:`pattern_sums` of the maps and of the uniform map over every query row."""
     n = mask.sum(1).to(torch.float64)[:, None]
-    columns = (attention.sum(-2).to(torch.float64) - uniform.sum(-2)) / n[..., None]  # [batch, head, n]
+    columns = (sums["columns"].to(torch.float64) - uniform_sums["columns"]) / n[..., None]  # [batch, head, n]
     special_excess = (columns * special[:, None].to(torch.float64)).sum(-1)
     others = columns.masked_fill(special[:, None] | ~mask[:, None], -torch.inf).amax(-1)
     others = torch.where(torch.isfinite(others), others, 0.0)
-    mine, theirs = pattern_features(attention, mask, special, segment_ids), pattern_features(uniform, mask, special, segment_ids)
+    mine, theirs = features_from_sums(sums, mask, special, segment_ids), features_from_sums(uniform_sums, mask, special, segment_ids)
     return {"vertical": special_excess + others, "diagonal": mine["diagonal"].to(torch.float64) - theirs["diagonal"],
             "block": mine["block"].to(torch.float64) - theirs["block"]}
 
@@ -121,9 +144,17 @@ class RuleClassifier:
                  uniform: torch.Tensor | None = None) -> torch.Tensor:
         """Class indices ``[batch, head]``; ``visible [batch, n, n]`` the keys each query saw (None: every real token), or
         ``uniform`` the uniform head's maps in the view the maps are in (:func:`pattern_excess`)."""
-        features = pattern_features(attention, mask, special, segment_ids)
+        if uniform is None:
+            uniform = uniform_pattern_map(mask, visible)
+        return self.classify_sums(pattern_sums(attention, segment_ids), pattern_sums(uniform, segment_ids), mask, special, segment_ids)
+
+    def classify_sums(self, sums: dict[str, torch.Tensor], uniform_sums: dict[str, torch.Tensor], mask: torch.Tensor, special: torch.Tensor,
+                      segment_ids: torch.Tensor) -> torch.Tensor:
+        """Class indices ``[batch, head]`` from the :func:`pattern_sums` over every query row of the maps and of the uniform
+        head's (what a pass by blocks of queries folds)."""
+        features = features_from_sums(sums, mask, special, segment_ids)
         vertical, diagonal, block = features["vertical"], features["diagonal"], features["block"]
-        excess = pattern_excess(attention, mask, special, segment_ids, visible, uniform)
+        excess = excess_from_sums(sums, uniform_sums, mask, special, segment_ids)
         t = self.thresholds
         past = {name: torch.nan_to_num(value, nan=-1.0) >= t.margin for name, value in excess.items()}  # beyond the uniform map
         result = torch.full(vertical.shape, PATTERNS.index("heterogeneous"), dtype=torch.long, device=vertical.device)
@@ -194,20 +225,35 @@ class HeadPatterns(LayerwiseAnalyzer):
         self._eligible: list[int] = []  # the batch's sequences short enough to give an example map
         self._pending: list[torch.Tensor] = []  # this batch's classes so far, one [batch, head] per layer
         self._pending_maps: list[torch.Tensor] = []  # the eligible sequences' maps, one [eligible, head, w, w] per layer
+        self._layer_sums: list[dict[str, torch.Tensor]] = []  # the layer's pattern_sums so far (blocks of query rows), the uniform head's
+
+    @property
+    def folds_row_blocks(self) -> bool:
+        """The rules read sums over query rows, which blocks of rows add up; another classifier reads whole maps."""
+        return isinstance(self.classifier, RuleClassifier)
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
-        if maps.layer == 0:
+        if maps.layer == 0 and maps.starts_layer:
             self._pending, self._pending_maps = [], []
             lengths = batch.host_lengths
             self._eligible = [b for b in range(batch.size) if self.min_example_length <= lengths[b] <= self.max_example_length]
-        arguments = (maps.attention, batch.mask, batch.anchor_mask, batch.segment_ids)
+        arguments = (batch.mask, batch.anchor_mask, batch.segment_ids)
         if isinstance(self.classifier, RuleClassifier):  # the rules compare each map with the uniform head's, in the same view
-            self._pending.append(self.classifier.classify(*arguments, uniform=maps.uniform(batch)))  # [batch, head]
+            sums = [pattern_sums(maps.attention, batch.segment_ids, maps.rows), pattern_sums(maps.uniform(batch), batch.segment_ids, maps.rows)]
+            if not maps.starts_layer:  # the next block of query rows: its sums add to the layer's so far
+                sums = [{name: old[name] + new[name] for name in new} for old, new in zip(self._layer_sums, sums)]
+            self._layer_sums = [] if maps.ends_layer else sums
+            if maps.ends_layer:
+                self._pending.append(self.classifier.classify_sums(*sums, *arguments))  # [batch, head]
         else:
-            self._pending.append(self.classifier.classify(*arguments))
+            self._pending.append(self.classifier.classify(maps.attention, *arguments))
         if self._eligible:  # the short sequences' maps, candidates for thumbnails (at most max_example_length square)
             width = min(maps.attention.shape[-1], self.max_example_length)
-            self._pending_maps.append(maps.attention[self._eligible, :, :width, :width].half())
+            first = maps.row_start
+            if maps.starts_layer:
+                self._pending_maps.append(maps.attention.new_zeros(len(self._eligible), maps.attention.shape[1], width, width, dtype=torch.half))
+            block = maps.attention[self._eligible, :, : max(0, width - first), :width]  # the block's rows among the first width
+            self._pending_maps[-1][:, :, first : first + block.shape[2]] = block.half()
 
     def finish_batch(self, batch: Batch) -> None:
         classes = torch.stack(self._pending).cpu().numpy()  # [layer, batch, head]: one copy to the host

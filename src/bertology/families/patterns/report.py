@@ -7,7 +7,7 @@ import pandas as pd
 
 from bertology.core.model.kinds import Kind
 from bertology.core.storage.runfolder import RunFolder
-from bertology.render.figures import head_grid_size, head_ticks, plt
+from bertology.render.figures import head_grid_size, head_ticks, plt, text_ticks
 from bertology.render.html import Figure, Section
 
 PATTERN_COLOURS = {"vertical": "tab:red", "diagonal": "tab:green", "vertical+diagonal": "tab:olive", "block": "tab:blue", "heterogeneous": "tab:gray"}
@@ -75,10 +75,15 @@ def shown_tokens(tokens: list[str], text: str, kind: Kind | None = None) -> list
     return shown
 
 
+#: Example maps drawn per pattern class: each map's tokens are most of the report's text to draw (issue 40).
+THUMBNAILS_PER_CLASS = 2
+
+
 def pattern_thumbnails(examples: dict, kind: Kind | None = None):
-    """A row of example maps for each pattern class with examples (one head each), the tokens on both axes in the marks of
-    the ``kind``'s tokenizers (:func:`shown_tokens`); the classes without any are named in the title."""
-    shown = {pattern: items for pattern, items in examples.items() if items}
+    """A row of example maps for each pattern class with examples (one head each, the first
+    :data:`THUMBNAILS_PER_CLASS`), the tokens on both axes in the marks of the ``kind``'s tokenizers
+    (:func:`shown_tokens`); the classes without any are named in the title."""
+    shown = {pattern: items[:THUMBNAILS_PER_CLASS] for pattern, items in examples.items() if items}
     columns = max([len(items) for items in shown.values()], default=1)
     rows = max(1, len(shown))
     figure, axes = plt.subplots(rows, columns, figsize=(3.3 * columns + 0.6, 3.5 * rows), squeeze=False)
@@ -94,9 +99,8 @@ def pattern_thumbnails(examples: dict, kind: Kind | None = None):
             axis.imshow(item.attention.astype(float), cmap="Greys", vmin=0, vmax=max(float(item.attention.max()), 1e-6))
             tokens = shown_tokens(item.tokens, item.text, kind)
             size = min(7.0, 170 / len(tokens))  # points: the labels of a 32-piece map just fit
-            axis.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=size)
-            axis.set_yticks(range(len(tokens)), tokens, fontsize=size)
-            axis.tick_params(length=0, pad=1)
+            text_ticks(axis, "x", range(len(tokens)), tokens, fontsize=size, rotation=90, pad=1)
+            text_ticks(axis, "y", range(len(tokens)), tokens, fontsize=size, pad=1)
             axis.set_title(f"{pattern}: layer {item.layer}, head {item.head}", fontsize=8)
     missing = [pattern for pattern, items in examples.items() if not items]
     figure.suptitle("example maps per pattern, one head each (rows: queries, columns: keys)"

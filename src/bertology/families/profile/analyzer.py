@@ -52,7 +52,8 @@ def profile_metric_names(kind: Kind) -> tuple[str, ...]:
             *((f"{kind.anchors[0]}_entropy",) if later else ()), "distance")
 
 
-def profile_metrics(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, torch.Tensor], punct_mask: torch.Tensor, kind: Kind) -> torch.Tensor:
+def profile_metrics(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, torch.Tensor], punct_mask: torch.Tensor, kind: Kind,
+                    rows: slice | None = None) -> torch.Tensor:
     """The :func:`profile_metric_names` of every head on every sequence of a ``kind`` of model, in the maps' dtype on their
     device (see the module docstring): the means over the kind's queries (every real token; a decoder's ``i >= 1``, NaN for
     a sequence of one token), the entropy smoothed per row over the keys the row sees, ``a <- (1 - eps) a + eps / |S_i|``.
@@ -61,32 +62,41 @@ def profile_metrics(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[s
     ``[batch, n]`` booleans and ``anchors`` the kind's anchor tokens by name (``Batch.anchors``). Returns
     ``[batch, head, len(profile_metric_names(kind))]``. Each metric is one sweep over the maps: the token sets through the
     column sums, the distance as one product with ``|i - j|``, the entropy as one smoothed copy.
+
+    ``rows``: ``attention`` holds only these query rows of the maps (``[batch, head, r, n]``, a block of a pass by blocks of
+    queries, :attr:`~bertology.core.engine.LayerMaps.rows`): the result is their part of each metric, every mean over queries
+    a sum over rows divided by the sequence's query count, so the parts of consecutive blocks add up to the whole maps'
+    metrics (the anchor row's entropy counts in the block that holds it, 0 in the others).
     """
     dtype, width = attention.dtype, attention.shape[-1]
+    rows = slice(0, attention.shape[-2]) if rows is None else rows
+    first, count = rows.start, attention.shape[-2]
     real = mask.to(dtype)
-    start = kind.first_query  # rows before it enter no mean
-    queries = real.sum(dim=1)[:, None] - start  # [batch, 1]: the queries of kind.query_mask
+    start = max(kind.first_query - first, 0)  # rows before the kind's first query enter no mean
+    queries = real.sum(dim=1)[:, None] - kind.first_query  # [batch, 1]: the queries of kind.query_mask
     queries = torch.where(queries > 0, queries, torch.nan)
     positions = torch.arange(width, device=attention.device)
-    smoothing = ENTROPY_SMOOTHING / kind.visible_counts(mask).clamp(min=1).to(dtype)  # [batch, n]: eps / |S_i|
-    smoothed = torch.add((kind.visible_keys(mask).to(dtype) * smoothing[:, :, None])[:, None], attention, alpha=1 - ENTROPY_SMOOTHING)
-    row_entropy = -torch.xlogy(smoothed, smoothed, out=smoothed).sum(dim=-1) * real[:, None, :]  # [batch, head, n]
+    smoothing = ENTROPY_SMOOTHING / kind.visible_counts(mask)[:, rows].clamp(min=1).to(dtype)  # [batch, r]: eps / |S_i|
+    smoothed = torch.add((kind.visible_keys(mask, rows).to(dtype) * smoothing[:, :, None])[:, None], attention, alpha=1 - ENTROPY_SMOOTHING)
+    row_entropy = -torch.xlogy(smoothed, smoothed, out=smoothed).sum(dim=-1) * real[:, None, rows]  # [batch, head, r]
     del smoothed
     members = torch.stack([*(anchors[name] for name in kind.anchors), punct_mask], dim=-1).to(dtype)  # [batch, n, sets]
     to_sets = torch.einsum("bhj,bjk->bhk", attention[..., start:, :].sum(dim=-2), members) / queries[:, :, None]  # via the column sums
-    gap = (positions[:, None] - positions[None, :]).abs().to(dtype)
+    gap = (positions[first : first + count, None] - positions[None, :]).abs().to(dtype)  # [r, n]: |i - j|
     columns = dict(zip((*kind.anchors, "punct"), to_sets.unbind(dim=-1)))
-    columns.update({
-        "self": attention.diagonal(dim1=-2, dim2=-1)[..., start:].sum(-1) / queries,
-        "prev": attention.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / queries,
+    columns.update({  # a[i, i + k] of row i of the block: its diagonal at offset first + k
+        "self": attention.diagonal(offset=first, dim1=-2, dim2=-1)[..., start:].sum(-1) / queries,
+        "prev": attention.diagonal(offset=first - 1, dim1=-2, dim2=-1).sum(-1) / queries,
         "entropy": row_entropy[..., start:].sum(-1) / queries,
         "distance": torch.matmul(attention.flatten(-2), gap.flatten()) / queries,  # a decoder's row 0 has distance 0
     })
     if kind.sees_later_keys:  # the next token, and the first anchor's own row (a decoder's row 0 sees only itself)
         anchor = anchors[kind.anchors[0]]
-        row = row_entropy.gather(2, anchor.to(torch.int8).argmax(dim=1)[:, None, None].expand(-1, attention.shape[1], 1))[..., 0]
-        columns["next"] = attention.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1) / queries
-        columns[f"{kind.anchors[0]}_entropy"] = torch.where(anchor.any(dim=1)[:, None], row, torch.nan)
+        position = anchor.to(torch.int8).argmax(dim=1) - first  # [batch]: the anchor's row in the block
+        inside = (position >= 0) & (position < count)
+        row = row_entropy.gather(2, position.clamp(0, count - 1)[:, None, None].expand(-1, attention.shape[1], 1))[..., 0]
+        columns["next"] = attention.diagonal(offset=first + 1, dim1=-2, dim2=-1).sum(-1) / queries
+        columns[f"{kind.anchors[0]}_entropy"] = torch.where(anchor.any(dim=1)[:, None], torch.where(inside[:, None], row, 0), torch.nan)
     return torch.stack([columns[name] for name in profile_metric_names(kind)], dim=-1)
 
 
@@ -107,6 +117,8 @@ class GeneralProfile(LayerwiseAnalyzer):
     """
 
     name = "heads"
+    #: Each layer's metrics are sums over query rows: blocks of rows add up (:attr:`~bertology.core.engine.LayerMaps.rows`).
+    folds_row_blocks = True
 
     def __init__(self, kind: Kind) -> None:
         self.kind = kind
@@ -119,12 +131,17 @@ class GeneralProfile(LayerwiseAnalyzer):
         self._pending: list[torch.Tensor] = []  # this batch's metrics so far, one [batch, head + 1 or 2 head, metric] per layer, the uniform heads last
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
-        if maps.layer == 0:
+        if maps.layer == 0 and maps.starts_layer:
             check_kind(self, batch)
             self._pending = []
-        values = profile_metrics(maps.attention, batch.mask, batch.anchors, batch.punct_mask, self.kind)
-        uniform = profile_metrics(maps.uniform(batch), batch.mask, batch.anchors, batch.punct_mask, self.kind)
-        self._pending.append(torch.cat([values.double(), uniform.double()], dim=1))
+        arguments = (batch.mask, batch.anchors, batch.punct_mask, self.kind, maps.rows)
+        values = profile_metrics(maps.attention, *arguments)
+        uniform = profile_metrics(maps.uniform(batch), *arguments)
+        part = torch.cat([values.double(), uniform.double()], dim=1)  # a block's part of the layer's metrics: they add up
+        if maps.starts_layer:
+            self._pending.append(part)
+        else:
+            self._pending[-1] += part
 
     def finish_batch(self, batch: Batch) -> None:
         # [batch, layer, head + uniform heads, metric], one copy to the host: the uniform head's metrics after the heads' (one,
@@ -266,6 +283,9 @@ class HeadDistance(LayerwiseAnalyzer):
     """
 
     name = "head_distance"
+    #: The sampled rows are gathered block by block of query rows (:attr:`~bertology.core.engine.LayerMaps.rows`), in the
+    #: same order in every layer of a batch.
+    folds_row_blocks = True
 
     def __init__(self, sample: float = 0.1, seed: int = 0, budget: int = HEAD_DISTANCE_BUDGET):
         if not 0 < sample <= 1:
@@ -285,31 +305,50 @@ class HeadDistance(LayerwiseAnalyzer):
         self._within_only: list[torch.Tensor] = []  # each one's further rows for the within-layer pairs alone
         self._pending: list[torch.Tensor] = []  # the cross rows so far, one [head, r, n] per layer
         self._within: list[torch.Tensor] = []  # the within-layer sums over the further rows so far, one [head, head] per layer
+        self._blocks: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])  # the layer's cross and further rows, block by block
 
-    def _plan_rows(self, batch: Batch, device: torch.device) -> None:
+    def _plan_rows(self, batch: Batch) -> None:
         """Choose the batch's sampled sequences and, for each, its rows (see the class docstring)."""
         self._sampled = [b for b, e in enumerate(batch.examples) if keyed_rng(self.seed, *sequence_key(e)).random() < self.sample]
-        self._cross, self._within_only = [], []
+        self._cross, self._within_only = [], []  # each sequence's rows, as a slice (every row) or sorted positions on the host
         for b in self._sampled:
             length = int(batch.host_lengths[b])
             rng = keyed_rng(self.seed, "head distance rows", *sequence_key(batch.examples[b]))
             cross, within = sampled_row_counts(self.budget, length, batch.num_layers, batch.num_heads, rng.random())
             if cross == length:  # exact: every row, as the slice the maps already hold
                 self._cross.append(slice(None, length))
-                self._within_only.append(torch.arange(0, device=device))
+                self._within_only.append(np.arange(0))
                 continue
-            order = torch.as_tensor(rng.permutation(length), device=device)
-            self._cross.append(order[:cross].sort().values)
-            self._within_only.append(order[cross:within].sort().values)
+            order = rng.permutation(length)
+            self._cross.append(np.sort(order[:cross]))
+            self._within_only.append(np.sort(order[cross:within]))
+
+    @staticmethod
+    def _in_block(rows: slice | np.ndarray, block: slice, device: torch.device) -> slice | torch.Tensor:
+        """The positions among ``rows`` of a sequence that fall in the block of query rows ``block``, counted from its start."""
+        if isinstance(rows, slice):
+            return slice(0, max(0, min(rows.stop, block.stop) - block.start))
+        return torch.as_tensor(rows[(rows >= block.start) & (rows < block.stop)] - block.start, device=device)
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
-        if maps.layer == 0:
-            self._plan_rows(batch, maps.attention.device)
+        if maps.layer == 0 and maps.starts_layer:
+            self._plan_rows(batch)
             self._pending, self._within = [], []
-        if self._sampled:
-            # The sampled sequences' chosen real rows side by side (padding rows are zero and would add nothing but work): [head, rows, n]
-            self._pending.append(torch.cat([maps.attention[b, :, rows] for b, rows in zip(self._sampled, self._cross)], dim=1))
-            further = torch.cat([maps.attention[b, :, rows] for b, rows in zip(self._sampled, self._within_only)], dim=1)
+        if not self._sampled:
+            return
+        block = slice(maps.row_start, maps.row_start + maps.attention.shape[-2])
+        # The sampled sequences' chosen real rows of this block side by side (padding rows are zero and would add nothing but
+        # work): [head, rows, n]; a layer's blocks in order, so every layer's rows come in the same order
+        cross, further = self._blocks if not maps.starts_layer else ([], [])
+        device = maps.attention.device
+        cross.append(torch.cat([maps.attention[b, :, self._in_block(rows, block, device)] for b, rows in zip(self._sampled, self._cross)], dim=1))
+        further.append(torch.cat([maps.attention[b, :, self._in_block(rows, block, device)] for b, rows in zip(self._sampled, self._within_only)],
+                                 dim=1))
+        self._blocks = (cross, further)
+        if maps.ends_layer:
+            self._blocks = ([], [])
+            self._pending.append(torch.cat(cross, dim=1))
+            further = torch.cat(further, dim=1)
             if further.shape[1]:
                 self._within.append(pairwise_js(further))
 

@@ -42,29 +42,35 @@ SHARE_METRICS = ("cls", "sep", "first", "punct", "self", "prev", "next")
 METRIC_UNITS = {"entropy": "nats", "cls_entropy": "nats", "distance": "tokens"}
 
 
-def metric_heatmap(heads: pd.DataFrame, metric: str, axis, **imshow):
-    """Layer x head heatmap of one metric's mean over sequences, drawn on ``axis``; returns the image."""
+def metric_heatmap(heads: pd.DataFrame, metric: str, axis, named: tuple[bool, bool] = (True, True), **imshow):
+    """Layer x head heatmap of one metric's mean over sequences, drawn on ``axis``; returns the image. ``named``: whether
+    its heads (x) and layers (y) are numbered (:func:`~bertology.render.figures.head_ticks`)."""
     grid = heads[heads.metric == metric].pivot(index="layer", columns="head", values="value")
     image = axis.imshow(grid.values, aspect="auto", cmap="viridis", **imshow)
-    head_ticks(axis, grid.index, grid.columns)
+    head_ticks(axis, grid.index, grid.columns, x=named[0], y=named[1])
     axis.set_title(METRIC_TITLES.get(metric, metric))
     return image
 
 
 def metric_heatmaps(heads: pd.DataFrame, metrics) -> plt.Figure:
     """All metrics' layer x head heatmaps in one grid (for the report). The shares of attention (:data:`SHARE_METRICS`)
-    share one colour scale from 0 to 1 and one colour bar, right of the grid beside their rows; every other metric has its
-    own bar, labelled with its unit. The panels keep one size whatever the heads (:func:`head_map_inches`)."""
+    share one colour scale from 0 to 1 and one colour bar, right of the grid beside the rows they end; every other metric has its
+    own bar, labelled with its unit. The panels keep one size whatever the heads (:func:`head_map_inches`); the heads are
+    numbered under the lowest panel of each column, the layers left of the first column (the panels line up)."""
     columns = 3
     rows = int(np.ceil(len(metrics) / columns))
     panel = head_map_inches(heads.layer.nunique(), heads["head"].nunique(), cell=(0.35, 0.42), most=PANEL_INCHES)
     figure, axes = panel_grid(rows, columns, panel, right=1.1)
-    shared = [axis for axis, metric in zip(axes.ravel(), metrics) if metric in SHARE_METRICS]
-    for axis, metric in zip(axes.ravel(), metrics):
+    # The shares' bar stands beside the rows whose last panel is a share: a row that ends in another metric has that
+    # metric's own bar there (a decoder's second row).
+    shares = [(k, axis) for k, (axis, metric) in enumerate(zip(axes.ravel(), metrics)) if metric in SHARE_METRICS]
+    shared = [axis for k, axis in shares if k % columns == columns - 1] or [axis for _, axis in shares]
+    for k, (axis, metric) in enumerate(zip(axes.ravel(), metrics)):
+        named = (k + columns >= len(metrics), k % columns == 0)  # no panel below it; the first column
         if metric in SHARE_METRICS:
-            share_image = metric_heatmap(heads, metric, axis, vmin=0.0, vmax=1.0)
+            share_image = metric_heatmap(heads, metric, axis, named, vmin=0.0, vmax=1.0)
         else:
-            panel_colorbar(figure, metric_heatmap(heads, metric, axis), axis, label=METRIC_UNITS.get(metric))
+            panel_colorbar(figure, metric_heatmap(heads, metric, axis, named), axis, label=METRIC_UNITS.get(metric))
     if shared:
         span = Bbox.union([axis.get_position() for axis in shared])
         bar = figure.add_axes((span.x1 + 0.25 / figure.get_figwidth(), span.y0, 0.15 / figure.get_figwidth(), span.height))
@@ -74,11 +80,17 @@ def metric_heatmaps(heads: pd.DataFrame, metrics) -> plt.Figure:
     return figure
 
 
+#: The heads farthest from the centre of the head map that :func:`head_map_figure` tries to label: past a few hundred,
+#: hardly one more fits, and each try measures a label (1,024 heads took a second).
+LABELS_TRIED = 200
+
+
 def head_map_figure(embedding: pd.DataFrame):
     """2-D MDS map of the heads by Jensen-Shannon distance, one colour per layer with a legend (Clark et al. figure 6).
 
     Each head is labelled ``layer-head`` where the label overlaps no label already drawn, the heads farthest from the
-    centre first (the outliers are the heads worth naming); the others stay unlabelled dots."""
+    centre first (the outliers are the heads worth naming; the :data:`LABELS_TRIED` farthest); the others stay unlabelled
+    dots."""
     figure, axis = plt.subplots(figsize=(9.0, 7.5))
     layers = sorted(embedding.layer.unique())
     colours = plt.get_cmap("viridis", len(layers))
@@ -93,7 +105,8 @@ def head_map_figure(embedding: pd.DataFrame):
     renderer = figure.canvas.get_renderer()
     centre = embedding[["x", "y"]].mean()
     kept = []
-    for row in embedding.assign(far=np.hypot(embedding.x - centre.x, embedding.y - centre.y)).sort_values("far", ascending=False).itertuples():
+    farthest = embedding.assign(far=np.hypot(embedding.x - centre.x, embedding.y - centre.y)).sort_values("far", ascending=False)
+    for row in farthest.head(LABELS_TRIED).itertuples():
         label = axis.annotate(f"{row.layer}-{row.head}", (row.x, row.y), fontsize=8, xytext=(3, 3), textcoords="offset points")
         box = label.get_window_extent(renderer)
         if any(box.overlaps(other) for other in kept):

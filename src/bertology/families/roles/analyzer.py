@@ -69,12 +69,21 @@ SUMMARY_ROLES = (*dict.fromkeys(role for kind in KINDS.values() for role in role
 
 
 def sieve_mean(inside: torch.Tensor, size: torch.Tensor, queries: torch.Tensor, n: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """``mean_{i in Q} n_i w_i mean_{j in S_i} a[i, j]`` per sequence and head, in float64: :func:`sieve_sums`' total over its
+    count, NaN for a sequence with no query in Q."""
+    total, count = sieve_sums(inside, size, queries, n, weight)
+    return torch.where(count > 0, total / count.clamp(min=1), torch.nan)
+
+
+def sieve_sums(inside: torch.Tensor, size: torch.Tensor, queries: torch.Tensor, n: torch.Tensor, weight: torch.Tensor | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """``mean_{i in Q} n_i w_i mean_{j in S_i} a[i, j]`` per sequence and head, in float64.
 
     ``inside [batch, head, n]`` is each query's attention to its sieve set, ``sum_{j in S_i} a[i, j]``; ``size [batch, n]``
     (or ``[batch, 1]`` for the same set for every query) is ``|S_i|``; ``queries [batch, n]`` marks Q; ``n`` the keys a query
     sees, ``[batch, 1]`` (an encoder's real tokens, the same for every query) or ``[batch, n]`` (a decoder's ``|V_i|``, per
-    row); ``weight [batch, head, n]`` optional. NaN for a sequence with no query in Q.
+    row); ``weight [batch, head, n]`` optional. Returns ``(total, count)``: ``sum_{i in Q} n_i w_i mean_{j in S_i} a[i, j]``
+    ``[batch, head]`` and the queries counted ``[batch, 1]``, float64, so that blocks of query rows add up.
     """
     inside = inside.to(torch.float64) / size.clamp(min=1).to(torch.float64)[:, None]
     if weight is not None:
@@ -85,7 +94,7 @@ def sieve_mean(inside: torch.Tensor, size: torch.Tensor, queries: torch.Tensor, 
     used = (queries & (size > 0)).to(torch.float64)[:, None]  # [batch, 1, n]
     count = used.sum(-1)
     total = (inside * used).sum(-1) if per_row else n.to(torch.float64) * (inside * used).sum(-1)
-    return torch.where(count > 0, total / count.clamp(min=1), torch.nan)
+    return total, count
 
 
 def reference_counts(visible: torch.Tensor) -> torch.Tensor:
@@ -98,6 +107,15 @@ def reference_counts(visible: torch.Tensor) -> torch.Tensor:
 def role_scores(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, torch.Tensor], segment_ids: torch.Tensor, kind: Kind,
                 window: int = 2, any_pair: bool | None = None, visible: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Sieve scores ``[batch, head]`` (float64) of the :func:`role_names` of a ``kind`` of model on one layer's attention
+    ``[batch, head, n, n]``: each role's :func:`role_sums` total over its count (see there and the module docstring)."""
+    return {role: torch.where(count > 0, total / count.clamp(min=1), torch.nan)
+            for role, (total, count) in role_sums(attention, mask, anchors, segment_ids, kind, window, any_pair, visible).items()}
+
+
+def role_sums(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, torch.Tensor], segment_ids: torch.Tensor, kind: Kind,
+              window: int = 2, any_pair: bool | None = None, visible: torch.Tensor | None = None,
+              rows: slice | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Sieve scores ``[batch, head]`` (float64) of the :func:`role_names` of a ``kind`` of model on one layer's attention
     ``[batch, head, n, n]`` (see the module docstring); ``anchors`` the kind's anchor tokens by name (``Batch.anchors``),
     ``any_pair`` whether the batch holds a sentence pair, where the caller knows it without asking the device; ``visible``
     ``[batch, n, n]`` the keys each query saw in this layer (:meth:`~bertology.core.engine.LayerMaps.visible`; None: the kind's
@@ -108,41 +126,50 @@ def role_scores(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, 
     window's keys; an anchor out of the window is no key of that query). Each sieve sum is one sweep over the
     maps in their own dtype: the local window as its diagonals, the anchors and the block's segments as one product with
     their indicator columns; only the reduced sums are float64. The block's entropy weights are computed only for the
-    sequences that are pairs."""
+    sequences that are pairs.
+
+    Each role's ``(total, count)`` (:func:`sieve_sums`; NaN totals where a sequence has no such role, a single's ``block``).
+    ``rows``: ``attention`` (``[batch, head, r, n]``) and ``visible`` (``[batch, r, n]``) hold only these query rows (a block
+    of a pass by blocks of queries, :attr:`~bertology.core.engine.LayerMaps.rows`): the sums of consecutive blocks add up."""
     dtype, width = attention.dtype, attention.shape[-1]
-    visible = kind.visible_keys(mask) if visible is None else visible
-    queries, reference = kind.query_mask(mask), reference_counts(visible)
+    rows = slice(0, attention.shape[-2]) if rows is None else rows
+    first, count = rows.start, attention.shape[-2]
+    visible = kind.visible_keys(mask, rows) if visible is None else visible
+    queries, reference = kind.query_mask(mask)[:, rows], reference_counts(visible)
     positions = torch.arange(width, device=attention.device)
-    near = (positions[:, None] - positions[None, :]).abs() <= window
-    local_size = (near[None] & visible).sum(-1)  # [batch, n]: the window's keys the query sees
-    local = torch.zeros(attention.shape[:-1], dtype=dtype, device=attention.device)  # [batch, head, n]
+    near = (positions[first : first + count, None] - positions[None, :]).abs() <= window
+    local_size = (near[None] & visible).sum(-1)  # [batch, r]: the window's keys the query sees
+    local = torch.zeros(attention.shape[:-1], dtype=dtype, device=attention.device)  # [batch, head, r]
     for offset in range(-window, (window if kind.sees_later_keys else 0) + 1):  # padding keys are zero, so the diagonals need no mask
-        diagonal = attention.diagonal(offset=offset, dim1=-2, dim2=-1)
-        local[..., max(0, -offset) : width - max(0, offset)] += diagonal
+        diagonal = attention.diagonal(offset=first + offset, dim1=-2, dim2=-1)  # a[i, i + offset] of the block's rows that have it
+        begin = max(0, -(first + offset))
+        local[..., begin : begin + diagonal.shape[-1]] += diagonal
     every = torch.stack(list(anchors.values())).any(dim=0)  # Batch.anchor_mask
     alone = [anchors[name] for name in kind.anchors] if len(kind.anchors) > 1 else []
     key_sets = torch.stack([every, *alone, segment_ids == 0, segment_ids == 1], dim=-1)  # [batch, n, sets]
     inside = torch.matmul(attention, key_sets[:, None].to(dtype))  # [batch, head, n, sets]
     scores = {
-        "local": sieve_mean(local, local_size, queries, reference),
-        "delimiter": sieve_mean(inside[..., 0], (visible & every[:, None]).sum(-1), queries, reference),
+        "local": sieve_sums(local, local_size, queries, reference),
+        "delimiter": sieve_sums(inside[..., 0], (visible & every[:, None]).sum(-1), queries, reference),
     }
     for k, name in enumerate(kind.anchors if alone else ()):
-        scores[name] = sieve_mean(inside[..., 1 + k], (visible & anchors[name][:, None]).sum(-1), queries, reference)
+        scores[name] = sieve_sums(inside[..., 1 + k], (visible & anchors[name][:, None]).sum(-1), queries, reference)
     # block: every query's segment (specials by position: B from the first [SEP] on, where the kind has one); keys: the
     # non-special pieces of that segment the query sees (specials and padding have segment_ids -1), each query weighted by
     # its row's entropy
     pairs = is_pair(segment_ids)
-    block = torch.full(scores["local"].shape, torch.nan, dtype=torch.float64, device=attention.device)
+    block = torch.full(scores["local"][0].shape, torch.nan, dtype=torch.float64, device=attention.device)
+    block_count = torch.zeros_like(scores["local"][1])
     if any_pair if any_pair is not None else bool(pairs.any()):
         after_sep = (anchors["sep"].cumsum(1) > 0).long() if "sep" in anchors else torch.zeros_like(segment_ids)
-        segment = torch.where(segment_ids >= 0, segment_ids, after_sep)[pairs]  # [pairs, n]
+        segment = torch.where(segment_ids >= 0, segment_ids, after_sep)[pairs][:, rows]  # [pairs, r]
         own = torch.where(segment[:, None] == 0, inside[pairs][..., -2], inside[pairs][..., -1])
         segments = key_sets[pairs][..., -2:]  # [pairs, n, 2]
         sizes = (visible[pairs][..., None] & segments[:, None]).sum(2)  # [pairs, n, 2]: each segment's keys each query sees
         entropy = -torch.special.xlogy(attention[pairs], attention[pairs]).sum(-1)  # nats, whole row
-        block[pairs] = sieve_mean(own, sizes.gather(2, segment[..., None])[..., 0], queries[pairs], reference[pairs], weight=entropy)
-    scores["block"] = block
+        block[pairs], block_count[pairs] = sieve_sums(own, sizes.gather(2, segment[..., None])[..., 0], queries[pairs], reference[pairs],
+                                                      weight=entropy)
+    scores["block"] = (block, block_count)
     return scores
 
 
@@ -161,17 +188,35 @@ def syntactic_pair_scores(attention: torch.Tensor, assignment: np.ndarray, pairs
     ``seen [pair]`` bool, whether every piece of the dependent saw every piece of its head word in the layer (``visible
     [n, n]``, :meth:`~bertology.core.engine.LayerMaps.visible`): on a decoder the head words that end before the dependent
     begins, within a sliding window only those it reaches. A pair not seen says nothing of the head and counts nowhere."""
+    values, reach = syntactic_pair_sums(attention, assignment, pairs, visible)
+    return values, pairs_seen(reach, assignment, pairs)
+
+
+def syntactic_pair_sums(attention: torch.Tensor, assignment: np.ndarray, pairs: list[tuple[int, int, str]], visible: torch.Tensor,
+                        first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sums over query rows behind :func:`syntactic_pair_scores`, of the rows ``attention [layer, head, r, n]`` and
+    ``visible [r, n]`` hold from row ``first`` on (every row, or a block of a pass by blocks of queries): ``values [layer,
+    head, pair]`` and ``reach [pair, n]``, how many of each dependent's pieces see key j (:func:`pairs_seen`). Blocks add up."""
     attention = attention.to(torch.float64)
     seen = visible.to(attention.dtype)
     covered = torch.as_tensor(assignment, dtype=attention.dtype, device=attention.device)  # [u, n]: the pieces of each unit
     pieces = covered / covered.sum(1, keepdim=True)
     dependents = torch.as_tensor([pair[0] for pair in pairs], dtype=torch.long, device=attention.device)
     targets = torch.as_tensor([pair[1] for pair in pairs], dtype=torch.long, device=attention.device)
-    rows = pieces[dependents] * seen.sum(-1)  # [pair, n]: each dependent piece's weight 1/m times |V_p|
+    block = slice(first, first + attention.shape[-2])
+    rows = pieces[dependents][:, block] * seen.sum(-1)  # [pair, r]: each dependent piece's weight 1/m times |V_p|
     values = torch.einsum("pi,lhij,pj->lhp", rows, attention, pieces[targets])
+    return values, covered[dependents][:, block] @ seen
+
+
+def pairs_seen(reach: torch.Tensor, assignment: np.ndarray, pairs: list[tuple[int, int, str]]) -> torch.Tensor:
+    """``[pair]`` bool: whether every piece of each pair's dependent saw every piece of its head word, from ``reach [pair, n]``
+    (:func:`syntactic_pair_sums`)."""
+    covered = torch.as_tensor(assignment, dtype=reach.dtype, device=reach.device)
+    dependents = torch.as_tensor([pair[0] for pair in pairs], dtype=torch.long, device=reach.device)
+    targets = torch.as_tensor([pair[1] for pair in pairs], dtype=torch.long, device=reach.device)
     size = covered.sum(1)
-    sees_all = (covered[dependents] @ seen * covered[targets]).sum(-1) == size[dependents] * size[targets]
-    return values, sees_all
+    return (reach * covered[targets]).sum(-1) == size[dependents] * size[targets]
 
 
 def relation_means(values: np.ndarray, seen: np.ndarray, relations: list[str]) -> dict[str, np.ndarray]:
@@ -227,6 +272,8 @@ class HeadRoles(LayerwiseAnalyzer):
     """
 
     name = "roles"
+    #: Every score is a sum over query rows: blocks of rows add up (:attr:`~bertology.core.engine.LayerMaps.rows`).
+    folds_row_blocks = True
 
     def __init__(self, kind: Kind, tau: float = 3.0, window: int = 2, correction: str = "fdr_bh", alpha: float = 0.05):
         self.kind = kind
@@ -239,6 +286,7 @@ class HeadRoles(LayerwiseAnalyzer):
         self._pending_uniform: list[torch.Tensor] = []  # the uniform head's, one [batch, 1 or head, role] per layer
         self._trees: list = []  # the batch's sequences with a tree, and their dependency pairs (syntactic_pairs)
         self._tree_pending: list[torch.Tensor] = []  # one [head + uniform heads + 1, pair] per layer
+        self._layer_sums: list = []  # the layer's sums so far (blocks of query rows): [roles' (total, count) of heads, of uniform, trees']
 
     def _push(self, role: str, values: np.ndarray, uniform: np.ndarray | None = None) -> None:
         """Fold scores ``values [k, layer, head]`` and the uniform head's on the same sequences (broadcast to them) into the
@@ -254,7 +302,7 @@ class HeadRoles(LayerwiseAnalyzer):
             self._excess[role].push(excess_over_uniform(values, uniform))
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
-        if maps.layer == 0:
+        if maps.layer == 0 and maps.starts_layer:
             check_kind(self, batch)
             self._pending, self._pending_uniform, self._tree_pending = [], [], []
             self._trees = [(b, syntactic_pairs(batch.alignments[b].word_unit, example.heads, example.relations))
@@ -262,16 +310,40 @@ class HeadRoles(LayerwiseAnalyzer):
             self._trees = [(b, pairs) for b, pairs in self._trees if pairs]
         visible = maps.visible(batch)
         uniform = maps.uniform(batch)  # the layer's uniform head (one, or each head's under the norm view), scored alike
-        arguments = (batch.mask, batch.anchors, batch.segment_ids, self.kind, self.window)
-        scores = role_scores(maps.attention, *arguments, any_pair=batch.any_pair, visible=visible)
-        uniform_scores = role_scores(uniform, *arguments, any_pair=batch.any_pair, visible=visible)
-        self._pending.append(torch.stack([scores[role] for role in role_names(self.kind)], dim=-1))  # [batch, head, role]
-        self._pending_uniform.append(torch.stack([uniform_scores[role] for role in role_names(self.kind)], dim=-1))  # [batch, 1 or head, role]
-        tree_columns = []  # per sequence with a tree: [head + uniform heads + 1, pair] at this layer, whether each pair is seen last
+        arguments = (batch.mask, batch.anchors, batch.segment_ids, self.kind, self.window, batch.any_pair, visible, maps.rows)
+        sums = [role_sums(maps.attention, *arguments), role_sums(uniform, *arguments)]
+        first = maps.row_start
+        trees = []  # per sequence with a tree: its pairs' sums over the block's real rows (None: the block has none)
         for b, pairs in self._trees:
             n = int(batch.host_lengths[b])
-            both = torch.cat([maps.attention[b, :, :n, :n].to(torch.float64), uniform[b, :, :n, :n].to(torch.float64)])[None]
-            values, seen = syntactic_pair_scores(both, batch.alignments[b].assignment, pairs, visible[b, :n, :n])
+            m = max(0, min(n - first, maps.attention.shape[-2]))
+            both = torch.cat([maps.attention[b, :, :m, :n].to(torch.float64), uniform[b, :, :m, :n].to(torch.float64)])[None]
+            trees.append(syntactic_pair_sums(both, batch.alignments[b].assignment, pairs, visible[b, :m, :n], first) if m else None)
+        if maps.starts_layer:
+            self._layer_sums = [*sums, trees]
+        else:  # the next block of the layer's query rows: its sums add to those so far
+            for mine, block in zip(self._layer_sums[:2], sums):
+                for role, (total, count) in block.items():
+                    mine[role] = (mine[role][0] + total, mine[role][1] + count)
+            self._layer_sums[2] = [old if new is None else new if old is None else (old[0] + new[0], old[1] + new[1])
+                                   for old, new in zip(self._layer_sums[2], trees)]
+        if maps.ends_layer:
+            self._end_layer(batch)
+
+    def _end_layer(self, batch: Batch) -> None:
+        """The layer's scores from its sums over every query row."""
+        heads, uniform, trees = self._layer_sums
+        self._layer_sums = []
+
+        def scores(sums: dict) -> torch.Tensor:  # [batch, head, role]: each role's total over its count
+            return torch.stack([torch.where(sums[role][1] > 0, sums[role][0] / sums[role][1].clamp(min=1), torch.nan)
+                                for role in role_names(self.kind)], dim=-1)
+
+        self._pending.append(scores(heads))  # [batch, head, role]
+        self._pending_uniform.append(scores(uniform))  # [batch, 1 or head, role]
+        tree_columns = []  # per sequence with a tree: [head + uniform heads + 1, pair] at this layer, whether each pair is seen last
+        for (b, pairs), (values, reach) in zip(self._trees, trees):
+            seen = pairs_seen(reach, batch.alignments[b].assignment, pairs)
             tree_columns.append(torch.cat([values[0], seen[None].to(values.dtype)]))
         if tree_columns:
             self._tree_pending.append(torch.cat(tree_columns, dim=1))  # [head + uniform heads + 1, every sequence's pairs]

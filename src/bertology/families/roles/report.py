@@ -60,13 +60,15 @@ def role_strength(roles: pd.DataFrame, order) -> dict[str, tuple[pd.DataFrame, p
 
 def role_grid(roles: pd.DataFrame, order, tau: float):
     """One layer x head map per role: the mean sieve score (white at tau, red above, blue below, on the role's own
-    scale), a dot on every head that holds the role, and the strongest head named in the title."""
+    scale), a dot on every head that holds the role, and the strongest head named in the title; the heads numbered
+    under the lowest panel of each column, the layers left of the first."""
     grids = role_strength(roles, order)
     columns = min(2, len(grids))
     rows = -(-len(grids) // columns)
     num_layers, num_heads = next(iter(grids.values()))[0].shape
-    figure, axes = panel_grid(rows, columns, head_map_inches(num_layers, num_heads, cell=(0.42, 0.36), most=PANEL_INCHES), top=0.75)
-    for axis, (role, (score, held)) in zip(axes.ravel(), grids.items()):
+    panel = head_map_inches(num_layers, num_heads, cell=(0.42, 0.36), most=PANEL_INCHES)
+    figure, axes = panel_grid(rows, columns, panel, top=0.75, right=1.1)  # right: room for the last column's colour bars
+    for k, (axis, (role, (score, held))) in enumerate(zip(axes.ravel(), grids.items())):
         top = float(np.nanmax(score.values))
         low = min(0.0, float(np.nanmin(score.values)), tau - 1.0)  # the scale must run below tau (scores are >= 0; tau may be too)
         norm = TwoSlopeNorm(vcenter=tau, vmin=low, vmax=max(top, tau + 0.05 * abs(tau) + 1e-6))
@@ -76,7 +78,7 @@ def role_grid(roles: pd.DataFrame, order, tau: float):
         best = np.unravel_index(np.nanargmax(score.values), score.shape)
         axis.set_title(f"{role}: {int(held.values.sum())} of {held.size} heads hold it; strongest {score.index[best[0]]}-{score.columns[best[1]]} "
                        f"({top:.2f})", fontsize=9)
-        head_ticks(axis, score.index, score.columns, fontsize=7)
+        head_ticks(axis, score.index, score.columns, fontsize=7, x=k + columns >= len(grids), y=k % columns == 0)  # the outer panels
         panel_colorbar(figure, image, axis, label=f"mean sieve score (tau = {tau:g})")
     for axis in axes.ravel()[len(grids):]:
         axis.set_visible(False)

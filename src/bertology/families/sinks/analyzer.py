@@ -49,24 +49,29 @@ SINK_EPS = 0.3  # Gu et al. 2025
 WITH_UNIFORM = ("attention", "norm_share")
 
 
-def received_attention(attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def received_attention(attention: torch.Tensor, mask: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
     """``alpha_k = (1 / (n - 1 - k)) sum_{i>k} a[i, k]`` of every head and position of a causal map ``[batch, head, n, n]``
     (the column sum less the diagonal, since rows ``i < k`` cannot see k); NaN where no query follows k (the last real
-    token, padding). Returns ``[batch, head, n]`` in the maps' dtype."""
-    width = attention.shape[-1]
-    later = attention.sum(dim=-2) - attention.diagonal(dim1=-2, dim2=-1)
+    token, padding). Returns ``[batch, head, n]`` in the maps' dtype. ``rows``: ``attention`` holds only these query rows
+    (``[batch, head, r, n]``, a block of a pass by blocks of queries): their part of each ``alpha_k``; blocks add up."""
+    width, first = attention.shape[-1], 0 if rows is None else rows.start
+    own = attention.diagonal(offset=first, dim1=-2, dim2=-1)  # a[i, i] of the block's rows
+    later = attention.sum(dim=-2)
+    later[..., first : first + own.shape[-1]] -= own
     followers = mask.sum(dim=1, keepdim=True) - 1 - torch.arange(width, device=mask.device)[None]  # [batch, n]: n - 1 - k
     followers = torch.where(mask & (followers > 0), followers, 0).to(attention.dtype)[:, None]
     return torch.where(followers > 0, later / torch.where(followers > 0, followers, 1), torch.nan)
 
 
-def first_token_norm_share(attention: torch.Tensor, transformed: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def first_token_norm_share(attention: torch.Tensor, transformed: torch.Tensor, mask: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
     """``mean_{i>=1} w[i, 0]`` with Kobayashi's norm shares ``w[i, 0] = a[i, 0] ||f(x_0)|| / sum_k a[i, k] ||f(x_k)||``;
-    ``transformed[batch, head, n]`` is ``||f_h(x_j)||``. Returns ``[batch, head]`` (NaN for a sequence of one token)."""
+    ``transformed[batch, head, n]`` is ``||f_h(x_j)||``. Returns ``[batch, head]`` (NaN for a sequence of one token).
+    ``rows``: ``attention`` holds only these query rows (a block of a pass by blocks of queries): their part; blocks add up."""
     row_totals = torch.matmul(attention, transformed[..., None])[..., 0]  # [batch, head, n]: sum_k a[i, k] ||f(x_k)||
     shares = attention[..., 0] * transformed[..., :1] / torch.where(row_totals > 0, row_totals, 1)
     queries = (mask.sum(dim=1, keepdim=True) - 1).to(attention.dtype)
-    return shares[..., 1:].sum(dim=-1) / torch.where(queries > 0, queries, torch.nan)
+    start = 1 if rows is None else max(1 - rows.start, 0)  # rows i >= 1
+    return shares[..., start:].sum(dim=-1) / torch.where(queries > 0, queries, torch.nan)
 
 
 def first_token_norm_ratio(norms: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
@@ -97,6 +102,8 @@ class AttentionSinks(LayerwiseAnalyzer):
 
     name = "sinks"
     needs = frozenset({"vectors", "hidden_states"})
+    #: Every map quantity is a sum over query rows: blocks of rows add up (:attr:`~bertology.core.engine.LayerMaps.rows`).
+    folds_row_blocks = True
 
     def __init__(self, kind: Kind) -> None:
         if kind.sees_later_keys:
@@ -115,23 +122,31 @@ class AttentionSinks(LayerwiseAnalyzer):
         self._pending_received: list[torch.Tensor] = []  # one [batch, head, n] per layer
         self._pending_uniform: list[torch.Tensor] = []  # the uniform head's, one [batch, head, quantity] per layer
         self._pending_uniform_received: list[torch.Tensor] = []  # the uniform head's alpha_k, one [batch, 1, n] per layer
+        self._layer_parts: list[torch.Tensor] = []  # the layer's sums so far over blocks of query rows
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
-        if maps.layer == 0:
+        if maps.layer == 0 and maps.starts_layer:
             check_kind(self, batch)
             self._pending, self._pending_received, self._pending_uniform, self._pending_uniform_received = [], [], [], []
-        attention, mask = maps.attention, batch.mask
-        received = received_attention(attention, mask)
+        attention, mask, rows = maps.attention, batch.mask, maps.rows
         key_norms, value_norms, transformed = maps.vector_norms.unbind(dim=2)
         uniform = maps.uniform(batch)  # [batch, 1, n, n] float64: the same statistics of the uniform head
-        uniform_received = received_attention(uniform, mask)
-        uniform_share = first_token_norm_share(uniform, transformed.to(torch.float64), mask)  # [batch, head]
+        # the block's parts (every row's, or a block of query rows'): alpha_k and the first token's norm share, which add up
+        parts = [received_attention(attention, mask, rows), first_token_norm_share(attention, transformed, mask, rows),
+                 received_attention(uniform, mask, rows), first_token_norm_share(uniform, transformed.to(torch.float64), mask, rows)]
+        if maps.starts_layer:
+            self._layer_parts = parts
+        else:
+            self._layer_parts = [old + new for old, new in zip(self._layer_parts, parts)]
+        if not maps.ends_layer:
+            return
+        received, share, uniform_received, uniform_share = self._layer_parts
+        self._layer_parts = []
         missing = torch.full_like(uniform_share, torch.nan)
         self._pending_uniform.append(torch.stack([uniform_received[..., 0].expand_as(uniform_share), uniform_share, missing, missing], dim=-1))
         self._pending_uniform_received.append(uniform_received)
-        self._pending.append(torch.stack([received[..., 0], first_token_norm_share(attention, transformed, mask),
-                                          first_token_norm_ratio(key_norms, batch.query_mask), first_token_norm_ratio(value_norms, batch.query_mask)],
-                                         dim=-1))
+        self._pending.append(torch.stack([received[..., 0], share, first_token_norm_ratio(key_norms, batch.query_mask),
+                                          first_token_norm_ratio(value_norms, batch.query_mask)], dim=-1))
         self._pending_received.append(received)
 
     def finish_batch(self, batch: Batch) -> None:

@@ -11,6 +11,15 @@ from bertology.families import Family, registered
 from bertology.studies import Study, default_out, register_study
 
 
+def _default_switch(family) -> str:
+    """When ``analyze`` runs ``family`` unasked, in the words of its switch's help."""
+    if not family.default:
+        return "off"
+    if family.needs_trees:
+        return "on when the corpus has trees"
+    return "on" if family.default_kinds is None else f"on for {' and '.join(sorted(family.default_kinds))}s"
+
+
 class Analyze(Study):
     """Families run by a command: ``switches`` are switched on and off by ``--F/--no-F`` (``analyze``); without switches
     the command runs ``families`` (a one-family command)."""
@@ -44,7 +53,7 @@ class Analyze(Study):
                        for option in ANALYSIS)
         switches = tuple(
             Option(f"run_{family.name}", None, f"{family.title} [default: "
-                   f"{'on' if family.default and not family.needs_trees else 'on when the corpus has trees' if family.default else 'off'}]",
+                   f"{_default_switch(family)}]",
                    type=bool, flag=f"--{family.name}/--no-{family.name}")
             for family in self.switched())
         return shared + switches + tuple(option for family in families for option in family.options)
@@ -104,3 +113,4 @@ register_study(Analyze())
 for _family in registered().values():
     if _family.command:
         register_study(FamilyCommand(_family))
+

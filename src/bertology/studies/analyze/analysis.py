@@ -24,12 +24,13 @@ from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.measures.norms import CONTRIBUTION_VIEWS, WEIGHTING_TITLES, parse_weighting
 from bertology.core.model.kinds import Kind, kind_named
-from bertology.core.model.models import LoadedModel, attention_blocks, load_model
+from bertology.core.model.models import LoadedModel, attention_blocks, default_model_path, load_model, load_tokenizer
 from bertology.core.options import check_seed
 from bertology.core.statistics.stats import MIN_SAMPLE
 from bertology.core.storage import states
 from bertology.core.storage.runfolder import RunFolder, claims_out, complete_run, package_versions
-from bertology.core.text.corpora import Corpus, Example, has_frames, has_trees, open_corpus
+from bertology.core.text.corpora import SYNTHETIC_LENGTH, Corpus, Example, has_frames, has_trees, open_corpus
+from bertology.core.text.corpora import synthetic_repeats as synthetic_repeats_corpus
 from bertology.families import Family, FamilyContext, FamilyResult, get_family, registered
 from bertology.render.html import Report
 from bertology.studies.analyze.weightings import combine_views, views_section
@@ -152,44 +153,54 @@ class Analysis:
     def save(self, out: str | Path, command: list[str] | None = None) -> Path:
         """Write every family's tables, figures and report section, ``report.html`` and ``manifest.json`` to ``out``,
         replacing it whole; returns the report path."""
-        began = time.perf_counter()
-        folder = RunFolder(out)
-        sections = []
-        for name, result in self.results.items():
-            for table_name, table in result.tables.items():
-                folder.write_table(table_name, table)
-            for document_name, document in result.documents.items():
-                folder.write_json(f"{document_name}.json", document)
-        # The families' own sections show the first view; with a second one, a section sets them side by side.
-        views = self.settings["weighting"]
-        for name in self.results:
-            family = get_family(name)
-            weighting = views[0] if family.weighted else "attention"
-            try:
-                section = family.section(folder, self.by_view[weighting][name], self.settings)
-            except OSError:  # the disk, not the family: the save stops and the previous run stays whole
-                raise
-            except Exception as exc:  # a figure that fails loses nothing else: the family's tables are written already
-                self.failures[name] = f"its report section: {one_line_error(exc)}"
-                continue
-            if section is not None:
-                if family.weighted and views != ["attention"]:
-                    section.title += f" — {WEIGHTING_TITLES[weighting]}"
-                sections.append(section)
-        if len(views) > 1:
-            sections.append(views_section(folder, self.by_view, views, kind_named(self.settings["kind"])))
-        if self.view is not None:
-            self.view.labels = head_labels(folder.path)
-            self.view.save(folder.path / "viewer.html")
-            sections.append(viewer_section(self.view))
-        self.phases["report"] = round(time.perf_counter() - began, 2)  # the page's rendering itself is a few milliseconds
-        report = Report(title=f"bertology: {self.model['name']} on {self.corpus['name']}", summary=self.summary(), sections=sections)
-        manifest = {"failures": self.failures, "model": self.model, "corpus": self.corpus,
-                    "settings": {name: _json_setting(value) for name, value in self.settings.items()}, "seed": self.settings["seed"],
-                    "stats": self.stats.as_dict(), "phases": self.phases, "skipped_sources": self.stats.skipped_sources, "started": self.started,
-                    "warnings": self.warnings}
-        self.out = complete_run(folder, manifest, report=report.render(), status="partial" if self.failures else "complete", command=command)
-        return self.out / "report.html"
+        import gc
+
+        # The figures make many short-lived objects, and the collections they set off walked the whole heap (the model, the
+        # results): a third of the report's time. None runs during the save (its garbage, some 40 MB, goes at the next).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            began = time.perf_counter()
+            folder = RunFolder(out)
+            sections = []
+            for name, result in self.results.items():
+                for table_name, table in result.tables.items():
+                    folder.write_table(table_name, table)
+                for document_name, document in result.documents.items():
+                    folder.write_json(f"{document_name}.json", document)
+            # The families' own sections show the first view; with a second one, a section sets them side by side.
+            views = self.settings["weighting"]
+            for name in self.results:
+                family = get_family(name)
+                weighting = views[0] if family.weighted else "attention"
+                try:
+                    section = family.section(folder, self.by_view[weighting][name], self.settings)
+                except OSError:  # the disk, not the family: the save stops and the previous run stays whole
+                    raise
+                except Exception as exc:  # a figure that fails loses nothing else: the family's tables are written already
+                    self.failures[name] = f"its report section: {one_line_error(exc)}"
+                    continue
+                if section is not None:
+                    if family.weighted and views != ["attention"]:
+                        section.title += f" — {WEIGHTING_TITLES[weighting]}"
+                    sections.append(section)
+            if len(views) > 1:
+                sections.append(views_section(folder, self.by_view, views, kind_named(self.settings["kind"])))
+            if self.view is not None:
+                self.view.labels = head_labels(folder.path)
+                self.view.save(folder.path / "viewer.html")
+                sections.append(viewer_section(self.view))
+            self.phases["report"] = round(time.perf_counter() - began, 2)  # the page's rendering itself is a few milliseconds
+            report = Report(title=f"bertology: {self.model['name']} on {self.corpus['name']}", summary=self.summary(), sections=sections)
+            manifest = {"failures": self.failures, "model": self.model, "corpus": self.corpus,
+                        "settings": {name: _json_setting(value) for name, value in self.settings.items()}, "seed": self.settings["seed"],
+                        "stats": self.stats.as_dict(), "phases": self.phases, "skipped_sources": self.stats.skipped_sources, "started": self.started,
+                        "warnings": self.warnings}
+            self.out = complete_run(folder, manifest, report=report.render(), status="partial" if self.failures else "complete", command=command)
+            return self.out / "report.html"
+        finally:
+            if collecting:
+                gc.enable()
 
     def _repr_html_(self) -> str:
         summary = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th><td>{escape(str(v))}</td></tr>" for k, v in self.summary().items())
@@ -241,12 +252,26 @@ def first_analysed(engine: Engine, examples) -> Example:
     raise BertologyError("no sequence to view: every one was skipped")
 
 def _read_arguments(corpus, format: str, limit: int | None, seed: int, weighting, backend: str, workers: int | None,
-                    address: str | None, checkpoint_every: int | None, out, parser: str | None) -> tuple:
-    """Check the run's own arguments and open the corpus, before anything loads (a user's first mistake is the one
-    reported: the seed, the corpus, the weighting, the backend, the parser). Returns the examples, the corpus facts and the
-    views of attention."""
+                    address: str | None, checkpoint_every: int | None, out, parser: str | None, *, model=None,
+                    trust_remote_code: bool = False, synthetic_repeats: int | None = None, synthetic_length: int = SYNTHETIC_LENGTH) -> tuple:
+    """Check the run's own arguments and open the corpus, before anything loads but the tokenizer of a synthetic probe (a
+    user's first mistake is the one reported: the seed, the corpus, the weighting, the backend, the parser). With
+    ``synthetic_repeats``, the corpus is Olsson et al.'s probe drawn from ``model``'s vocabulary with the run's seed
+    (:func:`~bertology.core.text.corpora.synthetic_repeats`). Returns the examples, the corpus facts and the views of attention."""
     check_seed(seed)
-    examples, corpus_info = open_corpus(corpus, format, limit)
+    if synthetic_repeats is None:
+        examples, corpus_info = open_corpus(corpus, format, limit)
+    elif corpus is not None:
+        raise BertologyError("synthetic_repeats makes the corpus: give no corpus with it")
+    else:
+        if isinstance(model, LoadedModel):
+            tokenizer = model.tokenizer
+        else:
+            source = default_model_path() if model is None else Path(str(model)).expanduser()
+            tokenizer = load_tokenizer(str(source if source.exists() else model), trust_remote_code=trust_remote_code)
+        examples = synthetic_repeats_corpus(tokenizer, synthetic_repeats, synthetic_length, seed)[:limit]
+        corpus_info = {"name": f"synthetic-repeats-{synthetic_repeats}x{synthetic_length}", "path": None, "format": "synthetic repeats",
+                       "sha256": None}
     views = parse_weighting(weighting)
     if backend not in BACKENDS:
         raise BertologyError(f"unknown backend {backend!r}: use local or ray")
@@ -330,6 +355,14 @@ def _fit_kind(chosen: list[Family], loaded: LoadedModel, settings: dict, asked: 
     settings on a kind it supports is warned about; one made only for the other kind (the sinks on an encoder) is left out
     silently."""
     kind = loaded.kind
+    unasked = [family for family in chosen if family.default_kinds is not None and kind.name not in family.default_kinds
+               and family.name not in asked and not any(option.name in options for option in family.options)]
+    if unasked:  # default on other kinds only (the decoder head types on an encoder): left out silently
+        chosen = [family for family in chosen if family not in unasked]
+        settings["analyses"] = [family.name for family in chosen]
+        for family in unasked:
+            for option in family.options:
+                settings.pop(option.name, None)
     unfit = {family.name: reason for family in chosen if (reason := family.fits(kind, settings))}
     for name, reason in unfit.items():
         if name in asked:  # asked for by name: refused in one line
@@ -479,12 +512,19 @@ def _calibration(analysis: Analysis, chosen: list[Family], examples, engine: Eng
     return null.claims_line()
 
 
+#: The report's viewer shows at most this many pieces of the first example (a page of 8,192 pieces is neither readable nor
+#: cheap: its first layer alone is heads x n^2 weights); ``bertology view --max-length N`` shows more.
+REPORT_VIEWER_PIECES = 1024
+
+
 def _add_viewer(analysis: Analysis, engine: Engine, examples, loaded: LoadedModel) -> None:
-    """The attention viewer of the first example the pass analysed, with the contribution maps the run reads."""
+    """The attention viewer of the first example the pass analysed (its first :data:`REPORT_VIEWER_PIECES` pieces), with the
+    contribution maps the run reads."""
     began = time.perf_counter()
     first = first_analysed(engine, examples)
     contributions = tuple(view for view in analysis.settings["weighting"] if view in CONTRIBUTION_VIEWS)
-    analysis.view = attention_view(first.text, first.text_pair, model=loaded, max_length=engine.max_length, contributions=contributions)
+    analysis.view = attention_view(first.text, first.text_pair, model=loaded, max_length=min(engine.max_length, REPORT_VIEWER_PIECES),
+                                   contributions=contributions)
     analysis.phases["viewer"] = round(time.perf_counter() - began, 2)
 
 
@@ -509,6 +549,8 @@ def analyze(
     device: str = "auto",
     seed: int = 0,
     punct: str = "upos",
+    synthetic_repeats: int | None = None,
+    synthetic_length: int = SYNTHETIC_LENGTH,
     correction: str = "fdr_bh",
     min_sample: int = MIN_SAMPLE,
     weighting: str | Iterable[str] = "attention",
@@ -518,6 +560,7 @@ def analyze(
     workers: int | None = None,
     address: str | None = None,
     checkpoint_every: int | None = None,
+    attention_budget: int | None = None,
     trust_remote_code: bool = False,
     dtype: str = "auto",
     device_map: str | dict | None = None,
@@ -541,6 +584,9 @@ def analyze(
     and verdict are reported (docs/methods.md#statistics-conventions; syntax relations use ``min_dependents``); ``punct`` the
     punctuation set: ``upos`` (every punctuation-only piece) or
     ``clark`` (the pieces "." and "," only, as in Clark et al.'s code; docs/methods.md#head-profile).
+    ``synthetic_repeats``: instead of ``corpus``, Olsson et al.'s (2022) probe of induction heads: that many sequences of
+    ``synthetic_length`` random whole-word pieces of the model's vocabulary (drawn with ``seed``), each repeated twice
+    (:func:`~bertology.core.text.corpora.synthetic_repeats`; docs/methods.md#decoder-head-types).
     ``weighting``: the view of attention every family reads, ``"attention"`` (the weights), ``"norm"``
     (Kobayashi et al. 2020's norm shares, docs/methods.md#norms-and-mixing) or both (``"attention,norm"``), in one pass.
     ``null="uniform"`` runs the null model instead of the model's attention (every head uniform over the keys it sees: the
@@ -552,6 +598,9 @@ def analyze(
     the tables equal the local ones to float rounding). With ``out``, the pass saves its analyzers' states in
     ``out/resume/`` at least every 30 seconds (or every ``checkpoint_every`` batches); the same call after an
     interruption resumes from them.
+    ``attention_budget``: the most bytes of one layer's maps a batch holds at once (:class:`~bertology.core.engine.Engine`):
+    past it each layer's maps are computed by blocks of query rows, and a family that needs whole maps is left out of such a
+    batch with one line in ``failures`` (None: whole maps).
     ``dtype`` (``auto``, ``float32``, ``bfloat16``, ``float16``) and ``device_map`` (accelerate's, ``auto``; not with Ray)
     are :func:`~bertology.core.model.models.load_model`'s; the model's info in the manifest records both.
     With ``out`` (checked before anything runs), the run folder is written there. ``view`` adds the
@@ -561,7 +610,8 @@ def analyze(
     """
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     examples, corpus_info, views = _read_arguments(corpus, format, limit, seed, weighting, backend, workers, address, checkpoint_every, out,
-                                                   parser)
+                                                   parser, model=model, trust_remote_code=trust_remote_code,
+                                                   synthetic_repeats=synthetic_repeats, synthetic_length=synthetic_length)
     chosen, asked, with_trees = _requested_families(analyses, include, exclude, options, examples, parser, corpus_info["name"])
     settings = _run_settings(chosen, options, with_trees=with_trees, parser=parser, views=views, batch_size=batch_size, batch_tokens=batch_tokens,
                              max_length=max_length, overflow=overflow, seed=seed, limit=limit, device=device, punct=punct, correction=correction,
@@ -575,8 +625,10 @@ def analyze(
     chosen, warnings = _fit_model(chosen, loaded, settings, asked, options)
     torch.manual_seed(seed)
     engine = Engine(loaded, batch_size=batch_size, batch_tokens=batch_tokens, max_length=max_length, overflow=overflow, progress=progress,
-                    punct=punct, null=null)
+                    punct=punct, null=null, attention_budget=attention_budget)
     settings["max_length"] = engine.max_length
+    if attention_budget is not None:
+        settings["attention_budget"] = attention_budget
     if null is not None:
         settings["null"] = null
     one_pass = _plan_pass(chosen, settings, loaded.kind, spacy_pipeline, parse=parser == "spacy")

@@ -28,6 +28,8 @@ class Pretrain(Study):
         Option("steps", 1500, "Training steps.", minimum=1),
         Option("learning_rate", 1e-3, "Peak learning rate of AdamW."),
         Option("checkpoints", 12, "Checkpoints saved, log-spaced, step 0 included.", minimum=2),
+        Option("linear_checkpoints", False, "Space the checkpoints evenly from step 0 to the last, not log-spaced: dense through the "
+                                            "middle of the run, where a phase change such as the induction heads' falls."),
         *pick(RUN, "seed", "quiet"),
         *pick(MODEL, "device"),
     )
@@ -41,6 +43,7 @@ class Pretrain(Study):
         return pretrain(s["corpus"], s["out"], objective="causal-lm" if s["causal"] else "masked-lm", vocab_size=s["vocab_size"],
                         layers=s["layers"], heads=s["heads"], hidden=s["hidden"], max_length=s["max_length"], batch_size=s["batch_size"],
                         steps=s["steps"], learning_rate=s["learning_rate"], checkpoints=s["checkpoints"],
+                        linear_checkpoints=s["linear_checkpoints"],
                         seed=s["seed"], device=s["device"], progress=not s["quiet"], command=command)
 
     def summary(self, summary: dict, settings: dict) -> list[str]:

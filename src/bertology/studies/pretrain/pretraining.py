@@ -138,6 +138,7 @@ class PretrainSettings:
     seed: int = 0
     corpus_sha256: list[str] | None = None  # each corpus file's content: a resume never trains on an edited corpus
     objective: str = "masked-lm"  # a key of OBJECTIVES
+    linear_checkpoints: bool = False  # checkpoints evenly spaced (checkpoint_steps), for a change in mid-run such as induction heads'
 
 
 def corpus_files(paths: list[str | Path]) -> list[Path]:
@@ -310,10 +311,14 @@ def make_causal_instances(documents: list[list[list[int]]], max_length: int) -> 
     return instances
 
 
-def checkpoint_steps(steps: int, count: int) -> list[int]:
-    """Step 0 and ``count - 1`` log-spaced steps from ``min(10, steps)`` to ``steps`` (fewer where they coincide)."""
+def checkpoint_steps(steps: int, count: int, linear: bool = False) -> list[int]:
+    """Step 0 and ``count - 1`` log-spaced steps from ``min(10, steps)`` to ``steps`` (fewer where they coincide); with
+    ``linear``, ``count`` evenly spaced steps from 0 to ``steps``: dense through the middle of the run, where a phase
+    change such as the induction heads' (Olsson et al. 2022) falls, not only at its start."""
     if count < 2:
         return [steps]
+    if linear:
+        return sorted({0, *np.round(np.linspace(0, steps, count)).astype(int).tolist(), steps})
     spaced = np.geomspace(min(10, steps), steps, count - 1) if steps > 0 else np.array([])
     return sorted({0, *np.round(spaced).astype(int).tolist(), steps})
 
@@ -621,7 +626,7 @@ def _train(run: _Run, corpus: _Corpus, rows: list[dict], stop_at: int, save_ever
     ``save_every`` steps and at the end; returns the instances of the epoch it stopped in. A batch with no piece to score
     is passed over; an epoch and more of them is refused."""
     goal, batch_size, steps = run.goal, run.settings.batch_size, run.settings.steps
-    saved_steps = set(checkpoint_steps(steps, run.settings.checkpoints))
+    saved_steps = set(checkpoint_steps(steps, run.settings.checkpoints, run.settings.linear_checkpoints))
     done = {row[0] for row in run.evaluations}
     run.network.train()
     if run.step == 0 and 0 not in done:
@@ -715,6 +720,7 @@ def pretrain(
     weight_decay: float = 0.01,
     mask_probability: float = 0.15,
     checkpoints: int = 12,
+    linear_checkpoints: bool = False,
     validation_share: float = 0.02,
     seed: int = 0,
     device: str = "auto",
@@ -749,7 +755,8 @@ def pretrain(
     files = corpus_files([corpus] if isinstance(corpus, (str, Path)) else list(corpus))
     settings = PretrainSettings([str(f) for f in files], vocab_size, layers, heads, hidden, intermediate or 4 * hidden, max_length,
                                 batch_size, steps, learning_rate, warmup, weight_decay, mask_probability, checkpoints, validation_share, seed,
-                                corpus_sha256=[file_digest(Path(f), {}) for f in files], objective=objective)
+                                corpus_sha256=[file_digest(Path(f), {}) for f in files], objective=objective,
+                                linear_checkpoints=linear_checkpoints)
     torch_device = resolve_device(device)
     hf_logging.disable_progress_bar()
     torch.manual_seed(seed)

@@ -22,12 +22,13 @@ class Track(Study):
         Option("steps", None, "Training steps of the CKPT arguments, one each in the same order, e.g. 0,500,1000 [default: from each checkpoint].",
                type=str),
         CORPUS[0].but(help="Corpus file; CoNLL-U adds syntactic heads [default: the bundled sample corpus]."),
-        *pick(CORPUS, "format"), *pick(TREES, "parser"), *pick(RUN, "out"), *pick(CORPUS, "batch_size", "max_length", "limit"),
+        *pick(CORPUS, "format", "synthetic_repeats", "synthetic_length"), *pick(TREES, "parser"),
+        *pick(RUN, "out"), *pick(CORPUS, "batch_size", "max_length", "limit"),
         family_option("syntax", "bootstrap"), family_option("roles", "tau"), family_option("syntax", "min_dependents"), family_option("sinks", "sink_eps"),
         *pick(CORPUS, "punct"), *pick(RUN, "seed", "quiet"), *pick(MODEL, "device", "trust_remote_code", "dtype"), *RAY,
     )
     outputs = ("track", "track_layers", "peaks", "losses")
-    optional_outputs = ("emergence",)
+    optional_outputs = ("emergence", "induction", "in_context")
     work = "parts"
 
     def run(self, settings: dict, command: list[str] | None = None):
@@ -48,12 +49,15 @@ class Track(Study):
                      sink_eps=s["sink_eps"],
                      progress=not s["quiet"],
                      command=command, steps=parse_steps(s["steps"]) if s["steps"] is not None else None, backend=s["backend"],
-                     workers=s["workers"], address=s["address"])
+                     workers=s["workers"], address=s["address"], synthetic_repeats=s["synthetic_repeats"],
+                     synthetic_length=s["synthetic_length"])
 
     def summary(self, result, settings: dict) -> list[str]:
         lines = [f"{claim}: {result.verdict[claim]['verdict']}: {result.verdict[claim]['statement']}" for claim in ("depth", "training")]
         if "sinks" in result.verdict:  # a decoder's series
             lines.append(f"attention sinks: {result.verdict['sinks']['statement']}")
+        if "induction" in result.verdict:  # a decoder's series
+            lines.append(f"induction heads and in-context learning: {result.verdict['induction']['verdict']}: {result.verdict['induction']['statement']}")
         if "losses" in result.verdict:
             lines.append(f"loss: {result.verdict['losses']['statement']}")
         return [*lines, f"report: {(Path(settings['out']) / 'report.html').resolve()}"]

@@ -42,6 +42,7 @@ import datetime as dt
 import hashlib
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,12 +63,16 @@ from bertology.core.options import check_seed
 from bertology.core.storage.runfolder import RunFolder, atomic_write, claims_out, complete_run, finished_run
 from bertology.core.storage.safeload import field as document_field
 from bertology.core.storage.safeload import parse_json, read_json, read_npz, whole_number
-from bertology.core.text.corpora import open_corpus
+from bertology.core.text.corpora import SYNTHETIC_LENGTH, open_corpus
+from bertology.core.text.corpora import synthetic_repeats as synthetic_repeats_corpus
 from bertology.core.text.parsing import spacy_trees
+from bertology.families.headtypes.analyzer import HeadTypes
+from bertology.families.headtypes.copying import copying_scores
 from bertology.families.profile.analyzer import EXCESS_TOLERANCE, GeneralProfile
 from bertology.families.roles.analyzer import HeadRoles, excess_over_uniform
 from bertology.families.sinks.analyzer import SINK_EPS, sink_rates
 from bertology.families.syntax.analyzer import RelationHeads
+from bertology.studies.track.induction import InductionReplicates, in_context_scores, induction_verdict
 from bertology.studies.track.peaks import LayerPeaks, peak_layers, peak_metrics
 
 LEVEL = 0.95
@@ -550,6 +555,10 @@ class CheckpointResult:
     kind: Kind  # the checkpoint's kind of model
     measured_loss: float = float("nan")  # its loss on the track corpus (measured_loss); NaN: no language-model head
     measured_loss_name: str | None = None  # what that loss is; None where none is measured
+    induction: np.ndarray | None = None  # a decoder's [1 + B, layer, head]: each head's induction score (InductionReplicates)
+    icl: np.ndarray | None = None  # a decoder's [1 + B]: the in-context learning score (in_context_scores); None: no LM head
+    icl_sequences: int = 0  # the sequences long enough for it
+    icl_positions: tuple[int, int] | None = None  # (early, late): the 1-based tokens it compares
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -619,6 +628,36 @@ class TrackResult:
                              "recorded_loss": [np.nan if v is None else v for v in losses["values"]], "recorded_loss_name": losses["names"],
                              "measured_loss": [r.measured_loss for r in self.results], "measured_loss_name": [r.measured_loss_name for r in self.results]})
 
+    @property
+    def induction(self) -> pd.DataFrame | None:
+        """A decoder's ``step, checkpoint, layer, head, value, ci_low, ci_high``: each head's induction score (the mean over
+        sequences, :class:`~bertology.studies.track.induction.InductionReplicates`) and the 2.5th-97.5th percentiles of its
+        bootstrap replicates; None for an encoder's series."""
+        if any(r.induction is None for r in self.results):
+            return None
+        frames = []
+        for r in self.results:
+            with warnings.catch_warnings():  # a head with no score in any replicate (no repeated token) has no interval: NaN
+                warnings.simplefilter("ignore", RuntimeWarning)
+                low, high = np.nanpercentile(r.induction[1:], [2.5, 97.5], axis=0) if len(r.induction) > 1 else (r.induction[0] * np.nan,) * 2
+            layer, head = np.indices(r.induction.shape[1:])
+            frames.append(pd.DataFrame({"step": r.step, "checkpoint": r.checkpoint, "layer": layer.ravel(), "head": head.ravel(),
+                                        "value": r.induction[0].ravel(), "ci_low": np.ravel(low), "ci_high": np.ravel(high)}))
+        return pd.concat(frames, ignore_index=True)
+
+    @property
+    def in_context(self) -> pd.DataFrame | None:
+        """A decoder's ``step, checkpoint, early, late, value, ci_low, ci_high, n``: the in-context learning score (the loss of the
+        ``late``-th token less the ``early``-th's, :func:`~bertology.studies.track.induction.in_context_scores`) over the ``n``
+        sequences long enough, with its bootstrap interval; None where a checkpoint has no language-model head or for an encoder."""
+        if any(r.icl is None for r in self.results):
+            return None
+        rows = []
+        for r in self.results:
+            low, high = _interval(r.icl[1:])
+            rows.append((r.step, r.checkpoint, *r.icl_positions, _json_value(r.icl[0]), low, high, r.icl_sequences))
+        return pd.DataFrame(rows, columns=["step", "checkpoint", "early", "late", "value", "ci_low", "ci_high", "n"]).astype({"value": float})
+
     def syntax_series(self) -> pd.DataFrame | None:
         """``step, value, ci_low, ci_high``: mean over relations of the best head's accuracy, with its bootstrap interval."""
         if any(r.syntax is None for r in self.results):
@@ -645,6 +684,9 @@ class TrackResult:
         if self.emergence is not None:
             folder.write_table("emergence", self.emergence)
         folder.write_table("losses", self.losses)
+        for name, table in (("induction", self.induction), ("in_context", self.in_context)):
+            if table is not None:
+                folder.write_table(name, table)
         folder.write_json("verdict.json", self.verdict)
         manifest = {"kind": self.kind.name, "corpus": self.corpus, "settings": self.settings,
                     "checkpoints": [{"step": r.step, "checkpoint": r.checkpoint} for r in self.results], "started": self.started,
@@ -727,8 +769,36 @@ def _load_part(parts: Path, name: str, key: str, replicates: int, finished: bool
             raise _damaged_part(marker, marker, f"'means' has {means.shape[1]} layers, not those of {name}.{table}.parquet")
     if measured is None:  # a sound part written before track measured losses: computed again
         return None
+    extra = _part_induction(arrays, meta, kind, replicates, means.shape[1], marker)
+    if extra is None:  # a sound decoder's part written before track followed induction heads: computed again
+        return None
     loss, loss_name = measured
-    return CheckpointResult(step, checkpoint, *tables, means, syntax, kind, np.nan if loss is None else float(loss), loss_name)
+    return CheckpointResult(step, checkpoint, *tables, means, syntax, kind, np.nan if loss is None else float(loss), loss_name, **extra)
+
+
+def _part_induction(arrays: dict, meta: dict, kind: Kind, replicates: int, layers: int, marker: Path) -> dict | None:
+    """A decoder's part's induction scores ``[replicates, layers, head]`` (shares in [0, 1], or NaN where no token repeats) and
+    in-context learning score ``[replicates]`` or empty (no language-model head), with its count and positions; None where
+    the part has none (written before track followed them); ``{}`` for an encoder's part."""
+    if kind.sees_later_keys:
+        return {}
+    if "induction" not in arrays or "icl" not in arrays or "icl_sequences" not in meta:
+        return None
+    induction, icl = arrays["induction"], arrays["icl"]
+    if (induction.dtype.kind != "f" or induction.ndim != 3 or induction.shape[:2] != (replicates, layers)
+            or not (np.isnan(induction) | ((induction >= 0) & (induction <= 1 + 1e-4))).all()):
+        raise _damaged_part(marker, marker, f"'induction' has shape {induction.shape} or values that are not shares in [0, 1]")
+    if icl.dtype.kind != "f" or (icl.size and (icl.shape != (replicates,) or np.isinf(icl).any())):
+        raise _damaged_part(marker, marker, f"'icl' has shape {icl.shape} or infinite values")
+    try:
+        count = whole_number(document_field(meta, "icl_sequences", int, marker), "icl_sequences", marker)
+        positions = document_field(meta, "icl_positions", (list, type(None)), marker)
+    except StateError as exc:
+        raise _damaged_part(marker, marker, f"its 'meta' is damaged: {exc.message}") from None
+    if icl.size and (positions is None or len(positions) != 2):
+        raise _damaged_part(marker, marker, "'icl_positions' must be the two positions of its in-context learning score")
+    return {"induction": induction, "icl": icl if icl.size else None, "icl_sequences": count,
+            "icl_positions": tuple(int(p) for p in positions) if icl.size else None}
 
 
 def _part_kind(meta: dict, marker: Path) -> Kind:
@@ -783,12 +853,15 @@ def _save_part(parts: Path, name: str, key: str, result: CheckpointResult) -> No
     atomic_write(parts / f"{name}.rows.parquet", lambda p: result.rows.to_parquet(p, index=False))
     atomic_write(parts / f"{name}.layers.parquet", lambda p: result.layers.to_parquet(p, index=False))
     meta = json.dumps({"step": result.step, "checkpoint": result.checkpoint, "kind": result.kind.name,
-                       "measured_loss": _json_value(result.measured_loss), "measured_loss_name": result.measured_loss_name})
+                       "measured_loss": _json_value(result.measured_loss), "measured_loss_name": result.measured_loss_name,
+                       "icl_sequences": result.icl_sequences, "icl_positions": result.icl_positions})
     syntax = result.syntax if result.syntax is not None else np.array([])
+    induction = result.induction if result.induction is not None else np.array([])
+    icl = result.icl if result.icl is not None else np.array([])
 
     def write(path: Path) -> None:
         with path.open("wb") as handle:
-            np.savez(handle, key=key, meta=meta, means=result.means, syntax=syntax)
+            np.savez(handle, key=key, meta=meta, means=result.means, syntax=syntax, induction=induction, icl=icl)
 
     atomic_write(parts / f"{name}.npz", write)
 
@@ -812,6 +885,10 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
     roles = HeadRoles(kind, tau=settings["tau"])
     relations = RelationHeads(kind, bootstrap=settings["bootstrap"], seed=settings["seed"]) if with_trees else None
     analyzers = [profile, peaks, roles] + ([relations] if relations is not None else [])
+    follows_induction = not kind.sees_later_keys  # a decoder's: induction heads and the in-context learning score
+    if follows_induction:
+        head_types, induction = HeadTypes(kind), InductionReplicates(kind, bootstrap=settings["bootstrap"], seed=settings["seed"])
+        analyzers += [head_types, induction]
     stats = engine.run(examples, analyzers, total=len(examples), desc=Path(checkpoint).name)
     try:
         stats.check_counted(engine.max_length)
@@ -826,12 +903,25 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
         frames.append(best.rename(columns={"accuracy": "value"}).assign(metric=lambda t: "syntax:" + t.relation))
         syntax = relations.best_accuracy_replicates(settings["min_dependents"])
         syntax = syntax if np.isfinite(syntax[0]) else None  # no relation has enough dependents
+    if follows_induction:  # the head-types family's table: each head's previous-token, duplicate-token and induction score
+        frames.append(head_types.test().assign(metric=lambda t: "headtype:" + t.role))
+        copying, _ = copying_scores(loaded)  # from the weights (Elhage et al. 2021); None: no unembedding, or an unknown architecture
+        if copying is not None:
+            for column in ("copying_score", "eigenvalue_ratio"):
+                frames.append(copying[["layer", "head"]].assign(metric=f"copying:{column}", value=copying[column], ci_low=np.nan, ci_high=np.nan))
     rows = pd.concat([frame.assign(step=step, checkpoint=checkpoint)[TRACK_COLUMNS] for frame in frames], ignore_index=True)
     layers = pd.concat([profile.layers()] + ([layer_sink_rates(heads, settings["sink_eps"])] if follows_sinks(kind) else []), ignore_index=True)
     layers = layers.assign(step=step, checkpoint=checkpoint)[TRACK_LAYER_COLUMNS]
     loss, loss_name = (measured_loss(engine, examples, settings["seed"], progress, f"{Path(checkpoint).name} loss") if with_lm_head
                        else (float("nan"), None))
-    return CheckpointResult(step, checkpoint, rows, layers, peaks.replicate_means(), syntax, kind, loss, loss_name)
+    extra = {}
+    if follows_induction:
+        extra["induction"] = induction.replicate_means(loaded.num_layers, loaded.num_heads)
+        if with_lm_head:
+            icl, count, early, late = in_context_scores(engine, examples, settings["seed"], settings["bootstrap"], progress,
+                                                        f"{Path(checkpoint).name} in-context")
+            extra.update(icl=icl, icl_sequences=count, icl_positions=(early, late))
+    return CheckpointResult(step, checkpoint, rows, layers, peaks.replicate_means(), syntax, kind, loss, loss_name, **extra)
 
 
 def layer_sink_rates(heads: pd.DataFrame, eps: float) -> pd.DataFrame:
@@ -893,6 +983,8 @@ def track(
     backend: str = "local",
     workers: int | None = None,
     address: str | None = None,
+    synthetic_repeats: int | None = None,
+    synthetic_length: int = SYNTHETIC_LENGTH,
 ) -> TrackResult:
     """Profile, roles and (with trees) syntactic heads of every checkpoint on one corpus, and the verdict.
 
@@ -905,7 +997,9 @@ def track(
     On a decoder's checkpoints (docs/methods.md#decoders) the first token takes [CLS]'s place, nothing about [SEP] is
     reported, and ``Sink_eps`` at ``sink_eps`` is followed per layer (``track_layers``' ``sink_eps``) and overall (``verdict["sinks"]``).
     ``backend="ray"``: one checkpoint per Ray task across the cluster (``workers``, ``address`` as in
-    :func:`bertology.analyze`); each part is saved as its task finishes.
+    :func:`bertology.analyze`); each part is saved as its task finishes. ``synthetic_repeats``: instead of ``corpus``, Olsson et
+    al.'s probe of that many sequences of ``synthetic_length`` random whole-word pieces repeated twice, drawn with ``seed`` from
+    the series' vocabulary (:func:`~bertology.core.text.corpora.synthetic_repeats`; every checkpoint of one series shares it).
     """
     if backend not in BACKENDS:
         raise BertologyError(f"unknown backend {backend!r}: use local or ray")
@@ -913,14 +1007,26 @@ def track(
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     series = ordered_checkpoints([str(c) for c in checkpoints], steps)
     check_one_series([checkpoint for _, checkpoint in series], trust_remote_code)
-    source, corpus_info = open_corpus(corpus, format, limit)
+    if synthetic_repeats is None:
+        source, corpus_info = open_corpus(corpus, format, limit)
+    elif corpus is not None:
+        raise BertologyError("synthetic_repeats makes the corpus: give no corpus with it")
+    else:
+        from bertology.core.model.models import load_tokenizer
+
+        first = series[0][1]
+        tokenizer = load_tokenizer(str(default_model_path()) if first in ("default", DEFAULT_MODEL) else first, trust_remote_code=trust_remote_code)
+        source = synthetic_repeats_corpus(tokenizer, synthetic_repeats, synthetic_length, seed)[:limit]
+        corpus_info = {"name": f"synthetic-repeats-{synthetic_repeats}x{synthetic_length}", "path": None, "format": "synthetic repeats",
+                       "sha256": None}
     examples = list(spacy_trees(source) if parser == "spacy" else source)
     if not examples:
         raise BertologyError("the corpus has no examples")
     with_trees = any(example.has_tree for example in examples)
     settings = {"batch_size": batch_size, "max_length": max_length, "limit": limit, "bootstrap": bootstrap, "tau": tau,
                 "min_dependents": min_dependents, "punct": punct, "seed": seed, "device": device, "trust_remote_code": trust_remote_code,
-                "dtype": dtype, "parser": parser or ("gold" if with_trees else None), "sink_eps": sink_eps}
+                "dtype": dtype, "parser": parser or ("gold" if with_trees else None), "sink_eps": sink_eps,
+                **({"synthetic_repeats": synthetic_repeats, "synthetic_length": synthetic_length} if synthetic_repeats is not None else {})}
     key = json.dumps({"corpus": corpus_info.get("sha256"), "examples": len(examples), **{k: v for k, v in settings.items() if k != "device"}}, sort_keys=True)
     parts = Path(out) / "parts" if out is not None else None
     finished = parts is not None and finished_run(Path(out))
@@ -953,6 +1059,9 @@ def track(
     verdict, emergence = hypothesis_verdict(steps, [r.checkpoint for r in results], np.stack([r.means for r in results]), kind, syntax)
     if follows_sinks(kind):
         verdict["sinks"] = sink_series(results, sink_eps)
+    if all(r.induction is not None and r.icl is not None for r in results):
+        verdict["induction"] = induction_verdict(steps, np.stack([r.induction for r in results]), np.stack([r.icl for r in results]),
+                                                 min(r.icl_sequences for r in results))
     verdict["losses"] = loss_series(steps, [r.checkpoint for r in results], [(r.measured_loss, r.measured_loss_name) for r in results])
     corpus_info["examples"] = len(examples)
     result = TrackResult(results, corpus_info, settings, verdict, emergence, started)

@@ -22,6 +22,8 @@ class View(Study):
                "comma-separated (value zeroing reruns each layer once per token and head).", type=str),
         Option("top_k", None, "Keep each row's K largest weights (0: all); by default all up to 128 tokens, else 20, fewer where the maps "
                "would pass the page's 16 MiB.", type=int, minimum=0),
+        Option("layers", None, "The layers (0-based, comma-separated) whose maps the page holds; by default as many from layer 0 as "
+               "the page's budget of map cells allows (a layer past it names this option).", type=str),
         *pick(CORPUS, "max_length"), *pick(MODEL, "device", "trust_remote_code", "dtype", "device_map"),
     )
     writes = "file"
@@ -42,8 +44,14 @@ class View(Study):
         if s["pair"] is not None and loaded.kind is DECODER:
             raise BertologyError(f"--pair does not apply to {loaded.name}, a decoder: it has no sentence-pair structure (no segment ids, no "
                                  "separator between sentence A and B); give both sentences in the one text")
+        layers = None
+        if s["layers"] is not None:
+            try:
+                layers = [int(part) for part in s["layers"].split(",")]
+            except ValueError:
+                raise BertologyError(f"--layers {s['layers']}: give layer numbers from 0, comma-separated (3,5)") from None
         return attention_view(s["text"], s["pair"], model=loaded, run=s["run"], top_k=s["top_k"], max_length=s["max_length"],
-                              contributions=contributions).save(s["out"])
+                              contributions=contributions, layers=layers).save(s["out"])
 
     def summary(self, page: Path, settings: dict) -> list[str]:
         return [f"viewer: {page.resolve()} ({page.stat().st_size / 1024:.0f} KiB)"]

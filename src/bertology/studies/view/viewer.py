@@ -21,6 +21,11 @@ fewer where the maps would pass :data:`MAP_BYTES` (:func:`kept_keys`): the page 
 2,048 tokens (GPT-2 small, 300 maps, keeps 7 keys a row).
 The model runs layer by layer (the engine's ``on_layer``): one layer's maps are in memory at a time.
 
+What the page computes (:func:`layers_within`): at most :data:`VIEW_BUDGET` map cells (heads x n x n over the views,
+one map a layer for the rollout), whole layers from the first on, the first always; a layer past the budget is left
+off the page, where its head view names the ``bertology view --layers`` command that draws it (issue 40: a 32 x
+32-head model at 1,024 tokens took minutes to compute every layer's views). ``layers`` asks for given layers instead.
+
 Tokens and text reach the page only as JSON (with ``<``, ``>`` and ``&`` escaped) read by ``JSON.parse``
 and drawn with ``fillText`` or set as ``textContent``: markup in a corpus line stays text.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -39,7 +45,7 @@ import pandas as pd
 import torch
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
-from scipy.special import rel_entr
+from torch.special import xlogy
 
 from bertology.core.engine import MIN_PIECES, Engine, PassNeeds, RunStats
 from bertology.core.errors import BertologyError, CorpusError
@@ -62,6 +68,9 @@ MAP_BYTES = 16 * 2**20
 OVERVIEW_SIZE = 72
 #: Key positions are stored in two bytes: the viewer reads at most this many tokens.
 MAX_TOKENS = 2**16 - 1
+#: The most map cells the page computes (:func:`layers_within`): every layer of a 12 x 12-head model up to about 1,400
+#: tokens, of a 32 x 32-head model up to 256 tokens; at 1,024 tokens the latter keeps its first 3 layers.
+VIEW_BUDGET = 2**28
 #: The short form of a head's label in the model view (a legend under the grid spells each out); a ``role:relation``
 #: label shortens its role (``syntactic:nsubj`` -> ``syn:nsubj``), and a label not named here is shown whole.
 LABEL_SHORT = {"local": "loc", "delimiter": "delim", "syntactic": "syn", "block": "block", "vertical": "vert", "diagonal": "diag",
@@ -96,16 +105,29 @@ def label_chips(labels: list[str]) -> list[tuple[str, str]]:
     return chips
 
 
-def distinctive_head(maps: np.ndarray) -> int:
+def distinctive_head(maps: np.ndarray | torch.Tensor) -> int:
     """The most distinctive head of one layer on one input, ``maps [heads, n, n]``: the head whose rows are furthest from
     the layer's mean map ``M = mean_h maps[h]``, by the mean over query rows ``i`` of the Jensen-Shannon divergence (nats)
     between ``maps[h, i]`` and ``M[i]`` (the first such head on a tie). The viewer opens on this head of layer 0, alone,
     rather than on every head of the layer overlaid. (A decoder's row 0 is the same in every head, divergence 0: it
     shifts no head's rank.)"""
-    mean = maps.mean(axis=0, keepdims=True)
-    middle = (maps + mean) / 2
-    divergence = (rel_entr(maps, middle).sum(-1) + rel_entr(mean, middle).sum(-1)) / 2  # [heads, n]
-    return int(np.argmax(divergence.mean(-1)))
+    maps = torch.as_tensor(maps)
+    exact = torch.float32 if maps.device.type == "mps" else torch.float64  # MPS has no float64
+    mean = maps.mean(0, dtype=exact)
+    divergence = []
+    for head in maps:  # one head's n x n at a time, on the maps' device: a 16-head layer at 8,192 tokens stays within memory
+        head = head.to(exact)
+        middle = (head + mean) / 2
+        # rel_entr(p, m) = p log p - p log m, 0 where p = 0 (xlogy)
+        rows = (xlogy(head, head) - xlogy(head, middle)).sum(-1) + (xlogy(mean, mean) - xlogy(mean, middle)).sum(-1)
+        divergence.append(rows.mean() / 2)
+    return int(torch.argmax(torch.stack(divergence)))
+
+
+def layers_within(layers: int, cells_per_layer: int, budget: int = VIEW_BUDGET) -> list[int]:
+    """The layers the page computes and stores: from layer 0 on, as many as fit ``budget`` at ``cells_per_layer`` map cells
+    each (heads x n x n over the views; :data:`VIEW_BUDGET`), and at least the first."""
+    return list(range(min(layers, max(1, budget // max(1, cells_per_layer)))))
 
 
 def kept_keys(n: int, maps: int, top_k: int | None = None) -> int:
@@ -201,6 +223,14 @@ class AttentionView:
     start_head: int = 0  # the head the page opens on, of layer 0 (:func:`distinctive_head`)
     kind: Kind = ENCODER  # the model's: a decoder's query i sees the keys j <= i only
     truncated: bool = False  # the input was cut to the model's (or the asked) length: ``text`` and ``text_pair`` are the parts kept
+    #: The model's layers whose maps the page holds, in order (:func:`layers_within`; empty: every layer), and how many the
+    #: model has (0: as many as the page holds).
+    stored_layers: list[int] = field(default_factory=list)
+    layer_count: int = 0
+
+    def __post_init__(self) -> None:
+        self.stored_layers = self.stored_layers or list(range(len(self.maps["attention"].weights)))
+        self.layer_count = self.layer_count or len(self.stored_layers)
 
     @classmethod
     def from_maps(cls, tokens: list[str], segments: list[int], attention: np.ndarray, model: str, text: str, text_pair: str | None = None, *,
@@ -218,7 +248,8 @@ class AttentionView:
 
     @property
     def layers(self) -> int:
-        return len(self.maps["attention"].weights)
+        """The model's layers (the page may hold fewer: :attr:`stored_layers`)."""
+        return self.layer_count
 
     @property
     def heads(self) -> int:
@@ -239,7 +270,7 @@ class AttentionView:
         data = {"model": self.model, "text": self.text, "text_pair": self.text_pair, "tokens": self.tokens, "segments": self.segments,
                 "layers": self.layers, "heads": self.heads, "n": n, "kind": self.kind.name,
                 "sees_later_keys": self.kind.sees_later_keys, "overview_size": min(n, OVERVIEW_SIZE),
-                "labels": self.labels, "start_head": self.start_head}
+                "labels": self.labels, "start_head": self.start_head, "stored_layers": self.stored_layers}
         used = [label for labels in self.labels.values() for label in labels]
         data["label_chips"] = {head: label_chips(labels) for head, labels in self.labels.items()}
         roles = {label.partition(":")[0] for label in used}
@@ -317,10 +348,12 @@ def head_labels(run: str | Path) -> dict[str, list[str]]:
 
 def attention_view(text: str, text_pair: str | None = None, *, model: str | Path | LoadedModel | None = None, run: str | Path | None = None,
                    top_k: int | None = None, max_length: int | None = None, device: str = "auto",
-                   contributions: tuple[str, ...] = ()) -> AttentionView:
+                   contributions: tuple[str, ...] = (), layers: Iterable[int] | None = None, budget: int = VIEW_BUDGET) -> AttentionView:
     """Run ``model`` (default: all-MiniLM-L6-v2) on one input, layer by layer, and return its :class:`AttentionView`.
     ``contributions``: per-head contribution views to add to the menu (``alti``, ``value-zeroing``:
-    :mod:`bertology.core.measures.contributions`)."""
+    :mod:`bertology.core.measures.contributions`). ``layers``: the layers (0-based) whose maps the page holds; by default
+    those within ``budget`` map cells (:func:`layers_within`). Nothing is computed past the last of them but the forward
+    pass."""
     if not text or not text.strip():
         raise BertologyError("the text to view is empty")
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
@@ -329,22 +362,33 @@ def attention_view(text: str, text_pair: str | None = None, *, model: str | Path
     items = list(engine.encode(enumerate([Example(text, text_pair, source="the text to view")]), stats))
     if not items:  # skipped as degenerate: one piece (a decoder's one-word text) attends to nothing else
         raise BertologyError(f"the text to view gives fewer than {MIN_PIECES} pieces: there is no map to draw; give a longer text")
-    n, layers, heads = len(items[0]), loaded.num_layers, loaded.num_heads
+    n, num_layers, heads = len(items[0]), loaded.num_layers, loaded.num_heads
     views = ["attention", "norm", *contributions, "rollout"] if engine.knows_blocks else ["attention", "rollout"]
-    k = kept_keys(n, layers * (heads * (len(views) - 1) + 1), top_k)
+    maps_per_layer = heads * (len(views) - 1) + 1  # the rollout: one map a layer
+    if layers is None:
+        kept_layers = layers_within(num_layers, n * n * maps_per_layer, budget)
+    else:
+        kept_layers = sorted(set(layers))
+        if not kept_layers or not all(0 <= layer < num_layers for layer in kept_layers):
+            raise BertologyError(f"--layers {','.join(map(str, layers))}: {loaded.name} has layers 0 to {num_layers - 1}")
+    k = kept_keys(n, len(kept_layers) * maps_per_layer, top_k)
     stored = {name: StoredMaps(1 if name == "rollout" else heads, n, k) for name in views}
     start_head, rolled = 0, None
 
     def keep_layer(batch, layer: int, maps) -> None:
         nonlocal start_head, rolled
+        if layer > kept_layers[-1]:
+            return
         attention = maps("attention").attention[0].float()  # [heads, n, n]
-        if layer == 0:
-            start_head = distinctive_head(attention.cpu().numpy())
+        rolled = rollout_step(attention[None], rolled)  # every layer's, up to the last kept
+        if layer not in kept_layers:
+            return
+        if layer == kept_layers[0]:
+            start_head = distinctive_head(attention)
         stored["attention"].add(attention)
         for view in ("norm", *contributions):
             if view in stored:
                 stored[view].add(maps(view).attention[0].float())
-        rolled = rollout_step(attention[None], rolled)
         stored["rollout"].add(rolled)
 
     needs = PassNeeds(norms="norm" in stored, views=tuple(view for view in contributions if view in stored))
@@ -356,4 +400,4 @@ def attention_view(text: str, text_pair: str | None = None, *, model: str | Path
         covered = [max((end for (_, end), s in zip(item.offsets, segments) if s == segment), default=0) for segment in (0, 1)]
         text, text_pair = text[:covered[0]], None if text_pair is None else text_pair[:covered[1]]
     return AttentionView(tokens, segments, stored, loaded.name, text, text_pair, head_labels(run) if run is not None else {},
-                         start_head, loaded.kind, item.truncated)
+                         start_head, loaded.kind, item.truncated, kept_layers, num_layers)

@@ -21,21 +21,23 @@
     return decoded[name];
   }
   let current = viewData("attention");
+  // The layers the page holds (viewer.py's layers_within: as many as its budget allows), each at its place in the arrays.
+  const stored = data.stored_layers, slot = new Map(stored.map(function (layer, index) { return [layer, index]; }));
   // Calls fn(key, weight) for every stored weight of row (layer, head, query); a view with one map per layer (rollout) has it under head 0.
   function eachWeight(layer, head, query, fn) {
     const Hv = current.heads, weights = current.weights, indices = current.indices, k = current.k;
     if (Hv === 1) head = 0;
     if (indices === null) {
-      const offset = ((layer * Hv + head) * n + query) * n;
+      const offset = ((slot.get(layer) * Hv + head) * n + query) * n;
       for (let j = 0; j < n; j++) { const w = weights[offset + j]; if (w) fn(j, w / 255); }
     } else {
-      const offset = ((layer * Hv + head) * n + query) * k;
+      const offset = ((slot.get(layer) * Hv + head) * n + query) * k;
       for (let t = 0; t < k; t++) { const w = weights[offset + t]; if (w) fn(indices[offset + t], w / 255); }
     }
   }
   function drawnHeads() { return current.heads === 1 ? [0] : state.heads; }
   // The share of row (layer, head, query) that a "topk" view leaves out, in [0, 1].
-  function restOf(layer, head, query) { return current.rest[(layer * current.heads + (current.heads === 1 ? 0 : head)) * n + query] / 255; }
+  function restOf(layer, head, query) { return current.rest[(slot.get(layer) * current.heads + (current.heads === 1 ? 0 : head)) * n + query] / 255; }
   function colour(head, alpha) { return "hsla(" + Math.round(360 * head / H) + ",70%,45%," + alpha + ")"; }
   // WCAG 2 contrast of white text on hsl(hue, 70%, lightness): (1.05) / (L_bg + 0.05), L the relative luminance.
   function whiteContrast(hue, lightness) {
@@ -52,7 +54,7 @@
   }
 
   // The page opens on one head: the most distinctive of layer 0 (data.start_head, see bertology.viewer.distinctive_head).
-  const state = { layer: 0, heads: new Set([data.start_head]), hover: null, queryFilter: "all", keyFilter: "all", view: "attention" };
+  const state = { layer: stored[0], heads: new Set([data.start_head]), hover: null, queryFilter: "all", keyFilter: "all", view: "attention" };
   const viewer = { state: state, linesDrawn: 0, renderMs: 0, open: open };
   window.bertologyViewer = viewer;
 
@@ -82,10 +84,20 @@
   // and the faint ones follow; a new drawing cancels the one under way.
   viewer.linesPerFrame = 600;
   let drawing = 0;
+  // A layer past the page's budget: no maps here, but the command that draws them.
+  const missing = document.getElementById("missing-layer");
   function drawHead() {
     const started = performance.now();
     const generation = ++drawing;
     context.clearRect(0, 0, width, height);
+    missing.hidden = slot.has(state.layer);
+    if (!missing.hidden) {
+      missing.textContent = "Layer " + state.layer + " is not on this page: to stay fast it holds the maps of layer" + (stored.length > 1 ? "s " : " ") +
+        stored.join(", ") + " of " + L + ". Draw it with: bertology view TEXT --model " + data.model + " --layers " + state.layer +
+        " (TEXT: the text above).";
+      viewer.linesDrawn = 0; canvas.dataset.lines = "0"; viewer.drawing = false;
+      return;
+    }
     const hover = state.hover;
     const batches = [];
     for (const head of drawnHeads()) {
@@ -247,7 +259,7 @@
   const allLabels = new Set();
   function paint(small, l, h) {
     const image = small.getContext("2d").createImageData(size, size);
-    const offset = (l * current.heads + (current.heads === 1 ? 0 : h)) * size * size;
+    const offset = (slot.get(l) * current.heads + (current.heads === 1 ? 0 : h)) * size * size;
     for (let r = 0; r < size; r++) {
       for (let c = 0; c < size; c++) {
         const p = r * size + c, hidden = !data.sees_later_keys && c > r;
@@ -257,7 +269,7 @@
     }
     small.getContext("2d").putImageData(image, 0, 0);
   }
-  for (let l = 0; l < L; l++) {
+  for (const l of stored) {
     for (let h = 0; h < H; h++) {
       const thumb = document.createElement("div");
       thumb.className = "thumb"; thumb.dataset.layer = String(l); thumb.dataset.head = String(h);
@@ -283,6 +295,10 @@
       thumb.addEventListener("click", function () { open(l, h); });
       grid.appendChild(thumb);
     }
+  }
+  if (stored.length < L) {
+    document.getElementById("missing-layers").textContent = "Layers " + stored.join(", ") + " of " + L + " are on this page (it computes at most " +
+      "a budget of map cells, or the layers asked for); pick another layer above for the command that draws it.";
   }
   const legend = Object.entries(data.label_legend).map(function (pair) { return pair[0] + " = " + pair[1]; });
   document.getElementById("label-legend").textContent = legend.length ? "Labels (hover a cell for them in full): " + legend.join(", ") + "." : "";
@@ -317,9 +333,9 @@
   const match = /layer=(\d+)&head=(\d+)/.exec(window.location.hash);
   if (match && Number(match[1]) < L && Number(match[2]) < H) open(Number(match[1]), Number(match[2]));
   else {
-    document.getElementById("start-hint").textContent = "Opened on head " + data.start_head + " of layer 0: its attention is the furthest " +
+    document.getElementById("start-hint").textContent = "Opened on head " + data.start_head + " of layer " + stored[0] + ": its attention is the furthest " +
       "(Jensen-Shannon) from the layer's mean map on this input. Tick other heads to add them.";
-    updateTitle(); drawHead();
+    layerSelect.value = String(state.layer); updateTitle(); drawHead();
   }
   document.body.dataset.ready = "1";
 })();

@@ -1,0 +1,154 @@
+"""Decoder head types: previous-token, duplicate-token and induction heads (Elhage et al. 2021, "A Mathematical Framework for
+Transformer Circuits"; Olsson et al. 2022, "In-context Learning and Induction Heads"; docs/methods.md#decoder-head-types).
+
+Each role gives query i a set of target keys ``T_i`` among the keys it saw in the layer (``V_i``,
+:meth:`~bertology.core.engine.LayerMaps.visible`: causality, padding, a sliding window), as TransformerLens's head detector
+builds its 0/1 detection patterns:
+
+- ``previous-token``: ``T_i = {i - 1}``;
+- ``duplicate-token``: the earlier occurrences of the query's token, ``{j < i : t_j = t_i}``;
+- ``induction``: the keys that followed those occurrences, ``{j + 1 : j < i, t_j = t_i}`` (``i`` itself where ``t_{i-1} = t_i``).
+
+On an encoder only ``duplicate-token`` is measured, over every other occurrence, ``{j != i : t_j = t_i}``. Special tokens
+(BOS, [CLS], [SEP]: ``Batch.segment_ids`` -1) are no occurrence of a token: they neither ask nor match in the duplicate and
+induction sets (BOS is still row 1's previous token).
+
+The score of a head on one sequence is the mean over the rows that have a target, ``R = {i : T_i != {}}``, of the attention
+mass on the targets, ``s = (1 / |R|) sum_{i in R} sum_{j in T_i} a[i, j]`` (1: all of every such row's weight on its
+targets); a sequence with no such row gives no score. TransformerLens divides ``sum_{i, j} a[i, j] D[i, j]`` by the mass of
+every row instead, so that rows without a target pull its score down. The null: the same score of the uniform head (each
+row ``1 / |V_i|`` over the keys it saw), ``u = mean_{i in R} |T_i| / |V_i|``, on the same sequence; the paired excess
+``s - u`` (:func:`~bertology.families.roles.analyzer.excess_over_uniform`: float noise counts as 0) gets a one-sided t-test
+``H0: mean(s - u) <= 0`` over sequences, corrected within each role over the heads; below ``min_sample`` sequences no
+p-value. Olsson et al.'s prefix-matching score is the induction score on the synthetic probe of random tokens repeated
+twice (``--synthetic-repeats``, :func:`~bertology.core.text.corpora.synthetic_repeats`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from bertology.core.analyzer import LayerwiseAnalyzer
+from bertology.core.engine import Batch, LayerMaps
+from bertology.core.model.kinds import Kind
+from bertology.core.statistics.stats import MIN_SAMPLE, RunningMoments, corrected, interval_frame, merge_moments, t_test_greater
+from bertology.families.kinds import check_kind, check_same_kind
+from bertology.families.roles.analyzer import excess_over_uniform
+
+PREVIOUS, DUPLICATE, INDUCTION = "previous-token", "duplicate-token", "induction"
+#: Every role, in table order.
+HEAD_TYPES = (PREVIOUS, DUPLICATE, INDUCTION)
+
+
+def head_types(kind: Kind) -> tuple[str, ...]:
+    """The roles measured on a ``kind`` of model: all three on a decoder; on an encoder, whose queries see every token,
+    ``duplicate-token`` alone (a previous token and what follows a repeat have no causal meaning there)."""
+    return (DUPLICATE,) if kind.sees_later_keys else HEAD_TYPES
+
+
+def head_type_targets(input_ids: torch.Tensor, mask: torch.Tensor, words: torch.Tensor, kind: Kind) -> dict[str, torch.Tensor]:
+    """Each role's targets ``T[b, i, j]`` (bool ``[batch, n, n]``) of a ``kind`` of model (see the module docstring), from the
+    token ids ``[batch, n]``, the real pieces ``mask`` and ``words``, the pieces that count as occurrences of a token (the
+    non-special ones, ``Batch.segment_ids >= 0``); the caller keeps only the keys each query saw."""
+    width = input_ids.shape[-1]
+    positions = torch.arange(width, device=input_ids.device)
+    real = mask[:, :, None] & mask[:, None, :]
+    same = (input_ids[:, :, None] == input_ids[:, None, :]) & words[:, :, None] & words[:, None, :]
+    if kind.sees_later_keys:
+        return {DUPLICATE: same & (positions[:, None] != positions[None, :])}
+    duplicate = same & (positions[None, :] < positions[:, None])  # D[i, j] = [t_j = t_i], j < i
+    induction = torch.zeros_like(duplicate)
+    induction[..., 1:] = duplicate[..., :-1]  # I[i, j] = D[i, j - 1]: the key after each earlier occurrence
+    previous = real & (positions[:, None] - positions[None, :] == 1)
+    return {PREVIOUS: previous, DUPLICATE: duplicate, INDUCTION: induction & real}
+
+
+def target_mass(attention: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per sequence and head (float64 ``[batch, head]``), ``mean_{i in R} sum_{j in T_i} a[i, j]`` over the rows that have a
+    target, ``R``; ``attention [batch, head, n, n]`` in its own dtype (each row's sum is taken there, then float64),
+    ``targets [batch, n, n]`` bool. NaN for a sequence with no row that has a target."""
+    inside = torch.einsum("bhij,bij->bhi", attention, targets.to(attention.dtype)).to(torch.float64)
+    rows = targets.any(dim=-1).to(torch.float64)  # [batch, n]
+    count = rows.sum(dim=-1, keepdim=True)  # [batch, 1]
+    total = (inside * rows[:, None]).sum(dim=-1)
+    return torch.where(count > 0, total / count.clamp(min=1), torch.nan)
+
+
+class HeadTypes(LayerwiseAnalyzer):
+    """Previous-token, duplicate-token and induction scores of every head of a ``kind`` of model, beside the uniform head's
+    on the same sequences, and the paired tests that say which heads hold which role (see the module docstring).
+
+    :meth:`result` gives ``layer, head, role, value, ci_low, ci_high, n, uniform, excess, t_excess, p_excess, p_adj, holds``.
+    """
+
+    name = "headtypes"
+
+    def __init__(self, kind: Kind, correction: str = "fdr_bh", alpha: float = 0.05) -> None:
+        self.kind, self.correction, self.alpha = kind, correction, alpha
+        self.roles = head_types(kind)
+        self._scores: RunningMoments | None = None  # [layer, head, role]
+        self._uniform: RunningMoments | None = None  # [layer, head, role]: the uniform head's on the same sequences
+        self._excess: RunningMoments | None = None  # [layer, head, role]: per sequence, the head's less the uniform head's
+        self._targets: dict[str, torch.Tensor] = {}  # this batch's targets before the layer's visible keys
+        self._pending: list[torch.Tensor] = []  # one [batch, head, role] per layer
+        self._pending_uniform: list[torch.Tensor] = []  # the uniform head's, one [batch, 1 or head, role] per layer
+
+    def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
+        if maps.layer == 0:
+            check_kind(self, batch)
+            self._pending, self._pending_uniform = [], []
+            self._targets = head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind)
+        visible, uniform = maps.visible(batch), maps.uniform(batch)
+        targets = [self._targets[role] & visible for role in self.roles]
+        self._pending.append(torch.stack([target_mass(maps.attention, each) for each in targets], dim=-1))
+        self._pending_uniform.append(torch.stack([target_mass(uniform, each) for each in targets], dim=-1))
+
+    def finish_batch(self, batch: Batch) -> None:
+        heads = batch.num_heads
+        # [batch, layer, head + uniform heads, role], one copy to the host
+        both = torch.cat([torch.stack(self._pending, dim=1), torch.stack(self._pending_uniform, dim=1)], dim=2).cpu().numpy()
+        self._pending, self._pending_uniform, self._targets = [], [], {}
+        scores = both[:, :, :heads]
+        uniform = np.broadcast_to(both[:, :, heads:], scores.shape)
+        if self._scores is None:
+            self._scores, self._uniform, self._excess = (RunningMoments(scores.shape[1:]) for _ in range(3))
+        self._scores.push(scores)
+        self._uniform.push(uniform)
+        self._excess.push(excess_over_uniform(scores, uniform))
+
+    def merge(self, other: "HeadTypes") -> "HeadTypes":
+        check_same_kind(self, other)
+        self._scores = merge_moments(self._scores, other._scores)
+        self._uniform = merge_moments(self._uniform, other._uniform)
+        self._excess = merge_moments(self._excess, other._excess)
+        return self
+
+    def test(self, min_sample: int = MIN_SAMPLE, correction: str | None = None, alpha: float | None = None,
+             min_mass: float = 0.0) -> pd.DataFrame:
+        """``layer, head, role, value, ci_low, ci_high, n, uniform, excess, t_excess, p_excess, p_adj, holds``: per head and role
+        the mean score over the ``n`` sequences that have a row with a target, its 95% interval, the uniform head's mean on
+        the same sequences and the mean paired excess over it with its one-sided t-test (``H0: mean(s - u) <= 0``; none on
+        fewer than ``min_sample`` sequences), ``p_excess`` corrected within each role over its heads into ``p_adj``; a head
+        holds the role where that rejects and its mean score is at least ``min_mass`` (a head that puts a hundredth more on
+        the targets than a uniform head, over enough sequences, is significant and yet no such head)."""
+        columns = ["layer", "head", "role", "value", "ci_low", "ci_high", "n", "uniform", "excess", "t_excess", "p_excess", "p_adj", "holds"]
+        if self._scores is None:
+            return pd.DataFrame(columns=columns)
+        layers, heads, _ = self._scores.count.shape
+        index = pd.MultiIndex.from_product([range(layers), range(heads), self.roles], names=["layer", "head", "role"])
+        table = interval_frame(self._scores, index)
+        t, p = t_test_greater(self._excess, 0.0, min_sample=min_sample)
+        table["uniform"], table["excess"] = self._uniform.means().ravel(), self._excess.means().ravel()
+        table["t_excess"], table["p_excess"] = t.ravel(), p.ravel()
+        table["p_adj"], table["holds"] = np.nan, False
+        for role in self.roles:
+            rows = table.role == role
+            adjusted, holds = corrected(table.p_excess[rows], correction or self.correction, self.alpha if alpha is None else alpha)
+            table.loc[rows, "p_adj"], table.loc[rows, "holds"] = adjusted, holds
+        table["holds"] = table.holds.astype(bool) & (table.value >= min_mass)
+        return table[columns]
+
+    def result(self) -> pd.DataFrame:
+        return self.test()
