@@ -3,7 +3,7 @@
 Builds three null models, 3 layers x 4 heads with every query projection zeroed (so every head attends uniformly over the
 keys it may see, and nothing about any head is special): a BERT with the bundled model's WordPiece tokenizer, and a GPT-2
 and a grouped-query Llama (2 key-value heads) with a byte-level BPE trained here on the corpora. Runs ``analyze`` with the
-families that make claims of heads (profile, roles, patterns, syntax on trees, classes, sinks on decoders) over the first
+families that make claims of heads (profile, roles, patterns, syntax on trees, classes, sinks on decoders, head types) over the first
 ``--sentences`` held-out EWT test trees and the RTE dev pairs, and prints each run's claims by family; then runs
 ``bertology analyze --calibrate`` on the bundled model and corpus and prints the run's claims line and the null model's.
 

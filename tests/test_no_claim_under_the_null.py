@@ -13,8 +13,9 @@ import pytest
 from bertology import analyze
 from bertology.core.model.models import load_model
 
-#: The families whose tests make claims of heads (the sinks family runs on the decoders).
-CLAIMING = ["profile", "roles", "patterns", "syntax", "classes", "sinks"]
+#: The families whose tests make claims of heads (the sinks family runs on the decoders; the head types on both kinds, on an
+#: encoder duplicate-token alone).
+CLAIMING = ["profile", "roles", "patterns", "syntax", "classes", "sinks", "headtypes"]
 SENTENCES = 40
 
 

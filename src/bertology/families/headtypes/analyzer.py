@@ -69,11 +69,17 @@ def target_mass(attention: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per sequence and head (float64 ``[batch, head]``), ``mean_{i in R} sum_{j in T_i} a[i, j]`` over the rows that have a
     target, ``R``; ``attention [batch, head, n, n]`` in its own dtype (each row's sum is taken there, then float64),
     ``targets [batch, n, n]`` bool. NaN for a sequence with no row that has a target."""
-    inside = torch.einsum("bhij,bij->bhi", attention, targets.to(attention.dtype)).to(torch.float64)
-    rows = targets.any(dim=-1).to(torch.float64)  # [batch, n]
-    count = rows.sum(dim=-1, keepdim=True)  # [batch, 1]
-    total = (inside * rows[:, None]).sum(dim=-1)
+    total, count = target_sums(attention, targets)
     return torch.where(count > 0, total / count.clamp(min=1), torch.nan)
+
+
+def target_sums(attention: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`target_mass`'s sum ``sum_{i in R} sum_{j in T_i} a[i, j]`` (float64 ``[batch, head]``) and count ``|R|``
+    (float64 ``[batch, 1]``), so that blocks of query rows (``attention [batch, head, r, n]``, ``targets [batch, r, n]``,
+    :attr:`~bertology.core.engine.LayerMaps.rows`) add up."""
+    inside = torch.einsum("bhij,bij->bhi", attention, targets.to(attention.dtype)).to(torch.float64)
+    rows = targets.any(dim=-1).to(torch.float64)  # [batch, r]
+    return (inside * rows[:, None]).sum(dim=-1), rows.sum(dim=-1, keepdim=True)
 
 
 class HeadTypes(LayerwiseAnalyzer):
@@ -84,6 +90,9 @@ class HeadTypes(LayerwiseAnalyzer):
     """
 
     name = "headtypes"
+    #: Each row's targets are keys of that row, and the score is a sum over rows over their count: blocks of query rows add
+    #: up (:attr:`~bertology.core.engine.LayerMaps.rows`).
+    folds_row_blocks = True
 
     def __init__(self, kind: Kind, correction: str = "fdr_bh", alpha: float = 0.05) -> None:
         self.kind, self.correction, self.alpha = kind, correction, alpha
@@ -94,16 +103,25 @@ class HeadTypes(LayerwiseAnalyzer):
         self._targets: dict[str, torch.Tensor] = {}  # this batch's targets before the layer's visible keys
         self._pending: list[torch.Tensor] = []  # one [batch, head, role] per layer
         self._pending_uniform: list[torch.Tensor] = []  # the uniform head's, one [batch, 1 or head, role] per layer
+        self._layer_sums: list[torch.Tensor] = []  # the layer's sums so far over blocks of query rows: head's, uniform's, count
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
-        if maps.layer == 0:
+        if maps.layer == 0 and maps.starts_layer:
             check_kind(self, batch)
             self._pending, self._pending_uniform = [], []
             self._targets = head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind)
+        rows = slice(None) if maps.rows is None else maps.rows
         visible, uniform = maps.visible(batch), maps.uniform(batch)
-        targets = [self._targets[role] & visible for role in self.roles]
-        self._pending.append(torch.stack([target_mass(maps.attention, each) for each in targets], dim=-1))
-        self._pending_uniform.append(torch.stack([target_mass(uniform, each) for each in targets], dim=-1))
+        targets = [self._targets[role][:, rows] & visible for role in self.roles]  # the block's rows' targets among the keys they saw
+        heads, counts = zip(*(target_sums(maps.attention, each) for each in targets))
+        sums = [torch.stack(heads, dim=-1), torch.stack([target_sums(uniform, each)[0] for each in targets], dim=-1), torch.stack(counts, dim=-1)]
+        self._layer_sums = sums if maps.starts_layer else [old + new for old, new in zip(self._layer_sums, sums)]
+        if not maps.ends_layer:
+            return
+        total, total_uniform, count = self._layer_sums  # [batch, head, role], [batch, 1 or head, role], [batch, 1, role]
+        self._layer_sums = []
+        self._pending.append(torch.where(count > 0, total / count.clamp(min=1), torch.nan))
+        self._pending_uniform.append(torch.where(count > 0, total_uniform / count.clamp(min=1), torch.nan))
 
     def finish_batch(self, batch: Batch) -> None:
         heads = batch.num_heads

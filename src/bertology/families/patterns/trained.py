@@ -63,10 +63,14 @@ class LabelledMaps(LayerwiseAnalyzer):
     corrects by appending). Examples without a label are passed over."""
 
     name = "labelled_maps"
+    #: The labelled head's rows are put together block by block (:attr:`~bertology.core.engine.LayerMaps.rows`): it holds one
+    #: head's whole map per labelled sequence of the batch.
+    folds_row_blocks = True
 
     def __init__(self, rules) -> None:
         self.rules = rules
         self.items: dict[tuple, dict] = {}
+        self._blocks: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # the layer's blocks of rows so far, by sequence
 
     def _labelled(self, batch: Batch):
         """``(b, example, key, line)`` of each labelled example of the batch whose map is not labelled again further down."""
@@ -85,12 +89,21 @@ class LabelledMaps(LayerwiseAnalyzer):
             layer, head, label = example.pattern_label
             if layer != maps.layer or head >= batch.num_heads:
                 continue
-            args = (maps.attention[b : b + 1, head : head + 1], batch.mask[b : b + 1], special[b : b + 1], batch.segment_ids[b : b + 1])
-            rules = self.rules.classify(*args, visible=maps.visible(batch)[b : b + 1])  # the rules against the uniform map
+            if maps.starts_layer:
+                self._blocks[b] = []
+            # the block's rows of the head's map [1, 1, r, n] and of the keys they saw [1, r, n]
+            self._blocks[b].append((maps.attention[b : b + 1, head : head + 1], maps.visible(batch)[b : b + 1]))
+            if not maps.ends_layer:
+                continue
+            blocks = self._blocks.pop(b)
+            attention, visible = torch.cat([part for part, _ in blocks], dim=-2), torch.cat([part for _, part in blocks], dim=-2)
+            args = (attention, batch.mask[b : b + 1], special[b : b + 1], batch.segment_ids[b : b + 1])
+            rules = self.rules.classify(*args, visible=visible)  # the rules against the uniform map
             self.items[key] = {"line": line, "source": example.source, "group": repr(sequence_key(example)[1:]), "label": label,
                                "features": map_features(*args)[0, 0], "rules": PATTERNS[int(rules[0, 0])]}
 
     def finish_batch(self, batch: Batch) -> None:
+        self._blocks = {}  # a map labelled again further down the batch leaves its blocks unread
         num_layers, num_heads = batch.num_layers, batch.num_heads
         for _, example, key, line in self._labelled(batch):
             layer, head, _ = example.pattern_label
