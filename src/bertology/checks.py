@@ -115,7 +115,7 @@ def _probe_value(option: Option):
 
 #: What the options check's stand-in for ``analyze()`` returns: a run of nothing, for the command's summary lines.
 _NOTHING_RUN = SimpleNamespace(stats=SimpleNamespace(sequences=0, truncated=0, skipped=0, degenerate=0, seconds=0.0), results={}, warnings=[], failures={},
-                               out=Path("unused"), claims_line=lambda: "claims: 0")
+                               out=Path("unused"), claims_line=lambda: "claims: 0", settings={})
 
 
 def check_options_round_trip(family: Family) -> None:

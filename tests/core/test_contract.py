@@ -57,6 +57,8 @@ WITHOUT_TREES = {"layer_peaks"}
 COVERED_ELSEWHERE = {
     "similarity": "tests/test_comparison.py::test_similarity_contract (needs two models)",
     "side": "an adapter that feeds one side of a model pair to an analyzer tested here",
+    "induction_replicates": "tests/studies/track/test_induction.py::test_induction_replicates_pass_the_analyzer_contract (track's, "
+                            "with bootstrap replicates)",
 }
 
 
