@@ -35,7 +35,7 @@ from bertology.core.engine import Batch, LayerMaps
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import MIN_SAMPLE, RunningMoments, corrected, interval_frame, merge_moments, t_test_greater
 from bertology.families.kinds import check_kind, check_same_kind
-from bertology.families.roles.analyzer import excess_over_uniform
+from bertology.families.roles.analyzer import excess_over_uniform, mean_over_counted
 
 PREVIOUS, DUPLICATE, INDUCTION = "previous-token", "duplicate-token", "induction"
 #: Every role, in table order.
@@ -69,8 +69,7 @@ def target_mass(attention: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per sequence and head (float64 ``[batch, head]``), ``mean_{i in R} sum_{j in T_i} a[i, j]`` over the rows that have a
     target, ``R``; ``attention [batch, head, n, n]`` in its own dtype (each row's sum is taken there, then float64),
     ``targets [batch, n, n]`` bool. NaN for a sequence with no row that has a target."""
-    total, count = target_sums(attention, targets)
-    return torch.where(count > 0, total / count.clamp(min=1), torch.nan)
+    return mean_over_counted(*target_sums(attention, targets))
 
 
 def target_sums(attention: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,8 +119,8 @@ class HeadTypes(LayerwiseAnalyzer):
             return
         total, total_uniform, count = self._layer_sums  # [batch, head, role], [batch, 1 or head, role], [batch, 1, role]
         self._layer_sums = []
-        self._pending.append(torch.where(count > 0, total / count.clamp(min=1), torch.nan))
-        self._pending_uniform.append(torch.where(count > 0, total_uniform / count.clamp(min=1), torch.nan))
+        self._pending.append(mean_over_counted(total, count))
+        self._pending_uniform.append(mean_over_counted(total_uniform, count))
 
     def finish_batch(self, batch: Batch) -> None:
         heads = batch.num_heads

@@ -71,7 +71,12 @@ SUMMARY_ROLES = (*dict.fromkeys(role for kind in KINDS.values() for role in role
 def sieve_mean(inside: torch.Tensor, size: torch.Tensor, queries: torch.Tensor, n: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
     """``mean_{i in Q} n_i w_i mean_{j in S_i} a[i, j]`` per sequence and head, in float64: :func:`sieve_sums`' total over its
     count, NaN for a sequence with no query in Q."""
-    total, count = sieve_sums(inside, size, queries, n, weight)
+    return mean_over_counted(*sieve_sums(inside, size, queries, n, weight))
+
+
+def mean_over_counted(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """A per-sequence score from its sum over the rows it counts and their ``count`` (sums that blocks of query rows add up):
+    ``total / count``, NaN for a sequence with no such row."""
     return torch.where(count > 0, total / count.clamp(min=1), torch.nan)
 
 
@@ -108,7 +113,7 @@ def role_scores(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, 
                 window: int = 2, any_pair: bool | None = None, visible: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Sieve scores ``[batch, head]`` (float64) of the :func:`role_names` of a ``kind`` of model on one layer's attention
     ``[batch, head, n, n]``: each role's :func:`role_sums` total over its count (see there and the module docstring)."""
-    return {role: torch.where(count > 0, total / count.clamp(min=1), torch.nan)
+    return {role: mean_over_counted(total, count)
             for role, (total, count) in role_sums(attention, mask, anchors, segment_ids, kind, window, any_pair, visible).items()}
 
 
