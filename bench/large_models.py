@@ -11,9 +11,13 @@ cut at ``--tokens`` pieces. Three processes, each timed end to end with its peak
 
 Printed: analyze's pass (manifest ``phases.pass``) against (b)'s forward (target at most 1.5) and analyze's peak RSS
 against (c)'s (target at most 1.3; 1.5 at 8,192 tokens), the phases analyze records, and a JSON line with every figure.
+On a CUDA ``--device`` also each process's peak GPU memory (torch's allocator: the manifest's ``peak_device_memory`` for
+analyze's pass), and analyze's against (c)'s: on a GPU the maps live in GPU memory, so that is the ratio the RSS one stands
+for. ``--dtype`` loads the weights of all three in that precision (issue 40: ``--device cuda --dtype bfloat16``).
 
     .venv/bin/python bench/large_models.py [--layers 8] [--heads 16] [--kv-heads 4] [--hidden 512] [--tokens 1024]
-                                           [--passages 4] [--threads 2] [--device cpu] [--analyze-args "..."]
+                                           [--passages 4] [--threads 2] [--device cpu] [--dtype float32] [--book PATH]
+                                           [--analyze-args "..."]
 
 With ``--analyze-args "--attention-budget BYTES"`` analyze computes each layer's maps by blocks of query rows past BYTES
 (issue 40); a family that needs whole maps is left out of such a batch, and the benchmark names it.
@@ -37,13 +41,17 @@ BOOK = Path(__file__).resolve().parents[2] / "shared" / "data" / "gutenberg" / "
 TARGETS = {"pass_ratio": 1.5, "rss_ratio": 1.3}
 
 
+def mib(count: int | None) -> float | None:
+    return None if count is None else round(count / 2**20, 1)
+
+
 def build(args: argparse.Namespace, folder: Path) -> None:
     """The random model and its tokenizer in ``folder``, and the passages in ``folder / passages.txt``."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    text = BOOK.read_text(encoding="utf-8")
+    text = Path(args.book).read_text(encoding="utf-8")
     paragraphs = [" ".join(p.split()) for p in text.split("\n\n") if len(p.split()) > 20]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -79,7 +87,9 @@ def bare(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     folder = Path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModel.from_pretrained(folder, attn_implementation=args.attention).to(args.device).eval()
+    model = AutoModel.from_pretrained(folder, attn_implementation=args.attention, dtype=getattr(torch, args.dtype)).to(args.device).eval()
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(args.device)
     texts = [line for line in (folder / "passages.txt").read_text(encoding="utf-8").splitlines() if line]
     started = time.perf_counter()
     with torch.inference_mode():
@@ -88,7 +98,8 @@ def bare(args: argparse.Namespace) -> None:
             model(input_ids=ids)
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
-    print("BARE " + json.dumps({"forward_seconds": round(time.perf_counter() - started, 3), "passages": len(texts)}))
+    peak = torch.cuda.max_memory_allocated(args.device) if args.device.startswith("cuda") else None
+    print("BARE " + json.dumps({"forward_seconds": round(time.perf_counter() - started, 3), "passages": len(texts), "peak_device_bytes": peak}))
 
 
 def main() -> int:
@@ -101,6 +112,8 @@ def main() -> int:
     parser.add_argument("--passages", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--book", default=str(BOOK), help="the text the tokenizer is trained on and the passages are cut from")
     parser.add_argument("--analyze-args", default="", help="extra options for bertology analyze, as one string")
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -109,32 +122,34 @@ def main() -> int:
     if args.bare:
         bare(args)
         return 0
-    if not BOOK.is_file():
-        sys.exit(f"{BOOK} is not there: this benchmark reads its passages from it")
+    if not Path(args.book).is_file():
+        sys.exit(f"{args.book} is not there: this benchmark reads its passages from it")
     environment = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     os.environ.update(environment)
     figures: dict = {"shape": f"{args.layers} x {args.heads} heads ({args.kv_heads} kv), hidden {args.hidden}", "tokens": args.tokens,
-                     "passages": args.passages, "device": args.device, "threads": args.threads}
+                     "passages": args.passages, "device": args.device, "dtype": args.dtype, "threads": args.threads}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / "model"
         build(args, folder)
         for attention in ("sdpa", "eager"):
             seconds, rss, done = measured([PYTHON, str(Path(__file__).resolve()), "--bare", "--model", str(folder), "--attention", attention,
-                                           "--tokens", str(args.tokens), "--device", args.device, "--threads", str(args.threads)])
+                                           "--tokens", str(args.tokens), "--device", args.device, "--threads", str(args.threads), "--dtype", args.dtype])
             if done.returncode != 0:
                 sys.exit(f"bare {attention} failed: {last_line(done.stderr)}")
-            forward = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("BARE "))[5:])["forward_seconds"]
-            figures[attention] = {"process_seconds": round(seconds, 1), "forward_seconds": forward, "peak_rss_mib": round(rss)}
+            bare_figures = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("BARE "))[5:])
+            figures[attention] = {"process_seconds": round(seconds, 1), "forward_seconds": bare_figures["forward_seconds"], "peak_rss_mib": round(rss),
+                                  "peak_device_mib": mib(bare_figures["peak_device_bytes"])}
         out = Path(scratch) / "run"
         command = [bertology_program(), "analyze", "--model", str(folder), "--corpus", str(folder / "passages.txt"), "--out", str(out), "--quiet",
-                   "--device", args.device, "--max-length", str(args.tokens), "--batch-size", "1", *shlex.split(args.analyze_args)]
+                   "--device", args.device, "--dtype", args.dtype, "--max-length", str(args.tokens), "--batch-size", "1", *shlex.split(args.analyze_args)]
         seconds, rss, done = measured(command)
         if not (out / "manifest.json").is_file():  # a family left out (past --attention-budget) still writes the run folder
             sys.exit(f"analyze failed: {last_line(done.stderr)}")
         manifest = json.loads((out / "manifest.json").read_text())
         phases = manifest["phases"]
-        figures["analyze"] = {"process_seconds": round(seconds, 1), "peak_rss_mib": round(rss), "phases": phases,
-                              "left_out": manifest.get("failures", {})}
+        device_peak = sum(manifest.get("peak_device_memory", {}).values()) or None
+        figures["analyze"] = {"process_seconds": round(seconds, 1), "peak_rss_mib": round(rss), "peak_device_mib": mib(device_peak),
+                              "phases": phases, "left_out": manifest.get("failures", {})}
     figures["pass_ratio"] = round(phases["pass"] / figures["eager"]["forward_seconds"], 2)
     figures["rss_ratio"] = round(figures["analyze"]["peak_rss_mib"] / figures["sdpa"]["peak_rss_mib"], 2)
     print(f"{figures['shape']}, {args.passages} passages of {args.tokens} tokens, {args.device}, {args.threads} threads")
@@ -142,6 +157,11 @@ def main() -> int:
           f"peak RSS {figures['sdpa']['peak_rss_mib']} MiB")
     print(f"bare eager (no maps kept): forward {figures['eager']['forward_seconds']} s, peak RSS {figures['eager']['peak_rss_mib']} MiB")
     print(f"analyze: pass {phases['pass']} s, process {figures['analyze']['process_seconds']} s, peak RSS {figures['analyze']['peak_rss_mib']} MiB")
+    if figures["analyze"]["peak_device_mib"] is not None:
+        figures["device_memory_ratio"] = round(figures["analyze"]["peak_device_mib"] / figures["sdpa"]["peak_device_mib"], 2)
+        print(f"peak GPU memory: SDPA {figures['sdpa']['peak_device_mib']} MiB, eager {figures['eager']['peak_device_mib']} MiB, "
+              f"analyze's pass {figures['analyze']['peak_device_mib']} MiB: {figures['device_memory_ratio']} x SDPA's "
+              f"(target {TARGETS['rss_ratio']})")
     print(f"pass / eager forward: {figures['pass_ratio']} (target {TARGETS['pass_ratio']}); "
           f"peak RSS / SDPA's: {figures['rss_ratio']} (target {TARGETS['rss_ratio']})")
     print("phases: " + ", ".join(f"{name} {value}" for name, value in phases.items()))

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import tiny_examples
+import torch
+from conftest import TEXTS, gold_example, tiny_examples
 
 from bertology.core.analyzer import Analyzer
+from bertology.core.engine import folds_row_blocks
 from bertology.core.model.kinds import DECODER, ENCODER
-from bertology.core.testing import ANALYZER_CHECKS, AnalyzerContract, check_analyzer
+from bertology.core.testing import ANALYZER_CHECKS, AnalyzerContract, assert_same_result, check_analyzer
 from bertology.core.text.corpora import Corpus
 from bertology.core.text.parsing import spacy_trees
 from bertology.families import registered
@@ -212,3 +214,69 @@ def test_pattern_examples_merge_when_both_shards_hold_the_same_sequence(tiny_ber
         shards.append(analyzer)
     merged = shards[0].merge(shards[1]).examples()
     assert all(len(items) <= 2 for items in merged.values())
+
+
+def split_over(loaded, first: str, second: str):
+    """A copy of ``loaded`` whose first half of layers (and every module before them: the embeddings) runs on ``first`` and
+    the rest on ``second``, through accelerate's hooks, as ``--device-map`` over two GPUs places a model: each layer's maps
+    are computed and reduced on its own device (issue 40). ``main_device="cpu"`` keeps a layer mapped to the CPU running
+    there rather than offloaded to the GPU, so one GPU and the CPU make two devices."""
+    import copy
+
+    from accelerate import dispatch_model
+
+    model = copy.deepcopy(loaded.model)
+    layers_name = next(name for name, module in model.named_modules()
+                       if isinstance(module, torch.nn.ModuleList) and len(module) == loaded.num_layers)
+    device_map, seen_layers = {}, False
+
+    def cover(prefix: str, module) -> None:
+        nonlocal seen_layers
+        for name, child in module.named_children():
+            full = prefix + name
+            if full == layers_name:
+                seen_layers = True
+                device_map.update({f"{full}.{i}": first if i < len(child) // 2 else second for i in range(len(child))})
+            elif layers_name.startswith(full + "."):
+                cover(full + ".", child)
+            else:
+                device_map[full] = second if seen_layers else first
+
+    cover("", model)
+    placed = dataclasses.replace(loaded, model=dispatch_model(model, device_map, main_device="cpu", force_hooks=True))
+    placed.device = model.get_input_embeddings().weight.device
+    return placed
+
+
+def examples_without_spacy(name):
+    """:func:`examples_for`'s, with gold flat trees (conftest's ``gold_example``) where it would parse with spaCy, which a GPU
+    machine may lack."""
+    if name in WITHOUT_TREES or name.startswith("frames:") or name == "patterns:labelled":
+        return examples_for(name)
+    tags = ("DET", "NOUN", "VERB", "ADP", "PUNCT")
+    return [gold_example(line, text, " ".join(tags[k % len(tags)] for k in range(len(text.split())))) for line, text in enumerate(TEXTS)]
+
+
+SPLITS = {"cuda-then-cpu": ("cuda:0", "cpu"), "cpu-then-cuda": ("cpu", "cuda:0")}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="two devices: a CUDA device beside the CPU")
+@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize(("model", "name"), [(model, name) for model in ("bert", "llama") for name in ANALYZERS if runs_on(name, model)])
+def test_a_model_spread_over_two_devices_gives_the_same_table(model, name, split, bert64, llama64):
+    """Every analyzer on a model whose layers run on two devices (each layer's maps reduced on its own device, the batch's
+    masks moved there once) gives the table of the model on one device, in the layer-by-layer pass, the stacked pass and,
+    where it folds them, by blocks of query rows. The models are float64, but Llama computes its rotary cos and sin in float32
+    whatever the weights' dtype (transformers' ``LlamaRotaryEmbedding``), on whichever device runs it: a GPU's float32 cosine
+    differs from the CPU's by about an ulp (6e-8), which moved Llama's tables by up to 1.6e-7 relative on an H200 (BERT's
+    agreed to 1e-7); hence rtol 1e-5."""
+    loaded = {"bert": bert64, "llama": llama64}[model]
+    make, examples = partial(ANALYZERS[name], loaded.kind), examples_without_spacy(name)
+    placed = split_over(loaded, *SPLITS[split])
+    whole = AnalyzerContract(make, loaded, examples).whole.result()
+    spread = AnalyzerContract(make, placed, examples)
+    assert_same_result(whole, spread.whole.result(), "spread over two devices", rtol=1e-5, atol=1e-9)
+    assert_same_result(whole, spread.run(examples, 3, layerwise=False).result(), "spread over two devices, stacked", rtol=1e-5, atol=1e-9)
+    if folds_row_blocks(make()):
+        assert_same_result(whole, spread.run(examples, len(examples), query_block=3).result(), "spread over two devices, by blocks",
+                           rtol=1e-5, atol=1e-9)

@@ -120,6 +120,27 @@ class Batch:
     head_count: int | None = None
     kind: Kind = ENCODER
     _views: dict[str, "Batch"] = field(default_factory=dict, init=False, repr=False)
+    _placed: dict[torch.device, "Batch"] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the batch's tensors are: the model's input device, or a layer's (:meth:`on`)."""
+        return self.input_ids.device
+
+    def on(self, device: torch.device) -> "Batch":
+        """This batch with its masks and ids on ``device`` (made once per device and batch; the batch itself where they are
+        there already): where a device map spreads the layers over several devices, each layer's maps are reduced on that
+        layer's device with the batch's masks moved there once (issue 40). Items, alignments and counts are shared."""
+        if device == self.device:
+            return self
+        if device not in self._placed:
+            moved = {name: getattr(self, name).to(device) for name in ("input_ids", "mask", "punct_mask", "segment_ids")}
+            placed = dataclasses.replace(self, anchors={name: marks.to(device) for name, marks in self.anchors.items()}, **moved)
+            for shared in ("alignments", "host_lengths", "any_pair"):
+                if shared in self.__dict__:
+                    placed.__dict__[shared] = self.__dict__[shared]
+            self._placed[device] = placed
+        return self._placed[device]
 
     def weighted(self, weighting: str) -> "Batch":
         """This batch under another view of attention (computed once per batch): ``attention``, the weights;
@@ -215,6 +236,12 @@ class Batch:
                 spans.append(default_word_spans(example.text_pair))
             result.append(align(item.offsets, item.sequence_ids, spans))
         return result
+
+
+def stack_layers(parts: Sequence[torch.Tensor], batch: Batch, dim: int = 0) -> torch.Tensor:
+    """Stack a batch's per-layer results, each reduced on its layer's device, on the batch's device (a no-op move where the
+    model is on one device; a device map may spread the layers over several: issue 40)."""
+    return torch.stack([part.to(batch.device) for part in parts], dim=dim)
 
 
 @dataclass
@@ -919,10 +946,11 @@ class BatchCapture:
     def keep_pattern(self, layer: int, pattern: torch.Tensor) -> None:
         """The pattern, and the keys the model's mask let each real query see in this layer (``[batch, n, n]``); a block of
         query rows (:attr:`~bertology.core.model.hooks.Hooks.rows`) goes to the analyzers at once (:meth:`hand_block`)."""
-        mask, seen, rows = self.batch.mask, self.attached.key_mask, self.attached.rows
+        batch = self.batch.on(pattern.device)  # the layer's device
+        mask, seen, rows = batch.mask, self.attached.key_mask, self.attached.rows
         queries = mask if rows is None else mask[:, rows]
         if seen is None:
-            visible = self.batch.kind.visible_keys(mask, rows)
+            visible = batch.kind.visible_keys(mask, rows)
         else:
             visible = seen[:, 0] & mask[:, None, :] & queries[:, :, None]
         if rows is None:
@@ -933,14 +961,14 @@ class BatchCapture:
     def hand_block(self, layer: int, rows: slice, pattern: torch.Tensor, visible: torch.Tensor) -> None:
         """One block of a layer's query rows (padding rows zeroed in place) to ``on_layer``; at the layer's first block, the
         norms the blocks share are computed from its value (and key) vectors."""
-        captured = self.captured.setdefault(layer, {})
+        captured, batch = self.captured.setdefault(layer, {}), self.batch.on(pattern.device)
         if rows.start == 0:
             captured["shared"] = self.measure(layer, None, captured.get("value"), captured.get("key"), None)
         if self.padded:
-            pattern.masked_fill_(~self.batch.mask[:, None, rows, None], 0)
+            pattern.masked_fill_(~batch.mask[:, None, rows, None], 0)
         shared = captured["shared"]
         block = dataclasses.replace(shared, pattern=pattern, visible_keys=visible, rows=rows)
-        self.on_layer(self.batch, layer, block.maps)
+        self.on_layer(batch, layer, block.maps)
 
     def forward(self, tensors: dict[str, torch.Tensor]):
         """The model's forward pass with this capture's hooks, and, where needed, each layer's input ``x``: a post-norm
@@ -965,23 +993,26 @@ class BatchCapture:
         captured = self.captured.pop(layer)
         if "shared" in captured:
             return
-        pattern = captured["pattern"]
+        pattern, batch = captured["pattern"], self.batch.on(captured["pattern"].device)
         if self.padded:
-            pattern.masked_fill_(~self.batch.mask[:, None, :, None], 0)
+            pattern.masked_fill_(~batch.mask[:, None, :, None], 0)
         result = self.measure(layer, pattern, captured.get("value"), captured.get("key"), head_output)
         result.visible_keys = captured["visible"]
         if self.on_layer is None:
             self.kept.append(result)
         else:
-            self.on_layer(self.batch, layer, result.maps)
+            self.on_layer(batch, layer, result.maps)
 
     def measure(self, layer: int, pattern: torch.Tensor, value: torch.Tensor | None, key: torch.Tensor | None,
                 head_output: torch.Tensor) -> "LayerCapture":
-        """What the analyzers receive from one layer: its pattern and what ``needs`` asks for (padding rows zero)."""
-        needs, mask = self.needs, self.batch.mask
+        """What the analyzers receive from one layer: its pattern and what ``needs`` asks for (padding rows zero), on the
+        layer's device."""
+        placed = pattern if pattern is not None else value if value is not None else key
+        needs, mask = self.needs, self.batch.mask if placed is None else self.batch.on(placed.device).mask
         wants_block = needs.norms or needs.layer_inputs or (needs.vectors and self.engine.knows_blocks)
         block = self.engine.blocks[layer] if wants_block else None
-        x = self.layer_inputs[layer] if needs.layer_inputs else None
+        # the layer's input, moved to the layer's device (a forward pre-hook sees it before accelerate's hook moves it there)
+        x = self.layer_inputs[layer].to(mask.device) if needs.layer_inputs else None
         norm = transformed_norms(value, block) if needs.norms or (needs.vectors and block is not None) else None
         ratio = mixing_ratios(pattern, value, head_output, x, block) * mask[:, :, None] if needs.mixing else None
         contributions = {}
@@ -1006,7 +1037,7 @@ class BatchCapture:
         """One contribution view's per-head maps of a layer (:mod:`bertology.core.measures.contributions`), padding rows zero."""
         computed = (alti_per_head(pattern, value, x, block) if view == "alti"
                     else value_zeroing(pattern, value, head_output, x, block, per_head=True))
-        return computed * self.batch.mask[:, None, :, None] if self.padded else computed
+        return computed * self.batch.on(computed.device).mask[:, None, :, None] if self.padded else computed
 
     def uniform_view(self, view: str, value: torch.Tensor, x: torch.Tensor, block, uniform: torch.Tensor) -> torch.Tensor:
         """The contribution view's maps of the layer's uniform head (``uniform [batch, 1, n, n]``), per head: the same measure
@@ -1016,21 +1047,22 @@ class BatchCapture:
             return self.per_head_view(view, weights, value, torch.matmul(weights, value), x, block)
 
     def stack_into_batch(self, outputs) -> None:
-        """Stack what the layers gave into the batch (the stacked pass), and the hidden states where needed."""
+        """Stack what the layers gave into the batch (the stacked pass), and the hidden states where needed, on the batch's
+        device (:func:`stack_layers`)."""
         batch, needs = self.batch, self.needs
         if self.on_layer is None:
             kept = self.kept
-            batch.attentions = torch.stack([layer.pattern for layer in kept])
-            batch.layer_visible_keys = [layer.visible_keys for layer in kept]
-            batch.key_norms = torch.stack([layer.key_norms for layer in kept]) if needs.norms else None
-            batch.mixing = torch.stack([layer.mixing for layer in kept]) if needs.mixing else None
-            batch.vector_norms = torch.stack([layer.vector_norms for layer in kept]) if needs.vectors else None
-            batch.contributions = {measure: torch.stack([layer.contributions[measure] for layer in kept]) for measure in needs.contributions}
-            batch.view_maps = {view: torch.stack([layer.views[view] for layer in kept]) for view in needs.views}
-            batch.uniform_view_maps = {view: torch.stack([layer.maps(view).uniform(batch) for layer in kept]) for view in needs.views}
+            batch.attentions = stack_layers([layer.pattern for layer in kept], batch)
+            batch.layer_visible_keys = [layer.visible_keys.to(batch.device) for layer in kept]
+            batch.key_norms = stack_layers([layer.key_norms for layer in kept], batch) if needs.norms else None
+            batch.mixing = stack_layers([layer.mixing for layer in kept], batch) if needs.mixing else None
+            batch.vector_norms = stack_layers([layer.vector_norms for layer in kept], batch) if needs.vectors else None
+            batch.contributions = {measure: stack_layers([layer.contributions[measure] for layer in kept], batch) for measure in needs.contributions}
+            batch.view_maps = {view: stack_layers([layer.views[view] for layer in kept], batch) for view in needs.views}
+            batch.uniform_view_maps = {view: stack_layers([layer.maps(view).uniform(batch.on(layer.pattern.device)) for layer in kept], batch)
+                                       for view in needs.views}
         if needs.hidden_states:
-            batch.hidden_states = (torch.stack([*self.layer_inputs, outputs.last_hidden_state]) if self.own_states
-                                   else torch.stack(outputs.hidden_states))
+            batch.hidden_states = stack_layers([*self.layer_inputs, outputs.last_hidden_state] if self.own_states else outputs.hidden_states, batch)
 
 
 @dataclass

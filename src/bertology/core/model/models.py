@@ -414,16 +414,6 @@ def require_device_map(device_map: str | dict, device: str | torch.device) -> No
                          "give one of them")
 
 
-def require_one_device(model: PreTrainedModel, source: str) -> None:
-    """Refuse, in one line, a device map that spread the model over several devices: the pass hands every layer's maps to
-    analyzers that stack their per-layer results on the batch's device, and moving each layer's maps and measures between
-    devices is not built yet (issue 40); a map that keeps the model on one device (one GPU, or a dtype that fits) runs."""
-    devices = sorted({str(parameter.device) for parameter in model.parameters()})
-    if len(devices) > 1:
-        raise ModelError(f"{source}: the device map placed the model on {', '.join(devices)}; bertology reads a model's maps on one "
-                         "device for now: give a map that keeps it on one device, or a smaller --dtype")
-
-
 def load_model(
     name_or_path: str | Path | None = None,
     *,
@@ -489,8 +479,7 @@ def load_model(
     require_tokenizer_fits(tokenizer, model, source)
     if device_map is None:
         model.to(torch_device)
-    else:  # accelerate placed the layers: inputs go where the input embeddings are
-        require_one_device(model, source)
+    else:  # accelerate placed the layers: inputs go where the input embeddings are, each layer's maps stay on its device
         torch_device = model.get_input_embeddings().weight.device
     model.eval()
     require_hook_point(model, source)

@@ -38,7 +38,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, LayerMaps
+from bertology.core.engine import Batch, LayerMaps, stack_layers
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, interval_frame, merge_moments
 from bertology.core.text.alignment import WordAlignment, default_word_spans, to_word_level
@@ -178,7 +178,7 @@ class ClassAttention(LayerwiseAnalyzer):
             return
         # [sequence, layer, head + uniform heads, class, row], one copy: the uniform head's after the heads' (one, or one per
         # head under a view that reads each head's own vectors, LayerMaps.uniform)
-        values = torch.stack(self._pending, dim=1).double().cpu().numpy()
+        values = stack_layers(self._pending, batch, dim=1).double().cpu().numpy()
         self._pending = []
         for value, (_, _, present, _, _) in zip(values, self._kept):
             value[:, :, present == 0] = np.nan  # a sequence without the class says nothing of it

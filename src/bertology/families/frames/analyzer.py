@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, Encoded, LayerMaps
+from bertology.core.engine import Batch, Encoded, LayerMaps, stack_layers
 from bertology.core.statistics.stats import MIN_SAMPLE, RunningMoments, keyed_rng, merge_moments, sequence_key, t_test_greater
 from bertology.core.text.alignment import default_word_spans
 
@@ -126,7 +126,7 @@ class FrameHeads(LayerwiseAnalyzer):
     def finish_batch(self, batch: Batch) -> None:
         if not self._pairs_of:
             return
-        rows = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [pair, layer, head, quantity]: one copy to the host
+        rows = stack_layers(self._pending, batch, dim=1).double().cpu().numpy()  # [pair, layer, head, quantity]: one copy to the host
         self._pending = []
         differences, start = [], 0
         for _, pairs in self._pairs_of:

@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, LayerMaps
+from bertology.core.engine import Batch, LayerMaps, stack_layers
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import MIN_SAMPLE, RunningMoments, corrected, interval_frame, merge_moments, t_test_greater
 from bertology.families.kinds import check_kind, check_same_kind
@@ -48,20 +48,23 @@ def head_types(kind: Kind) -> tuple[str, ...]:
     return (DUPLICATE,) if kind.sees_later_keys else HEAD_TYPES
 
 
-def head_type_targets(input_ids: torch.Tensor, mask: torch.Tensor, words: torch.Tensor, kind: Kind) -> dict[str, torch.Tensor]:
-    """Each role's targets ``T[b, i, j]`` (bool ``[batch, n, n]``) of a ``kind`` of model (see the module docstring), from the
-    token ids ``[batch, n]``, the real pieces ``mask`` and ``words``, the pieces that count as occurrences of a token (the
-    non-special ones, ``Batch.segment_ids >= 0``); the caller keeps only the keys each query saw."""
-    width = input_ids.shape[-1]
-    positions = torch.arange(width, device=input_ids.device)
-    real = mask[:, :, None] & mask[:, None, :]
-    same = (input_ids[:, :, None] == input_ids[:, None, :]) & words[:, :, None] & words[:, None, :]
+def head_type_targets(input_ids: torch.Tensor, mask: torch.Tensor, words: torch.Tensor, kind: Kind,
+                      rows: slice | None = None) -> dict[str, torch.Tensor]:
+    """Each role's targets ``T[b, i, j]`` (bool ``[batch, n, n]``; ``[batch, r, n]`` for the query rows ``rows``, a block of
+    them) of a ``kind`` of model (see the module docstring), from the token ids ``[batch, n]``, the real pieces ``mask`` and
+    ``words``, the pieces that count as occurrences of a token (the non-special ones, ``Batch.segment_ids >= 0``); the caller
+    keeps only the keys each query saw."""
+    rows = slice(None) if rows is None else rows
+    positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
+    queries = positions[rows]
+    real = mask[:, rows, None] & mask[:, None, :]
+    same = (input_ids[:, rows, None] == input_ids[:, None, :]) & words[:, rows, None] & words[:, None, :]
     if kind.sees_later_keys:
-        return {DUPLICATE: same & (positions[:, None] != positions[None, :])}
-    duplicate = same & (positions[None, :] < positions[:, None])  # D[i, j] = [t_j = t_i], j < i
+        return {DUPLICATE: same & (queries[:, None] != positions[None, :])}
+    duplicate = same & (positions[None, :] < queries[:, None])  # D[i, j] = [t_j = t_i], j < i
     induction = torch.zeros_like(duplicate)
     induction[..., 1:] = duplicate[..., :-1]  # I[i, j] = D[i, j - 1]: the key after each earlier occurrence
-    previous = real & (positions[:, None] - positions[None, :] == 1)
+    previous = real & (queries[:, None] - positions[None, :] == 1)
     return {PREVIOUS: previous, DUPLICATE: duplicate, INDUCTION: induction & real}
 
 
@@ -99,7 +102,7 @@ class HeadTypes(LayerwiseAnalyzer):
         self._scores: RunningMoments | None = None  # [layer, head, role]
         self._uniform: RunningMoments | None = None  # [layer, head, role]: the uniform head's on the same sequences
         self._excess: RunningMoments | None = None  # [layer, head, role]: per sequence, the head's less the uniform head's
-        self._targets: dict[str, torch.Tensor] = {}  # this batch's targets before the layer's visible keys
+        self._targets: dict[str, torch.Tensor] | None = None  # this batch's targets before the visible keys (whole maps)
         self._pending: list[torch.Tensor] = []  # one [batch, head, role] per layer
         self._pending_uniform: list[torch.Tensor] = []  # the uniform head's, one [batch, 1 or head, role] per layer
         self._layer_sums: list[torch.Tensor] = []  # the layer's sums so far over blocks of query rows: head's, uniform's, count
@@ -108,10 +111,14 @@ class HeadTypes(LayerwiseAnalyzer):
         if maps.layer == 0 and maps.starts_layer:
             check_kind(self, batch)
             self._pending, self._pending_uniform = [], []
-            self._targets = head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind)
-        rows = slice(None) if maps.rows is None else maps.rows
+            # whole maps: every row's targets, once a batch; by blocks of query rows, each block's as it comes (a whole
+            # [batch, n, n] per role would outgrow the attention budget)
+            self._targets = None if maps.rows is not None else head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind)
         visible, uniform = maps.visible(batch), maps.uniform(batch)
-        targets = [self._targets[role][:, rows] & visible for role in self.roles]  # the block's rows' targets among the keys they saw
+        made = (self._targets if self._targets is not None
+                else head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind, maps.rows))
+        # the rows' targets among the keys they saw, on the layer's device (a device map may spread the layers)
+        targets = [made[role].to(visible.device) & visible for role in self.roles]
         heads, counts = zip(*(target_sums(maps.attention, each) for each in targets))
         sums = [torch.stack(heads, dim=-1), torch.stack([target_sums(uniform, each)[0] for each in targets], dim=-1), torch.stack(counts, dim=-1)]
         self._layer_sums = sums if maps.starts_layer else [old + new for old, new in zip(self._layer_sums, sums)]
@@ -125,8 +132,8 @@ class HeadTypes(LayerwiseAnalyzer):
     def finish_batch(self, batch: Batch) -> None:
         heads = batch.num_heads
         # [batch, layer, head + uniform heads, role], one copy to the host
-        both = torch.cat([torch.stack(self._pending, dim=1), torch.stack(self._pending_uniform, dim=1)], dim=2).cpu().numpy()
-        self._pending, self._pending_uniform, self._targets = [], [], {}
+        both = torch.cat([stack_layers(self._pending, batch, dim=1), stack_layers(self._pending_uniform, batch, dim=1)], dim=2).cpu().numpy()
+        self._pending, self._pending_uniform, self._targets = [], [], None
         scores = both[:, :, :heads]
         uniform = np.broadcast_to(both[:, :, heads:], scores.shape)
         if self._scores is None:

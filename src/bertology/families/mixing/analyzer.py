@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, LayerMaps
+from bertology.core.engine import Batch, LayerMaps, stack_layers
 from bertology.core.measures.contributions import CONTRIBUTION_MEASURES, rolled_out
 from bertology.core.measures.norms import MIXING_RATIOS
 from bertology.core.model.kinds import Kind
@@ -63,7 +63,7 @@ class ContextMixing(LayerwiseAnalyzer):
         self._pending.append(torch.where(count > 0, torch.einsum("bir,bi->br", ratios, queries) / count, torch.nan))  # [batch, ratio]
 
     def finish_batch(self, batch: Batch) -> None:
-        values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, ratio]: one copy to the host
+        values = stack_layers(self._pending, batch, dim=1).double().cpu().numpy()  # [batch, layer, ratio]: one copy to the host
         self._pending, self._rolled = [], {}
         if self._moments is None:
             self._moments = RunningMoments(values.shape[1:])

@@ -38,7 +38,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, LayerMaps, is_pair
+from bertology.core.engine import Batch, LayerMaps, is_pair, stack_layers
 from bertology.core.model.kinds import ENCODER, uniform_rows
 from bertology.core.statistics.stats import keyed_rng, sequence_key
 
@@ -256,12 +256,12 @@ class HeadPatterns(LayerwiseAnalyzer):
             self._pending_maps[-1][:, :, first : first + block.shape[2]] = block.half()
 
     def finish_batch(self, batch: Batch) -> None:
-        classes = torch.stack(self._pending).cpu().numpy()  # [layer, batch, head]: one copy to the host
+        classes = stack_layers(self._pending, batch).cpu().numpy()  # [layer, batch, head]: one copy to the host
         if self._counts is None:
             self._counts = np.zeros((classes.shape[0], classes.shape[2], len(PATTERNS)), dtype=np.int64)
         for k in range(len(PATTERNS)):
             self._counts[..., k] += (classes == k).sum(axis=1)
-        short_maps = torch.stack(self._pending_maps, dim=1).cpu().numpy() if self._pending_maps else None  # [eligible, layer, head, w, w]
+        short_maps = stack_layers(self._pending_maps, batch, dim=1).cpu().numpy() if self._pending_maps else None  # [eligible, layer, head, w, w]
         self._pending, self._pending_maps = [], []
         self._keep_examples(batch, classes, short_maps)
         self._eligible = []

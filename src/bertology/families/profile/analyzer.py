@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, LayerMaps
+from bertology.core.engine import Batch, LayerMaps, stack_layers
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, interval_frame, keyed_rng, sequence_key
 from bertology.families.kinds import check_kind, check_same_kind
@@ -146,7 +146,7 @@ class GeneralProfile(LayerwiseAnalyzer):
     def finish_batch(self, batch: Batch) -> None:
         # [batch, layer, head + uniform heads, metric], one copy to the host: the uniform head's metrics after the heads' (one,
         # or one per head under a view that reads each head's own vectors, LayerMaps.uniform)
-        values = torch.stack(self._pending, dim=1).double().cpu().numpy()
+        values = stack_layers(self._pending, batch, dim=1).double().cpu().numpy()
         self._pending = []
         values, uniform = values[:, :, : batch.num_heads], values[:, :, batch.num_heads :]
         ceilings = self.kind.uniform_entropies(batch.host_lengths)  # NaN where a sequence has no query (a decoder's one token)
@@ -360,9 +360,10 @@ class HeadDistance(LayerwiseAnalyzer):
         further_rows, self._cross, self._within_only = self._within_only, [], []  # the batch's plan (slices: not a state)
         if not rows:
             return
-        total = pairwise_js(rows)  # every layer's [head, r, n] in: one copy of [heads, heads] out
+        # every layer's [head, r, n] in, on the batch's device (a device map may spread the layers): one copy of [heads, heads] out
+        total = pairwise_js([part.to(batch.device) for part in rows])
         if within:
-            total += torch.block_diag(*within)
+            total += torch.block_diag(*(part.to(batch.device) for part in within))
         self._total += total.cpu().numpy()
         self._rows += int(batch.host_lengths[self._sampled].sum())
         self._cross_rows += rows[0].shape[1]

@@ -49,7 +49,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, LayerMaps, is_pair
+from bertology.core.engine import Batch, LayerMaps, is_pair, stack_layers
 from bertology.core.model.kinds import KINDS, Kind
 from bertology.core.statistics.stats import MIN_SAMPLE, RunningMoments, corrected, t_test_greater
 from bertology.families.kinds import check_kind, check_same_kind
@@ -358,12 +358,12 @@ class HeadRoles(LayerwiseAnalyzer):
         heads = batch.num_heads
         # [batch, layer, head + uniform heads, role]: the heads' scores and the uniform head's (one, or one per head under a
         # view that reads each head's own vectors) after them, one copy to the host
-        both = torch.cat([torch.stack(self._pending, dim=1).double(), torch.stack(self._pending_uniform, dim=1).double()], dim=2).cpu().numpy()
+        both = torch.cat([stack_layers(self._pending, batch, dim=1).double(), stack_layers(self._pending_uniform, batch, dim=1).double()], dim=2).cpu().numpy()
         for k, role in enumerate(role_names(self.kind)):
             self._push(role, both[:, :, :heads, k], both[:, :, heads:, k])
         if self._tree_pending:
             # [layer, head + uniform heads + 1, pair]: every sequence's pairs side by side, whether each is seen last, one copy
-            columns = torch.stack(self._tree_pending).cpu().numpy()
+            columns = stack_layers(self._tree_pending, batch).cpu().numpy()
             start = 0
             for _, pairs in self._trees:
                 part = columns[..., start : start + len(pairs)]

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, LayerMaps
+from bertology.core.engine import Batch, LayerMaps, stack_layers
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, interval_frame, merge_moments
 from bertology.families.kinds import check_kind, check_same_kind, one_row
@@ -86,7 +86,8 @@ class AttentionRollout(LayerwiseAnalyzer):
             check_kind(self, batch)
             self._rolled, self._pending = None, []
         first = maps.row_start
-        rolled = rollout_step(maps.attention, self._rolled, first)  # [batch, r, n]: R_l's rows of the block
+        previous = None if self._rolled is None else self._rolled.to(maps.attention.device)  # R_{l-1}, on this layer's device
+        rolled = rollout_step(maps.attention, previous, first)  # [batch, r, n]: R_l's rows of the block
         if maps.rows is not None:  # R_l is made block by block, R_{l-1} read whole until the last block
             if maps.starts_layer:
                 self._next = rolled.new_empty(rolled.shape[0], rolled.shape[-1], rolled.shape[-1])
@@ -130,7 +131,7 @@ class AttentionRollout(LayerwiseAnalyzer):
         return torch.stack([every, one_row], dim=-2)  # [batch, row, target]
 
     def finish_batch(self, batch: Batch) -> None:
-        values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, row, target]: one copy to the host
+        values = stack_layers(self._pending, batch, dim=1).double().cpu().numpy()  # [batch, layer, row, target]: one copy to the host
         self._rolled, self._pending, self._next, self._parts = None, [], None, None
         if self._moments is None:
             self._moments = RunningMoments(values.shape[1:])

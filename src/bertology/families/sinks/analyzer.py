@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, LayerMaps
+from bertology.core.engine import Batch, LayerMaps, stack_layers
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, corrected, interval_frame, merge_moments, t_test_greater
 from bertology.families.kinds import check_kind, check_same_kind
@@ -150,11 +150,11 @@ class AttentionSinks(LayerwiseAnalyzer):
         self._pending_received.append(received)
 
     def finish_batch(self, batch: Batch) -> None:
-        heads = torch.stack(self._pending, dim=1)  # [batch, layer, head, quantity]
-        received = torch.stack(self._pending_received, dim=1)  # [batch, layer, head, n]
+        heads = stack_layers(self._pending, batch, dim=1)  # [batch, layer, head, quantity]
+        received = stack_layers(self._pending_received, batch, dim=1)  # [batch, layer, head, n]
         activations = massive_activations(batch.hidden_states, batch.query_mask)  # [batch, layer + 1, 2]
-        uniform = torch.stack(self._pending_uniform, dim=1)  # [batch, layer, head, quantity]
-        uniform_received = torch.stack(self._pending_uniform_received, dim=1).expand_as(received)  # [batch, layer, head, n]
+        uniform = stack_layers(self._pending_uniform, batch, dim=1)  # [batch, layer, head, quantity]
+        uniform_received = stack_layers(self._pending_uniform_received, batch, dim=1).expand_as(received)  # [batch, layer, head, n]
         heads, received, activations, uniform, uniform_received = (part.double().cpu().numpy() for part in
                                                                    (heads, received, activations, uniform, uniform_received))
         self._pending, self._pending_received, self._pending_uniform, self._pending_uniform_received = [], [], [], []

@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, LayerMaps
+from bertology.core.engine import Batch, LayerMaps, stack_layers
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import bootstrap_weights, corrected
 from bertology.core.text.alignment import to_word_level
@@ -163,7 +163,7 @@ class RelationHeads(LayerwiseAnalyzer):
         self._shape = (batch.num_layers, batch.num_heads, self._uniform_heads)
         if not self._trees:
             return
-        every = torch.stack(self._pending, dim=1).cpu().numpy()  # [dependent, layer, H*2 + U*2 + 2]: one copy to the host
+        every = stack_layers(self._pending, batch, dim=1).cpu().numpy()  # [dependent, layer, H*2 + U*2 + 2]: one copy to the host
         trees, self._pending, self._trees = self._trees, [], []
         heads, uniform_heads = batch.num_heads * 2, self._uniform_heads * 2
         offsets = np.array(OFFSETS)

@@ -31,7 +31,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, LayerMaps
+from bertology.core.engine import Batch, LayerMaps, stack_layers
 from bertology.core.statistics.stats import MIN_SAMPLE, corrected, keyed_rng, sequence_key, withheld
 from bertology.core.text.alignment import to_word_level
 from bertology.families.syntax.analyzer import OFFSETS
@@ -96,8 +96,8 @@ class ProbeData(LayerwiseAnalyzer):
             example, alignment, n = batch.examples[b], batch.alignments[b], int(batch.host_lengths[b])
             word_units = alignment.word_unit[: len(example.heads)]
             # [direction, layer, head, m, m + 1], flattened in that order as the probe reads its channels
-            features = torch.stack([layer[row][0] for layer in self._pending], dim=1)
-            uniform = torch.stack([layer[row][1] for layer in self._pending], dim=1)  # [direction, layer, 1 (or head), m, m + 1]
+            features = stack_layers([layer[row][0] for layer in self._pending], batch, dim=1)
+            uniform = stack_layers([layer[row][1] for layer in self._pending], batch, dim=1)  # [direction, layer, 1 (or head), m, m + 1]
             heads = features.shape[2]
             both = torch.cat([features, uniform], dim=2).cpu().numpy()  # one copy of the heads' and the uniform head's
             assignment = torch.as_tensor(alignment.assignment[word_units], dtype=torch.float32, device=features.device)

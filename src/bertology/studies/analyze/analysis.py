@@ -92,6 +92,9 @@ class Analysis:
     #: Seconds of each phase of the run: ``load`` (the model), ``pass``, ``finish:FAMILY`` (tests, probes), ``viewer``,
     #: ``report`` (figures, sections and page); in the manifest and the report.
     phases: dict[str, float] = field(default_factory=dict)
+    #: The pass's peak memory on each CUDA device the model uses (torch's allocator, bytes; :func:`peak_device_memory`);
+    #: empty on other devices. In the manifest.
+    device_memory: dict[str, int] = field(default_factory=dict)
     #: Each view of attention's own results (``weighting`` -> family -> result), for the report's sections.
     by_view: dict[str, dict[str, FamilyResult]] = field(default_factory=dict)
 
@@ -194,7 +197,8 @@ class Analysis:
             report = Report(title=f"bertology: {self.model['name']} on {self.corpus['name']}", summary=self.summary(), sections=sections)
             manifest = {"failures": self.failures, "model": self.model, "corpus": self.corpus,
                         "settings": {name: _json_setting(value) for name, value in self.settings.items()}, "seed": self.settings["seed"],
-                        "stats": self.stats.as_dict(), "phases": self.phases, "skipped_sources": self.stats.skipped_sources, "started": self.started,
+                        "stats": self.stats.as_dict(), "phases": self.phases, "peak_device_memory": self.device_memory,
+                        "skipped_sources": self.stats.skipped_sources, "started": self.started,
                         "warnings": self.warnings}
             self.out = complete_run(folder, manifest, report=report.render(), status="partial" if self.failures else "complete", command=command)
             return self.out / "report.html"
@@ -334,6 +338,16 @@ def _count_examples(examples, corpus_info: dict) -> int:
         raise BertologyError("the corpus has no examples")
     corpus_info["examples"] = total
     return total
+
+
+def cuda_devices(loaded: LoadedModel) -> list[torch.device]:
+    """The CUDA devices the model's parameters are on (one, or several under a device map)."""
+    return sorted({p.device for p in loaded.model.parameters() if p.device.type == "cuda"}, key=str)
+
+
+def peak_device_memory(devices: list[torch.device]) -> dict[str, int]:
+    """The most memory torch's allocator held on each of ``devices`` since :func:`torch.cuda.reset_peak_memory_stats`, in bytes."""
+    return {str(device): int(torch.cuda.max_memory_allocated(device)) for device in devices}
 
 
 def _load(model, device: str, trust_remote_code: bool, dtype: str, device_map: str | dict | None) -> tuple[LoadedModel, dict[str, float]]:
@@ -633,11 +647,14 @@ def analyze(
         settings["null"] = null
     one_pass = _plan_pass(chosen, settings, loaded.kind, spacy_pipeline, parse=parser == "spacy")
     resume = _resume_point(out, examples, corpus_info, loaded, settings, checkpoint_every)
+    gpus = cuda_devices(loaded)
+    for gpu in gpus:
+        torch.cuda.reset_peak_memory_stats(gpu)
     stats = _run_pass(backend, engine, examples, one_pass, total=total, resume=resume, model=loaded if isinstance(model, LoadedModel) else model,
                       device=device, trust_remote_code=trust_remote_code, workers=workers, address=address, progress=progress)
     phases["pass"] = round(stats.seconds, 2)
     analysis = Analysis(model=loaded.info(), corpus=corpus_info, stats=stats, settings=settings, started=started, warnings=warnings,
-                        phases=phases)
+                        phases=phases, device_memory=peak_device_memory(gpus))
     _finish_families(analysis, one_pass, engine)
     if calibrate and null is None:
         analysis.settings["calibration"] = _calibration(analysis, chosen, examples, engine, spacy_pipeline, parse=parser == "spacy",

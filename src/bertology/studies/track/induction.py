@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, Engine, LayerMaps, RunStats
+from bertology.core.engine import Batch, Engine, LayerMaps, RunStats, stack_layers
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import MIN_SAMPLE, bootstrap_weights
 from bertology.families.headtypes.analyzer import INDUCTION, head_type_targets, target_mass
@@ -59,10 +59,11 @@ class InductionReplicates(LayerwiseAnalyzer):
             check_kind(self, batch)
             self._pending = []
             self._targets = head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind)[INDUCTION]
-        self._pending.append(target_mass(maps.attention, self._targets & maps.visible(batch)))
+        visible = maps.visible(batch)  # on the layer's device: a device map may spread the layers over several
+        self._pending.append(target_mass(maps.attention, self._targets.to(visible.device) & visible))
 
     def finish_batch(self, batch: Batch) -> None:
-        scores = torch.stack(self._pending, dim=1).cpu().numpy()  # [batch, layer, head], float64; NaN: no query with a target
+        scores = stack_layers(self._pending, batch, dim=1).cpu().numpy()  # [batch, layer, head], float64; NaN: no query with a target
         self._pending, self._targets = [], None
         seen = np.isfinite(scores).all(axis=(1, 2))
         weights = np.stack([bootstrap_weights(self.seed, self.bootstrap, example) for example in batch.examples]) * seen[:, None]

@@ -9,7 +9,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, LayerMaps
+from bertology.core.engine import Batch, LayerMaps, stack_layers
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import bootstrap_weights
 from bertology.families.kinds import check_kind, check_same_kind
@@ -67,7 +67,7 @@ class LayerPeaks(LayerwiseAnalyzer):
         self._pending.append(values.mean(dim=1))  # a sequence's layer value, the head mean: [batch, metric]
 
     def finish_batch(self, batch: Batch) -> None:
-        values = torch.stack(self._pending, dim=1).double().cpu().numpy()  # [batch, layer, metric]: one copy to the host
+        values = stack_layers(self._pending, batch, dim=1).double().cpu().numpy()  # [batch, layer, metric]: one copy to the host
         self._pending = []
         seen = np.isfinite(values).all(axis=(1, 2))  # NaN: a decoder's sequence of one token (no query i >= 1)
         weights = np.stack([bootstrap_weights(self.seed, self.bootstrap, example) for example in batch.examples]) * seen[:, None]  # [batch, 1 + B]
