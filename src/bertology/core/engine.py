@@ -134,8 +134,8 @@ class Batch:
         if device == self.device:
             return self
         if device not in self._placed:
-            moved = {name: getattr(self, name).to(device) for name in ("input_ids", "mask", "punct_mask", "segment_ids")}
-            placed = dataclasses.replace(self, anchors={name: marks.to(device) for name, marks in self.anchors.items()}, **moved)
+            moved = {name: moved_to(getattr(self, name), device) for name in ("input_ids", "mask", "punct_mask", "segment_ids")}
+            placed = dataclasses.replace(self, anchors={name: moved_to(marks, device) for name, marks in self.anchors.items()}, **moved)
             for shared in ("alignments", "host_lengths", "any_pair"):
                 if shared in self.__dict__:
                     placed.__dict__[shared] = self.__dict__[shared]
@@ -238,10 +238,15 @@ class Batch:
         return result
 
 
+def moved_to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device``: itself where it is there already (no call at all, so nothing that could copy or wait), else
+    a copy (a device map may spread the layers over several devices: issue 40)."""
+    return tensor if tensor.device == device else tensor.to(device)
+
+
 def stack_layers(parts: Sequence[torch.Tensor], batch: Batch, dim: int = 0) -> torch.Tensor:
-    """Stack a batch's per-layer results, each reduced on its layer's device, on the batch's device (a no-op move where the
-    model is on one device; a device map may spread the layers over several: issue 40)."""
-    return torch.stack([part.to(batch.device) for part in parts], dim=dim)
+    """Stack a batch's per-layer results, each reduced on its layer's device, on the batch's device (:func:`moved_to`)."""
+    return torch.stack([moved_to(part, batch.device) for part in parts], dim=dim)
 
 
 @dataclass
@@ -1012,7 +1017,7 @@ class BatchCapture:
         wants_block = needs.norms or needs.layer_inputs or (needs.vectors and self.engine.knows_blocks)
         block = self.engine.blocks[layer] if wants_block else None
         # the layer's input, moved to the layer's device (a forward pre-hook sees it before accelerate's hook moves it there)
-        x = self.layer_inputs[layer].to(mask.device) if needs.layer_inputs else None
+        x = moved_to(self.layer_inputs[layer], mask.device) if needs.layer_inputs else None
         norm = transformed_norms(value, block) if needs.norms or (needs.vectors and block is not None) else None
         ratio = mixing_ratios(pattern, value, head_output, x, block) * mask[:, :, None] if needs.mixing else None
         contributions = {}
@@ -1053,7 +1058,7 @@ class BatchCapture:
         if self.on_layer is None:
             kept = self.kept
             batch.attentions = stack_layers([layer.pattern for layer in kept], batch)
-            batch.layer_visible_keys = [layer.visible_keys.to(batch.device) for layer in kept]
+            batch.layer_visible_keys = [moved_to(layer.visible_keys, batch.device) for layer in kept]
             batch.key_norms = stack_layers([layer.key_norms for layer in kept], batch) if needs.norms else None
             batch.mixing = stack_layers([layer.mixing for layer in kept], batch) if needs.mixing else None
             batch.vector_norms = stack_layers([layer.vector_norms for layer in kept], batch) if needs.vectors else None

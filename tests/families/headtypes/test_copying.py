@@ -26,11 +26,11 @@ def perturb_norm_gains(model: torch.nn.Module) -> None:
 
 
 def full_circuit_summary(w_e: np.ndarray, w_v: np.ndarray, w_o: np.ndarray, w_u: np.ndarray) -> tuple[float, float]:
-    """The share of positive real parts among the d_head largest eigenvalues of W_E W_V W_O W_U ([vocab, vocab]), and
-    Re(sum lambda) / sum |lambda| over all of them."""
+    """The copying score sum Re(lambda) / sum |lambda| over all eigenvalues of W_E W_V W_O W_U ([vocab, vocab]), and the
+    share of positive real parts among its d_head largest eigenvalues."""
     eigenvalues = np.linalg.eigvals(w_e @ w_v @ w_o @ w_u)
     top = eigenvalues[np.argsort(-np.abs(eigenvalues))[: w_v.shape[1]]]
-    return float((top.real > 0).mean()), float(eigenvalues.sum().real / np.abs(eigenvalues).sum())
+    return float(eigenvalues.real.sum() / np.abs(eigenvalues).sum()), float((top.real > 0).mean())
 
 
 def test_small_matrix_has_the_nonzero_eigenvalues_of_the_full_circuit():
@@ -57,10 +57,10 @@ def test_gpt2_copying_scores_match_the_full_circuit(tiny_gpt2_dir):
         block = gpt2.h[row.layer]
         w_v = numpy_of(block.ln_1.weight)[:, None] * numpy_of(block.attn.c_attn.weight)[:, 2 * hidden + row.head * d : 2 * hidden + (row.head + 1) * d]
         w_o = numpy_of(block.attn.c_proj.weight)[row.head * d : (row.head + 1) * d]
-        share, ratio = full_circuit_summary(w_e, w_v, w_o, w_u)
-        assert row.copying_score == pytest.approx(share)
-        assert row.eigenvalue_ratio == pytest.approx(ratio, abs=1e-9)
-    assert table.copying_score.between(0, 1).all() and table.eigenvalue_ratio.between(-1, 1).all()
+        score, share = full_circuit_summary(w_e, w_v, w_o, w_u)
+        assert row.copying_score == pytest.approx(score, abs=1e-9)
+        assert row.positive_eigenvalue_share == pytest.approx(share)
+    assert table.copying_score.between(-1, 1).all() and table.positive_eigenvalue_share.between(0, 1).all()
 
 
 def test_llama_query_heads_read_their_groups_value_head(tiny_llama_dir):
@@ -80,13 +80,14 @@ def test_llama_query_heads_read_their_groups_value_head(tiny_llama_dir):
         group = row.head // (heads // kv_heads)
         w_v = numpy_of(layer.input_layernorm.weight)[:, None] * numpy_of(layer.self_attn.v_proj.weight)[group * d : (group + 1) * d].T
         w_o = numpy_of(layer.self_attn.o_proj.weight)[:, row.head * d : (row.head + 1) * d].T
-        share, ratio = full_circuit_summary(w_e, w_v, w_o, w_u)
-        assert row.copying_score == pytest.approx(share)
-        assert row.eigenvalue_ratio == pytest.approx(ratio, abs=1e-9)
+        score, share = full_circuit_summary(w_e, w_v, w_o, w_u)
+        assert row.copying_score == pytest.approx(score, abs=1e-9)
+        assert row.positive_eigenvalue_share == pytest.approx(share)
 
 
 def test_a_head_whose_ov_circuit_is_the_identity_copies():
-    """W_O W_U W_E W_V = c * I (positive c): every eigenvalue is c, both scores are 1; with -c, 0 and -1."""
+    """W_O W_U W_E W_V = c * I (positive c): every eigenvalue is c, both scores are 1; with -c, copying_score -1 and
+    positive_eigenvalue_share 0."""
     config = BertConfig(vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, max_position_embeddings=16)
     torch.manual_seed(0)
     bert = BertModel(config, add_pooling_layer=False)
@@ -102,8 +103,8 @@ def test_a_head_whose_ov_circuit_is_the_identity_copies():
     table, reason = copying_scores(loaded)
     assert reason is None
     # head h's circuit W_O^h W_U W_E W_V^h = (±gram^-1)[h rows] gram [:, h cols] = ±I
-    assert table.copying_score.tolist() == [1.0, 0.0]
-    assert table.eigenvalue_ratio.tolist() == pytest.approx([1.0, -1.0])
+    assert table.copying_score.tolist() == pytest.approx([1.0, -1.0])
+    assert table.positive_eigenvalue_share.tolist() == [1.0, 0.0]
 
 
 def test_no_unembedding_or_unknown_architecture_gives_a_reason():

@@ -79,7 +79,9 @@ def test_icl_score_and_induction_scores_match_a_hand_computation(tiny_gpt2_dir, 
         family = result.table[(result.table.step == result.steps[k]) & (result.table.metric == "headtype:induction")]
         np.testing.assert_allclose(family.sort_values(["layer", "head"]).value.to_numpy(), expected_heads.ravel(), atol=1e-5)
         copying = result.table[(result.table.step == result.steps[k]) & (result.table.metric == "copying:copying_score")]
-        assert len(copying) == expected_heads.size and copying.value.between(0, 1).all()
+        assert len(copying) == expected_heads.size and copying.value.between(-1, 1).all()
+        share = result.table[(result.table.step == result.steps[k]) & (result.table.metric == "copying:positive_eigenvalue_share")]
+        assert len(share) == expected_heads.size and share.value.between(0, 1).all()
     verdict = json.loads((tmp_path / "t" / "verdict.json").read_text())["induction"]
     assert verdict["verdict"] in ("supported", "contradicted", "no evidence") and verdict["statement"]
     for name in ("induction", "in_context"):

@@ -37,7 +37,7 @@ def test_layer_peaks_bootstrap_by_hand():
 
     batch = SimpleNamespace(attentions=torch.stack(per_layer), mask=m["mask"], anchors={"cls": m["cls"], "sep": m["sep"]}, punct_mask=m["punct"],
                             examples=examples, num_layers=len(per_layer), layer_maps=lambda layer: LayerMaps(layer, per_layer[layer]), kind=ENCODER,
-                            query_mask=m["mask"])
+                            query_mask=m["mask"], device=m["mask"].device)
     peaks = LayerPeaks(ENCODER, bootstrap=30, seed=2)
     peaks.update(batch)
     assert peaks.metrics == ("cls", "sep", "punct")
@@ -100,7 +100,7 @@ def test_layer_peaks_on_a_decoder_by_hand():
     examples = [Example(f"sequence {b}", source=f"d:{b}") for b in range(len(lengths))]
     batch = SimpleNamespace(attentions=attention, mask=mask, anchors={"first": first}, punct_mask=punct_mask,
                             examples=examples, num_layers=2, layer_maps=lambda layer: LayerMaps(layer, attention[layer]), kind=DECODER,
-                            query_mask=mask & (torch.arange(width) > 0))
+                            query_mask=mask & (torch.arange(width) > 0), device=mask.device)
     peaks = LayerPeaks(DECODER, bootstrap=20, seed=4)
     peaks.update(batch)
     assert peaks.metrics == ("first", "punct")

@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, LayerMaps, stack_layers
+from bertology.core.engine import Batch, LayerMaps, moved_to, stack_layers
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import MIN_SAMPLE, RunningMoments, corrected, interval_frame, merge_moments, t_test_greater
 from bertology.families.kinds import check_kind, check_same_kind
@@ -118,7 +118,7 @@ class HeadTypes(LayerwiseAnalyzer):
         made = (self._targets if self._targets is not None
                 else head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind, maps.rows))
         # the rows' targets among the keys they saw, on the layer's device (a device map may spread the layers)
-        targets = [made[role].to(visible.device) & visible for role in self.roles]
+        targets = [moved_to(made[role], visible.device) & visible for role in self.roles]
         heads, counts = zip(*(target_sums(maps.attention, each) for each in targets))
         sums = [torch.stack(heads, dim=-1), torch.stack([target_sums(uniform, each)[0] for each in targets], dim=-1), torch.stack(counts, dim=-1)]
         self._layer_sums = sums if maps.starts_layer else [old + new for old, new in zip(self._layer_sums, sums)]

@@ -6,10 +6,12 @@ A head's full OV circuit maps a source token to the logits it adds: ``M = W_E W_
 ``W_U W_O W_V W_E``: the same eigenvalues). A head that copies raises the logit of the token it attends to: ``M`` has
 mostly positive eigenvalues. Two summaries of its eigenvalues ``lambda``:
 
-- ``copying_score``: the share of the eigenvalues whose real part is positive (the issue's definition, Elhage et al.'s
-  "positive eigenvalues");
-- ``eigenvalue_ratio``: ``Re(sum lambda) / sum |lambda|``, in [-1, 1], the summary Elhage et al. plot and TransformerLens
-  computes (``(W_E @ model.OV @ W_U).eigenvalues``, then ``eigenvalues.sum(-1).real / eigenvalues.abs().sum(-1)``).
+- ``copying_score``: ``sum Re(lambda) / sum |lambda|``, in [-1, 1], the copying score of Elhage et al. 2021 (the summary
+  they plot, and the project's definition, METHODS.md section 13): positive means the head raises the logits of the tokens
+  it attends to; TransformerLens computes the same (``(W_E @ model.OV @ W_U).eigenvalues``, then
+  ``eigenvalues.sum(-1).real / eigenvalues.abs().sum(-1)``);
+- ``positive_eigenvalue_share``: the share of the eigenvalues whose real part is positive, in [0, 1] (a coarser count of
+  Elhage et al.'s "positive eigenvalues", which ignores their sizes).
 
 ``M`` has rank at most ``d_head``, so both run over its ``d_head`` (generically nonzero) eigenvalues, which are those of
 the small ``[d_head, d_head]`` matrix ``W_O^h W_U W_E W_V^h`` (the nonzero eigenvalues of ``AB`` and ``BA`` coincide, with
@@ -38,7 +40,7 @@ GPT2_TYPES = frozenset({"gpt2"})
 LLAMA_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 BERT_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "camembert"})
 SUPPORTED = GPT2_TYPES | LLAMA_TYPES | BERT_TYPES
-COPYING_COLUMNS = ["layer", "head", "copying_score", "eigenvalue_ratio"]
+COPYING_COLUMNS = ["layer", "head", "copying_score", "positive_eigenvalue_share"]
 
 
 def _array(tensor: torch.Tensor) -> np.ndarray:
@@ -86,16 +88,22 @@ def ov_eigenvalues(w_e: np.ndarray, w_v: np.ndarray, w_o: np.ndarray, w_u: np.nd
 
 
 def copying_summary(eigenvalues: np.ndarray) -> tuple[float, float]:
-    """``(share of eigenvalues with a positive real part, Re(sum lambda) / sum |lambda|)``; NaN, NaN where all are 0."""
+    """``(copying_score, positive_eigenvalue_share)`` of a head's OV eigenvalues: first ``sum Re(lambda) / sum |lambda|``
+    (Elhage et al. 2021's copying score, the ``copying_score`` column), then the share of eigenvalues with a positive real
+    part (the ``positive_eigenvalue_share`` column); NaN, NaN where all are 0."""
     total = float(np.abs(eigenvalues).sum())
     if total == 0.0:
         return float("nan"), float("nan")
-    return float((eigenvalues.real > 0).mean()), float(eigenvalues.sum().real / total)
+    return float(eigenvalues.real.sum() / total), float((eigenvalues.real > 0).mean())
 
 
 def copying_scores(loaded) -> tuple[pd.DataFrame | None, str | None]:
     """Each head's copying score from the weights of ``loaded`` (a :class:`~bertology.core.model.models.LoadedModel`):
-    ``(table, None)`` with :data:`COPYING_COLUMNS`, or ``(None, reason)`` where it cannot be computed (the module's docstring says how and why)."""
+    ``(table, None)`` with :data:`COPYING_COLUMNS`, or ``(None, reason)`` where it cannot be computed (the module's docstring says how and why).
+
+    ``copying_score`` is Elhage et al. 2021's ``sum Re(lambda) / sum |lambda|`` over the eigenvalues of the head's OV circuit
+    (in [-1, 1]; positive: it raises the logits of the tokens it attends to); ``positive_eigenvalue_share`` is the share of
+    those eigenvalues with a positive real part (in [0, 1])."""
     model = loaded.model
     config = model.config
     model_type = config.model_type
@@ -121,6 +129,6 @@ def copying_scores(loaded) -> tuple[pd.DataFrame | None, str | None]:
         if block.pre_norm:  # LN(x) = gamma * normalised(x) (+ beta): gamma folds into W_V
             w_v = _array(block.layer_norm.weight)[None, :, None] * w_v
         for head in range(heads):
-            share, ratio = copying_summary(ov_eigenvalues(w_e, w_v[head], w_o_all[head * head_dim : (head + 1) * head_dim], w_u))
-            rows.append({"layer": layer_index, "head": head, "copying_score": share, "eigenvalue_ratio": ratio})
+            score, share = copying_summary(ov_eigenvalues(w_e, w_v[head], w_o_all[head * head_dim : (head + 1) * head_dim], w_u))
+            rows.append({"layer": layer_index, "head": head, "copying_score": score, "positive_eigenvalue_share": share})
     return pd.DataFrame(rows, columns=COPYING_COLUMNS), None

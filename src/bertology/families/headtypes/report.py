@@ -61,10 +61,11 @@ def headtypes_section(folder: RunFolder, table: pd.DataFrame, correction: str, m
     if len(held):
         section.tables.append(("The heads that hold a role (strongest 20)", held.head(20)[["role", "layer", "head", "value", "uniform", "p_adj", "n"]]))
     if copying is not None and len(copying):
-        top = copying.sort_values("eigenvalue_ratio", ascending=False).head(10)
-        section.tables.append(("Copying scores from the weights (Elhage et al. 2021): the share of positive eigenvalues of each head's OV "
-                               "circuit W_E W_V W_O W_U, and Re(sum)/sum|.| of them (1: it copies the token it attends to); the 10 "
-                               "highest (copying_scores.csv)", top))
+        top = copying.sort_values("copying_score", ascending=False).head(10)
+        section.tables.append(("Copying scores from the weights (Elhage et al. 2021): copying_score is sum Re(lambda) / sum |lambda| "
+                               "over the eigenvalues of each head's OV circuit W_U W_O W_V W_E (-1 to 1; positive: it raises the logits "
+                               "of the tokens it attends to), positive_eigenvalue_share the share of them with a positive real part; "
+                               "the 10 highest copying scores (copying_scores.csv)", top))
     untested = table[table.p_excess.isna() & (table.n > 0)]
     if len(untested):
         section.notes.append(f"Not tested, on fewer than --min-sample {min_sample} sequences (no p-value, no claim): "

@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, LayerMaps, stack_layers
+from bertology.core.engine import Batch, LayerMaps, moved_to, stack_layers
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, interval_frame, keyed_rng, sequence_key
 from bertology.families.kinds import check_kind, check_same_kind
@@ -361,9 +361,9 @@ class HeadDistance(LayerwiseAnalyzer):
         if not rows:
             return
         # every layer's [head, r, n] in, on the batch's device (a device map may spread the layers): one copy of [heads, heads] out
-        total = pairwise_js([part.to(batch.device) for part in rows])
+        total = pairwise_js([moved_to(part, batch.device) for part in rows])
         if within:
-            total += torch.block_diag(*(part.to(batch.device) for part in within))
+            total += torch.block_diag(*(moved_to(part, batch.device) for part in within))
         self._total += total.cpu().numpy()
         self._rows += int(batch.host_lengths[self._sampled].sum())
         self._cross_rows += rows[0].shape[1]

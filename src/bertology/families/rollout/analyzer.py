@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, LayerMaps, stack_layers
+from bertology.core.engine import Batch, LayerMaps, moved_to, stack_layers
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, interval_frame, merge_moments
 from bertology.families.kinds import check_kind, check_same_kind, one_row
@@ -86,7 +86,7 @@ class AttentionRollout(LayerwiseAnalyzer):
             check_kind(self, batch)
             self._rolled, self._pending = None, []
         first = maps.row_start
-        previous = None if self._rolled is None else self._rolled.to(maps.attention.device)  # R_{l-1}, on this layer's device
+        previous = None if self._rolled is None else moved_to(self._rolled, maps.attention.device)  # R_{l-1}, on this layer's device
         rolled = rollout_step(maps.attention, previous, first)  # [batch, r, n]: R_l's rows of the block
         if maps.rows is not None:  # R_l is made block by block, R_{l-1} read whole until the last block
             if maps.starts_layer:

@@ -907,7 +907,7 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
         frames.append(head_types.test().assign(metric=lambda t: "headtype:" + t.role))
         copying, _ = copying_scores(loaded)  # from the weights (Elhage et al. 2021); None: no unembedding, or an unknown architecture
         if copying is not None:
-            for column in ("copying_score", "eigenvalue_ratio"):
+            for column in ("copying_score", "positive_eigenvalue_share"):  # Elhage et al.'s sum Re(lambda) / sum |lambda|, then the positive share
                 frames.append(copying[["layer", "head"]].assign(metric=f"copying:{column}", value=copying[column], ci_low=np.nan, ci_high=np.nan))
     rows = pd.concat([frame.assign(step=step, checkpoint=checkpoint)[TRACK_COLUMNS] for frame in frames], ignore_index=True)
     layers = pd.concat([profile.layers()] + ([layer_sink_rates(heads, settings["sink_eps"])] if follows_sinks(kind) else []), ignore_index=True)

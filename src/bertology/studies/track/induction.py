@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Batch, Engine, LayerMaps, RunStats, stack_layers
+from bertology.core.engine import Batch, Engine, LayerMaps, RunStats, moved_to, stack_layers
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import MIN_SAMPLE, bootstrap_weights
 from bertology.families.headtypes.analyzer import INDUCTION, head_type_targets, target_mass
@@ -60,7 +60,7 @@ class InductionReplicates(LayerwiseAnalyzer):
             self._pending = []
             self._targets = head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind)[INDUCTION]
         visible = maps.visible(batch)  # on the layer's device: a device map may spread the layers over several
-        self._pending.append(target_mass(maps.attention, self._targets.to(visible.device) & visible))
+        self._pending.append(target_mass(maps.attention, moved_to(self._targets, visible.device) & visible))
 
     def finish_batch(self, batch: Batch) -> None:
         scores = stack_layers(self._pending, batch, dim=1).cpu().numpy()  # [batch, layer, head], float64; NaN: no query with a target
