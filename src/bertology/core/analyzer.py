@@ -50,8 +50,10 @@ class LayerwiseAnalyzer(Analyzer):
     In the engine's layer-by-layer pass, :meth:`update_layer` receives each layer's maps inside the forward pass (they
     are released before the next layer runs) and :meth:`finish_batch` the batch once every layer has run (its
     ``attentions`` then None). Per-layer results stay on the maps' device, reduced to a few numbers per sequence, until
-    :meth:`finish_batch` moves them to the host in one copy. :meth:`update` (a batch with every layer's maps) feeds the
-    same two methods, so both passes give the same result.
+    :meth:`finish_batch` moves them to the host in one copy. Under a device map that spreads the layers over several
+    devices, :meth:`update_layer` receives the batch on that layer's device (:meth:`~bertology.core.engine.Batch.on`) and
+    :meth:`finish_batch` gathers the layers' results on the batch's (:func:`~bertology.core.engine.stack_layers`).
+    :meth:`update` (a batch with every layer's maps) feeds the same two methods, so both passes give the same result.
     """
 
     @abstractmethod
