@@ -110,7 +110,8 @@ class Hooks:
 
 
 def _visible_keys(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """``[batch, 1, query, key]`` bool from a boolean mask or eager_mask's additive one (0 allowed, the dtype's minimum not)."""
+    """``[batch, 1, query, key]`` bool from a boolean mask (:func:`bertology_mask`'s, itself) or a model's own additive one (0
+    allowed, the dtype's minimum not)."""
     if attention_mask is None:
         return None
     return attention_mask if attention_mask.dtype == torch.bool else attention_mask > torch.finfo(attention_mask.dtype).min / 2
@@ -150,29 +151,47 @@ def bertology_attention(
     layer = -1
     key = _repeat_key_value_heads(key, query.shape[1])
     value = _repeat_key_value_heads(value, query.shape[1])
+    # transformers leaves a causal layer's mask to SDPA's is_causal where nothing is padded and no window applies
+    # (bertology_mask): the causal mask is then made here, block by block, as sdpa_attention_forward decides it
+    is_causal = kwargs.get("is_causal")
+    causal = attention_mask is None and query.shape[2] > 1 and (getattr(module, "is_causal", True) if is_causal is None else is_causal)
     if hooks is not None:
         layer = hooks._next_layer()
-        hooks.key_mask = _visible_keys(attention_mask)
         key = hooks._fire("key", layer, key)
         value = hooks._fire("value", layer, value)
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     width = query.shape[2]
     if hooks is None or hooks.query_rows is None or hooks.query_rows >= width:
-        pattern, head_output = _attention_rows(module, query, key, value, attention_mask, scaling, dropout, kwargs.get("softcap"), hooks, layer)
+        mask = _rows_mask(attention_mask, causal, slice(None), width, key.shape[2], query.device)
+        if hooks is not None:
+            hooks.key_mask = _visible_keys(mask)
+        pattern, head_output = _attention_rows(module, query, key, value, mask, scaling, dropout, kwargs.get("softcap"), hooks, layer)
     else:  # by blocks of query rows: one block of the maps at a time, never the whole [batch, head, n, n]
-        whole_mask, pattern = hooks.key_mask, None
-        head_output = value.new_empty(*query.shape[:3], value.shape[-1])
+        pattern, head_output = None, value.new_empty(*query.shape[:3], value.shape[-1])
         for start in range(0, width, hooks.query_rows):
             rows = slice(start, min(start + hooks.query_rows, width))
-            block_mask = None if attention_mask is None else attention_mask[:, :, rows] if attention_mask.shape[2] > 1 else attention_mask
-            hooks.rows, hooks.key_mask = rows, None if whole_mask is None else whole_mask[:, :, rows] if whole_mask.shape[2] > 1 else whole_mask
+            block_mask = _rows_mask(attention_mask, causal, rows, width, key.shape[2], query.device)
+            hooks.rows, hooks.key_mask = rows, _visible_keys(block_mask)
             head_output[:, :, rows] = _attention_rows(module, query[:, :, rows], key, value, block_mask, scaling, dropout,
                                                       kwargs.get("softcap"), hooks, layer)[1]
-        hooks.rows, hooks.key_mask = None, whole_mask
+        hooks.rows = None
     if hooks is not None:
         head_output = hooks._fire("head_output", layer, head_output)
     return head_output.transpose(1, 2).contiguous(), pattern
+
+
+def _rows_mask(attention_mask: torch.Tensor | None, causal: bool, rows: slice, queries: int, keys: int,
+               device: torch.device) -> torch.Tensor | None:
+    """The mask of the query rows ``rows`` (``[batch or 1, 1, r, keys]``): the model's, sliced; where transformers left a causal
+    layer's mask to ``is_causal``, query i sees the keys up to its own position, ``j <= i + keys - queries`` (bool
+    ``[1, 1, r, keys]``, as SDPA's causal mask aligns them); None where every query sees every key."""
+    if attention_mask is not None:
+        return attention_mask[:, :, rows] if attention_mask.shape[2] > 1 else attention_mask
+    if not causal:
+        return None
+    positions = torch.arange(queries, device=device)[rows] + (keys - queries)
+    return (torch.arange(keys, device=device)[None, :] <= positions[:, None])[None, None]
 
 
 def _attention_rows(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -183,7 +202,9 @@ def _attention_rows(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     scores *= scaling  # in place: no second n x n tensor per head (the product is no input of its own gradient)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is not None:
+    if attention_mask is not None and attention_mask.dtype == torch.bool:  # bertology_mask's: an unseen key's score becomes the
+        scores.masked_fill_(~attention_mask, torch.finfo(scores.dtype).min)  # dtype's minimum, as eager_mask's additive one makes it
+    elif attention_mask is not None:  # a model that makes its own additive mask
         scores += attention_mask
     pattern = nn.functional.softmax(scores, dim=-1, dtype=statistics_dtype(scores.dtype))
     del scores
@@ -213,10 +234,21 @@ def active_hooks() -> Hooks | None:
     return _ACTIVE.get()
 
 
+def bertology_mask(**arguments) -> torch.Tensor | None:
+    """The mask transformers makes for the ``"bertology"`` attention: its SDPA mask, bool ``[batch, 1, query, key]`` (True: the
+    query sees the key), or None where SDPA would need none: a bidirectional layer's every query sees every key, or a causal
+    layer with nothing padded and no window (:func:`bertology_attention` then makes the causal mask of each block of rows
+    itself). One byte a cell at most, where ``eager_mask``'s additive mask takes the weights' dtype: 268 MB for one
+    8,192-token sequence in float32 (issue 40)."""
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(**arguments)
+
+
 def register_attention() -> None:
-    """Register the ``"bertology"`` attention function and its (additive, eager-style) mask with transformers."""
+    """Register the ``"bertology"`` attention function and its boolean mask (:func:`bertology_mask`) with transformers."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(ATTN_IMPLEMENTATION, bertology_attention)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, eager_mask)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, bertology_mask)
