@@ -4,6 +4,7 @@ else; the uniform null silent; the encoder's duplicate-token score; the syntheti
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -72,8 +73,15 @@ def causal_uniform(n: int) -> np.ndarray:
     return np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
 
 
+def second_copy_rows(tokens: np.ndarray, special: set[int], length: int) -> np.ndarray:
+    """The rows of a probe sequence's second copy: from its ``length``-th non-special piece on (counted by hand)."""
+    words = np.array([token not in special for token in tokens])
+    return np.cumsum(words) > length
+
+
 def reference_table(loaded, examples, roles=HEAD_TYPES) -> pd.DataFrame:
-    """``layer, head, role, value, uniform, n`` from transformers' eager maps, one sequence at a time, with the TL port."""
+    """``layer, head, role, value, uniform, n`` from transformers' eager maps, one sequence at a time, with the TL port; on a
+    probe sequence (``second_copy``) the induction pattern's rows before the second copy are emptied (prefix matching)."""
     layers, heads = loaded.num_layers, loaded.num_heads
     scores = {role: np.full((len(examples), layers, heads), np.nan) for role in roles}
     uniform = {role: np.full(len(examples), np.nan) for role in roles}
@@ -81,6 +89,8 @@ def reference_table(loaded, examples, roles=HEAD_TYPES) -> pd.DataFrame:
         tokens = np.array(reference["ids"])
         for role in roles:
             pattern = TL_PATTERNS[role](tokens)
+            if role == INDUCTION and examples[s].second_copy is not None:
+                pattern = pattern * second_copy_rows(tokens, set(loaded.tokenizer.all_special_ids), examples[s].second_copy)[:, None]
             uniform[role][s] = tl_score_fixed(causal_uniform(len(tokens)), pattern)
             for layer in range(layers):
                 for head in range(heads):
@@ -271,8 +281,15 @@ def test_induction_on_the_synthetic_probe_is_prefix_matching(llama64):
                      progress=False)
     assert result.corpus["name"] == "synthetic-repeats-8x7" and result.corpus["examples"] == 8
     probe = synthetic_repeats(llama64.tokenizer, 8, 7, seed=2)
+    assert all(example.second_copy == 7 for example in probe)
+    halves = [llama64.tokenizer(example.text, add_special_tokens=False)["input_ids"][:7] for example in probe]
+    assert any(len(set(half)) < 7 for half in halves)  # chance repeats in a first copy, whose rows prefix matching leaves out
     expected = reference_table(llama64, probe)
     assert_matches(result.table("head_types"), expected, rtol=1e-6, atol=1e-12)  # eager Llama's softmax is float32
+    # the first copy's chance repeats count not: every counted row is in the second copy, where each query has one target
+    first = eager_reference(llama64, probe[:1])[0]["ids"]
+    assert first[0] == llama64.tokenizer.bos_token_id and len(first) == 1 + 2 * 7
+    assert second_copy_rows(np.array(first), set(llama64.tokenizer.all_special_ids), 7).tolist() == [False] * 8 + [True] * 7
     with pytest.raises(BertologyError, match="give no corpus"):
         analyze(llama64, ["a line"], synthetic_repeats=2, view=False, progress=False)
 
@@ -291,3 +308,15 @@ def test_the_command_line_runs_the_synthetic_probe(tiny_gpt2_dir, tmp_path):
     assert len(table) == 2 * 4 * 3 and (table[table.role == INDUCTION].n == 12).all()
     assert (out / "head_type_heads.csv").is_file() and (out / "head_types_grid.png").is_file()
     assert "Head types: previous-token, duplicate-token, induction" in (out / "report.html").read_text()
+
+
+def test_on_real_sentences_every_score_equals_transformer_lens_with_the_denominator_fixed(gpt2_64, shared_data):
+    """Natural text, where tokens repeat by chance rather than by design: the first 30 sentences of the UD English EWT test
+    set (../shared/data; skipped without it), padded batches of eight through bertology's hook, against each sentence alone
+    through transformers' eager attention and the TransformerLens port."""
+    from bertology.core.text.corpora import Corpus
+
+    examples = list(itertools.islice(Corpus(shared_data / "ud_english_ewt" / "en_ewt-ud-test.conllu"), 30))
+    table, expected = run_headtypes(gpt2_64, examples, batch_size=8), reference_table(gpt2_64, examples)
+    assert (expected.n >= 20).all()  # most sentences have a row with a target of every role
+    assert_matches(table, expected, rtol=1e-9, atol=1e-12)

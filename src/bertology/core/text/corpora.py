@@ -44,6 +44,8 @@ class Example:
     ``heads`` are 1-based CoNLL-U heads (0 = root), ``relations`` the dependency relations and
     ``upos`` the universal part-of-speech tags. ``frames``: the sentence's annotated frames (the ``frames`` format);
     ``pattern_label``: ``(layer, head, pattern)``, a hand label of one head's map of this input (the ``labels`` format).
+    ``second_copy``: in Olsson et al.'s probe (:func:`synthetic_repeats`), the position among the sequence's non-special
+    pieces where its second copy begins; the induction score then reads that copy's rows alone (the prefix-matching score).
     """
 
     text: str
@@ -57,6 +59,7 @@ class Example:
     upos: tuple[str, ...] | None = None
     frames: tuple[FrameAnnotation, ...] | None = None
     pattern_label: tuple[int, int, str] | None = None
+    second_copy: int | None = None
 
     @property
     def has_tree(self) -> bool:
@@ -636,7 +639,7 @@ def synthetic_repeats(tokenizer, count: int, length: int = SYNTHETIC_LENGTH, see
             half = rng.choice(pool, size=length).tolist()
             text = tokenizer.decode(half + half)
             if tokenizer(text, add_special_tokens=False)["input_ids"] == half + half:
-                examples.append(Example(text, source=f"synthetic:{number}"))
+                examples.append(Example(text, source=f"synthetic:{number}", second_copy=length))
                 break
         else:
             raise BertologyError(f"no draw of {length} whole-word pieces in {SYNTHETIC_TRIES} tokenized back to the pieces drawn: this "

@@ -6,7 +6,7 @@ head and role the mean attention mass on the role's targets over the rows that h
 sequences, the paired excess and its one-sided t-test, corrected within the role; a head holds the role where the corrected
 test rejects and the mean is at least ``--head-type-mass``) and ``head_type_heads`` (the heads that hold a role, strongest
 first). On an encoder, duplicate-token alone. Olsson et al.'s prefix-matching score is the induction score of a run on
-``--synthetic-repeats``.
+``--synthetic-repeats``, over each sequence's second copy.
 """
 
 from __future__ import annotations

@@ -48,12 +48,22 @@ def head_types(kind: Kind) -> tuple[str, ...]:
     return (DUPLICATE,) if kind.sees_later_keys else HEAD_TYPES
 
 
+def second_copies(batch: Batch) -> torch.Tensor | None:
+    """``[batch]``: where each sequence's second copy begins among its non-special pieces (:attr:`Example.second_copy
+    <bertology.core.text.corpora.Example.second_copy>`, Olsson et al.'s probe; 0 for any other sequence), on the batch's
+    device; None where no sequence of the batch is a probe's."""
+    starts = [example.second_copy or 0 for example in batch.examples]
+    return torch.tensor(starts, device=batch.device) if any(starts) else None
+
+
 def head_type_targets(input_ids: torch.Tensor, mask: torch.Tensor, words: torch.Tensor, kind: Kind,
-                      rows: slice | None = None) -> dict[str, torch.Tensor]:
+                      rows: slice | None = None, second_copy: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Each role's targets ``T[b, i, j]`` (bool ``[batch, n, n]``; ``[batch, r, n]`` for the query rows ``rows``, a block of
     them) of a ``kind`` of model (see the module docstring), from the token ids ``[batch, n]``, the real pieces ``mask`` and
     ``words``, the pieces that count as occurrences of a token (the non-special ones, ``Batch.segment_ids >= 0``); the caller
-    keeps only the keys each query saw."""
+    keeps only the keys each query saw. ``second_copy`` (``[batch]``, :func:`second_copies`): on Olsson et al.'s probe the
+    induction targets of the rows before each sequence's second copy are dropped, so its induction score is their
+    prefix-matching score, over the second copy (METHODS.md section 13)."""
     rows = slice(None) if rows is None else rows
     positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
     queries = positions[rows]
@@ -64,6 +74,8 @@ def head_type_targets(input_ids: torch.Tensor, mask: torch.Tensor, words: torch.
     duplicate = same & (positions[None, :] < queries[:, None])  # D[i, j] = [t_j = t_i], j < i
     induction = torch.zeros_like(duplicate)
     induction[..., 1:] = duplicate[..., :-1]  # I[i, j] = D[i, j - 1]: the key after each earlier occurrence
+    if second_copy is not None:  # the rows of the probe's second copy: from its second_copy-th non-special piece on
+        induction &= (words.cumsum(dim=1) > second_copy[:, None])[:, rows, None]
     previous = real & (queries[:, None] - positions[None, :] == 1)
     return {PREVIOUS: previous, DUPLICATE: duplicate, INDUCTION: induction & real}
 
@@ -113,10 +125,11 @@ class HeadTypes(LayerwiseAnalyzer):
             self._pending, self._pending_uniform = [], []
             # whole maps: every row's targets, once a batch; by blocks of query rows, each block's as it comes (a whole
             # [batch, n, n] per role would outgrow the attention budget)
-            self._targets = None if maps.rows is not None else head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind)
+            self._targets = None if maps.rows is not None else head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind,
+                                                                                  second_copy=second_copies(batch))
         visible, uniform = maps.visible(batch), maps.uniform(batch)
         made = (self._targets if self._targets is not None
-                else head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind, maps.rows))
+                else head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind, maps.rows, second_copies(batch)))
         # the rows' targets among the keys they saw, on the layer's device (a device map may spread the layers)
         targets = [moved_to(made[role], visible.device) & visible for role in self.roles]
         heads, counts = zip(*(target_sums(maps.attention, each) for each in targets))

@@ -33,7 +33,7 @@ from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, Engine, LayerMaps, RunStats, moved_to, stack_layers
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import MIN_SAMPLE, bootstrap_weights
-from bertology.families.headtypes.analyzer import INDUCTION, head_type_targets, target_mass
+from bertology.families.headtypes.analyzer import INDUCTION, head_type_targets, second_copies, target_mass
 from bertology.families.kinds import check_kind, check_same_kind
 
 #: Olsson et al.'s late and early tokens (1-based positions in the context).
@@ -58,7 +58,8 @@ class InductionReplicates(LayerwiseAnalyzer):
         if maps.layer == 0:
             check_kind(self, batch)
             self._pending = []
-            self._targets = head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind)[INDUCTION]
+            self._targets = head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind,
+                                              second_copy=second_copies(batch))[INDUCTION]
         visible = maps.visible(batch)  # on the layer's device: a device map may spread the layers over several
         self._pending.append(target_mass(maps.attention, moved_to(self._targets, visible.device) & visible))
 
