@@ -28,7 +28,7 @@ from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.measures.contributions import CONTRIBUTION_MEASURES, alti_contributions, alti_per_head, value_zeroing
 from bertology.core.measures.norms import CONTRIBUTION_VIEWS, WEIGHTINGS, mixing_ratios, norm_shares, transformed_norms
 from bertology.core.model.hooks import Hooks, uniform_attention
-from bertology.core.model.kinds import ENCODER, Kind, uniform_rows
+from bertology.core.model.kinds import DECODER, ENCODER, Kind, uniform_rows
 from bertology.core.model.models import PUNCT_SETS, LoadedModel, attention_blocks, punctuation_table
 from bertology.core.text.alignment import WordAlignment, align, default_word_spans, to_word_level
 from bertology.core.text.corpora import Example
@@ -748,6 +748,8 @@ class Engine:
         inputs = self.model_inputs(tensors)
         if hidden_states:
             inputs["output_hidden_states"] = True
+        if self.model.kind is DECODER and getattr(self.model.model.config, "use_cache", False):
+            inputs["use_cache"] = False  # a decoder's cache keeps every layer's keys and values for generation; nothing here generates
         hooks = hooks or Hooks()
         with torch.inference_mode(), hooks.attach(self.model.model):
             return self.model.model(**inputs)
