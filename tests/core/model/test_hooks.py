@@ -70,3 +70,39 @@ def test_unknown_hook_point_and_wrong_implementation_are_refused():
     with pytest.raises(ValueError, match="attn_implementation='bertology'"):
         with Hooks().attach(tiny("bert", "eager")):
             pass
+
+
+@pytest.mark.parametrize("rows", [None, 2])
+def test_an_unpadded_decoder_gets_no_mask_and_its_causal_maps_equal_eager(rows):
+    """transformers leaves an unpadded causal layer's mask to SDPA's is_causal (the mask registered for bertology is its SDPA
+    mask): no n x n mask is made, and bertology's attention masks each block of rows causally itself, as eager's mask would."""
+    import bertology.core.model.hooks as hooks_module
+
+    config = tf.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2)
+    torch.manual_seed(0)
+    eager = tf.AutoModel.from_config(config, attn_implementation="eager").eval()
+    register_attention()
+    ours = tf.AutoModel.from_config(config, attn_implementation=ATTN_IMPLEMENTATION).eval()
+    ours.load_state_dict(eager.state_dict())
+    ids = torch.tensor([[2, 5, 6, 7, 3, 9, 4]])
+    passed, made = [], hooks_module._rows_mask
+
+    def spy(attention_mask, causal, *arguments):
+        passed.append((attention_mask, causal))
+        return made(attention_mask, causal, *arguments)
+
+    hooks, seen = Hooks(), {}
+    hooks.query_rows = rows
+    hooks.add("pattern", lambda layer, p: seen.setdefault(layer, []).append((p.clone(), hooks.key_mask.clone())))
+    with torch.no_grad():
+        reference = eager(input_ids=ids, output_attentions=True)
+        with pytest.MonkeyPatch.context() as patch, hooks.attach(ours):
+            patch.setattr(hooks_module, "_rows_mask", spy)
+            output = ours(input_ids=ids)
+    assert passed and all(mask is None and causal for mask, causal in passed)
+    torch.testing.assert_close(output.last_hidden_state, reference.last_hidden_state)
+    for layer in range(2):
+        torch.testing.assert_close(torch.cat([p for p, _ in seen[layer]], dim=2), reference.attentions[layer])
+        visible = torch.cat([mask for _, mask in seen[layer]], dim=2)[0, 0]
+        assert torch.equal(visible, torch.ones(7, 7, dtype=torch.bool).tril())

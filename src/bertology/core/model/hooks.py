@@ -61,7 +61,7 @@ class Hooks:
         self._handlers: dict[str, list[Handler]] = {point: [] for point in HOOK_POINTS}
         self._layer = 0
         #: bool ``[batch, 1, query, key]``, True for the keys each query may see (real, unpadded keys; in a decoder
-        #: those at or before the query), for the layer being run; None where the model passed no mask (nothing is padded).
+        #: those at or before the query), for the rows being run; None where every query sees every key (nothing is padded).
         self.key_mask: torch.Tensor | None = None
         #: Compute the maps this many query rows at a time (None: every row at once; see the module docstring).
         self.query_rows: int | None = None
@@ -110,7 +110,7 @@ class Hooks:
 
 
 def _visible_keys(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """``[batch, 1, query, key]`` bool from a boolean mask (:func:`bertology_mask`'s, itself) or a model's own additive one (0
+    """``[batch, 1, query, key]`` bool from a boolean mask (transformers' SDPA mask: itself) or a model's own additive one (0
     allowed, the dtype's minimum not)."""
     if attention_mask is None:
         return None
@@ -152,7 +152,7 @@ def bertology_attention(
     key = _repeat_key_value_heads(key, query.shape[1])
     value = _repeat_key_value_heads(value, query.shape[1])
     # transformers leaves a causal layer's mask to SDPA's is_causal where nothing is padded and no window applies
-    # (bertology_mask): the causal mask is then made here, block by block, as sdpa_attention_forward decides it
+    # (its SDPA mask, register_attention): the causal mask is then made here, block by block, as sdpa_attention_forward decides it
     is_causal = kwargs.get("is_causal")
     causal = attention_mask is None and query.shape[2] > 1 and (getattr(module, "is_causal", True) if is_causal is None else is_causal)
     if hooks is not None:
@@ -202,7 +202,7 @@ def _attention_rows(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     scores *= scaling  # in place: no second n x n tensor per head (the product is no input of its own gradient)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is not None and attention_mask.dtype == torch.bool:  # bertology_mask's: an unseen key's score becomes the
+    if attention_mask is not None and attention_mask.dtype == torch.bool:  # transformers' SDPA mask: an unseen key's score becomes the
         scores.masked_fill_(~attention_mask, torch.finfo(scores.dtype).min)  # dtype's minimum, as eager_mask's additive one makes it
     elif attention_mask is not None:  # a model that makes its own additive mask
         scores += attention_mask
@@ -234,21 +234,14 @@ def active_hooks() -> Hooks | None:
     return _ACTIVE.get()
 
 
-def bertology_mask(**arguments) -> torch.Tensor | None:
-    """The mask transformers makes for the ``"bertology"`` attention: its SDPA mask, bool ``[batch, 1, query, key]`` (True: the
-    query sees the key), or None where SDPA would need none: a bidirectional layer's every query sees every key, or a causal
-    layer with nothing padded and no window (:func:`bertology_attention` then makes the causal mask of each block of rows
-    itself). One byte a cell at most, where ``eager_mask``'s additive mask takes the weights' dtype: 268 MB for one
-    8,192-token sequence in float32 (issue 40)."""
-    from transformers.masking_utils import sdpa_mask
-
-    return sdpa_mask(**arguments)
-
-
 def register_attention() -> None:
-    """Register the ``"bertology"`` attention function and its boolean mask (:func:`bertology_mask`) with transformers."""
+    """Register the ``"bertology"`` attention function with transformers, and transformers' SDPA mask as its mask: bool
+    ``[batch, 1, query, key]`` (True: the query sees the key), or None where SDPA would need none, a bidirectional layer
+    whose every query sees every key or a causal layer with nothing padded and no window (:func:`bertology_attention` then
+    makes each block's causal mask itself). One byte a cell at most, where ``eager_mask``'s additive mask takes the
+    weights' dtype: 268 MB for one 8,192-token sequence in float32 (issue 40)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(ATTN_IMPLEMENTATION, bertology_attention)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, bertology_mask)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
