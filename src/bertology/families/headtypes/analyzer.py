@@ -115,6 +115,7 @@ class HeadTypes(LayerwiseAnalyzer):
         self._uniform: RunningMoments | None = None  # [layer, head, role]: the uniform head's on the same sequences
         self._excess: RunningMoments | None = None  # [layer, head, role]: per sequence, the head's less the uniform head's
         self._targets: dict[str, torch.Tensor] | None = None  # this batch's targets before the visible keys (whole maps)
+        self._second_copy: torch.Tensor | None = None  # this batch's second_copies
         self._pending: list[torch.Tensor] = []  # one [batch, head, role] per layer
         self._pending_uniform: list[torch.Tensor] = []  # the uniform head's, one [batch, 1 or head, role] per layer
         self._layer_sums: list[torch.Tensor] = []  # the layer's sums so far over blocks of query rows: head's, uniform's, count
@@ -123,13 +124,15 @@ class HeadTypes(LayerwiseAnalyzer):
         if maps.layer == 0 and maps.starts_layer:
             check_kind(self, batch)
             self._pending, self._pending_uniform = [], []
+            self._second_copy = second_copies(batch)  # once a batch: it reads the examples on the host
             # whole maps: every row's targets, once a batch; by blocks of query rows, each block's as it comes (a whole
             # [batch, n, n] per role would outgrow the attention budget)
             self._targets = None if maps.rows is not None else head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind,
-                                                                                  second_copy=second_copies(batch))
+                                                                                  second_copy=self._second_copy)
         visible, uniform = maps.visible(batch), maps.uniform(batch)
+        second_copy = None if self._second_copy is None else moved_to(self._second_copy, batch.device)
         made = (self._targets if self._targets is not None
-                else head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind, maps.rows, second_copies(batch)))
+                else head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind, maps.rows, second_copy))
         # the rows' targets among the keys they saw, on the layer's device (a device map may spread the layers)
         targets = [moved_to(made[role], visible.device) & visible for role in self.roles]
         heads, counts = zip(*(target_sums(maps.attention, each) for each in targets))
@@ -146,7 +149,7 @@ class HeadTypes(LayerwiseAnalyzer):
         heads = batch.num_heads
         # [batch, layer, head + uniform heads, role], one copy to the host
         both = torch.cat([stack_layers(self._pending, batch, dim=1), stack_layers(self._pending_uniform, batch, dim=1)], dim=2).cpu().numpy()
-        self._pending, self._pending_uniform, self._targets = [], [], None
+        self._pending, self._pending_uniform, self._targets, self._second_copy = [], [], None, None
         scores = both[:, :, :heads]
         uniform = np.broadcast_to(both[:, :, heads:], scores.shape)
         if self._scores is None:
