@@ -343,3 +343,20 @@ def test_one_piece_lines_of_a_decoder_are_skipped_and_counted_and_rollout_and_si
     assert "the cat sat on the mat." in (tmp_path / "run" / "viewer.html").read_text()
     for table in ("rollout.csv", "sinks.csv"):  # the excess over the uniform head is tested from --min-sample sequences on, not on 3
         assert pd.read_csv(tmp_path / "run" / table).drop(columns=["t_excess", "p_excess"], errors="ignore").notna().any().all(), table
+
+
+def test_the_console_entry_point_freezes_what_is_alive_before_the_interpreter_exits(monkeypatch, capsys):
+    # the interpreter's last collection walked every object torch and transformers made: about a second of every command
+    import gc
+
+    from bertology.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["bertology", "info", "--help"])
+    gc.unfreeze()
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        assert exit_.value.code == 0 and "info" in capsys.readouterr().out
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

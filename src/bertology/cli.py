@@ -4,6 +4,7 @@ registered study, its flags from the study's options. Every user error is printe
 from __future__ import annotations
 
 import errno
+import gc
 import inspect
 import sys
 from pathlib import Path
@@ -84,7 +85,11 @@ app = build_app()
 
 
 def main() -> None:
-    """Console entry point: user errors become one line on stderr and exit status 2."""
+    """Console entry point: user errors become one line on stderr and exit status 2.
+
+    Every object alive at the end is frozen (``gc.freeze``) before the interpreter exits: its last collection walked every
+    object torch and transformers made, about a second of every command's time, to free memory the operating system
+    takes back anyway (objects are still freed by their reference counts, and ``atexit`` handlers run as before)."""
     try:
         app()
     except BertologyError as exc:
@@ -100,6 +105,8 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    finally:
+        gc.freeze()
 
 
 if __name__ == "__main__":
