@@ -212,9 +212,7 @@ class GeneralProfile(LayerwiseAnalyzer):
         return table[columns]
 
 
-#: JS terms (pairs x rows x keys) computed in one step: every pair of heads at once where a block of rows allows, else as
-#: many pairs as fit (16 MB of float32 each for the two gathered heads and their sum)
-JS_TERMS_AT_ONCE = 1 << 22
+JS_ROWS_AT_ONCE = 16  # rows of every head at a time: one head against all later heads fits in the cache
 
 
 def pairwise_js(rows: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
@@ -222,30 +220,23 @@ def pairwise_js(rows: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
 
     ``rows`` is ``[heads, r, n]`` (r attention rows of n keys per head; all-zero padding rows add
     nothing), or a list of such parts whose heads follow each other (a layer's each: never copied whole).
-    Uses ``JS(p, q) = H((p + q) / 2) - (H(p) + H(q)) / 2``, equal to scipy's ``jensenshannon(p, q) ** 2``, over the upper
-    triangle of head pairs, :data:`JS_TERMS_AT_ONCE` terms a step: all pairs over as many rows as fit, or, where one row of
-    every pair does not fit, as many pairs as fit over a row. The terms are computed in the rows' dtype, their sums in
-    float64 (the difference of entropies cancels). Returns ``[heads, heads]`` float64.
+    Uses ``JS(p, q) = H((p + q) / 2) - (H(p) + H(q)) / 2``, equal to scipy's ``jensenshannon(p, q) ** 2``; one
+    head against all later heads at a time (upper triangle), over :data:`JS_ROWS_AT_ONCE` rows at a time. The terms
+    are computed in the rows' dtype, their sums in float64 (the difference of entropies cancels). Returns ``[heads, heads]`` float64.
     """
     parts = [rows] if isinstance(rows, torch.Tensor) else rows
     heads, device = sum(part.shape[0] for part in parts), parts[0].device
-    num_rows, keys = parts[0].shape[1], parts[0].shape[2]
     neg_entropy = torch.cat([torch.special.xlogy(part, part).sum(dim=(1, 2), dtype=torch.float64) for part in parts])  # -sum_r H(p_r)
     mass = torch.cat([part.sum(dim=(1, 2), dtype=torch.float64) for part in parts])  # sum_r sum_j p (the number of real rows)
     # sum m log m with m = t / 2, t = p + q: (1/2) sum t log t - (ln 2 / 2) sum t, so t log t needs no halving pass
-    first, second = torch.triu_indices(heads, heads, offset=1, device=device)
-    t_log_t = torch.zeros(first.shape[0], dtype=torch.float64, device=device)
-    rows_at_once = max(1, min(num_rows, JS_TERMS_AT_ONCE // max(1, first.shape[0] * keys)))
-    pairs_at_once = max(1, JS_TERMS_AT_ONCE // (rows_at_once * keys))
-    for start in range(0, num_rows, rows_at_once):
-        block = torch.cat([part[:, start : start + rows_at_once] for part in parts])
-        for pairs in range(0, first.shape[0], pairs_at_once):
-            chosen = slice(pairs, pairs + pairs_at_once)
-            total = block.index_select(0, first[chosen]).add_(block.index_select(0, second[chosen]))
-            t_log_t[chosen] += torch.xlogy(total, total, out=total).sum(dim=(1, 2), dtype=torch.float64)
-    mixed = 0.5 * t_log_t - 0.5 * math.log(2) * (mass[first] + mass[second])
-    upper = torch.zeros(heads, heads, dtype=torch.float64, device=device)
-    upper[first, second] = 0.5 * (neg_entropy[first] + neg_entropy[second]) - mixed
+    t_log_t = torch.zeros(heads, heads, dtype=torch.float64, device=device)
+    for start in range(0, parts[0].shape[1], JS_ROWS_AT_ONCE):
+        block = torch.cat([part[:, start : start + JS_ROWS_AT_ONCE] for part in parts])
+        for first in range(heads - 1):
+            total = block[first] + block[first + 1 :]
+            t_log_t[first, first + 1 :] += torch.xlogy(total, total, out=total).sum(dim=(1, 2), dtype=torch.float64)
+    mixed = 0.5 * t_log_t - 0.5 * math.log(2) * (mass[:, None] + mass[None, :])
+    upper = torch.triu(0.5 * (neg_entropy[:, None] + neg_entropy[None, :]) - mixed, diagonal=1)
     return upper + upper.T
 
 
