@@ -251,3 +251,32 @@ def test_an_analyzers_needs_are_decoded_once_and_an_unknown_one_is_refused():
     assert PassNeeds.of([SimpleNamespace()], ["attention"]) == NO_NEEDS and not NO_NEEDS.anything
     with pytest.raises(BertologyError, match=r"unknown analyzer needs \['mixng'\]"):
         PassNeeds.of([SimpleNamespace(needs=frozenset({"mixng"}))], ["attention"])
+
+
+def test_a_pass_that_stops_after_a_layer_runs_no_later_layer_and_hands_over_the_same_maps(tiny_llama_dir):
+    from bertology.core.engine import PassNeeds
+    from bertology.core.model.models import load_model
+
+    model = load_model(tiny_llama_dir, device="cpu")
+    engine = Engine(model, batch_size=2, progress=False)
+    items = list(engine.encode(enumerate(tiny_examples()[:2]), RunStats()))
+    layers = [module for name, module in model.model.named_modules() if name.endswith("layers")][0]
+    assert len(layers) >= 2
+
+    def run(last_layer):
+        seen, ran = {}, []
+        handle = layers[1].register_forward_pre_hook(lambda module, args: ran.append(1))
+        try:
+            engine.run_batch(items, PassNeeds(norms=True), on_layer=lambda batch, layer, maps: seen.setdefault(layer, maps("attention").attention.clone()),
+                             last_layer=last_layer)
+        finally:
+            handle.remove()
+        return seen, ran
+
+    whole, ran_whole = run(None)
+    first, ran_first = run(0)
+    assert sorted(whole) == list(range(len(layers))) and len(ran_whole) == 1
+    assert list(first) == [0] and ran_first == []  # layer 1 never ran
+    torch.testing.assert_close(first[0], whole[0], rtol=0, atol=0)
+    with pytest.raises(BertologyError, match="without hidden states"):
+        engine.run_batch(items, PassNeeds(hidden_states=True), on_layer=lambda *args: None, last_layer=0)

@@ -774,7 +774,7 @@ class Engine:
 
     def run_batch(self, items: list[Encoded], needs: PassNeeds = NO_NEEDS,
                   on_layer: Callable[[Batch, int, Callable[[str], LayerMaps]], object] | None = None,
-                  query_rows: int | None = None) -> Batch:
+                  query_rows: int | None = None, last_layer: int | None = None) -> Batch:
         """Run the model on one batch and capture every layer's attention, and what ``needs`` asks for beyond it
         (:class:`PassNeeds`).
 
@@ -783,12 +783,15 @@ class Engine:
         ``maps(weighting)`` giving that layer's :class:`LayerMaps` in a view (made once per layer and view); the layer's
         tensors are released when it returns, and the batch comes back with ``attentions`` None. With ``query_rows`` (the
         layer-by-layer pass only), each layer's maps are computed and handed over that many query rows at a time
-        (:attr:`LayerMaps.rows`)."""
+        (:attr:`LayerMaps.rows`). With ``last_layer`` (the layer-by-layer pass, no hidden states), the forward pass stops
+        once that layer's maps are handed over: no later layer runs (the viewer of a long input's first layers)."""
         if query_rows is not None and (on_layer is None or needs.mixing or needs.contributions or needs.views):
             raise BertologyError("maps by blocks of queries go to the layer-by-layer pass, without mixing ratios or contribution maps")
+        if last_layer is not None and (on_layer is None or needs.hidden_states):
+            raise BertologyError("a pass that stops after a layer is a layer-by-layer pass without hidden states")
         tensors = self.collate(items)
         batch = self.new_batch(items, tensors)
-        capture = BatchCapture(self, batch, needs, on_layer, query_rows)
+        capture = BatchCapture(self, batch, needs, on_layer, query_rows, last_layer)
         capture.stack_into_batch(capture.forward(tensors))
         return batch
 
@@ -910,14 +913,21 @@ class Feeder:
             self.feed(position, lambda: analyzer.update(batch if weighting == "attention" else batch.weighted(weighting)))
 
 
+class _ForwardStopped(Exception):
+    """Raised inside the forward pass, past the last layer a pass asks for (:meth:`Engine.run_batch`'s ``last_layer``), and
+    caught where that pass began."""
+
+
 class BatchCapture:
     """One batch's forward pass (:meth:`Engine.run_batch`): named hook points capture each layer's pattern and, as ``needs``
     asks, its values, keys and input ``x``; at the layer's last hook point (``head_output``) :meth:`end_of_layer` computes what
     the analyzers receive from that layer and either keeps it (the stacked pass) or hands it to ``on_layer`` and lets it go
     (the layer-by-layer pass)."""
 
-    def __init__(self, engine: Engine, batch: Batch, needs: PassNeeds, on_layer: Callable | None, query_rows: int | None = None):
+    def __init__(self, engine: Engine, batch: Batch, needs: PassNeeds, on_layer: Callable | None, query_rows: int | None = None,
+                 last_layer: int | None = None):
         self.engine, self.batch, self.needs, self.on_layer, self.query_rows = engine, batch, needs, on_layer, query_rows
+        self.last_layer = last_layer  # the forward pass stops once this layer is handed over (None: every layer runs)
         self.attached: Hooks | None = None  # the hooks of the forward pass (their key_mask: the mask of the layer being run)
         # Rows of padding queries are zeroed: they are no query of the sequence (docs/methods.md#head-profile); known on the
         # host, so a batch of one length has none to zero.
@@ -990,6 +1000,8 @@ class BatchCapture:
         handles = [module.register_forward_pre_hook(keep_layer_input, with_kwargs=True) for module in shared.values()]
         try:
             return self.engine.forward(tensors, self.hooks(), hidden_states=needs.hidden_states and not self.own_states)
+        except _ForwardStopped:  # at last_layer: the later layers' work is never done
+            return None
         finally:
             for handle in handles:
                 handle.remove()
@@ -1009,6 +1021,8 @@ class BatchCapture:
             self.kept.append(result)
         else:
             self.on_layer(batch, layer, result.maps)
+        if layer == self.last_layer:
+            raise _ForwardStopped
 
     def measure(self, layer: int, pattern: torch.Tensor, value: torch.Tensor | None, key: torch.Tensor | None,
                 head_output: torch.Tensor) -> "LayerCapture":

@@ -24,7 +24,8 @@ The model runs layer by layer (the engine's ``on_layer``): one layer's maps are 
 What the page computes (:func:`layers_within`): at most :data:`VIEW_BUDGET` map cells (heads x n x n over the views,
 one map a layer for the rollout), whole layers from the first on, the first always; a layer past the budget is left
 off the page, where its head view names the ``bertology view --layers`` command that draws it (issue 40: a 32 x
-32-head model at 1,024 tokens took minutes to compute every layer's views). ``layers`` asks for given layers instead.
+32-head model at 1,024 tokens took minutes to compute every layer's views); the forward pass stops after the last layer
+kept. ``layers`` asks for given layers instead.
 
 Tokens and text reach the page only as JSON (with ``<``, ``>`` and ``&`` escaped) read by ``JSON.parse``
 and drawn with ``fillText`` or set as ``textContent``: markup in a corpus line stays text.
@@ -352,8 +353,8 @@ def attention_view(text: str, text_pair: str | None = None, *, model: str | Path
     """Run ``model`` (default: all-MiniLM-L6-v2) on one input, layer by layer, and return its :class:`AttentionView`.
     ``contributions``: per-head contribution views to add to the menu (``alti``, ``value-zeroing``:
     :mod:`bertology.core.measures.contributions`). ``layers``: the layers (0-based) whose maps the page holds; by default
-    those within ``budget`` map cells (:func:`layers_within`). Nothing is computed past the last of them but the forward
-    pass."""
+    those within ``budget`` map cells (:func:`layers_within`). Nothing past the last of them is computed: the forward pass
+    stops there."""
     if not text or not text.strip():
         raise BertologyError("the text to view is empty")
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
@@ -377,8 +378,6 @@ def attention_view(text: str, text_pair: str | None = None, *, model: str | Path
 
     def keep_layer(batch, layer: int, maps) -> None:
         nonlocal start_head, rolled
-        if layer > kept_layers[-1]:
-            return
         attention = maps("attention").attention[0].float()  # [heads, n, n]
         rolled = rollout_step(attention[None], rolled)  # every layer's, up to the last kept
         if layer not in kept_layers:
@@ -392,7 +391,7 @@ def attention_view(text: str, text_pair: str | None = None, *, model: str | Path
         stored["rollout"].add(rolled)
 
     needs = PassNeeds(norms="norm" in stored, views=tuple(view for view in contributions if view in stored))
-    engine.run_batch(items, needs, on_layer=keep_layer)
+    engine.run_batch(items, needs, on_layer=keep_layer, last_layer=kept_layers[-1])
     item = items[0]
     tokens = loaded.tokenizer.convert_ids_to_tokens(item.input_ids)
     segments = [-1 if s is None else int(s) for s in item.sequence_ids]
