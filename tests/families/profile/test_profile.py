@@ -46,7 +46,9 @@ def padded_batch(maps, flags):
     return attention, masks
 
 
-def test_metrics_match_hand_computation_on_sequences_of_different_length():
+@pytest.mark.parametrize("cells_at_once", [1 << 19, 30, 1], ids=["every-row", "two-rows", "one-row"])
+def test_metrics_match_hand_computation_on_sequences_of_different_length(monkeypatch, cells_at_once):
+    monkeypatch.setattr(profile_analyzer, "ENTROPY_CELLS_AT_ONCE", cells_at_once)  # the entropy's rows smoothed at a time
     rng = np.random.default_rng(0)
     short = rng.dirichlet(np.ones(4), size=4)  # [CLS] w , [SEP]
     long = rng.dirichlet(np.full(7, 0.3), size=7)  # [CLS] w w [SEP] w . [SEP]

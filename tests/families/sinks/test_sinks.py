@@ -10,7 +10,7 @@ from conftest import TEXTS, eager_reference
 
 from bertology.core.engine import Engine
 from bertology.core.text.corpora import Example
-from bertology.families.sinks.analyzer import AttentionSinks, sink_rates
+from bertology.families.sinks.analyzer import AttentionSinks, first_token_norm_share, sink_rates
 
 EXAMPLES = [Example(text) for text in TEXTS] + [Example("the cat sat.", "the dog ran.")]
 
@@ -158,3 +158,21 @@ def test_sinks_say_in_one_line_that_they_are_a_decoders(tiny_bert):
 
     with pytest.raises(BertologyError, match="sinks does not run on .* \\(an encoder\\)"):
         bertology.analyze(tiny_bert, ["the cat sat."], analyses=["sinks"], progress=False)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one-map-for-every-head", "a-map-per-head"])
+def test_the_first_tokens_norm_share_equals_numpy_whole_and_by_blocks_of_rows(shared):
+    # one map for every head is the uniform head's, computed as one product with every head's norms
+    rng = np.random.default_rng(0)
+    n, heads = 7, 3
+    causal = np.tril(rng.uniform(0.1, 1, size=(1 if shared else heads, n, n)))
+    maps = causal / causal.sum(-1, keepdims=True)
+    transformed = rng.uniform(0.5, 2, size=(heads, n))  # ||f_h(x_j)||
+    expected = []
+    for head in range(heads):
+        weighted = maps[0 if shared else head] * transformed[head][None, :]
+        expected.append((weighted / weighted.sum(-1, keepdims=True))[1:, 0].mean())
+    attention, norms, mask = torch.tensor(maps)[None], torch.tensor(transformed)[None], torch.ones(1, n, dtype=torch.bool)
+    np.testing.assert_allclose(first_token_norm_share(attention, norms, mask)[0].numpy(), expected, rtol=1e-12)
+    blocks = sum(first_token_norm_share(attention[:, :, rows], norms, mask, rows) for rows in (slice(0, 3), slice(3, n)))
+    np.testing.assert_allclose(blocks[0].numpy(), expected, rtol=1e-12)

@@ -52,6 +52,25 @@ def profile_metric_names(kind: Kind) -> tuple[str, ...]:
             *((f"{kind.anchors[0]}_entropy",) if later else ()), "distance")
 
 
+#: Map cells smoothed for the entropy at a time (2 MB of float32): the smoothed copy of a few rows stays in the cache, where
+#: one of a whole layer went to memory and back (half the entropy's time at 1,024 tokens, 32 heads)
+ENTROPY_CELLS_AT_ONCE = 1 << 19
+
+
+def smoothed_row_entropy(attention: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+    """Each row's entropy (nats) after Clark et al.'s smoothing, ``-sum_j s_j ln s_j`` with ``s = (1 - eps) a + floor``:
+    ``attention [batch, head, r, n]``, ``floor [batch, r, n]`` (``eps / |S_i|`` on the keys row i sees, 0 elsewhere).
+    Returns ``[batch, head, r]``, :data:`ENTROPY_CELLS_AT_ONCE` cells at a time."""
+    batch, heads, count, width = attention.shape
+    step = max(1, ENTROPY_CELLS_AT_ONCE // (batch * heads * width))
+    entropy = attention.new_empty(batch, heads, count)
+    for start in range(0, count, step):
+        rows = slice(start, start + step)
+        smoothed = torch.add(floor[:, None, rows], attention[:, :, rows], alpha=1 - ENTROPY_SMOOTHING)
+        entropy[:, :, rows] = torch.xlogy(smoothed, smoothed, out=smoothed).sum(dim=-1)
+    return entropy.neg_()
+
+
 def profile_metrics(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, torch.Tensor], punct_mask: torch.Tensor, kind: Kind,
                     rows: slice | None = None) -> torch.Tensor:
     """The :func:`profile_metric_names` of every head on every sequence of a ``kind`` of model, in the maps' dtype on their
@@ -77,9 +96,7 @@ def profile_metrics(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[s
     queries = torch.where(queries > 0, queries, torch.nan)
     positions = torch.arange(width, device=attention.device)
     smoothing = ENTROPY_SMOOTHING / kind.visible_counts(mask)[:, rows].clamp(min=1).to(dtype)  # [batch, r]: eps / |S_i|
-    smoothed = torch.add((kind.visible_keys(mask, rows).to(dtype) * smoothing[:, :, None])[:, None], attention, alpha=1 - ENTROPY_SMOOTHING)
-    row_entropy = -torch.xlogy(smoothed, smoothed, out=smoothed).sum(dim=-1) * real[:, None, rows]  # [batch, head, r]
-    del smoothed
+    row_entropy = smoothed_row_entropy(attention, kind.visible_keys(mask, rows).to(dtype) * smoothing[:, :, None]) * real[:, None, rows]
     members = torch.stack([*(anchors[name] for name in kind.anchors), punct_mask], dim=-1).to(dtype)  # [batch, n, sets]
     to_sets = torch.einsum("bhj,bjk->bhk", attention[..., start:, :].sum(dim=-2), members) / queries[:, :, None]  # via the column sums
     gap = (positions[first : first + count, None] - positions[None, :]).abs().to(dtype)  # [r, n]: |i - j|

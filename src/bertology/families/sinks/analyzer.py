@@ -67,7 +67,10 @@ def first_token_norm_share(attention: torch.Tensor, transformed: torch.Tensor, m
     """``mean_{i>=1} w[i, 0]`` with Kobayashi's norm shares ``w[i, 0] = a[i, 0] ||f(x_0)|| / sum_k a[i, k] ||f(x_k)||``;
     ``transformed[batch, head, n]`` is ``||f_h(x_j)||``. Returns ``[batch, head]`` (NaN for a sequence of one token).
     ``rows``: ``attention`` holds only these query rows (a block of a pass by blocks of queries): their part; blocks add up."""
-    row_totals = torch.matmul(attention, transformed[..., None])[..., 0]  # [batch, head, n]: sum_k a[i, k] ||f(x_k)||
+    if attention.shape[1] == 1:  # one map for every head (the uniform head's): one product with every head's norms, not a map per head
+        row_totals = torch.matmul(attention[:, 0], transformed.transpose(1, 2)).transpose(1, 2)
+    else:
+        row_totals = torch.matmul(attention, transformed[..., None])[..., 0]  # [batch, head, n]: sum_k a[i, k] ||f(x_k)||
     shares = attention[..., 0] * transformed[..., :1] / torch.where(row_totals > 0, row_totals, 1)
     queries = (mask.sum(dim=1, keepdim=True) - 1).to(attention.dtype)
     start = 1 if rows is None else max(1 - rows.start, 0)  # rows i >= 1
