@@ -11,6 +11,7 @@ from conftest import TEXTS, eager_reference
 from bertology.core.engine import Engine
 from bertology.core.model.kinds import DECODER
 from bertology.core.text.corpora import Example
+from bertology.families.profile import analyzer as profile_analyzer
 from bertology.families.profile.analyzer import GeneralProfile, profile_metric_names
 
 DECODER_PROFILE_METRICS = profile_metric_names(DECODER)
@@ -33,8 +34,11 @@ def by_hand(a: np.ndarray, punct: list[int]) -> dict:
     }
 
 
+@pytest.mark.parametrize("cells_at_once", [1 << 19, 1], ids=["every-row", "one-row"])
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
-def test_decoder_profile_equals_loops_over_eager_maps(kind, gpt2_64, llama64):
+def test_decoder_profile_equals_loops_over_eager_maps(kind, cells_at_once, gpt2_64, llama64, monkeypatch):
+    # one row at a time, the entropy of row i reads its keys j <= i alone
+    monkeypatch.setattr(profile_analyzer, "ENTROPY_CELLS_AT_ONCE", cells_at_once)
     loaded = {"gpt2": gpt2_64, "llama": llama64}[kind]
     analyzer = GeneralProfile(loaded.kind)
     Engine(loaded, batch_size=3, progress=False).run(EXAMPLES, [analyzer])

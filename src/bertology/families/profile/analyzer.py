@@ -57,16 +57,19 @@ def profile_metric_names(kind: Kind) -> tuple[str, ...]:
 ENTROPY_CELLS_AT_ONCE = 1 << 19
 
 
-def smoothed_row_entropy(attention: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+def smoothed_row_entropy(attention: torch.Tensor, floor: torch.Tensor, causal_from: int | None = None) -> torch.Tensor:
     """Each row's entropy (nats) after Clark et al.'s smoothing, ``-sum_j s_j ln s_j`` with ``s = (1 - eps) a + floor``:
     ``attention [batch, head, r, n]``, ``floor [batch, r, n]`` (``eps / |S_i|`` on the keys row i sees, 0 elsewhere).
-    Returns ``[batch, head, r]``, :data:`ENTROPY_CELLS_AT_ONCE` cells at a time."""
+    Returns ``[batch, head, r]``, :data:`ENTROPY_CELLS_AT_ONCE` cells at a time. ``causal_from``: the maps are causal and
+    their first row is row ``causal_from`` of the sequence, so a row ``i`` sees no key past ``i`` and the cells there (0,
+    adding 0) are left out: half the work of a whole map."""
     batch, heads, count, width = attention.shape
     step = max(1, ENTROPY_CELLS_AT_ONCE // (batch * heads * width))
     entropy = attention.new_empty(batch, heads, count)
     for start in range(0, count, step):
-        rows = slice(start, start + step)
-        smoothed = torch.add(floor[:, None, rows], attention[:, :, rows], alpha=1 - ENTROPY_SMOOTHING)
+        rows = slice(start, min(start + step, count))
+        keys = width if causal_from is None else min(width, causal_from + rows.stop)
+        smoothed = torch.add(floor[:, None, rows, :keys], attention[:, :, rows, :keys], alpha=1 - ENTROPY_SMOOTHING)
         entropy[:, :, rows] = torch.xlogy(smoothed, smoothed, out=smoothed).sum(dim=-1)
     return entropy.neg_()
 
@@ -96,7 +99,8 @@ def profile_metrics(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[s
     queries = torch.where(queries > 0, queries, torch.nan)
     positions = torch.arange(width, device=attention.device)
     smoothing = ENTROPY_SMOOTHING / kind.visible_counts(mask)[:, rows].clamp(min=1).to(dtype)  # [batch, r]: eps / |S_i|
-    row_entropy = smoothed_row_entropy(attention, kind.visible_keys(mask, rows).to(dtype) * smoothing[:, :, None]) * real[:, None, rows]
+    floor = kind.visible_keys(mask, rows).to(dtype) * smoothing[:, :, None]  # [batch, r, n]: eps / |S_i| on the keys row i sees
+    row_entropy = smoothed_row_entropy(attention, floor, None if kind.sees_later_keys else first) * real[:, None, rows]
     members = torch.stack([*(anchors[name] for name in kind.anchors), punct_mask], dim=-1).to(dtype)  # [batch, n, sets]
     to_sets = torch.einsum("bhj,bjk->bhk", attention[..., start:, :].sum(dim=-2), members) / queries[:, :, None]  # via the column sums
     gap = (positions[first : first + count, None] - positions[None, :]).abs().to(dtype)  # [r, n]: |i - j|
