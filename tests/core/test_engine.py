@@ -253,7 +253,8 @@ def test_an_analyzers_needs_are_decoded_once_and_an_unknown_one_is_refused():
         PassNeeds.of([SimpleNamespace(needs=frozenset({"mixng"}))], ["attention"])
 
 
-def test_a_pass_that_stops_after_a_layer_runs_no_later_layer_and_hands_over_the_same_maps(tiny_llama_dir):
+@pytest.mark.parametrize("query_rows", [None, 1], ids=["whole-maps", "a-row-at-a-time"])
+def test_a_pass_that_stops_after_a_layer_runs_no_later_layer_and_hands_over_the_same_maps(tiny_llama_dir, query_rows):
     from bertology.core.engine import PassNeeds
     from bertology.core.model.models import load_model
 
@@ -265,10 +266,14 @@ def test_a_pass_that_stops_after_a_layer_runs_no_later_layer_and_hands_over_the_
 
     def run(last_layer):
         seen, ran = {}, []
+
+        def keep(batch, layer, maps):  # every block of the layer's rows, in order
+            block = maps("attention").attention.clone()
+            seen[layer] = torch.cat([seen[layer], block], dim=-2) if layer in seen else block
+
         handle = layers[1].register_forward_pre_hook(lambda module, args: ran.append(1))
         try:
-            engine.run_batch(items, PassNeeds(norms=True), on_layer=lambda batch, layer, maps: seen.setdefault(layer, maps("attention").attention.clone()),
-                             last_layer=last_layer)
+            engine.run_batch(items, PassNeeds(norms=True), on_layer=keep, query_rows=query_rows, last_layer=last_layer)
         finally:
             handle.remove()
         return seen, ran

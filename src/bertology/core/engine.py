@@ -1008,10 +1008,16 @@ class BatchCapture:
 
     def end_of_layer(self, layer: int, head_output: torch.Tensor) -> None:
         """The layer's last hook point: its pattern has been used, so its padding rows are zeroed in place (a layer by blocks
-        of queries has handed them over already)."""
+        of queries has handed them over already); past :attr:`last_layer`, the forward pass stops."""
         captured = self.captured.pop(layer)
-        if "shared" in captured:
-            return
+        if "shared" not in captured:  # whole maps (by blocks of queries, "shared" holds what the blocks had in common)
+            self.hand_layer(layer, captured, head_output)
+        if layer == self.last_layer:
+            raise _ForwardStopped
+
+    def hand_layer(self, layer: int, captured: dict[str, torch.Tensor], head_output: torch.Tensor) -> None:
+        """A layer's whole maps (padding rows zeroed in place) and what ``needs`` asks of them: kept (the stacked pass) or
+        handed to ``on_layer``."""
         pattern, batch = captured["pattern"], self.batch.on(captured["pattern"].device)
         if self.padded:
             pattern.masked_fill_(~batch.mask[:, None, :, None], 0)
@@ -1021,8 +1027,6 @@ class BatchCapture:
             self.kept.append(result)
         else:
             self.on_layer(batch, layer, result.maps)
-        if layer == self.last_layer:
-            raise _ForwardStopped
 
     def measure(self, layer: int, pattern: torch.Tensor, value: torch.Tensor | None, key: torch.Tensor | None,
                 head_output: torch.Tensor) -> "LayerCapture":

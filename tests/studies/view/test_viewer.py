@@ -98,21 +98,24 @@ def test_the_page_computes_whole_layers_from_the_first_within_its_budget():
     assert len(viewer.layers_within(12, 512**2 * (12 * 2 + 1))) == 12
 
 
-def test_a_layer_past_the_budget_is_left_off_and_the_layers_kept_hold_the_engines_maps(tiny_bert):
+@pytest.mark.parametrize("block_bytes", [viewer.VIEW_BLOCK_BYTES, 1], ids=["whole-layers", "a-row-at-a-time"])
+def test_a_layer_past_the_budget_is_left_off_and_the_layers_kept_hold_the_engines_maps(tiny_bert, block_bytes):
     from bertology.core.errors import BertologyError
     from bertology.studies.view.report import viewer_section
 
     text = "the cat sat on the mat."
     expected = engine_maps(tiny_bert, text)
     n = expected["attention"].shape[-1]
-    view = attention_view(text, model=tiny_bert, budget=n * n * (4 * 2 + 1))  # room for one layer's weights, norm shares and rollout
+    # room for one layer's weights, norm shares and rollout
+    view = attention_view(text, model=tiny_bert, budget=n * n * (4 * 2 + 1), block_bytes=block_bytes)
     data = view.payload()
     assert data["layers"] == 2 and data["stored_layers"] == [0]
     for name, layer in (("attention", 0), ("norm", 0), ("rollout", 0)):
         maps = expected[name][layer:layer + 1] if name != "rollout" else expected[name][layer:layer + 1, 0, None]
         assert np.abs(stored(data, name, "weights").astype(int) - quantised(maps)).max() <= 1, name
     assert "layers 0 to 0 of 2" in " ".join(viewer_section(view).notes)
-    later = attention_view(text, model=tiny_bert, layers=[1]).payload()  # asked for: layer 1 alone, its rollout through layer 0
+    assert data["start_head"] == distinctive_head(expected["attention"][0])
+    later = attention_view(text, model=tiny_bert, layers=[1], block_bytes=block_bytes).payload()  # layer 1 alone, its rollout through layer 0
     assert later["stored_layers"] == [1] and later["start_head"] == distinctive_head(expected["attention"][1])
     for name in ("attention", "norm", "rollout"):
         maps = expected[name][1:] if name != "rollout" else expected[name][1:, 0, None]
@@ -165,18 +168,21 @@ def assert_page_holds(data: dict, view: str, maps: np.ndarray) -> None:
     assert np.abs(stored(data, view, "overview").astype(int) - quantised(max_pooled(maps, data["overview_size"]))).max() <= 1
 
 
+@pytest.mark.parametrize("block_bytes", [viewer.VIEW_BLOCK_BYTES, 1], ids=["whole-layers", "a-row-at-a-time"])
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 @pytest.mark.parametrize("length", [40, 300])
-def test_a_decoders_page_holds_transformers_eager_maps(tiny_decoder_dirs, kind, length):
+def test_a_decoders_page_holds_transformers_eager_maps(tiny_decoder_dirs, kind, length, block_bytes):
     """At 40 tokens every weight, at 300 each row's 20 largest: equal to transformers' eager attention (Llama: grouped-query
-    heads, BOS first), and the rollout to Abnar & Zuidema's of those maps."""
+    heads, BOS first), and the rollout to Abnar & Zuidema's of those maps; computed whole, or a query row at a time (each
+    thumbnail cell then pooled over several blocks)."""
     import torch
 
     from bertology.core.model.models import load_model
     from bertology.families.rollout.analyzer import rollout
 
-    data = attention_view(LONG_TEXT, model=load_model(tiny_decoder_dirs[kind], device="cpu"), max_length=length).payload()
+    data = attention_view(LONG_TEXT, model=load_model(tiny_decoder_dirs[kind], device="cpu"), max_length=length, block_bytes=block_bytes).payload()
     tokens, eager = eager_maps(tiny_decoder_dirs[kind], LONG_TEXT, length)
+    assert data["start_head"] == distinctive_head(eager[0])
     assert data["tokens"] == tokens and data["n"] == length and data["kind"] == "decoder" and not data["sees_later_keys"]
     assert data["views"]["attention"]["format"] == ("dense" if length <= 128 else "topk") and list(data["views"]) == ["attention", "norm", "rollout"]
     assert (tokens[0] == "<s>") == (kind == "llama")

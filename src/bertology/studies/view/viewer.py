@@ -72,6 +72,9 @@ MAX_TOKENS = 2**16 - 1
 #: The most map cells the page computes (:func:`layers_within`): every layer of a 12 x 12-head model up to about 1,400
 #: tokens, of a 32 x 32-head model up to 256 tokens; at 1,024 tokens the latter keeps its first 3 layers.
 VIEW_BUDGET = 2**28
+#: Most bytes of one block of a layer's maps (float32) the viewer computes at a time (:func:`attention_view`): a 32-head
+#: layer at 1,024 tokens in four blocks
+VIEW_BLOCK_BYTES = 2**25
 #: The short form of a head's label in the model view (a legend under the grid spells each out); a ``role:relation``
 #: label shortens its role (``syntactic:nsubj`` -> ``syn:nsubj``), and a label not named here is shown whole.
 LABEL_SHORT = {"local": "loc", "delimiter": "delim", "syntactic": "syn", "block": "block", "vertical": "vert", "diagonal": "diag",
@@ -106,23 +109,30 @@ def label_chips(labels: list[str]) -> list[tuple[str, str]]:
     return chips
 
 
-def distinctive_head(maps: np.ndarray | torch.Tensor) -> int:
-    """The most distinctive head of one layer on one input, ``maps [heads, n, n]``: the head whose rows are furthest from
-    the layer's mean map ``M = mean_h maps[h]``, by the mean over query rows ``i`` of the Jensen-Shannon divergence (nats)
-    between ``maps[h, i]`` and ``M[i]`` (the first such head on a tie). The viewer opens on this head of layer 0, alone,
-    rather than on every head of the layer overlaid. (A decoder's row 0 is the same in every head, divergence 0: it
-    shifts no head's rank.)"""
-    maps = torch.as_tensor(maps)
+def head_divergences(maps: torch.Tensor) -> torch.Tensor:
+    """``[heads]`` float64: each head's Jensen-Shannon divergence (nats) from the layer's mean map, summed over the query rows
+    of ``maps [heads, r, n]`` (every row of a layer, or a block of them: the sums of blocks add up), ``JS(maps[h, i], M[i])``
+    with ``M = mean_h maps[h]``; one head's rows at a time, on the maps' device (a 16-head layer at 8,192 tokens stays within
+    memory)."""
     exact = torch.float32 if maps.device.type == "mps" else torch.float64  # MPS has no float64
     mean = maps.mean(0, dtype=exact)
     divergence = []
-    for head in maps:  # one head's n x n at a time, on the maps' device: a 16-head layer at 8,192 tokens stays within memory
+    for head in maps:
         head = head.to(exact)
         middle = (head + mean) / 2
         # rel_entr(p, m) = p log p - p log m, 0 where p = 0 (xlogy)
         rows = (xlogy(head, head) - xlogy(head, middle)).sum(-1) + (xlogy(mean, mean) - xlogy(mean, middle)).sum(-1)
-        divergence.append(rows.mean() / 2)
-    return int(torch.argmax(torch.stack(divergence)))
+        divergence.append(rows.sum() / 2)
+    return torch.stack(divergence)
+
+
+def distinctive_head(maps: np.ndarray | torch.Tensor) -> int:
+    """The most distinctive head of one layer on one input, ``maps [heads, n, n]``: the head whose rows are furthest from
+    the layer's mean map, by the mean over query rows of the Jensen-Shannon divergence (nats) between its row and the mean
+    map's (:func:`head_divergences`; the first such head on a tie). The viewer opens on this head of layer 0, alone,
+    rather than on every head of the layer overlaid. (A decoder's row 0 is the same in every head, divergence 0: it
+    shifts no head's rank.)"""
+    return int(torch.argmax(head_divergences(torch.as_tensor(maps))))
 
 
 def layers_within(layers: int, cells_per_layer: int, budget: int = VIEW_BUDGET) -> list[int]:
@@ -157,12 +167,20 @@ def overview_cells(n: int) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:]))
 
 
-def max_pooled(maps: torch.Tensor) -> torch.Tensor:
-    """``maps [..., n, n]`` max-pooled to the thumbnail's cells (:func:`overview_cells`): ``[..., S, S]``."""
-    cells = overview_cells(maps.shape[-1])
-    # Each reduction runs over a block of whole rows (contiguous): the queries' blocks first, then the keys' of the transpose.
-    by_query = torch.stack([maps[..., start:stop, :].amax(-2) for start, stop in cells], dim=-1)  # [..., n keys, S queries]
-    return torch.stack([by_query[..., start:stop, :].amax(-2) for start, stop in cells], dim=-1)
+def pooled_rows(maps: torch.Tensor, rows: slice, pooled: torch.Tensor) -> None:
+    """Fold the query rows ``rows`` of maps (``maps [..., r, n]``) into ``pooled [..., n keys, S]``, each thumbnail cell's
+    (:func:`overview_cells`) largest weight over its query rows so far, in place: a cell split between two blocks of rows
+    takes the larger of its two parts. Maps are never negative, so ``pooled`` starts at zeros."""
+    for cell, (start, stop) in enumerate(overview_cells(maps.shape[-1])):
+        first, last = max(start, rows.start), min(stop, rows.stop)
+        if first < last:  # each reduction runs over a block of whole rows (contiguous)
+            torch.maximum(pooled[..., cell], maps[..., first - rows.start : last - rows.start, :].amax(-2), out=pooled[..., cell])
+
+
+def pooled_keys(pooled: torch.Tensor) -> torch.Tensor:
+    """``pooled [..., n keys, S]`` (:func:`pooled_rows` over every row) max-pooled over the keys' cells too: the thumbnail,
+    ``[..., S queries, S keys]``."""
+    return torch.stack([pooled[..., start:stop, :].amax(-2) for start, stop in overview_cells(pooled.shape[-2])], dim=-1)
 
 
 def as_base64(arrays: list[np.ndarray]) -> str:
@@ -184,20 +202,38 @@ class StoredMaps:
     rest: list[np.ndarray] = field(default_factory=list, repr=False)
     overview: list[np.ndarray] = field(default_factory=list, repr=False)
 
+    _rows: list[tuple[np.ndarray, ...]] = field(default_factory=list, repr=False)  # the layer being added, block by block
+    _pooled: torch.Tensor | None = field(default=None, repr=False)  # its thumbnail's cells over its rows so far
+
     @staticmethod
     def quantised(maps: torch.Tensor) -> torch.Tensor:
         return torch.round(maps * 255).clamp_(0, 255).to(torch.uint8)
 
-    def add(self, maps: torch.Tensor) -> None:
-        """Store the next layer's maps ``[heads, n, n]`` (any device)."""
-        self.overview.append(self.quantised(max_pooled(maps)).cpu().numpy())  # rounding keeps order: the max of the quantised maps
+    def add(self, maps: torch.Tensor, rows: slice | None = None) -> None:
+        """Store the next layer's maps ``[heads, n, n]`` (any device), or the query rows ``rows`` of it (``[heads, r, n]``,
+        blocks in order: the layer is stored with its last row). Every row is stored on its own (its weights, or its k
+        largest and the mass left out) and the thumbnail pooled as the rows come, so a layer never needs its whole maps."""
+        n = maps.shape[-1]
+        rows = slice(0, maps.shape[-2]) if rows is None else rows
+        if rows.start == 0:
+            self._rows, self._pooled = [], maps.new_zeros(*maps.shape[:-2], n, min(n, OVERVIEW_SIZE))
+        pooled_rows(maps, rows, self._pooled)
         if self.k == 0:
-            self.weights.append(self.quantised(maps).cpu().numpy())
+            self._rows.append((self.quantised(maps).cpu().numpy(),))
+        else:
+            kept, order = torch.topk(maps, self.k, dim=-1)
+            self._rows.append((self.quantised(kept).cpu().numpy(), order.cpu().numpy().astype("<u2"),
+                               self.quantised((maps.sum(-1) - kept.sum(-1)).clamp_(min=0)).cpu().numpy()))
+        if rows.stop < n:
             return
-        kept, order = torch.topk(maps, self.k, dim=-1)
-        self.weights.append(self.quantised(kept).cpu().numpy())
-        self.indices.append(order.cpu().numpy().astype("<u2"))
-        self.rest.append(self.quantised((maps.sum(-1) - kept.sum(-1)).clamp_(min=0)).cpu().numpy())
+        # rounding keeps order: the thumbnail's cells are the largest of the quantised maps
+        self.overview.append(self.quantised(pooled_keys(self._pooled)).cpu().numpy())
+        parts = [np.concatenate(part, axis=-2 if part[0].ndim == 3 else -1) for part in zip(*self._rows)]
+        self.weights.append(parts[0])
+        if self.k:
+            self.indices.append(parts[1])
+            self.rest.append(parts[2])
+        self._rows, self._pooled = [], None
 
     def payload(self) -> dict:
         """The page's form: each array base64-encoded, layers in order."""
@@ -349,12 +385,14 @@ def head_labels(run: str | Path) -> dict[str, list[str]]:
 
 def attention_view(text: str, text_pair: str | None = None, *, model: str | Path | LoadedModel | None = None, run: str | Path | None = None,
                    top_k: int | None = None, max_length: int | None = None, device: str = "auto",
-                   contributions: tuple[str, ...] = (), layers: Iterable[int] | None = None, budget: int = VIEW_BUDGET) -> AttentionView:
+                   contributions: tuple[str, ...] = (), layers: Iterable[int] | None = None, budget: int = VIEW_BUDGET,
+                   block_bytes: int = VIEW_BLOCK_BYTES) -> AttentionView:
     """Run ``model`` (default: all-MiniLM-L6-v2) on one input, layer by layer, and return its :class:`AttentionView`.
     ``contributions``: per-head contribution views to add to the menu (``alti``, ``value-zeroing``:
     :mod:`bertology.core.measures.contributions`). ``layers``: the layers (0-based) whose maps the page holds; by default
     those within ``budget`` map cells (:func:`layers_within`). Nothing past the last of them is computed: the forward pass
-    stops there."""
+    stops there. Each layer's maps are computed ``block_bytes`` (float32) of query rows at a time, and the page's part of
+    each row kept (:meth:`StoredMaps.add`): a layer's whole maps are never held (but with ``contributions``, which need them)."""
     if not text or not text.strip():
         raise BertologyError("the text to view is empty")
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
@@ -374,24 +412,37 @@ def attention_view(text: str, text_pair: str | None = None, *, model: str | Path
             raise BertologyError(f"--layers {','.join(map(str, layers))}: {loaded.name} has layers 0 to {num_layers - 1}")
     k = kept_keys(n, len(kept_layers) * maps_per_layer, top_k)
     stored = {name: StoredMaps(1 if name == "rollout" else heads, n, k) for name in views}
-    start_head, rolled = 0, None
+    # by blocks of query rows (contribution maps need whole layers): neither the model's scores nor a view of a whole layer
+    # are ever held, only what the page keeps of each row
+    rows_at_once = max(1, block_bytes // (heads * n * 4)) if not contributions else n
+    start_head, rolled, rolling, divergences = 0, None, None, None
 
     def keep_layer(batch, layer: int, maps) -> None:
-        nonlocal start_head, rolled
-        attention = maps("attention").attention[0].float()  # [heads, n, n]
-        rolled = rollout_step(attention[None], rolled)  # every layer's, up to the last kept
-        if layer not in kept_layers:
+        nonlocal start_head, rolled, rolling, divergences
+        block = maps("attention")
+        rows = block.rows if block.rows is not None else slice(0, n)
+        attention = block.attention[0].float()  # [heads, r, n]
+        if block.starts_layer:
+            rolling, divergences = attention.new_empty(1, n, n), None
+        rolling[:, rows] = rollout_step(attention[None], rolled, first=rows.start)  # every layer's, up to the last kept
+        if layer == kept_layers[0]:  # the head the page opens on: its divergences add up over the blocks
+            part = head_divergences(attention)
+            divergences = part if divergences is None else divergences + part
+        if layer in kept_layers:
+            stored["attention"].add(attention, rows)
+            for view in ("norm", *contributions):
+                if view in stored:
+                    stored[view].add(maps(view).attention[0].float(), rows)
+        if not block.ends_layer:
             return
+        rolled = rolling
+        if layer in kept_layers:
+            stored["rollout"].add(rolled)
         if layer == kept_layers[0]:
-            start_head = distinctive_head(attention)
-        stored["attention"].add(attention)
-        for view in ("norm", *contributions):
-            if view in stored:
-                stored[view].add(maps(view).attention[0].float())
-        stored["rollout"].add(rolled)
+            start_head = int(torch.argmax(divergences))
 
     needs = PassNeeds(norms="norm" in stored, views=tuple(view for view in contributions if view in stored))
-    engine.run_batch(items, needs, on_layer=keep_layer, last_layer=kept_layers[-1])
+    engine.run_batch(items, needs, on_layer=keep_layer, query_rows=rows_at_once if rows_at_once < n else None, last_layer=kept_layers[-1])
     item = items[0]
     tokens = loaded.tokenizer.convert_ids_to_tokens(item.input_ids)
     segments = [-1 if s is None else int(s) for s in item.sequence_ids]
