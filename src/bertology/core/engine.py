@@ -935,12 +935,13 @@ class BatchCapture:
         self.captured: dict[int, dict[str, torch.Tensor]] = {}  # layer -> what its hook points gave so far
         self.layer_inputs: list[torch.Tensor] = []
         self.kept: list[LayerCapture] = []
-        # Layer l's attention reads layer l's input, the output of layer l - 1 (l = 0: the embeddings), so with the last
-        # layer's output these are the hidden states, taken without transformers' output recorder (it leaves hooks in the
-        # model that no pickle, and so no Ray actor, can carry): an encoder's post-norm attention reads x itself. Other layouts
-        # ask transformers for them.
-        layout = engine.model.layout
-        self.own_states = needs.hidden_states and layout is not None and layout.kind is ENCODER
+        # Layer l reads layer l's input x, the output of layer l - 1 (l = 0: the embeddings), so with the last layer's output
+        # these are the hidden states, taken without transformers' output recorder (it leaves hooks in the model that no
+        # pickle, and so no Ray actor, can carry), each copied into one [layer + 1, batch, n, dim] tensor as it comes: never
+        # a tuple of them beside its stacked copy. A model of unknown layout asks transformers for them.
+        self.own_states = needs.hidden_states and engine.model.layout is not None
+        self.states: torch.Tensor | None = None
+        self.states_kept = 0
 
     def hooks(self) -> Hooks:
         """The hook points this pass reads (:mod:`bertology.core.model.hooks`); under the uniform null model, the pattern is
@@ -995,7 +996,11 @@ class BatchCapture:
         shared = {id(block.input_module): block.input_module for block in blocks}  # ALBERT shares one
 
         def keep_layer_input(module, args, kwargs):  # x, the layer's input and the residual
-            self.layer_inputs.append(args[0] if args else kwargs["hidden_states"])
+            x = args[0] if args else kwargs["hidden_states"]
+            if needs.layer_inputs:
+                self.layer_inputs.append(x)
+            if self.own_states:
+                self.keep_state(x)
 
         handles = [module.register_forward_pre_hook(keep_layer_input, with_kwargs=True) for module in shared.values()]
         try:
@@ -1005,6 +1010,15 @@ class BatchCapture:
         finally:
             for handle in handles:
                 handle.remove()
+
+    def keep_state(self, x: torch.Tensor) -> None:
+        """Copy the next hidden state ``x`` into :attr:`states` (made at the first, on the batch's device; the last comes after
+        the forward pass, so inference mode is entered here too)."""
+        with torch.inference_mode():
+            if self.states is None:
+                self.states = torch.empty((self.engine.model.num_layers + 1, *x.shape), dtype=x.dtype, device=self.batch.device)
+            self.states[self.states_kept].copy_(x)
+        self.states_kept += 1
 
     def end_of_layer(self, layer: int, head_output: torch.Tensor) -> None:
         """The layer's last hook point: its pattern has been used, so its padding rows are zeroed in place (a layer by blocks
@@ -1086,8 +1100,11 @@ class BatchCapture:
             batch.view_maps = {view: stack_layers([layer.views[view] for layer in kept], batch) for view in needs.views}
             batch.uniform_view_maps = {view: stack_layers([layer.maps(view).uniform(batch.on(layer.pattern.device)) for layer in kept], batch)
                                        for view in needs.views}
-        if needs.hidden_states:
-            batch.hidden_states = stack_layers([*self.layer_inputs, outputs.last_hidden_state] if self.own_states else outputs.hidden_states, batch)
+        if needs.hidden_states and self.own_states:
+            self.keep_state(outputs.last_hidden_state)
+            batch.hidden_states = self.states
+        elif needs.hidden_states:
+            batch.hidden_states = stack_layers(outputs.hidden_states, batch)
 
 
 @dataclass

@@ -29,6 +29,8 @@ sink's mean must exceed eps and the uniform head's mean on the same occurrences.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import torch
@@ -88,7 +90,7 @@ def first_token_norm_ratio(norms: torch.Tensor, others: torch.Tensor) -> torch.T
 def massive_activations(hidden_states: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
     """``[batch, layer, 2]``: the largest magnitude of position 0's hidden state and of every other real position's (``others
     [batch, n]``, ``Batch.query_mask``), per layer output ``hidden_states[layer, batch, n, dim]`` (Sun et al. 2024)."""
-    magnitude = hidden_states.abs().amax(dim=-1)  # [layer, batch, n]
+    magnitude = torch.linalg.vector_norm(hidden_states, ord=math.inf, dim=-1)  # [layer, batch, n]: max |h|, no copy of |h|
     first = magnitude[..., 0]
     rest = torch.where(others[None], magnitude, -torch.inf).amax(dim=-1)
     rest = torch.where(others.any(dim=1)[None], rest, torch.nan)
