@@ -285,3 +285,27 @@ def test_a_pass_that_stops_after_a_layer_runs_no_later_layer_and_hands_over_the_
     torch.testing.assert_close(first[0], whole[0], rtol=0, atol=0)
     with pytest.raises(BertologyError, match="without hidden states"):
         engine.run_batch(items, PassNeeds(hidden_states=True), on_layer=lambda *args: None, last_layer=0)
+
+
+@pytest.mark.parametrize("layer_by_layer", [False, True], ids=["stacked", "layer-by-layer"])
+def test_a_batch_and_its_tensors_are_freed_as_soon_as_it_is_dropped(tiny_llama_dir, layer_by_layer):
+    # no reference cycle (the hooks' handlers are the capture's methods): a long input's batches are not left to the
+    # garbage collector, which a pass of few Python objects seldom runs
+    import gc
+    import weakref
+
+    from bertology.core.engine import PassNeeds
+    from bertology.core.model.models import load_model
+
+    engine = Engine(load_model(tiny_llama_dir, device="cpu"), batch_size=2, progress=False)
+    items = list(engine.encode(enumerate(tiny_examples()[:2]), RunStats()))
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        batch = engine.run_batch(items, PassNeeds(hidden_states=True, norms=True), on_layer=(lambda *args: None) if layer_by_layer else None)
+        held = [weakref.ref(batch), weakref.ref(batch.hidden_states)] + ([] if layer_by_layer else [weakref.ref(batch.attentions)])
+        del batch
+        assert [ref() for ref in held] == [None] * len(held)
+    finally:
+        if collecting:
+            gc.enable()

@@ -75,6 +75,11 @@ class Hooks:
         self._handlers[point].append(handler)
         return self
 
+    def clear(self) -> None:
+        """Drop every handler (and what they hold), the pass they served being over."""
+        for handlers in self._handlers.values():
+            handlers.clear()
+
     def _fire(self, point: str, layer: int, tensor: torch.Tensor) -> torch.Tensor:
         for handler in self._handlers[point]:
             replaced = handler(layer, tensor)
