@@ -222,3 +222,23 @@ def test_the_new_layout_runs_end_to_end_from_the_command_line(name, tiny_decoder
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["model"]["model_type"] == "stablelm" and manifest["model"]["kind"] == "decoder"
     assert (out / "report.html").is_file() and (out / "heads.csv").is_file()
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, id=f"{type(layout_named(name)).__name__}-{name}") for name in DECODERS])
+def test_the_engines_hidden_states_are_transformers_own(name, tiny_decoder_dirs, tmp_path):
+    # each layer's input x copied as the pass goes, then the model's last hidden state: transformers' output_hidden_states,
+    # on a padded batch (the engine asks transformers for none)
+    from bertology.core.engine import Engine, PassNeeds, RunStats
+    from bertology.core.model.models import load_model
+    from bertology.core.text.corpora import Example
+
+    loaded = load_model(saved_decoder(name, tmp_path / name, tiny_decoder_dirs), device="cpu")
+    engine = Engine(loaded, batch_size=2, progress=False)
+    items = list(engine.encode(enumerate([Example(text) for text in TEXTS[:2]]), RunStats()))
+    assert len({len(item) for item in items}) == 2  # padded
+    batch = engine.run_batch(items, PassNeeds(hidden_states=True), on_layer=lambda *args: None)
+    with torch.inference_mode():
+        expected = loaded.model(**engine.model_inputs(engine.collate(items)), output_hidden_states=True, use_cache=False).hidden_states
+    assert batch.hidden_states.shape[0] == len(expected) == loaded.num_layers + 1
+    for layer, theirs in enumerate(expected):
+        torch.testing.assert_close(batch.hidden_states[layer], theirs, rtol=0, atol=0, msg=f"hidden state {layer}")

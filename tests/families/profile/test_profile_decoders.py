@@ -86,3 +86,38 @@ def test_the_uniform_null_gets_no_label_but_broad(kind, gpt2_64, llama64, tiny_b
         lengths = [len(loaded.tokenizer(e.text, e.text_pair)["input_ids"]) for e in EXAMPLES + short]
         first = np.mean([np.mean([1 / (i + 1) for i in range(1, n)]) for n in lengths if n > 1])
         np.testing.assert_allclose(table[table.metric == "first"].uniform, first, rtol=1e-12)
+
+
+def entropy_by_hand(a: np.ndarray, causal: bool) -> float:
+    """Clark et al.'s smoothed entropy of one n x n map, as numpy: row i spread over the keys it sees (a decoder's j <= i,
+    an encoder's every j), ``s = 0.9999 a + 0.0001 / |S_i|``, averaged over the queries (a decoder's i >= 1)."""
+    n = a.shape[0]
+    seen = np.tril(np.ones((n, n), dtype=bool)) if causal else np.ones((n, n), dtype=bool)
+    smoothed = np.where(seen, 0.9999 * a + 0.0001 / seen.sum(1, keepdims=True), 1.0)  # 1 log 1 = 0 off the keys seen
+    rows = -(smoothed * np.log(smoothed)).sum(1)
+    return float(rows[1:].mean() if causal else rows.mean())
+
+
+@pytest.mark.parametrize("cells_at_once", [1 << 19, 64], ids=["every-row", "a-row-at-a-time"])
+@pytest.mark.parametrize("model", ["minilm", "gpt2_64"])
+def test_the_entropy_on_real_sentences_equals_numpy_over_eager_maps(model, cells_at_once, request, shared_data, monkeypatch):
+    """The first 30 sentences of the UD English EWT test set (../shared/data; skipped without it), in padded batches of
+    eight, on the bundled MiniLM (an encoder, trained) and a float64 GPT-2 (a decoder: each row read up to itself), the
+    entropy smoothed a row at a time or a batch's rows at once, against each sentence alone through transformers' eager maps."""
+    import itertools
+
+    from bertology.core.text.corpora import Corpus
+
+    loaded = request.getfixturevalue(model)
+    monkeypatch.setattr(profile_analyzer, "ENTROPY_CELLS_AT_ONCE", cells_at_once)
+    examples = list(itertools.islice(Corpus(shared_data / "ud_english_ewt" / "en_ewt-ud-test.conllu"), 30))
+    analyzer = GeneralProfile(loaded.kind)
+    Engine(loaded, batch_size=8, progress=False).run(examples, [analyzer])
+    table = analyzer.result().set_index(["layer", "head", "metric"])
+    references = eager_reference(loaded, examples)
+    causal = loaded.kind is DECODER
+    rtol = 1e-10 if causal else 1e-5  # GPT-2 in float64; MiniLM's maps are float32
+    for layer in range(loaded.num_layers):
+        for head in range(loaded.num_heads):
+            expected = np.mean([entropy_by_hand(r["attentions"][layer, head], causal) for r in references])
+            np.testing.assert_allclose(table.loc[(layer, head, "entropy"), "value"], expected, rtol=rtol, err_msg=f"{layer}-{head}")
