@@ -130,9 +130,10 @@ class HeadTypes(LayerwiseAnalyzer):
             self._targets = None if maps.rows is not None else head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind,
                                                                                   second_copy=self._second_copy)
         visible, uniform = maps.visible(batch), maps.uniform(batch)
-        second_copy = None if self._second_copy is None else moved_to(self._second_copy, batch.device)
-        made = (self._targets if self._targets is not None
-                else head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind, maps.rows, second_copy))
+        made = self._targets
+        if made is None:  # by blocks of query rows: this block's, on the layer's device
+            second_copy = None if self._second_copy is None else moved_to(self._second_copy, batch.device)
+            made = head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind, maps.rows, second_copy)
         # the rows' targets among the keys they saw, on the layer's device (a device map may spread the layers)
         targets = [moved_to(made[role], visible.device) & visible for role in self.roles]
         heads, counts = zip(*(target_sums(maps.attention, each) for each in targets))
