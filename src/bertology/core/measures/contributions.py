@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from bertology.core.errors import BertologyError
-from bertology.core.measures.norms import rows_normalised
+from bertology.core.measures.norms import layer_norm_scale, rows_normalised
 from bertology.core.model.hooks import statistics_dtype
 from bertology.core.model.layouts import AttentionBlock
 
@@ -96,7 +96,7 @@ def _linearised_block(pattern: torch.Tensor, vectors: torch.Tensor, layer_input:
     if block.pre_norm:
         return pattern, vectors, layer_input, mixed + layer_input + bias
     linear_part = _linear_part(block, vectors.dtype)
-    scale = torch.sqrt((mixed + bias + layer_input).var(dim=-1, unbiased=False, keepdim=True) + block.layer_norm.eps)  # s_i, the real scale
+    scale = layer_norm_scale(mixed + bias + layer_input, block.layer_norm.eps)  # s_i, the real scale
     resultant = (linear_part(mixed + layer_input) + linear_part(bias)) / scale + block.layer_norm.bias.to(vectors.dtype)
     return pattern / scale[:, None], linear_part(vectors), linear_part(layer_input) / scale, resultant
 

@@ -35,6 +35,7 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps, moved_to, stack_layers
+from bertology.core.measures.entropy import x_log_x
 from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import RunningMoments, interval_frame, keyed_rng, sequence_key
 from bertology.families.kinds import check_kind, check_same_kind
@@ -70,7 +71,7 @@ def smoothed_row_entropy(attention: torch.Tensor, floor: torch.Tensor, causal_fr
         rows = slice(start, min(start + step, count))
         keys = width if causal_from is None else min(width, causal_from + rows.stop)
         smoothed = torch.add(floor[:, None, rows, :keys], attention[:, :, rows, :keys], alpha=1 - ENTROPY_SMOOTHING)
-        entropy[:, :, rows] = torch.xlogy(smoothed, smoothed, out=smoothed).sum(dim=-1)
+        entropy[:, :, rows] = x_log_x(smoothed, out=smoothed).sum(dim=-1)
     return entropy.neg_()
 
 
@@ -247,7 +248,7 @@ def pairwise_js(rows: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     """
     parts = [rows] if isinstance(rows, torch.Tensor) else rows
     heads, device = sum(part.shape[0] for part in parts), parts[0].device
-    neg_entropy = torch.cat([torch.special.xlogy(part, part).sum(dim=(1, 2), dtype=torch.float64) for part in parts])  # -sum_r H(p_r)
+    neg_entropy = torch.cat([x_log_x(part).sum(dim=(1, 2), dtype=torch.float64) for part in parts])  # -sum_r H(p_r)
     mass = torch.cat([part.sum(dim=(1, 2), dtype=torch.float64) for part in parts])  # sum_r sum_j p (the number of real rows)
     # sum m log m with m = t / 2, t = p + q: (1/2) sum t log t - (ln 2 / 2) sum t, so t log t needs no halving pass
     t_log_t = torch.zeros(heads, heads, dtype=torch.float64, device=device)
@@ -255,7 +256,7 @@ def pairwise_js(rows: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
         block = torch.cat([part[:, start : start + JS_ROWS_AT_ONCE] for part in parts])
         for first in range(heads - 1):
             total = block[first] + block[first + 1 :]
-            t_log_t[first, first + 1 :] += torch.xlogy(total, total, out=total).sum(dim=(1, 2), dtype=torch.float64)
+            t_log_t[first, first + 1 :] += x_log_x(total, out=total).sum(dim=(1, 2), dtype=torch.float64)
     mixed = 0.5 * t_log_t - 0.5 * math.log(2) * (mass[:, None] + mass[None, :])
     upper = torch.triu(0.5 * (neg_entropy[:, None] + neg_entropy[None, :]) - mixed, diagonal=1)
     return upper + upper.T

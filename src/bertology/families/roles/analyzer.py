@@ -50,6 +50,7 @@ import torch
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps, is_pair, stack_layers
+from bertology.core.measures.entropy import x_log_x
 from bertology.core.model.kinds import KINDS, Kind
 from bertology.core.statistics.stats import MIN_SAMPLE, RunningMoments, corrected, t_test_greater
 from bertology.families.kinds import check_kind, check_same_kind
@@ -171,7 +172,7 @@ def role_sums(attention: torch.Tensor, mask: torch.Tensor, anchors: dict[str, to
         own = torch.where(segment[:, None] == 0, inside[pairs][..., -2], inside[pairs][..., -1])
         segments = key_sets[pairs][..., -2:]  # [pairs, n, 2]
         sizes = (visible[pairs][..., None] & segments[:, None]).sum(2)  # [pairs, n, 2]: each segment's keys each query sees
-        entropy = -torch.special.xlogy(attention[pairs], attention[pairs]).sum(-1)  # nats, whole row
+        entropy = -x_log_x(attention[pairs]).sum(-1)  # nats, whole row
         block[pairs], block_count[pairs] = sieve_sums(own, sizes.gather(2, segment[..., None])[..., 0], queries[pairs], reference[pairs],
                                                       weight=entropy)
     scores["block"] = (block, block_count)
