@@ -942,6 +942,9 @@ class BatchCapture:
         self.own_states = needs.hidden_states and engine.model.layout is not None
         self.states: torch.Tensor | None = None
         self.states_kept = 0
+        # The mixing ratios read the attention's output through W_O, which the model's own output projection computes next:
+        # a layer whose ratios are asked for waits there (:meth:`end_of_projection`) instead of projecting it a second time.
+        self.awaiting_projection: tuple[int, dict[str, torch.Tensor], torch.Tensor] | None = None
 
     def hooks(self) -> Hooks:
         """The hook points this pass reads (:mod:`bertology.core.model.hooks`); under the uniform null model, the pattern is
@@ -1003,6 +1006,9 @@ class BatchCapture:
                 self.keep_state(x)
 
         handles = [module.register_forward_pre_hook(keep_layer_input, with_kwargs=True) for module in shared.values()]
+        if needs.mixing:
+            projections = {id(block.output): block.output for block in self.engine.blocks}  # ALBERT shares one
+            handles += [module.register_forward_hook(self.end_of_projection) for module in projections.values()]
         try:
             return self.engine.forward(tensors, self.hooks(), hidden_states=needs.hidden_states and not self.own_states)
         except _ForwardStopped:  # at last_layer: the later layers' work is never done
@@ -1026,21 +1032,36 @@ class BatchCapture:
         self.states_kept += 1
 
     def end_of_layer(self, layer: int, head_output: torch.Tensor) -> None:
-        """The layer's last hook point: its pattern has been used, so its padding rows are zeroed in place (a layer by blocks
-        of queries has handed them over already); past :attr:`last_layer`, the forward pass stops."""
+        """The attention's last hook point: its pattern has been used, so its padding rows are zeroed in place (a layer by
+        blocks of queries has handed them over already); past :attr:`last_layer`, the forward pass stops. A layer whose
+        mixing ratios are asked for is handed over after its output projection (:meth:`end_of_projection`)."""
         captured = self.captured.pop(layer)
+        if self.needs.mixing:
+            self.awaiting_projection = (layer, captured, head_output)
+            return
         if "shared" not in captured:  # whole maps (by blocks of queries, "shared" holds what the blocks had in common)
             self.hand_layer(layer, captured, head_output)
         if layer == self.last_layer:
             raise _ForwardStopped
 
-    def hand_layer(self, layer: int, captured: dict[str, torch.Tensor], head_output: torch.Tensor) -> None:
+    def end_of_projection(self, module: torch.nn.Module, args, projected: torch.Tensor) -> None:
+        """The forward hook of a layer's output projection, which runs right after its attention: ``projected``, the
+        attention's output through ``W_O`` plus ``b_O``, completes the layer awaiting it (:meth:`end_of_layer`)."""
+        if self.awaiting_projection is None:
+            return
+        (layer, captured, head_output), self.awaiting_projection = self.awaiting_projection, None
+        self.hand_layer(layer, captured, head_output, projected)
+        if layer == self.last_layer:
+            raise _ForwardStopped
+
+    def hand_layer(self, layer: int, captured: dict[str, torch.Tensor], head_output: torch.Tensor,
+                   projected: torch.Tensor | None = None) -> None:
         """A layer's whole maps (padding rows zeroed in place) and what ``needs`` asks of them: kept (the stacked pass) or
-        handed to ``on_layer``."""
+        handed to ``on_layer``. ``projected``: the model's output projection of ``head_output``, where it has run."""
         pattern, batch = captured["pattern"], self.batch.on(captured["pattern"].device)
         if self.padded:
             pattern.masked_fill_(~batch.mask[:, None, :, None], 0)
-        result = self.measure(layer, pattern, captured.get("value"), captured.get("key"), head_output)
+        result = self.measure(layer, pattern, captured.get("value"), captured.get("key"), head_output, projected)
         result.visible_keys = captured["visible"]
         if self.on_layer is None:
             self.kept.append(result)
@@ -1048,9 +1069,9 @@ class BatchCapture:
             self.on_layer(batch, layer, result.maps)
 
     def measure(self, layer: int, pattern: torch.Tensor, value: torch.Tensor | None, key: torch.Tensor | None,
-                head_output: torch.Tensor) -> "LayerCapture":
+                head_output: torch.Tensor, projected: torch.Tensor | None = None) -> "LayerCapture":
         """What the analyzers receive from one layer: its pattern and what ``needs`` asks for (padding rows zero), on the
-        layer's device."""
+        layer's device; ``projected``, the model's own ``head_output W_O + b_O``, where it has run."""
         placed = pattern if pattern is not None else value if value is not None else key
         needs, mask = self.needs, self.batch.mask if placed is None else self.batch.on(placed.device).mask
         wants_block = needs.norms or needs.layer_inputs or (needs.vectors and self.engine.knows_blocks)
@@ -1058,7 +1079,7 @@ class BatchCapture:
         # the layer's input, moved to the layer's device (a forward pre-hook sees it before accelerate's hook moves it there)
         x = moved_to(self.layer_inputs[layer], mask.device) if needs.layer_inputs else None
         norm = transformed_norms(value, block) if needs.norms or (needs.vectors and block is not None) else None
-        ratio = mixing_ratios(pattern, value, head_output, x, block) * mask[:, :, None] if needs.mixing else None
+        ratio = mixing_ratios(pattern, value, head_output, x, block, projected) * mask[:, :, None] if needs.mixing else None
         contributions = {}
         for measure in needs.contributions:  # padding rows zero (their columns are: padding keys get no weight)
             computed = (alti_contributions(pattern, value, x, block) if measure == "alti"

@@ -182,3 +182,32 @@ def test_on_the_bundled_model_and_real_sentences_norms_and_mixing_match_numpy(sh
         for layer, numbers in enumerate(layers):
             np.testing.assert_allclose(norm_view.attentions[layer, b, :, :n, :n].numpy(), numbers["shares"], atol=1e-10)
             np.testing.assert_allclose(batch.mixing[layer, b, :n].numpy(), numbers["mixing"], atol=1e-10)
+
+
+def test_the_mixing_ratios_take_the_models_own_output_projection_and_equal_those_that_project_again(layout, monkeypatch):
+    """The pass hands a layer over after its output projection and the ratios read that projection (a sixth of a layer's
+    work not done twice); they equal the ratios that project ``head_output`` themselves, and a pass that stops after
+    layer 0 runs no later layer's attention."""
+    import bertology.core.engine as engine_module
+    from bertology.core.measures.norms import mixing_ratios
+
+    name, loaded, reference, state = layout
+    calls = []
+
+    def spy(pattern, value, head_output, layer_input, block, projected=None):
+        calls.append(projected)
+        with_projection = mixing_ratios(pattern, value, head_output, layer_input, block, projected)
+        torch.testing.assert_close(with_projection, mixing_ratios(pattern, value, head_output, layer_input, block), rtol=0, atol=1e-12)
+        return with_projection
+
+    monkeypatch.setattr(engine_module, "mixing_ratios", spy)
+    engine = Engine(loaded, progress=False)
+    items = list(engine.encode(enumerate(Example(text) for text in ["the cat sat on the mat.", "where is it?"]), RunStats()))
+    layers = []
+    engine.run_batch(items, needs=PassNeeds(mixing=True), on_layer=lambda batch, layer, maps: layers.append(layer))
+    assert layers == list(range(len(calls))) and len(calls) >= 2
+    assert all(projected is not None and projected.dtype == torch.float64 for projected in calls)
+    calls.clear()
+    stopped = []
+    engine.run_batch(items, needs=PassNeeds(mixing=True), on_layer=lambda batch, layer, maps: stopped.append(layer), last_layer=0)
+    assert stopped == [0] and len(calls) == 1

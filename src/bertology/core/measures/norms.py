@@ -88,7 +88,7 @@ def rows_normalised(scores: torch.Tensor) -> torch.Tensor:
 
 
 def mixing_ratios(pattern: torch.Tensor, value: torch.Tensor, head_output: torch.Tensor, layer_input: torch.Tensor,
-                  block: AttentionBlock) -> torch.Tensor:
+                  block: AttentionBlock, projected: torch.Tensor | None = None) -> torch.Tensor:
     """The context-mixing ratios of every token, ``[batch, query, 3]`` in the order of :data:`MIXING_RATIOS`.
 
     With ``z[i <- j] = sum_h a_h[i, j] f_h(x_j)`` (the attention's part, output bias left out), the part a
@@ -104,6 +104,8 @@ def mixing_ratios(pattern: torch.Tensor, value: torch.Tensor, head_output: torch
     ``pattern`` is ``[batch, head, query, key]``, ``value`` ``[batch, head, key, head_dim]``, ``head_output`` each head's
     ``pattern @ value`` as the model computed it (``[batch, head, query, head_dim]``), ``layer_input`` ``[batch, query, hidden]``;
     all in float32 at least (:func:`~bertology.core.model.hooks.statistics_dtype`) whatever the weights' dtype.
+    ``projected``: the model's own output projection of ``head_output``, ``sum_j z[i <- j] + b_O`` (``[batch, query, hidden]``),
+    where it has run; in the statistics' dtype it is used as it is, not computed a second time (a sixth of a layer's work).
     """
     if block.pre_norm:
         raise BertologyError("the context-mixing ratios take the residual and the layer norm after attention (a post-norm block); "
@@ -115,11 +117,17 @@ def mixing_ratios(pattern: torch.Tensor, value: torch.Tensor, head_output: torch
     def project(per_head: torch.Tensor) -> torch.Tensor:  # [batch, head, i, head_dim] -> sum_h per_head_h W_O^h: [batch, i, hidden]
         return torch.matmul(per_head.transpose(1, 2).flatten(2), weight)
 
-    total = project(head_output)
+    bias = block.output_bias.to(dtype) if block.output_bias is not None else None
+    if projected is not None and projected.dtype == dtype:  # sum_j z[i <- j] + b_O as the model computed it
+        with_bias = projected
+        total = projected - bias if bias is not None else projected
+    else:
+        total = project(head_output)
+        with_bias = total + bias if bias is not None else total
     own = project(pattern.diagonal(dim1=-2, dim2=-1)[..., None] * value)
     mixed = total - own
     kept = own + layer_input
-    pre_norm = total + block.output_bias.to(value.dtype) + layer_input if block.output_bias is not None else total + layer_input
+    pre_norm = with_bias + layer_input
     scale = layer_norm_scale(pre_norm, block.layer_norm.eps)
     gamma = block.layer_norm.weight.to(value.dtype)
 
