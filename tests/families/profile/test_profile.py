@@ -48,7 +48,7 @@ def padded_batch(maps, flags):
 
 @pytest.mark.parametrize("cells_at_once", [1 << 19, 30, 1], ids=["every-row", "two-rows", "one-row"])
 def test_metrics_match_hand_computation_on_sequences_of_different_length(monkeypatch, cells_at_once):
-    monkeypatch.setattr(profile_analyzer, "ENTROPY_CELLS_AT_ONCE", cells_at_once)  # the entropy's rows smoothed at a time
+    monkeypatch.setattr(profile_analyzer, "CELLS_AT_ONCE", cells_at_once)  # the entropy's rows smoothed at a time
     rng = np.random.default_rng(0)
     short = rng.dirichlet(np.ones(4), size=4)  # [CLS] w , [SEP]
     long = rng.dirichlet(np.full(7, 0.3), size=7)  # [CLS] w w [SEP] w . [SEP]
@@ -86,9 +86,9 @@ def test_previous_token_head():
     assert values["distance"] == pytest.approx((n - 1) / n)
 
 
-@pytest.mark.parametrize("rows_at_once", [16, 2, 1])
-def test_pairwise_js_equals_scipy_squared_distance_summed_over_rows(monkeypatch, rows_at_once):
-    monkeypatch.setattr(profile_analyzer, "JS_ROWS_AT_ONCE", rows_at_once)
+@pytest.mark.parametrize("cells_at_once", [1 << 19, 40, 20, 1])  # every row at once, 2 and 1 rows of the 4 heads' 5 keys, 1 row
+def test_pairwise_js_equals_scipy_squared_distance_summed_over_rows(monkeypatch, cells_at_once):
+    monkeypatch.setattr(profile_analyzer, "CELLS_AT_ONCE", cells_at_once)
     rng = np.random.default_rng(3)
     heads = rng.dirichlet(np.ones(5), size=(4, 5))  # 4 heads, 5 rows of 5 keys
     heads[2, :, 4] = 0  # zeros are allowed (padding, hard attention)
@@ -280,3 +280,23 @@ def test_the_head_map_labels_only_where_labels_do_not_collide_with_a_legend_entr
     assert [text.get_text() for text in axis.get_legend().get_texts()] == [f"layer {layer}" for layer in range(4)]
     colours = [tuple(collection.get_facecolor()[0]) for collection in axis.collections]
     assert len(set(colours)) == 4
+
+
+def test_the_head_map_recovers_distances_that_a_plane_holds_and_keeps_its_map_whatever_the_seed():
+    """The MDS map (classical scaling, then SMACOF) of heads whose distances are those of points in a plane gives the same
+    distances back (Euclidean, up to rotation and reflection), and the map does not depend on the seed."""
+    from scipy.spatial.distance import pdist, squareform
+
+    from bertology.families.profile.analyzer import HeadDistance
+
+    points = np.random.default_rng(5).normal(size=(2 * 6, 2))  # 2 layers x 6 heads
+    embeddings = []
+    for seed in (0, 7):
+        distance = HeadDistance(seed=seed)
+        distance._shape, distance._rows, distance._within_rows, distance._cross_rows = (2, 6), 10, 10, 10
+        distance._total = squareform(pdist(points)) * 10  # sums over 10 rows
+        embedding = distance.embedding()
+        assert list(embedding[["layer", "head"]].itertuples(index=False, name=None)) == [(layer, head) for layer in range(2) for head in range(6)]
+        np.testing.assert_allclose(pdist(embedding[["x", "y"]].to_numpy()), pdist(points), atol=1e-3)
+        embeddings.append(embedding)
+    pd.testing.assert_frame_equal(*embeddings)

@@ -38,7 +38,7 @@ def by_hand(a: np.ndarray, punct: list[int]) -> dict:
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_decoder_profile_equals_loops_over_eager_maps(kind, cells_at_once, gpt2_64, llama64, monkeypatch):
     # one row at a time, the entropy of row i reads its keys j <= i alone
-    monkeypatch.setattr(profile_analyzer, "ENTROPY_CELLS_AT_ONCE", cells_at_once)
+    monkeypatch.setattr(profile_analyzer, "CELLS_AT_ONCE", cells_at_once)
     loaded = {"gpt2": gpt2_64, "llama": llama64}[kind]
     analyzer = GeneralProfile(loaded.kind)
     Engine(loaded, batch_size=3, progress=False).run(EXAMPLES, [analyzer])
@@ -109,7 +109,7 @@ def test_the_entropy_on_real_sentences_equals_numpy_over_eager_maps(model, cells
     from bertology.core.text.corpora import Corpus
 
     loaded = request.getfixturevalue(model)
-    monkeypatch.setattr(profile_analyzer, "ENTROPY_CELLS_AT_ONCE", cells_at_once)
+    monkeypatch.setattr(profile_analyzer, "CELLS_AT_ONCE", cells_at_once)
     examples = list(itertools.islice(Corpus(shared_data / "ud_english_ewt" / "en_ewt-ud-test.conllu"), 30))
     analyzer = GeneralProfile(loaded.kind)
     Engine(loaded, batch_size=8, progress=False).run(examples, [analyzer])

@@ -19,20 +19,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
-from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import confusion_matrix, f1_score, precision_recall_fscore_support
-from sklearn.model_selection import GridSearchCV, GroupKFold
-from sklearn.preprocessing import StandardScaler
 
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Batch, LayerMaps
 from bertology.core.errors import BertologyError, StateError
 from bertology.core.statistics.stats import sequence_key
 from bertology.core.storage.safeload import field, finite_array, read_json, whole_number
+
+if TYPE_CHECKING:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
 from bertology.families.patterns.analyzer import PATTERNS, pattern_features
 
 GRID = 8
@@ -141,6 +142,11 @@ REGULARISATIONS = (0.01, 0.03, 0.1, 0.3, 1.0)
 
 def fit(features: np.ndarray, labels: np.ndarray, groups: np.ndarray, seed: int = 0) -> tuple[StandardScaler, LogisticRegression]:
     """Standardise, then fit a logistic regression whose ``C`` is chosen by 3-fold cross-validation by text within ``features``."""
+    # scikit-learn's models load only where a classifier is trained: every analyze run holds this family's analyzers
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GridSearchCV, GroupKFold
+    from sklearn.preprocessing import StandardScaler
+
     scaler = StandardScaler().fit(features)
     scaled = scaler.transform(features)
     inner = list(GroupKFold(n_splits=min(3, len(set(groups)))).split(scaled, labels, groups)) if len(set(groups)) >= 2 else None
@@ -157,6 +163,9 @@ def train_classifier(items: list[dict], folds: int = 5, seed: int = 0) -> tuple[
     NaN for a class with no label, and the ``support``; and the macro F1 over the labelled classes), ``confusion``
     (``method, label, predicted, count``) and the fitted classifier as a JSON-ready dict.
     """
+    from sklearn.metrics import confusion_matrix, f1_score, precision_recall_fscore_support
+    from sklearn.model_selection import GroupKFold
+
     features = np.stack([item["features"] for item in items])
     labels = np.array([item["label"] for item in items])
     groups = np.array([item["group"] for item in items])
