@@ -147,17 +147,19 @@ def head_grid_size(grid: pd.DataFrame) -> tuple[float, float]:
     return width + 2.8, height + 1.6
 
 
-def panel_grid(rows: int, columns: int, panel: tuple[float, float], *, top: float = 0.45, right: float = 0.25):
+def panel_grid(rows: int, columns: int, panel: tuple[float, float], *, top: float = 0.45, right: float = 0.25, across: float = 1.45,
+               **subplots):
     """A figure of ``rows x columns`` panels of ``panel`` inches each, margins and gaps fixed in inches: room for tick labels,
-    axis labels, a title and a colour bar beside each panel (:func:`panel_colorbar`), ``top`` inches above the panels and
-    ``right`` beside them. Laid out once by hand: a layout engine measures every label of every panel first, most of a
-    grid's drawing time. Returns the figure and its axes, ``[rows, columns]``."""
-    left, bottom, across, down = 0.7, 0.6, 1.45, 0.85
+    axis labels, a title and a colour bar beside each panel (:func:`panel_colorbar`; ``across``, the gap between panels:
+    less where panels share their y axis and have no colour bar), ``top`` inches above the panels and ``right`` beside
+    them. Laid out once by hand: a layout engine measures every label of every panel first, most of a grid's drawing
+    time. ``subplots``: more of ``plt.subplots``'s arguments (``sharey``). Returns the figure and its axes, ``[rows, columns]``."""
+    left, bottom, down = 0.7, 0.6, 0.85
     width = left + right + columns * panel[0] + (columns - 1) * across
     height = bottom + top + rows * panel[1] + (rows - 1) * down
     figure, axes = plt.subplots(rows, columns, figsize=(width, height), squeeze=False,
                                 gridspec_kw={"left": left / width, "right": 1 - right / width, "bottom": bottom / height,
-                                             "top": 1 - top / height, "wspace": across / panel[0], "hspace": down / panel[1]})
+                                             "top": 1 - top / height, "wspace": across / panel[0], "hspace": down / panel[1]}, **subplots)
     figure.fixed_layout = True  # RunFolder.write_figure keeps these margins
     return figure, axes
 

@@ -18,9 +18,10 @@ _PUNCT_SETS = {"upos": "every token that is only punctuation (Unicode category P
 
 def special_by_layer(heads: pd.DataFrame, metrics=("cls", "sep", "punct")):
     """Clark et al.'s figure 2: each head's attention to special tokens (dots) and the layer mean (line)."""
-    figure, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), sharey=True)
+    figure, axes = panel_grid(1, len(metrics), (3.7, 2.4), across=0.3, sharey=True)
+    axes = axes[0]
     rng = np.random.default_rng(0)
-    for axis, metric in zip(np.atleast_1d(axes), metrics):
+    for axis, metric in zip(axes, metrics):
         rows = heads[heads.metric == metric]
         jitter = rng.uniform(-0.15, 0.15, len(rows))
         axis.scatter(rows.layer + jitter, rows.value, s=12, alpha=0.55, color="tab:blue", label="one head")
@@ -30,9 +31,8 @@ def special_by_layer(heads: pd.DataFrame, metrics=("cls", "sep", "punct")):
         axis.set_xlabel("layer (0-based)")
         axis.set_xticks(sorted(rows.layer.unique()))
         axis.grid(alpha=0.3)
-    np.atleast_1d(axes)[0].set_ylabel("average attention")
-    np.atleast_1d(axes)[0].legend(loc="upper left", fontsize=8)
-    figure.set_layout_engine("tight")  # laid out once, when drawn
+    axes[0].set_ylabel("average attention")
+    axes[0].legend(loc="upper left", fontsize=8)
     return figure
 
 
@@ -91,7 +91,10 @@ def head_map_figure(embedding: pd.DataFrame):
     Each head is labelled ``layer-head`` where the label overlaps no label already drawn, the heads farthest from the
     centre first (the outliers are the heads worth naming; the :data:`LABELS_TRIED` farthest); the others stay unlabelled
     dots."""
-    figure, axis = plt.subplots(figsize=(9.0, 7.5))
+    # margins in inches: the title above, the legend of layers right of the map (no ticks): laid out once, by hand
+    figure, axis = plt.subplots(figsize=(9.0, 7.5), gridspec_kw={"left": 0.2 / 9.0, "right": 1 - 1.5 / 9.0, "bottom": 0.2 / 7.5,
+                                                                 "top": 1 - 0.45 / 7.5})
+    figure.fixed_layout = True  # RunFolder.write_figure keeps these margins
     layers = sorted(embedding.layer.unique())
     colours = plt.get_cmap("viridis", len(layers))
     for k, layer in enumerate(layers):
@@ -101,7 +104,6 @@ def head_map_figure(embedding: pd.DataFrame):
     axis.set_yticks([])
     axis.legend(title="layer (0-based)", fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
     axis.set_title("heads by Jensen-Shannon distance (MDS); labels layer-head, where they fit")
-    figure.set_layout_engine("tight")  # laid out once, when drawn
     renderer = figure.canvas.get_renderer()
     centre = embedding[["x", "y"]].mean()
     kept = []

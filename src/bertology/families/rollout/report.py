@@ -7,7 +7,7 @@ import pandas as pd
 from bertology.core.model.kinds import Kind
 from bertology.core.storage.runfolder import RunFolder
 from bertology.families.rollout.analyzer import rollout_rows, rollout_targets
-from bertology.render.figures import layer_lines, plt
+from bertology.render.figures import layer_lines, panel_grid
 from bertology.render.html import Figure, Section, without_rows
 
 #: Every target's title, of every kind of model (a decoder's first token in [CLS]'s place, docs/methods.md#decoders).
@@ -40,13 +40,13 @@ def rollout_by_layer(table: pd.DataFrame, kind: Kind):
     row, with 95% intervals; each line with its own marker and line style (:func:`~bertology.render.figures.layer_lines`),
     so lines that coincide both show."""
     titles = row_titles(kind)
-    figure, axes = plt.subplots(1, 2, figsize=(10.0, 3.6), sharey=True)
+    figure, axes = panel_grid(1, 2, (4.3, 2.6), across=0.3, sharey=True)
+    axes = axes[0]
     for axis, row in zip(axes, titles):
         layer_lines(axis, table[table.row == row], "target", target_titles(kind, row))
         axis.set_title(f"rolled out from {titles[row]}")
     axes[0].set_ylabel("rolled-out attention")
     axes[0].legend(fontsize=8)
-    figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 
 
