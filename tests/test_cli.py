@@ -360,3 +360,53 @@ def test_the_console_entry_point_freezes_what_is_alive_before_the_interpreter_ex
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_the_console_entry_point_imports_a_commands_libraries_with_the_collector_paused_then_freezes_them(monkeypatch, capsys):
+    # imported with the collector running, torch's and transformers' objects set off full collections that walked the
+    # growing heap again and again (0.8 s of bertology analyze's imports); a --help leaves the collector running
+    import gc
+
+    import bertology.cli as cli
+    from bertology.studies import Study, _registry
+
+    seen = {}
+
+    class Probe(Study):
+        name = "probe_libraries"
+        title = "Records how the collector stands when its run begins."
+        writes = "nothing"
+        libraries = ("xml.dom.minidom",)
+
+        def run(self, settings, command=None):
+            seen.update(imported="xml.dom.minidom" in sys.modules, collecting=gc.isenabled(), frozen=gc.get_freeze_count())
+
+    monkeypatch.setitem(_registry, "probe_libraries", Probe())
+    monkeypatch.setattr(cli, "app", cli.build_app())
+    monkeypatch.delitem(sys.modules, "xml.dom.minidom", raising=False)
+    gc.unfreeze()
+    try:
+        monkeypatch.setattr(sys, "argv", ["bertology", "probe-libraries"])
+        with pytest.raises(SystemExit) as exit_:  # typer's standalone mode exits
+            cli.main()
+        assert exit_.value.code == 0
+        assert seen["imported"] and seen["collecting"] and seen["frozen"] > 0
+        gc.unfreeze()
+        monkeypatch.setattr(sys, "argv", ["bertology", "probe-libraries", "--help"])
+        with pytest.raises(SystemExit):
+            cli.main()
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
+def test_every_command_names_libraries_that_import():
+    import importlib
+
+    from bertology.studies import registered_studies
+
+    for name, study in registered_studies().items():
+        assert study.libraries, name
+        for module in study.libraries:
+            importlib.import_module(module)

@@ -37,7 +37,8 @@ class Study:
     ``outputs``: the tables (``NAME.csv`` and ``NAME.parquet``) a run always writes; ``optional_outputs``: those it
     writes only when asked (``prune --prune-to``) or when the data allow (``track``'s emergence needs three
     checkpoints); ``writes``: one of :data:`WRITES`; ``report``: the run folder holds ``report.html``; ``work``: the folder
-    inside ``out`` where a run keeps the work it resumes from as it goes (:data:`bertology.core.storage.runfolder.WORK_FOLDERS`).
+    inside ``out`` where a run keeps the work it resumes from as it goes (:data:`bertology.core.storage.runfolder.WORK_FOLDERS`);
+    ``libraries``: what its run imports that takes long.
     """
 
     name: ClassVar[str]
@@ -48,6 +49,9 @@ class Study:
     writes: ClassVar[str] = "folder"
     report: ClassVar[bool] = True
     work: ClassVar[str | None] = None
+    #: The modules its run imports that take long (torch, transformers, scipy, pandas and what imports them): the command
+    #: line imports them first, with the garbage collector paused (:func:`bertology.cli.main`).
+    libraries: ClassVar[tuple[str, ...]] = ()
 
     def run(self, settings: dict, command: list[str] | None = None) -> Any:
         """Do the work with ``settings`` (every option by name, the given value or its default) and write the output;

@@ -26,6 +26,7 @@ class Analyze(Study):
 
     name = "analyze"
     work = "resume"
+    libraries = ("bertology.studies.analyze.analysis", "transformers.modeling_utils")  # the latter: every model's base
     title = ("Run the analysis families over a corpus in one pass (by default the profile, roles and patterns, plus syntax when the "
              "corpus has trees); write a run folder with report.html.")
 

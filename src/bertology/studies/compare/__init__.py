@@ -12,6 +12,7 @@ from bertology.studies import Study, default_out, model_label, register_study
 
 class Compare(Study):
     name = "compare"
+    libraries = ("bertology.studies.compare.comparison", "transformers.modeling_utils")
     title = ("Per-head similarity of two models' attention on the same inputs, what changed in profile and roles (Kovaleva et al.), "
              "and with trees layer by layer.")
     options = (

@@ -11,6 +11,7 @@ from bertology.studies import Study, model_label, read_task, register_study
 
 class Finetune(Study):
     name = "finetune"
+    libraries = ("bertology.studies.finetune.finetuning", "transformers.modeling_utils")
     title = "Fine-tune an encoder on a GLUE-style task; the result is a model folder every command accepts as --model."
     options = (
         *TASK,

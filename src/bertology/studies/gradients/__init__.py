@@ -12,6 +12,7 @@ from bertology.studies import Study, default_out, register_study
 
 class Gradients(Study):
     name = "gradients"
+    libraries = ("bertology.studies.gradients.gradients", "transformers.modeling_utils")
     title = "[SEP] as a no-op (Clark et al. 2019): attention to [SEP], [CLS] and punctuation per layer beside the gradient of the loss w.r.t. it."
     options = (
         MODEL[0].but(help="A model with a masked-LM head, or a decoder (causal LM loss), by hub name or folder; or with --task a fine-tuned classifier."),

@@ -40,6 +40,7 @@ class HeadsCommand(Study):
     """A command of the heads study: ``asks`` switches on its part of :func:`~bertology.studies.heads.importance.study_heads`."""
 
     asks: dict
+    libraries = ("bertology.studies.heads.importance", "transformers.modeling_utils")
 
     def run(self, settings: dict, command: list[str] | None = None):
         from bertology.core.storage.runfolder import check_out

@@ -10,6 +10,7 @@ from bertology.studies import Study, register_study
 
 class Info(Study):
     name = "info"
+    libraries = ("bertology.core.model.models", "transformers.modeling_utils")
     title = "Print the model's facts: architecture, layers, heads, special tokens, maximum length."
     options = MODEL
     writes = "nothing"

@@ -12,6 +12,7 @@ from bertology.studies import Study, register_study
 
 class Label(Study):
     name = "label"
+    libraries = ("bertology.core.model.models", "transformers.modeling_utils")
     title = "A local page (127.0.0.1 only) to label attention maps with Kovaleva et al.'s five classes; keys 1-5, saved as you go."
     options = (
         Option("labels", None, "The JSON-lines file the labels are appended to (reopened, it continues where it stopped).", type=Path,

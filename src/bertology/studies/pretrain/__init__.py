@@ -11,6 +11,7 @@ from bertology.studies import Study, register_study
 
 class Pretrain(Study):
     name = "pretrain"
+    libraries = ("bertology.studies.pretrain.pretraining", "transformers.modeling_utils")
     title = ("Pre-train a small BERT (masked LM + next sentence), or with --causal a GPT-2-style decoder (causal LM), from scratch "
              "with log-spaced checkpoints; rerun to resume.")
     options = (

@@ -11,6 +11,7 @@ from bertology.studies import Study, default_out, read_task, register_study
 
 class Restore(Study):
     name = "restore"
+    libraries = ("bertology.studies.restore.restore", "transformers.modeling_utils")
     title = ("Put each layer of a fine-tuned model, and the first k layers, back to pre-trained weights and evaluate the task "
              "(the Primer, section 6.3).")
     options = (

@@ -13,6 +13,7 @@ from bertology.studies import Study, default_out, register_study
 
 class Track(Study):
     name = "track"
+    libraries = ("bertology.studies.track.dynamics", "transformers.modeling_utils")
     title = ("Profile, roles and syntactic heads (a decoder's attention sinks too) over training checkpoints, and the verdict on the "
              "learning-curve hypothesis.")
     options = (

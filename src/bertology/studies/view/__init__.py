@@ -11,6 +11,7 @@ from bertology.studies import Study, register_study
 
 class View(Study):
     name = "view"
+    libraries = ("bertology.studies.view.viewer", "transformers.modeling_utils")
     title = "Write an interactive attention viewer (head view and model view) as one self-contained HTML page."
     options = (
         Option("text", None, "The text to look at.", type=str, argument=True, required=True),
