@@ -113,3 +113,30 @@ def test_under_the_null_model_every_views_uniform_head_is_what_the_heads_show(ti
             assert uniform.dtype == torch.float64
             assert uniform.shape[1] == (1 if view == "attention" else loaded.num_heads)
             torch.testing.assert_close(heads, uniform.expand_as(heads), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["bert", "gemma2"])
+def test_layers_that_saw_the_same_keys_share_one_uniform_head_and_others_have_their_own(tiny_llama_dir, tiny_bert, name):
+    """The uniform head is made once a batch where layers saw the same keys (BERT's one mask, padded), and made anew for a
+    layer whose mask differs (Gemma 2's local and global layers); each equals the uniform rows over that layer's keys."""
+    from bertology.core.model.kinds import uniform_rows
+
+    loaded = tiny_bert if name == "bert" else windowed(tiny_llama_dir, name, window=3)
+    engine = Engine(loaded, progress=False)
+    items = list(engine.encode(enumerate(tiny_examples()[:3]), RunStats()))
+    assert len({len(item) for item in items}) > 1  # padded: the model's own mask is in play
+    seen = []
+
+    def keep(batch, layer, maps):
+        weights = maps("attention")
+        seen.append((weights.uniform(batch), weights.visible(batch).clone()))
+
+    engine.run_batch(items, on_layer=keep)
+    for uniform, visible in seen:
+        torch.testing.assert_close(uniform, uniform_rows(visible)[:, None], rtol=0, atol=0)
+    shared = [later[0] is earlier[0] for earlier, later in zip(seen, seen[1:])]
+    if name == "bert":
+        assert all(shared) and len(shared) >= 1
+    else:
+        local = [loaded.model.config.layer_types[layer] == "sliding_attention" for layer in range(len(seen))]
+        assert shared == [a == b for a, b in zip(local, local[1:])] and not any(shared)  # alternating: each layer its own

@@ -279,6 +279,10 @@ class LayerMaps:
     #: The query rows ``attention`` holds (:func:`~bertology.core.model.hooks.bertology_attention` by blocks of queries);
     #: None for every row. ``visible_keys`` and :meth:`uniform` hold the same rows.
     rows: slice | None = None
+    #: The uniform heads of the batch's layers so far, by their visible keys (``id(visible) -> (visible, uniform)``): a layer
+    #: that saw the very keys an earlier one saw (the same tensor) is given the same uniform head (:meth:`uniform`), which an
+    #: analyzer may score once a batch. None: each layer makes its own.
+    shared_uniforms: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = field(default=None, repr=False)
     _word_maps: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
     _uniform: torch.Tensor | None = field(default=None, init=False, repr=False)
 
@@ -307,12 +311,18 @@ class LayerMaps:
         row ``1 / |S_i|`` over the keys it saw (:meth:`visible`, :func:`~bertology.core.model.kinds.uniform_rows`); under a
         view that reads each head's own vectors (``norm``, ``alti``, ``value-zeroing``: :attr:`uniform_view`) those weights
         seen through it, one per head, ``[batch, head, n, n]``. In float64 (float32 on MPS, which has no float64); made once
-        a layer and shared by the analyzers that score it beside the heads."""
+        a layer and shared by the analyzers that score it beside the heads; in the weights' view, the very tensor of an earlier
+        layer of the batch that saw the same keys (:attr:`shared_uniforms`)."""
         if self._uniform is None:
             visible = self.visible(batch)
-            dtype = torch.float32 if visible.device.type == "mps" else torch.float64
-            uniform = uniform_rows(visible, dtype)[:, None]
-            self._uniform = uniform if self.uniform_view is None else self.uniform_view(uniform).to(dtype)
+            known = self.shared_uniforms.get(id(visible)) if self.shared_uniforms is not None else None
+            if known is not None and known[0] is visible:
+                uniform = known[1]
+            else:
+                uniform = uniform_rows(visible, torch.float32 if visible.device.type == "mps" else torch.float64)[:, None]
+                if self.shared_uniforms is not None:
+                    self.shared_uniforms[id(visible)] = (visible, uniform)
+            self._uniform = uniform if self.uniform_view is None else self.uniform_view(uniform).to(uniform.dtype)
         return self._uniform
 
     def word_attention(self, batch: Batch, b: int) -> torch.Tensor:
@@ -945,6 +955,11 @@ class BatchCapture:
         # The mixing ratios read the attention's output through W_O, which the model's own output projection computes next:
         # a layer whose ratios are asked for waits there (:meth:`end_of_projection`) instead of projecting it a second time.
         self.awaiting_projection: tuple[int, dict[str, torch.Tensor], torch.Tensor] | None = None
+        # A layer whose every query saw the keys the layer before saw (the model's one mask, no window of its own) shares
+        # that layer's visible keys, and through them its uniform head (LayerMaps.uniform): made once a batch, and scored
+        # once by the analyzers that keep what they made of it (whole maps only: a block's rows are its own).
+        self.last_visible: tuple[tuple, torch.Tensor | None, torch.Tensor] | None = None  # (source, its mask, the visible keys)
+        self.uniforms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(visible keys) -> (them, the uniform head)
 
     def hooks(self) -> Hooks:
         """The hook points this pass reads (:mod:`bertology.core.model.hooks`); under the uniform null model, the pattern is
@@ -970,14 +985,18 @@ class BatchCapture:
         batch = self.batch.on(pattern.device)  # the layer's device
         mask, seen, rows = batch.mask, self.attached.key_mask, self.attached.rows
         queries = mask if rows is None else mask[:, rows]
-        if seen is None:
-            visible = batch.kind.visible_keys(mask, rows)
-        else:
-            visible = seen[:, 0] & mask[:, None, :] & queries[:, :, None]
-        if rows is None:
-            self.captured.setdefault(layer, {}).update(pattern=pattern, visible=visible)
-        else:
+        if rows is not None:
+            visible = batch.kind.visible_keys(mask, rows) if seen is None else seen[:, 0] & mask[:, None, :] & queries[:, :, None]
             self.hand_block(layer, rows, pattern, visible)
+            return
+        # the same source as the layer before: the kind's rule, or the same memory of the model's mask read the same way
+        source = (pattern.device,) if seen is None else (pattern.device, seen.data_ptr(), seen.dtype, tuple(seen.shape), seen.stride())
+        if self.last_visible is not None and self.last_visible[0] == source:
+            visible = self.last_visible[2]
+        else:
+            visible = batch.kind.visible_keys(mask) if seen is None else seen[:, 0] & mask[:, None, :] & queries[:, :, None]
+            self.last_visible = (source, seen, visible)  # the mask held: its memory is no other tensor's while this stands
+        self.captured.setdefault(layer, {}).update(pattern=pattern, visible=visible)
 
     def hand_block(self, layer: int, rows: slice, pattern: torch.Tensor, visible: torch.Tensor) -> None:
         """One block of a layer's query rows (padding rows zeroed in place) to ``on_layer``; at the layer's first block, the
@@ -1062,7 +1081,7 @@ class BatchCapture:
         if self.padded:
             pattern.masked_fill_(~batch.mask[:, None, :, None], 0)
         result = self.measure(layer, pattern, captured.get("value"), captured.get("key"), head_output, projected)
-        result.visible_keys = captured["visible"]
+        result.visible_keys, result.uniforms = captured["visible"], self.uniforms
         if self.on_layer is None:
             self.kept.append(result)
         else:
@@ -1149,6 +1168,7 @@ class LayerCapture:
     uniform_views: dict[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
     visible_keys: torch.Tensor | None = None
     rows: slice | None = None  # the query rows of pattern (a block of them), None for every row
+    uniforms: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None  # the batch's uniform heads (LayerMaps.shared_uniforms)
     _made: dict[str, LayerMaps] = field(default_factory=dict, init=False, repr=False)
 
     def maps(self, weighting: str) -> LayerMaps:
@@ -1156,5 +1176,6 @@ class LayerCapture:
         if weighting not in self._made:
             self._made[weighting] = LayerMaps(self.layer, attention_view(weighting, self.pattern, self.key_norms, self.views),
                                               mixing=self.mixing, vector_norms=self.vector_norms, contributions=self.contributions,
-                                              visible_keys=self.visible_keys, uniform_view=self.uniform_views.get(weighting), rows=self.rows)
+                                              visible_keys=self.visible_keys, uniform_view=self.uniform_views.get(weighting), rows=self.rows,
+                                              shared_uniforms=self.uniforms)
         return self._made[weighting]

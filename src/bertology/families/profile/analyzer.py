@@ -153,6 +153,7 @@ class GeneralProfile(LayerwiseAnalyzer):
         self._log_lengths = 0.0  # sum over sequences of their uniform entropy (an encoder's ln n), for the entropy's ceiling
         self._sequences = 0
         self._pending: list[torch.Tensor] = []  # this batch's metrics so far, one [batch, head + 1 or 2 head, metric] per layer, the uniform heads last
+        self._uniform_scored: tuple[torch.Tensor, torch.Tensor] | None = None  # the batch's last uniform head and its metrics
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0 and maps.starts_layer:
@@ -160,7 +161,10 @@ class GeneralProfile(LayerwiseAnalyzer):
             self._pending = []
         arguments = (batch.mask, batch.anchors, batch.punct_mask, self.kind, maps.rows)
         values = profile_metrics(maps.attention, *arguments)
-        uniform = profile_metrics(maps.uniform(batch), *arguments)
+        head = maps.uniform(batch)
+        if self._uniform_scored is None or self._uniform_scored[0] is not head:  # an earlier layer's uniform head: scored already
+            self._uniform_scored = (head, profile_metrics(head, *arguments))
+        uniform = self._uniform_scored[1]
         part = torch.cat([values.double(), uniform.double()], dim=1)  # a block's part of the layer's metrics: they add up
         if maps.starts_layer:
             self._pending.append(part)
@@ -171,7 +175,7 @@ class GeneralProfile(LayerwiseAnalyzer):
         # [batch, layer, head + uniform heads, metric], one copy to the host: the uniform head's metrics after the heads' (one,
         # or one per head under a view that reads each head's own vectors, LayerMaps.uniform)
         values = stack_layers(self._pending, batch, dim=1).double().cpu().numpy()
-        self._pending = []
+        self._pending, self._uniform_scored = [], None
         values, uniform = values[:, :, : batch.num_heads], values[:, :, batch.num_heads :]
         ceilings = self.kind.uniform_entropies(batch.host_lengths)  # NaN where a sequence has no query (a decoder's one token)
         ceilings = ceilings[~np.isnan(ceilings)]
