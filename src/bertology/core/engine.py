@@ -1029,7 +1029,9 @@ class BatchCapture:
             projections = {id(block.output): block.output for block in self.engine.blocks}  # ALBERT shares one
             handles += [module.register_forward_hook(self.end_of_projection) for module in projections.values()]
         try:
-            return self.engine.forward(tensors, self.hooks(), hidden_states=needs.hidden_states and not self.own_states)
+            outputs = self.engine.forward(tensors, self.hooks(), hidden_states=needs.hidden_states and not self.own_states)
+            self.require_projected()
+            return outputs
         except _ForwardStopped:  # at last_layer: the later layers' work is never done
             return None
         finally:
@@ -1056,12 +1058,19 @@ class BatchCapture:
         mixing ratios are asked for is handed over after its output projection (:meth:`end_of_projection`)."""
         captured = self.captured.pop(layer)
         if self.needs.mixing:
+            self.require_projected()
             self.awaiting_projection = (layer, captured, head_output)
             return
         if "shared" not in captured:  # whole maps (by blocks of queries, "shared" holds what the blocks had in common)
             self.hand_layer(layer, captured, head_output)
         if layer == self.last_layer:
             raise _ForwardStopped
+
+    def require_projected(self) -> None:
+        """Refuse, in one line, a layer whose output projection never ran after its attention: its maps would be lost."""
+        if self.awaiting_projection is not None:
+            raise BertologyError(f"layer {self.awaiting_projection[0]}'s output projection did not run after its attention, so its "
+                                 "mixing ratios and maps were never handed over; this model's layout does not fit the mixing ratios")
 
     def end_of_projection(self, module: torch.nn.Module, args, projected: torch.Tensor) -> None:
         """The forward hook of a layer's output projection, which runs right after its attention: ``projected``, the

@@ -211,3 +211,13 @@ def test_the_mixing_ratios_take_the_models_own_output_projection_and_equal_those
     stopped = []
     engine.run_batch(items, needs=PassNeeds(mixing=True), on_layer=lambda batch, layer, maps: stopped.append(layer), last_layer=0)
     assert stopped == [0] and len(calls) == 1
+
+
+def test_a_layer_whose_output_projection_never_runs_is_refused_not_lost(tiny_bert, monkeypatch):
+    from bertology.core.engine import BatchCapture
+
+    monkeypatch.setattr(BatchCapture, "end_of_projection", lambda self, module, args, projected: None)  # as if W_O never ran
+    engine = Engine(tiny_bert, progress=False)
+    items = list(engine.encode(enumerate([Example("the cat sat on the mat.")]), RunStats()))
+    with pytest.raises(BertologyError, match="layer 0's output projection did not run"):
+        engine.run_batch(items, needs=PassNeeds(mixing=True), on_layer=lambda batch, layer, maps: None)
