@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -279,10 +280,10 @@ class LayerMaps:
     #: The query rows ``attention`` holds (:func:`~bertology.core.model.hooks.bertology_attention` by blocks of queries);
     #: None for every row. ``visible_keys`` and :meth:`uniform` hold the same rows.
     rows: slice | None = None
-    #: The uniform heads of the batch's layers so far, by their visible keys (``id(visible) -> (visible, uniform)``): a layer
-    #: that saw the very keys an earlier one saw (the same tensor) is given the same uniform head (:meth:`uniform`), which an
-    #: analyzer may score once a batch. None: each layer makes its own.
-    shared_uniforms: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = field(default=None, repr=False)
+    #: The uniform heads of the batch's layers so far, by their visible keys (``id(visible) -> (visible, uniform, scores)``,
+    #: ``scores`` what each analyzer made of it, :meth:`uniform_scored`): a layer that saw the very keys an earlier one saw
+    #: (the same tensor) is given the same uniform head (:meth:`uniform`). None: each layer makes its own.
+    shared_uniforms: dict[int, tuple[torch.Tensor, torch.Tensor, dict]] | None = field(default=None, repr=False)
     _word_maps: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
     _uniform: torch.Tensor | None = field(default=None, init=False, repr=False)
 
@@ -314,16 +315,32 @@ class LayerMaps:
         a layer and shared by the analyzers that score it beside the heads; in the weights' view, the very tensor of an earlier
         layer of the batch that saw the same keys (:attr:`shared_uniforms`)."""
         if self._uniform is None:
-            visible = self.visible(batch)
-            known = self.shared_uniforms.get(id(visible)) if self.shared_uniforms is not None else None
-            if known is not None and known[0] is visible:
-                uniform = known[1]
-            else:
-                uniform = uniform_rows(visible, torch.float32 if visible.device.type == "mps" else torch.float64)[:, None]
-                if self.shared_uniforms is not None:
-                    self.shared_uniforms[id(visible)] = (visible, uniform)
+            uniform = self._shared_uniform(batch)[1]
             self._uniform = uniform if self.uniform_view is None else self.uniform_view(uniform).to(uniform.dtype)
         return self._uniform
+
+    def _shared_uniform(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """``(visible, uniform, scores)`` of the weights' uniform head over this layer's visible keys: an earlier layer's of
+        the batch where it saw the very same keys (:attr:`shared_uniforms`), else made here (and kept there, where kept)."""
+        visible = self.visible(batch)
+        known = self.shared_uniforms.get(id(visible)) if self.shared_uniforms is not None else None
+        if known is None or known[0] is not visible:
+            known = (visible, uniform_rows(visible, torch.float32 if visible.device.type == "mps" else torch.float64)[:, None], {})
+            if self.shared_uniforms is not None:
+                self.shared_uniforms[id(visible)] = known
+        return known
+
+    def uniform_scored(self, batch: Batch, scorer: object, score: Callable[[torch.Tensor], Any]) -> Any:
+        """``score(self.uniform(batch))``, computed once for every layer of the batch that shares this uniform head
+        (:attr:`shared_uniforms`) and the same ``scorer`` (the analyzer, whose ``score`` reads nothing of the layer but the
+        head and the batch); computed anew under a view of each head's own vectors, whose uniform head is the layer's own,
+        and where the layer keeps its own (a block of rows, the stacked pass)."""
+        if self.uniform_view is not None or self.shared_uniforms is None:
+            return score(self.uniform(batch))
+        _, uniform, scores = self._shared_uniform(batch)
+        if id(scorer) not in scores:
+            scores[id(scorer)] = score(uniform)
+        return scores[id(scorer)]
 
     def word_attention(self, batch: Batch, b: int) -> torch.Tensor:
         """Word-level attention ``[head, u, u]`` of sequence ``b`` at this layer (docs/methods.md#notation-and-word-level-attention)."""
@@ -959,7 +976,7 @@ class BatchCapture:
         # that layer's visible keys, and through them its uniform head (LayerMaps.uniform): made once a batch, and scored
         # once by the analyzers that keep what they made of it (whole maps only: a block's rows are its own).
         self.last_visible: tuple[tuple, torch.Tensor | None, torch.Tensor] | None = None  # (source, its mask, the visible keys)
-        self.uniforms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(visible keys) -> (them, the uniform head)
+        self.uniforms: dict[int, tuple[torch.Tensor, torch.Tensor, dict]] = {}  # id(visible keys) -> (them, the uniform head, its scores)
 
     def hooks(self) -> Hooks:
         """The hook points this pass reads (:mod:`bertology.core.model.hooks`); under the uniform null model, the pattern is
@@ -985,18 +1002,18 @@ class BatchCapture:
         batch = self.batch.on(pattern.device)  # the layer's device
         mask, seen, rows = batch.mask, self.attached.key_mask, self.attached.rows
         queries = mask if rows is None else mask[:, rows]
+
+        def visible() -> torch.Tensor:
+            return batch.kind.visible_keys(mask, rows) if seen is None else seen[:, 0] & mask[:, None, :] & queries[:, :, None]
+
         if rows is not None:
-            visible = batch.kind.visible_keys(mask, rows) if seen is None else seen[:, 0] & mask[:, None, :] & queries[:, :, None]
-            self.hand_block(layer, rows, pattern, visible)
+            self.hand_block(layer, rows, pattern, visible())
             return
         # the same source as the layer before: the kind's rule, or the same memory of the model's mask read the same way
         source = (pattern.device,) if seen is None else (pattern.device, seen.data_ptr(), seen.dtype, tuple(seen.shape), seen.stride())
-        if self.last_visible is not None and self.last_visible[0] == source:
-            visible = self.last_visible[2]
-        else:
-            visible = batch.kind.visible_keys(mask) if seen is None else seen[:, 0] & mask[:, None, :] & queries[:, :, None]
-            self.last_visible = (source, seen, visible)  # the mask held: its memory is no other tensor's while this stands
-        self.captured.setdefault(layer, {}).update(pattern=pattern, visible=visible)
+        if self.last_visible is None or self.last_visible[0] != source:
+            self.last_visible = (source, seen, visible())  # the mask held: its memory is no other tensor's while this stands
+        self.captured.setdefault(layer, {}).update(pattern=pattern, visible=self.last_visible[2])
 
     def hand_block(self, layer: int, rows: slice, pattern: torch.Tensor, visible: torch.Tensor) -> None:
         """One block of a layer's query rows (padding rows zeroed in place) to ``on_layer``; at the layer's first block, the
@@ -1177,7 +1194,7 @@ class LayerCapture:
     uniform_views: dict[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
     visible_keys: torch.Tensor | None = None
     rows: slice | None = None  # the query rows of pattern (a block of them), None for every row
-    uniforms: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None  # the batch's uniform heads (LayerMaps.shared_uniforms)
+    uniforms: dict[int, tuple[torch.Tensor, torch.Tensor, dict]] | None = None  # the batch's uniform heads (LayerMaps.shared_uniforms)
     _made: dict[str, LayerMaps] = field(default_factory=dict, init=False, repr=False)
 
     def maps(self, weighting: str) -> LayerMaps:

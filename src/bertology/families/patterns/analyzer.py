@@ -226,7 +226,6 @@ class HeadPatterns(LayerwiseAnalyzer):
         self._pending: list[torch.Tensor] = []  # this batch's classes so far, one [batch, head] per layer
         self._pending_maps: list[torch.Tensor] = []  # the eligible sequences' maps, one [eligible, head, w, w] per layer
         self._layer_sums: list[dict[str, torch.Tensor]] = []  # the layer's pattern_sums so far (blocks of query rows), the uniform head's
-        self._uniform_scored: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None  # the batch's last uniform head and its sums
 
     @property
     def folds_row_blocks(self) -> bool:
@@ -240,10 +239,9 @@ class HeadPatterns(LayerwiseAnalyzer):
             self._eligible = [b for b in range(batch.size) if self.min_example_length <= lengths[b] <= self.max_example_length]
         arguments = (batch.mask, batch.anchor_mask, batch.segment_ids)
         if isinstance(self.classifier, RuleClassifier):  # the rules compare each map with the uniform head's, in the same view
-            uniform = maps.uniform(batch)
-            if self._uniform_scored is None or self._uniform_scored[0] is not uniform:  # an earlier layer's uniform head: summed already
-                self._uniform_scored = (uniform, pattern_sums(uniform, batch.segment_ids, maps.rows))
-            sums = [pattern_sums(maps.attention, batch.segment_ids, maps.rows), self._uniform_scored[1]]
+            # the uniform head's sums once for the layers that share it
+            uniform_sums = maps.uniform_scored(batch, self, lambda head: pattern_sums(head, batch.segment_ids, maps.rows))
+            sums = [pattern_sums(maps.attention, batch.segment_ids, maps.rows), uniform_sums]
             if not maps.starts_layer:  # the next block of query rows: its sums add to the layer's so far
                 sums = [{name: old[name] + new[name] for name in new} for old, new in zip(self._layer_sums, sums)]
             self._layer_sums = [] if maps.ends_layer else sums
@@ -266,7 +264,7 @@ class HeadPatterns(LayerwiseAnalyzer):
         for k in range(len(PATTERNS)):
             self._counts[..., k] += (classes == k).sum(axis=1)
         short_maps = stack_layers(self._pending_maps, batch, dim=1).cpu().numpy() if self._pending_maps else None  # [eligible, layer, head, w, w]
-        self._pending, self._pending_maps, self._uniform_scored = [], [], None
+        self._pending, self._pending_maps = [], []
         self._keep_examples(batch, classes, short_maps)
         self._eligible = []
 

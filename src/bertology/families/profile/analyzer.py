@@ -153,7 +153,6 @@ class GeneralProfile(LayerwiseAnalyzer):
         self._log_lengths = 0.0  # sum over sequences of their uniform entropy (an encoder's ln n), for the entropy's ceiling
         self._sequences = 0
         self._pending: list[torch.Tensor] = []  # this batch's metrics so far, one [batch, head + 1 or 2 head, metric] per layer, the uniform heads last
-        self._uniform_scored: tuple[torch.Tensor, torch.Tensor] | None = None  # the batch's last uniform head and its metrics
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
         if maps.layer == 0 and maps.starts_layer:
@@ -161,10 +160,7 @@ class GeneralProfile(LayerwiseAnalyzer):
             self._pending = []
         arguments = (batch.mask, batch.anchors, batch.punct_mask, self.kind, maps.rows)
         values = profile_metrics(maps.attention, *arguments)
-        head = maps.uniform(batch)
-        if self._uniform_scored is None or self._uniform_scored[0] is not head:  # an earlier layer's uniform head: scored already
-            self._uniform_scored = (head, profile_metrics(head, *arguments))
-        uniform = self._uniform_scored[1]
+        uniform = maps.uniform_scored(batch, self, lambda head: profile_metrics(head, *arguments))  # once for the layers that share it
         part = torch.cat([values.double(), uniform.double()], dim=1)  # a block's part of the layer's metrics: they add up
         if maps.starts_layer:
             self._pending.append(part)
@@ -175,7 +171,7 @@ class GeneralProfile(LayerwiseAnalyzer):
         # [batch, layer, head + uniform heads, metric], one copy to the host: the uniform head's metrics after the heads' (one,
         # or one per head under a view that reads each head's own vectors, LayerMaps.uniform)
         values = stack_layers(self._pending, batch, dim=1).double().cpu().numpy()
-        self._pending, self._uniform_scored = [], None
+        self._pending = []
         values, uniform = values[:, :, : batch.num_heads], values[:, :, batch.num_heads :]
         ceilings = self.kind.uniform_entropies(batch.host_lengths)  # NaN where a sequence has no query (a decoder's one token)
         ceilings = ceilings[~np.isnan(ceilings)]
@@ -247,8 +243,8 @@ def pairwise_js(rows: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     nothing), or a list of such parts whose heads follow each other (a layer's each: never copied whole).
     Uses ``JS(p, q) = H((p + q) / 2) - (H(p) + H(q)) / 2``, equal to scipy's ``jensenshannon(p, q) ** 2``; one
     head against all later heads at a time (upper triangle), over the rows of :data:`CELLS_AT_ONCE` cells of every head at a
-    time. The terms
-    are computed in the rows' dtype, their sums in float64 (the difference of entropies cancels). Returns ``[heads, heads]`` float64.
+    time. The terms are computed in the rows' dtype, their sums in float64 (the difference of entropies cancels). Returns
+    ``[heads, heads]`` float64.
     """
     parts = [rows] if isinstance(rows, torch.Tensor) else rows
     heads, device = sum(part.shape[0] for part in parts), parts[0].device

@@ -290,7 +290,6 @@ class HeadRoles(LayerwiseAnalyzer):
         self._shape: tuple[int, int] | None = None
         self._pending: list[torch.Tensor] = []  # this batch's base-role scores so far, one [batch, head, role] per layer
         self._pending_uniform: list[torch.Tensor] = []  # the uniform head's, one [batch, 1 or head, role] per layer
-        self._uniform_scored: tuple[torch.Tensor, dict] | None = None  # the batch's last uniform head and its role sums
         self._trees: list = []  # the batch's sequences with a tree, and their dependency pairs (syntactic_pairs)
         self._tree_pending: list[torch.Tensor] = []  # one [head + uniform heads + 1, pair] per layer
         self._layer_sums: list = []  # the layer's sums so far (blocks of query rows): [roles' (total, count) of heads, of uniform, trees']
@@ -318,9 +317,8 @@ class HeadRoles(LayerwiseAnalyzer):
         visible = maps.visible(batch)
         uniform = maps.uniform(batch)  # the layer's uniform head (one, or each head's under the norm view), scored alike
         arguments = (batch.mask, batch.anchors, batch.segment_ids, self.kind, self.window, batch.any_pair, visible, maps.rows)
-        if self._uniform_scored is None or self._uniform_scored[0] is not uniform:  # an earlier layer's uniform head: scored already
-            self._uniform_scored = (uniform, role_sums(uniform, *arguments))
-        sums = [role_sums(maps.attention, *arguments), dict(self._uniform_scored[1])]
+        # the uniform head's sums once for the layers that share it (a copy: a block's sums are added to the layer's in place)
+        sums = [role_sums(maps.attention, *arguments), dict(maps.uniform_scored(batch, self, lambda head: role_sums(head, *arguments)))]
         first = maps.row_start
         trees = []  # per sequence with a tree: its pairs' sums over the block's real rows (None: the block has none)
         for b, pairs in self._trees:
@@ -360,7 +358,6 @@ class HeadRoles(LayerwiseAnalyzer):
     def finish_batch(self, batch: Batch) -> None:
         self._shape = (batch.num_layers, batch.num_heads)
         heads = batch.num_heads
-        self._uniform_scored = None
         # [batch, layer, head + uniform heads, role]: the heads' scores and the uniform head's (one, or one per head under a
         # view that reads each head's own vectors) after them, one copy to the host
         both = torch.cat([stack_layers(self._pending, batch, dim=1).double(), stack_layers(self._pending_uniform, batch, dim=1).double()], dim=2).cpu().numpy()
