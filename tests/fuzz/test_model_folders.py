@@ -126,3 +126,16 @@ def test_changed_tokenizer_files_are_loaded_whole_or_refused(saved, tmp_path, da
     else:
         (folder / name).unlink()
     _load_or_refuse(folder)
+
+
+def test_a_tokenizer_that_panics_on_a_text_is_refused_in_one_line(tiny_llama_dir, tmp_path):
+    # found by the fuzz above: a post-processor template naming a special token it does not define makes the Rust tokenizer
+    # panic (pyo3's PanicException, no Exception) on every text; it escaped the loader as a Rust backtrace
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, folder)
+    document = json.loads((folder / "tokenizer.json").read_text())
+    document["post_processor"]["special_tokens"] = {}
+    (folder / "tokenizer.json").write_text(json.dumps(document))
+    with pytest.raises(BertologyError, match=r"the tokenizer cannot encode the text 'the cat' \(no entry found for key\)") as refused:
+        load_model(folder, device="cpu")
+    assert "\n" not in str(refused.value) and str(refused.value).startswith(str(folder))

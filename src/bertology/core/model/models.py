@@ -366,8 +366,15 @@ TOKENIZER_PROBE = "the cat"
 
 
 def require_tokenizer_fits(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, source: str) -> None:
-    """Refuse, in one line, a tokenizer that makes no pieces of a plain text (:data:`TOKENIZER_PROBE`), or whose ids reach
-    past the model's embedding table (each would index outside it), naming the first such piece."""
+    """Refuse, in one line, a tokenizer that cannot encode a plain text (:data:`TOKENIZER_PROBE`) or makes no pieces of it,
+    or whose ids reach past the model's embedding table (each would index outside it), naming the first such piece."""
+    try:
+        tokenizer(TOKENIZER_PROBE)  # the whole encoding, post-processor too, as every batch will run it
+    except BaseException as exc:  # noqa: BLE001 - the Rust tokenizer panics (pyo3's PanicException, no Exception) on damaged files
+        if not (isinstance(exc, Exception) or type(exc).__name__ == "PanicException"):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelError(f"{source}: the tokenizer cannot encode the text {TOKENIZER_PROBE!r} ({first}): its files are damaged") from None
     if not tokenizer.tokenize(TOKENIZER_PROBE):  # e.g. a post-processor template that drops the text
         raise ModelError(f"{source}: the tokenizer makes no pieces of the text {TOKENIZER_PROBE!r}: its files are damaged")
     rows = model.get_input_embeddings().num_embeddings
