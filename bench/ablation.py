@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from bertology.core.learning.tasks import load_task, load_task_model
-from bertology.studies.heads.importance import LeaveOneOut
+from bertology.studies.heads.ablation import LeaveOneOut
 
 SST2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue" / "SST-2"
 

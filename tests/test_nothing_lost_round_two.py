@@ -304,7 +304,7 @@ def test_view_run_with_a_malformed_roles_table_is_one_line(tiny_bert_dir, tmp_pa
 def test_a_seed_past_2_to_the_32_is_refused_by_the_api_before_any_work(cat_task, tiny_classifier_dir, tmp_path, study):
     from bertology.core.learning.tasks import load_task
     from bertology.studies.finetune.finetuning import finetune
-    from bertology.studies.heads.importance import study_heads
+    from bertology.studies.heads.study import study_heads
     from bertology.studies.restore.restore import restore_layers
 
     call = {"finetune": finetune, "study_heads": study_heads, "restore_layers": restore_layers}[study]

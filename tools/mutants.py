@@ -56,6 +56,7 @@ STATS = f"{PACKAGE}/core/statistics/stats.py"
 ALIGNMENT = f"{PACKAGE}/core/text/alignment.py"
 MODELS = f"{PACKAGE}/core/model/models.py"
 IMPORTANCE = f"{PACKAGE}/studies/heads/importance.py"
+PRUNING = f"{PACKAGE}/studies/heads/pruning.py"
 DYNAMICS = f"{PACKAGE}/studies/track/dynamics.py"
 PEAKS = f"{PACKAGE}/studies/track/peaks.py"
 CONTRIBUTIONS = f"{PACKAGE}/core/measures/contributions.py"
@@ -146,7 +147,7 @@ MUTATIONS = [
              IMPORTANCE_TESTS),
     Mutation("importance: l2 norm over the wrong axis", IMPORTANCE, "norms = np.linalg.norm(importance, axis=1, keepdims=True)",
              "norms = np.linalg.norm(importance, axis=0, keepdims=True)", IMPORTANCE_TESTS),
-    Mutation("importance: pruning ranks raw importance", IMPORTANCE, "importance = normalise_importance(scorer.attribute(importance_rows, mask), normalise)",
+    Mutation("importance: pruning ranks raw importance", PRUNING, "importance = normalise_importance(scorer.attribute(importance_rows, mask), normalise)",
              "importance = scorer.attribute(importance_rows, mask)", IMPORTANCE_TESTS),
     # training dynamics (METHODS.md section 8)
     Mutation("dynamics: half of the final value instead of half of the rise", DYNAMICS, "target = first + 0.5 * (final - first)", "target = 0.5 * final",

@@ -10,7 +10,7 @@ from bertology.studies.analyze.analysis import Analysis, analyze
 from bertology.studies.compare.comparison import Comparison, compare
 from bertology.studies.finetune.finetuning import finetune
 from bertology.studies.gradients.gradients import attention_gradients
-from bertology.studies.heads.importance import study_heads
+from bertology.studies.heads.study import study_heads
 from bertology.studies.pretrain.pretraining import pretrain
 from bertology.studies.restore.restore import restore_layers
 from bertology.studies.track.dynamics import TrackResult, track

@@ -8,22 +8,14 @@ import pytest
 import torch
 
 from bertology.core.errors import BertologyError, CorpusError
-from bertology.core.learning.tasks import TaskData, load_task
+from bertology.core.learning.tasks import TaskData, load_task, load_task_model
 from bertology.core.model.hooks import Hooks
 from bertology.core.model.interventions import HeadGates, Intervention
 from bertology.core.text.corpora import Example
-from bertology.studies.heads.importance import (
-    GradientImportance,
-    LeaveOneOut,
-    ablation_table,
-    importance_table,
-    load_task_model,
-    normalise_importance,
-    prune_and_time,
-    pruning_curve,
-    study_heads,
-    task_scorer,
-)
+from bertology.studies.heads.ablation import LeaveOneOut, ablation_table
+from bertology.studies.heads.importance import GradientImportance, importance_table, normalise_importance
+from bertology.studies.heads.pruning import prune_and_time, pruning_curve, task_scorer
+from bertology.studies.heads.study import study_heads
 
 
 @pytest.fixture

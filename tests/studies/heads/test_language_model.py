@@ -17,7 +17,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from bertology.core.errors import BertologyError, ModelError
 from bertology.core.learning.tasks import NEXT_TOKEN_LOSS, load_language_model, next_token_losses, seeded_subset
 from bertology.core.text.corpora import Example
-from bertology.studies.heads.importance import GradientImportance, normalise_importance, pruning_curve, study_heads
+from bertology.studies.heads.importance import GradientImportance, normalise_importance
+from bertology.studies.heads.pruning import pruning_curve
+from bertology.studies.heads.study import study_heads
 
 KINDS = ("gpt2", "llama")
 

@@ -1,6 +1,6 @@
 """Which heads matter for a task: ``bertology ablate`` (disable each head and layer, Kovaleva et al. 2019), ``bertology
 importance`` (Michel et al. 2019's gradient importance) and ``bertology prune`` (their pruning curve), three commands of one
-study (:func:`~bertology.studies.heads.importance.study_heads`). The task is a fine-tuned classifier's; for ``importance``
+study (:func:`~bertology.studies.heads.study.study_heads`). The task is a fine-tuned classifier's; for ``importance``
 and ``prune`` it can instead be a decoder's next-token prediction on a text corpus (``--corpus``, the causal LM loss)."""
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ def task_options(*own: Option, model: Option = CLASSIFIER, corpus: tuple[Option,
 
 
 class HeadsCommand(Study):
-    """A command of the heads study: ``asks`` switches on its part of :func:`~bertology.studies.heads.importance.study_heads`."""
+    """A command of the heads study: ``asks`` switches on its part of :func:`~bertology.studies.heads.study.study_heads`."""
 
     asks: dict
-    libraries = ("bertology.studies.heads.importance", "transformers.modeling_utils")
+    libraries = ("bertology.studies.heads.study", "transformers.modeling_utils")
 
     def run(self, settings: dict, command: list[str] | None = None):
         from bertology.core.storage.runfolder import check_out
-        from bertology.studies.heads.importance import study_heads
+        from bertology.studies.heads.study import study_heads
 
         corpus = settings.get("corpus")
         task_files = [settings[name] for name in ("task", "train", "dev") if settings[name] is not None]
