@@ -19,8 +19,9 @@ for. ``--dtype`` loads the weights of all three in that precision (issue 40: ``-
                                            [--passages 4] [--threads 2] [--device cpu] [--dtype float32] [--book PATH]
                                            [--analyze-args "..."]
 
-With ``--analyze-args "--attention-budget BYTES"`` analyze computes each layer's maps by blocks of query rows past BYTES
-(issue 40); a family that needs whole maps is left out of such a batch, and the benchmark names it.
+analyze runs with its default ``--attention-budget auto`` (issue 49: the smaller of 64 MiB and a sixteenth of the free
+memory), so each layer's maps past it are computed by blocks of query rows; a family that needs whole maps is left out of the
+run, and the benchmark names it (``--analyze-args "--attention-budget none"``: whole maps; ``BYTES``: another budget).
 """
 
 from __future__ import annotations
@@ -143,20 +144,22 @@ def main() -> int:
         command = [bertology_program(), "analyze", "--model", str(folder), "--corpus", str(folder / "passages.txt"), "--out", str(out), "--quiet",
                    "--device", args.device, "--dtype", args.dtype, "--max-length", str(args.tokens), "--batch-size", "1", *shlex.split(args.analyze_args)]
         seconds, rss, done = measured(command)
-        if not (out / "manifest.json").is_file():  # a family left out (past --attention-budget) still writes the run folder
+        if not (out / "manifest.json").is_file():  # a family left out (past the attention budget) still writes the run folder
             sys.exit(f"analyze failed: {last_line(done.stderr)}")
         manifest = json.loads((out / "manifest.json").read_text())
         phases = manifest["phases"]
         device_peak = sum(manifest.get("peak_device_memory", {}).values()) or None
         figures["analyze"] = {"process_seconds": round(seconds, 1), "peak_rss_mib": round(rss), "peak_device_mib": mib(device_peak),
-                              "phases": phases, "left_out": manifest.get("failures", {})}
+                              "phases": phases, "attention_budget": manifest["settings"].get("attention_budget"),
+                              "left_out": manifest.get("left_out", {}), "failed": manifest.get("failures", {})}
     figures["pass_ratio"] = round(phases["pass"] / figures["eager"]["forward_seconds"], 2)
     figures["rss_ratio"] = round(figures["analyze"]["peak_rss_mib"] / figures["sdpa"]["peak_rss_mib"], 2)
     print(f"{figures['shape']}, {args.passages} passages of {args.tokens} tokens, {args.device}, {args.threads} threads")
     print(f"bare SDPA: forward {figures['sdpa']['forward_seconds']} s, process {figures['sdpa']['process_seconds']} s, "
           f"peak RSS {figures['sdpa']['peak_rss_mib']} MiB")
     print(f"bare eager (no maps kept): forward {figures['eager']['forward_seconds']} s, peak RSS {figures['eager']['peak_rss_mib']} MiB")
-    print(f"analyze: pass {phases['pass']} s, process {figures['analyze']['process_seconds']} s, peak RSS {figures['analyze']['peak_rss_mib']} MiB")
+    print(f"analyze: pass {phases['pass']} s, process {figures['analyze']['process_seconds']} s, peak RSS {figures['analyze']['peak_rss_mib']} MiB, "
+          f"attention budget {figures['analyze']['attention_budget']} bytes")
     if figures["analyze"]["peak_device_mib"] is not None:
         figures["device_memory_ratio"] = round(figures["analyze"]["peak_device_mib"] / figures["sdpa"]["peak_device_mib"], 2)
         print(f"peak GPU memory: SDPA {figures['sdpa']['peak_device_mib']} MiB, eager {figures['eager']['peak_device_mib']} MiB, "
@@ -167,6 +170,8 @@ def main() -> int:
     print("phases: " + ", ".join(f"{name} {value}" for name, value in phases.items()))
     for family, why in figures["analyze"]["left_out"].items():
         print(f"left out: {family}: {why}")
+    for family, why in figures["analyze"]["failed"].items():
+        print(f"failed: {family}: {why}")
     print(json.dumps(figures))
     return 0
 

@@ -1,18 +1,22 @@
-"""Maps by blocks of queries (issue 40): the attention function computes a layer's maps a block of query rows at a time, the
+"""Maps by blocks of queries (issue 40) within an attention budget, by default `auto` (issue 49): the attention function computes a layer's maps a block of query rows at a time, the
 analyzers that fold blocks give what whole maps give, and those that need whole maps are left out in one line naming the
 budget. References: transformers' own eager attention (``attn_implementation="eager"``) and the engine's whole-map pass."""
 
+import json
 from functools import partial
 
 import numpy as np
 import pytest
 import torch
-from conftest import eager_reference, tiny_examples
+from conftest import TEXTS, eager_reference, tiny_examples
 
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError
+from bertology.core.model import memory
 from bertology.core.model.hooks import Hooks
+from bertology.core.model.models import load_model
 from bertology.core.testing import AnalyzerContract, assert_same_result
+from bertology.core.text.corpora import Example
 from bertology.families.profile.analyzer import GeneralProfile
 from bertology.families.roles.analyzer import HeadRoles
 from bertology.families.rollout.analyzer import AttentionRollout
@@ -75,11 +79,11 @@ def test_past_the_budget_an_analyzer_of_whole_maps_is_left_out_in_one_line_namin
     Engine(bert64, batch_size=4, progress=False).run(examples, [whole])
     profile, probes, rollout = GeneralProfile(bert64.kind), RelationHeads(bert64.kind, bootstrap=20), AttentionRollout(bert64.kind)
     stats = Engine(bert64, batch_size=4, progress=False, attention_budget=1000).run(examples, [profile, probes, rollout], isolate=True)
-    assert sorted(stats.failed) == [1, 2]
+    assert sorted(stats.left_out) == [1, 2] and not stats.failed  # left out by the budget, a setting: no failure
     for position, analyzer in ((1, probes), (2, rollout)):
-        message = stats.failed[position]
+        message = stats.left_out[position]
         assert "\n" not in message and f"{analyzer.name} left out" in message and "attention budget of 1,000 bytes" in message
-    assert "reads whole maps" in stats.failed[1] and "holds" in stats.failed[2]  # rollout's two n x n products are past the budget
+    assert "reads whole maps" in stats.left_out[1] and "holds" in stats.left_out[2]  # rollout's two n x n products are past the budget
     assert_same_result(whole.result(), profile.result(), "blocked profile", rtol=1e-9, atol=1e-12)
     with pytest.raises(BertologyError, match="attention budget"):  # without isolate: refused
         Engine(bert64, batch_size=4, progress=False, attention_budget=1000).run(examples, [RelationHeads(bert64.kind, bootstrap=20)])
@@ -150,3 +154,94 @@ def test_headtypes_by_blocks_under_a_budget_equal_the_whole_run(gpt2_64):
     table = whole.result()
     assert set(table.role) == set(HEAD_TYPES) and table.value.notna().all()
     assert_same_result(table, blocked.result(), "blocked head types", rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_model_budgets_float32_maps(tiny_llama_dir, dtype):
+    """Every analysis reads float32 maps whatever the weights (docs/methods.md#statistics-conventions), so the budget counts 4
+    bytes a weight: a half-precision model's blocks hold as many query rows as a float32 model's, by a hand count."""
+    full, half = (load_model(tiny_llama_dir, device="cpu", dtype=name) for name in ("float32", dtype))
+    assert half.model.dtype == getattr(torch, dtype)
+    items = list(Engine(full, progress=False).encode(enumerate(tiny_examples()[:2]), RunStats()))
+    width = max(len(item) for item in items)
+    row_bytes = len(items) * full.num_heads * width * 4  # one query row of every head of the batch, float32
+    budget = 3 * row_bytes + 5
+    engines = [Engine(loaded, progress=False, attention_budget=budget) for loaded in (full, half)]
+    assert [engine.layer_bytes(items) for engine in engines] == [row_bytes * width] * 2
+    assert [engine.query_rows(items) for engine in engines] == [3, 3]
+
+
+def test_auto_is_the_default_budget_a_sixteenth_of_free_memory_within_64_mib(tiny_bert, monkeypatch):
+    """``auto``, every engine's default: a sixteenth of the free memory of the devices that hold the layers (the machine's
+    available RAM; a CUDA device's own free memory), at most 64 MiB; ``none`` and None, whole maps; a number of bytes as
+    given, from the command line's text too; anything else refused in one line naming the flag."""
+    engine = partial(Engine, tiny_bert, progress=False)
+    for free, budget in ((64 * 2**30, 2**26), (512 * 2**20, 32 * 2**20), (None, 2**26)):  # 4 GiB capped; 32 MiB; nothing says
+        monkeypatch.setattr(memory, "available_ram", lambda free=free: free)
+        assert engine().attention_budget == budget and engine(attention_budget="auto").attention_budget == budget
+    monkeypatch.setattr(memory, "parameter_devices", lambda model: [torch.device("cpu"), torch.device("cuda", 1)])  # a device map
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: ((256 * 2**20, 80 * 2**30) if torch.device(device) == torch.device("cuda", 1)
+                                                                     else pytest.fail(f"asked {device}")))
+    assert engine().attention_budget == 16 * 2**20  # the GPU's 256 MiB free: the least of the devices'
+    assert engine(attention_budget="none").attention_budget is None and engine(attention_budget=None).attention_budget is None
+    assert engine(attention_budget="4096").attention_budget == 4096 and engine(attention_budget=np.int64(4096)).attention_budget == 4096
+    with pytest.raises(BertologyError, match=r"^--attention-budget 'lots': give a number of bytes, auto or none$"):
+        engine(attention_budget="lots")
+    with pytest.raises(BertologyError, match="at least 1 byte"):
+        engine(attention_budget="0")
+
+
+def test_by_default_a_batch_past_the_free_memory_share_goes_by_blocks(bert64, monkeypatch):
+    """With no budget given, a machine whose free memory's sixteenth is less than a batch's layer maps computes them by
+    blocks of query rows, and the profile equals its whole-map run."""
+    examples = tiny_examples()
+    whole = GeneralProfile(bert64.kind)
+    Engine(bert64, batch_size=4, progress=False, attention_budget=None).run(examples, [whole])
+    monkeypatch.setattr(memory, "available_ram", lambda: 16 * 3000)
+    engine = Engine(bert64, batch_size=4, progress=False)
+    assert engine.attention_budget == 3000
+    batches = list(engine.batches(engine.encode(enumerate(examples), RunStats())))
+    rows = [engine.query_rows(items) for items in batches]
+    assert all(engine.layer_bytes(items) > 3000 for items in batches) and all(r is not None and r < len(b[0]) for r, b in zip(rows, batches))
+    blocked = GeneralProfile(bert64.kind)
+    assert not engine.run(examples, [blocked]).left_out
+    assert_same_result(whole.result(), blocked.result(), "profile by blocks under auto", rtol=1e-9, atol=1e-12)
+
+
+def test_the_default_budget_leaves_minilm_whole(minilm, monkeypatch):
+    """all-MiniLM-L6-v2's largest batch, three sequences of 512 pieces (the cap on a batch's attention), holds 3 x 12 x 512^2 x 4
+    bytes a layer, 36 MiB: under auto's 64 MiB, so the default run computes whole maps, as it did before the budget."""
+    monkeypatch.setattr(memory, "available_ram", lambda: 8 * 2**30)
+    engine = Engine(minilm, progress=False)
+    batches = list(engine.batches(engine.encode(enumerate([Example(" ".join(["word"] * 600))] * 8), RunStats())))
+    assert [(len(items), len(items[0])) for items in batches] == [(3, 512), (3, 512), (2, 512)]
+    assert engine.layer_bytes(batches[0]) == 3 * 12 * 512 * 512 * 4 <= engine.attention_budget == 2**26
+    assert all(engine.query_rows(items) is None for items in batches)
+
+
+def test_a_family_left_out_past_the_budget_leaves_the_run_complete(tiny_bert_dir, tmp_path):
+    """Through the command line: past --attention-budget the profile, roles and patterns fold the blocks, and the mixing
+    ratios (whole maps) and the rollout (its two n x n products past the budget) are left out of the run, each in one line
+    naming the budget: the run is complete (exit 0), not partial. Without the flag the manifest records auto's bytes, and
+    nothing is left out."""
+    from test_cli import bertology
+
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    common = ("analyze", "-m", tiny_bert_dir, "-c", corpus, "--batch-size", 3, "--device", "cpu", "-q")
+    result = bertology(*common, "-o", tmp_path / "budget", "--attention-budget", 2000)
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "budget" / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["failures"] == {} and manifest["settings"]["attention_budget"] == 2000
+    assert sorted(manifest["left_out"]) == ["mixing", "rollout"]
+    for family, line in manifest["left_out"].items():
+        assert line.startswith(f"{family} left out: ") and "attention budget of 2,000 bytes" in line and line in result.stdout.splitlines()
+        assert not (tmp_path / "budget" / f"{family}.csv").exists()
+    assert (tmp_path / "budget" / "heads.csv").is_file() and (tmp_path / "budget" / "roles.csv").is_file()
+    result = bertology(*common, "-o", tmp_path / "auto")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "auto" / "manifest.json").read_text())
+    free = memory.available_ram()
+    budget = manifest["settings"]["attention_budget"]
+    assert budget == 2**26 if free is None or free > 2 * 16 * 2**26 else 0 < budget <= 2**26
+    assert manifest["status"] == "complete" and manifest["left_out"] == {} and (tmp_path / "auto" / "rollout.csv").is_file()

@@ -86,7 +86,7 @@ class Resume:
         if stats.seconds < 0 or not all(isinstance(s, str) for s in stats.skipped_sources):  # seconds: a finite number (check_like)
             raise StateError(where, "the saved stats are damaged (time or skipped sources)")
         if not all(isinstance(k, int) and not isinstance(k, bool) and 0 <= k < len(analyzers) and isinstance(message, str)
-                   for k, message in stats.failed.items()):
+                   for k, message in (*stats.failed.items(), *stats.left_out.items())):
             raise StateError(where, f"the saved stats name failed analyzers that are none of this run's {len(analyzers)}")
         if len(saved_analyzers) != len(analyzers) or any(type(a) is not type(b) for a, b in zip(saved_analyzers, analyzers)):
             raise BertologyError(f"{self.folder}: the saved analyzers do not match this run's; delete that folder to start over")
@@ -355,7 +355,7 @@ def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list,
         def fold(result) -> None:
             shard, shard_analyzers, shard_stats = result
             for position, (mine, theirs) in enumerate(zip(analyzers, shard_analyzers)):
-                if position not in stats.failed and position not in shard_stats.failed:
+                if position not in stats.dropped and position not in shard_stats.dropped:
                     mine.merge(theirs)
             stats.add(shard_stats)
             done.add(shard)
@@ -377,6 +377,6 @@ def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list,
                 pool.submit(lambda actor, job: actor.run.remote(*job), (shard, shard * shard_size, chunk, plan))
             while pool.has_next():
                 fold(pool.get_next_unordered())
-        if stats.failed and len(stats.failed) == len(analyzers):
-            raise BertologyError("; ".join(stats.failed.values()))
+        if stats.dropped and len(stats.dropped) == len(analyzers):
+            raise BertologyError("; ".join({**stats.failed, **stats.left_out}.values()))
         return stats

@@ -4,7 +4,7 @@ Memory stays bounded whatever the corpus size: examples are read lazily, sorted 
 within a window of ``batch_size * sort_window`` examples (to cut padding), and each batch's
 attention ``[layer, batch, head, query, key]`` is dropped once the analyzers have seen it. A
 batch is also capped so that its attention tensor holds at most ``max_attention_elements``. Past an ``attention_budget``
-(one sequence can exceed any cap), each layer's maps are computed by blocks of query rows
+(one sequence can exceed any cap; by default ``auto``, :mod:`bertology.core.model.memory`), each layer's maps are computed by blocks of query rows
 (:func:`~bertology.core.model.hooks.bertology_attention`) and folded block by block by the analyzers that can
 (:func:`folds_row_blocks`), so a pass holds one block of one layer's maps, not ``heads x n x n``.
 """
@@ -30,6 +30,7 @@ from bertology.core.measures.contributions import CONTRIBUTION_MEASURES, alti_co
 from bertology.core.measures.norms import CONTRIBUTION_VIEWS, WEIGHTINGS, mixing_ratios, norm_shares, transformed_norms
 from bertology.core.model.hooks import Hooks, uniform_attention
 from bertology.core.model.kinds import DECODER, ENCODER, Kind, uniform_rows
+from bertology.core.model.memory import resolved_attention_budget
 from bertology.core.model.models import PUNCT_SETS, LoadedModel, attention_blocks, punctuation_table
 from bertology.core.text.alignment import WordAlignment, align, default_word_spans, to_word_level
 from bertology.core.text.corpora import Example
@@ -455,6 +456,9 @@ class RunStats:
     skipped_sources: list[str] = field(default_factory=list)
     #: Analyzers whose ``update`` raised (``isolate=True``): position in the run's analyzers -> the error, one line.
     failed: dict[int, str] = field(default_factory=dict)
+    #: Analyzers left out of the pass past the attention budget (they read whole maps, or hold more than it; ``isolate=True``):
+    #: position -> the one line that says why. Not a failure: the budget is a setting of the run.
+    left_out: dict[int, str] = field(default_factory=dict)
 
     def add(self, other: "RunStats") -> "RunStats":
         """Fold in the counts of another part of the corpus (a shard); ``seconds`` is left to the caller (wall time)."""
@@ -467,7 +471,14 @@ class RunStats:
         self.skipped_sources = (self.skipped_sources + other.skipped_sources)[:MAX_SKIPPED_SOURCES]
         for position, message in other.failed.items():
             self.failed.setdefault(position, message)
+        for position, message in other.left_out.items():
+            self.left_out.setdefault(position, message)
         return self
+
+    @property
+    def dropped(self) -> set[int]:
+        """The analyzers out of the pass: failed or left out."""
+        return set(self.failed) | set(self.left_out)
 
     @property
     def seen(self) -> int:
@@ -534,11 +545,14 @@ class Engine:
         ``"uniform"``: run the null model instead of the model's own attention: every head attends uniformly over the keys the
         model's mask lets each query see (:func:`~bertology.core.model.hooks.uniform_attention`, docs/methods.md#the-null-model),
         so that a run can count the claims it makes where there is nothing to find.
-    attention_budget : int, optional
+    attention_budget : int, "auto" or None
         Most bytes of one layer's maps (``batch * heads * n * n`` in the statistics dtype, float32 at least) a batch may
         hold at once: past it, each layer's maps are computed by blocks of query rows that fit it (at least one row), handed
-        to the analyzers that fold blocks (``folds_row_blocks``, :func:`folds_row_blocks`); the others are left out of such a
-        batch with one line naming the budget (``RunStats.failed`` with ``isolate``, else an error). None: no budget.
+        to the analyzers that fold blocks (``folds_row_blocks``, :func:`folds_row_blocks`); the others are left out of the
+        rest of the pass with one line naming the budget (``RunStats.left_out`` with ``isolate``, else an error). ``"auto"``
+        (the default): the smaller of 64 MiB and a sixteenth of the free memory of the devices that hold the layers
+        (:func:`~bertology.core.model.memory.auto_attention_budget`), resolved here into :attr:`attention_budget`. None: no
+        budget, whole maps.
     query_block : int, optional
         Compute every layer's maps this many query rows at a time, whatever the budget (a test of the blocks, a fixed size).
     punct : {"upos", "clark"}
@@ -560,7 +574,7 @@ class Engine:
         punct: str = "upos",
         layerwise: bool = True,
         null: str | None = None,
-        attention_budget: int | None = None,
+        attention_budget: int | str | None = "auto",
         query_block: int | None = None,
     ):
         if punct not in PUNCT_SETS:
@@ -573,12 +587,10 @@ class Engine:
             raise ValueError("batch_tokens must be at least 1")
         if null not in NULL_MODELS:
             raise BertologyError(f"unknown null model {null!r}: use {' or '.join(repr(name) for name in NULL_MODELS)}")
-        if attention_budget is not None and attention_budget < 1:
-            raise BertologyError("the attention budget must be at least 1 byte")
         if query_block is not None and query_block < 1:
             raise BertologyError("a block of queries must hold at least 1 row")
         self.null = null
-        self.attention_budget, self.query_block = attention_budget, query_block
+        self.attention_budget, self.query_block = resolved_attention_budget(attention_budget, model.model), query_block
         self.model = model
         self.batch_size = batch_size
         self.batch_tokens = batch_tokens
@@ -910,19 +922,21 @@ class Feeder:
         self.analyzers, self.weightings, self.stats, self.isolate = analyzers, weightings, stats, isolate
 
     def refuse(self, position: int, message: str) -> None:
-        """Leave analyzer ``position`` out of the rest of the pass with the one line ``message``, as one whose update raised."""
-        def refused():
+        """Leave analyzer ``position`` out of the rest of the pass with the one line ``message`` (``stats.left_out``); without
+        ``isolate``, or where no other analyzer is left, raised."""
+        if position in self.stats.dropped:
+            return
+        if not self.isolate or len(self.stats.dropped) == len(self.analyzers) - 1:
             raise BertologyError(message)
-
-        self.feed(position, refused)
+        self.stats.left_out[position] = message
 
     def feed(self, position: int, call: Callable[[], object]) -> None:
-        if position in self.stats.failed:
+        if position in self.stats.dropped:
             return
         try:
             call()
         except Exception as exc:
-            if not self.isolate or len(self.stats.failed) == len(self.analyzers) - 1:
+            if not self.isolate or len(self.stats.dropped) == len(self.analyzers) - 1:
                 raise
             self.stats.failed[position] = one_line_error(exc)
 

@@ -143,9 +143,10 @@ PASS = (
            "show its claims beside the run's in the summary and the report: it should make none."),
     Option("checkpoint_every", None, "Save the pass's states every N batches [default: every 30 s]; rerun the same command with the same --out "
            "to resume.", type=int, minimum=1),
-    Option("attention_budget", None, "Most bytes of one layer's maps a batch holds at once (batch x heads x n x n, float32): past it the maps "
-           "are computed by blocks of query rows that fit, and a family that needs whole maps is left out of such a batch with one line "
-           "[default: no budget, whole maps].", type=int, minimum=1),
+    Option("attention_budget", "auto", "Most bytes of one layer's maps a batch holds at once (batch x heads x n x n, float32): past it the maps "
+           "are computed by blocks of query rows that fit, and a family that needs whole maps is left out of the run with one line. auto: the "
+           "smaller of 64 MiB and a sixteenth of the free memory of the devices that hold the layers (the manifest records the bytes); "
+           "none: whole maps, however large.", type=str),
 )
 #: A GLUE-style task: a folder with train.tsv and dev.tsv, or the two files and their columns.
 TASK = (

@@ -4,13 +4,14 @@ a budget of head pairs x rows x keys per sequence, past it the approximation ove
 from functools import partial
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from conftest import WORDS, tiny_examples
 from scipy.spatial.distance import jensenshannon
 
 from bertology.core.analyzer import LayerwiseAnalyzer
-from bertology.core.engine import Engine
+from bertology.core.engine import Engine, RunStats
 from bertology.core.statistics.stats import keyed_rng, sequence_key
 from bertology.core.testing import check_analyzer
 from bertology.core.text.corpora import Example
@@ -144,3 +145,31 @@ def test_past_the_budget_the_pass_holds_the_cross_layer_rows_alone(bert64):
     examples = long_examples(count=4)
     run(bert64, examples, analyzer, batch_size=4)
     assert held == [analyzer._cross_rows] and analyzer._cross_rows <= 4 * 4 < analyzer._within_rows < analyzer._rows
+
+
+def test_the_approximation_note_counts_each_pair_of_heads_once(bert64, tiny_bert_dir, tmp_path):
+    """2 layers x 4 heads make 8 x 7 / 2 = 28 pairs of heads, 4 x 4 = 16 of them across layers (counted by hand); the table
+    holds every ordered pair and each head beside itself, which is no pair. Past the budget on every pair the note names 28
+    (also under two views, whose tables stack), on the cross-layer pairs alone 16; and the command line prints it."""
+    from test_cli import bertology
+
+    from bertology.families.profile.report import head_distance_approximation_note
+
+    examples = tiny_examples()
+    longest = max(len(item) for item in Engine(bert64, progress=False).encode(enumerate(examples), RunStats()))
+    # 300 JS terms: every kind of pair on sampled rows; 20 n^2: the within-layer pairs' 12 n^2 fit, all 28 pairs' do not
+    for budget, pairs, kinds in ((300, 28, ("within-layer", "cross-layer")), (20 * longest**2, 16, ("cross-layer",))):
+        analyzer = HeadDistance(sample=1.0, budget=budget)
+        run(bert64, examples, analyzer)
+        table = analyzer.result()
+        note = head_distance_approximation_note(table)
+        assert f"for {pairs} pairs of heads" in note and all(f"{kind} pairs on" in note for kind in kinds), note
+        assert ("within-layer" in note) == (len(kinds) == 2)
+        views = pd.concat([table.assign(weighting=view) for view in ("attention", "norm")], ignore_index=True)
+        assert f"for {pairs} pairs of heads" in head_distance_approximation_note(views)
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text("\n".join(example.text for example in examples) + "\n")
+    result = bertology("profile", "-m", tiny_bert_dir, "-c", corpus, "-o", tmp_path / "run", "--head-distance-budget", 300,
+                       "--head-distance-sample", 1, "--device", "cpu", "-q")
+    assert result.returncode == 0, result.stderr
+    assert "The head distance is an approximation (approximation: sampled rows) for 28 pairs of heads" in result.stdout

@@ -121,11 +121,13 @@ def head_map_figure(embedding: pd.DataFrame):
 def head_distance_approximation_note(head_distance: pd.DataFrame) -> str:
     """One line naming the head distance's approximation and the rows each kind of pair ran over (Clark et al.'s distance
     is the mean over every row of the sampled sequences of JS(A_i, B_i); past the budget, over sampled rows)."""
-    approximated = head_distance[head_distance.method != EXACT]
+    a, b = head_distance[["layer_a", "head_a"]].to_numpy(), head_distance[["layer_b", "head_b"]].to_numpy()
+    first = (a[:, 0] < b[:, 0]) | ((a[:, 0] == b[:, 0]) & (a[:, 1] < b[:, 1]))  # each pair once: not (b, a), not a head and itself
+    approximated = head_distance[first & (head_distance.method != EXACT)].drop_duplicates(["layer_a", "head_a", "layer_b", "head_b"])  # views
     same = approximated.layer_a == approximated.layer_b
     rows = "; ".join(f"{what} pairs on {int(part.rows.iloc[0]):,} rows" for what, part in (("within-layer", approximated[same]),
                                                                                           ("cross-layer", approximated[~same])) if len(part))
-    return (f"The head distance is an approximation ({approximated.method.iloc[0]}) for {len(approximated) // 2:,} pairs of heads: sequences "
+    return (f"The head distance is an approximation ({approximated.method.iloc[0]}) for {len(approximated):,} pairs of heads: sequences "
             f"past --head-distance-budget (head pairs x rows x keys) compare their heads on a sample of their rows ({rows}; "
             "head_distance.csv's rows and method columns).")
 

@@ -85,7 +85,7 @@ class Analyze(Study):
         for name, family_result in result.results.items():
             lines += registry[name].summary(family_result)
         lines += [result.claims_line()] + ([f"calibration, {result.settings['calibration']}"] if result.settings.get("calibration") else [])
-        lines += [f"warning: {warning}" for warning in result.warnings]
+        lines += [f"warning: {warning}" for warning in result.warnings] + list(result.left_out.values())  # "NAME left out: why"
         return [*lines, f"report: {(result.out / 'report.html').resolve()}"]
 
     def failed(self, result) -> str | None:

@@ -24,6 +24,7 @@ from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.measures.norms import CONTRIBUTION_VIEWS, WEIGHTING_TITLES, parse_weighting
 from bertology.core.model.kinds import Kind, kind_named
+from bertology.core.model.memory import parameter_devices
 from bertology.core.model.models import LoadedModel, attention_blocks, default_model_path, load_model, load_tokenizer
 from bertology.core.options import check_seed
 from bertology.core.statistics.stats import MIN_SAMPLE
@@ -74,8 +75,9 @@ class Analysis:
     (layers); ``"rollout"``; ``"mixing"``; ``"sinks"``, ``"sink_rates"``, ... (sinks); with hand labels,
     ``"pattern_training"``, ``"pattern_confusion"``, ``"classifier"`` (patterns); and those of users' families. A table of
     a family that did not run, or failed, is None; ``failures`` maps each failed family to its error (the run folder is
-    then ``partial``). Where the run reads norm shares (``weighting="norm"`` or ``"attention,norm"``), every table of a
-    family that reads the maps has a first column ``weighting`` and holds each view's rows; ``by_view`` keeps each view's
+    then ``partial``), ``left_out`` each family left out past the attention budget to the one line that says why (the run
+    is complete: the budget is one of its settings). Where the run reads norm shares (``weighting="norm"`` or
+    ``"attention,norm"``), every table of a family that reads the maps has a first column ``weighting`` and holds each view's rows; ``by_view`` keeps each view's
     results apart.
     """
 
@@ -89,6 +91,7 @@ class Analysis:
     warnings: list[str] = field(default_factory=list)
     view: AttentionView | None = None
     failures: dict[str, str] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)
     #: Seconds of each phase of the run: ``load`` (the model), ``pass``, ``finish:FAMILY`` (tests, probes), ``viewer``,
     #: ``report`` (figures, sections and page); in the manifest and the report.
     phases: dict[str, float] = field(default_factory=dict)
@@ -150,6 +153,7 @@ class Analysis:
             **({"phases": ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.phases.items())} if self.phases else {}),
             "started": self.started,
             **({"failed": "; ".join(f"{family}: {message}" for family, message in self.failures.items())} if self.failures else {}),
+            **({"left out": "; ".join(self.left_out.values())} if self.left_out else {}),
         }
 
     @claims_out
@@ -195,7 +199,7 @@ class Analysis:
                 sections.append(viewer_section(self.view))
             self.phases["report"] = round(time.perf_counter() - began, 2)  # the page's rendering itself is a few milliseconds
             report = Report(title=f"bertology: {self.model['name']} on {self.corpus['name']}", summary=self.summary(), sections=sections)
-            manifest = {"failures": self.failures, "model": self.model, "corpus": self.corpus,
+            manifest = {"failures": self.failures, "left_out": self.left_out, "model": self.model, "corpus": self.corpus,
                         "settings": {name: _json_setting(value) for name, value in self.settings.items()}, "seed": self.settings["seed"],
                         "stats": self.stats.as_dict(), "phases": self.phases, "peak_device_memory": self.device_memory,
                         "skipped_sources": self.stats.skipped_sources, "started": self.started,
@@ -342,7 +346,7 @@ def _count_examples(examples, corpus_info: dict) -> int:
 
 def cuda_devices(loaded: LoadedModel) -> list[torch.device]:
     """The CUDA devices the model's parameters are on (one, or several under a device map)."""
-    return sorted({p.device for p in loaded.model.parameters() if p.device.type == "cuda"}, key=str)
+    return [device for device in parameter_devices(loaded.model) if device.type == "cuda"]
 
 
 def peak_device_memory(devices: list[torch.device]) -> dict[str, int]:
@@ -457,7 +461,9 @@ def _resume_point(out, examples, corpus_info: dict, loaded: LoadedModel, setting
     facts = {"model": {key: value for key, value in loaded.info().items() if key != "device"}, "config": loaded.model.config.to_json_string(),
              "weights": loaded.weights_digest(), "tokenizer": loaded.tokenizer_digest(), "state_format": states.STATE_FORMAT,
              "corpus": {"content": content, **{key: corpus_info.get(key) for key in ("format", "examples")}},
-             "settings": {key: str(value) for key, value in settings.items() if key not in ("device", "kind")},  # kind: the model's
+             # kind: the model's; the attention budget (auto: a share of the free memory) changes how the maps are computed, not
+             # the numbers, and a family left out past it stays out of the resumed run (RunStats.left_out)
+             "settings": {key: str(value) for key, value in settings.items() if key not in ("device", "kind", "attention_budget")},
              "bertology": package_versions()["bertology"]}
     return Resume(out, fingerprint(**facts), every_batches=checkpoint_every)
 
@@ -496,17 +502,21 @@ def _finish_family(analysis: Analysis, family: Family, one_pass: FamilyPass, eng
 
 
 def _finish_families(analysis: Analysis, one_pass: FamilyPass, engine: Engine) -> None:
-    """Finish every family that did not fail during the pass, each timed; BertologyError where every family failed."""
+    """Finish every family that did not fail during the pass, or was left out of it, each timed; BertologyError where every
+    family failed or was left out."""
     for position, message in analysis.stats.failed.items():  # an analyzer that failed during the pass takes its family out
         analysis.failures.setdefault(one_pass.fed[position][0], message)
+    for position, message in analysis.stats.left_out.items():  # and one left out past the attention budget
+        if one_pass.fed[position][0] not in analysis.failures:
+            analysis.left_out.setdefault(one_pass.fed[position][0], message)
     for family in one_pass.families:
-        if family.name in analysis.failures:
+        if family.name in analysis.failures or family.name in analysis.left_out:
             continue
         began = time.perf_counter()
         _finish_family(analysis, family, one_pass, engine)
         analysis.phases[f"finish:{family.name}"] = round(time.perf_counter() - began, 2)
-    if len(analysis.failures) == len(one_pass.families):  # nothing left worth a run folder
-        raise BertologyError("; ".join(analysis.failures.values()))
+    if len(analysis.failures) + len(analysis.left_out) == len(one_pass.families):  # nothing left worth a run folder
+        raise BertologyError("; ".join({**analysis.failures, **analysis.left_out}.values()))
 
 
 def _calibration(analysis: Analysis, chosen: list[Family], examples, engine: Engine, spacy_pipeline: str | None, *, parse: bool,
@@ -574,7 +584,7 @@ def analyze(
     workers: int | None = None,
     address: str | None = None,
     checkpoint_every: int | None = None,
-    attention_budget: int | None = None,
+    attention_budget: int | str | None = "auto",
     trust_remote_code: bool = False,
     dtype: str = "auto",
     device_map: str | dict | None = None,
@@ -613,8 +623,9 @@ def analyze(
     ``out/resume/`` at least every 30 seconds (or every ``checkpoint_every`` batches); the same call after an
     interruption resumes from them.
     ``attention_budget``: the most bytes of one layer's maps a batch holds at once (:class:`~bertology.core.engine.Engine`):
-    past it each layer's maps are computed by blocks of query rows, and a family that needs whole maps is left out of such a
-    batch with one line in ``failures`` (None: whole maps).
+    past it each layer's maps are computed by blocks of query rows, and a family that needs whole maps is left out of the run
+    with one line in ``left_out``; ``"auto"`` (the default), the smaller of 64 MiB and a sixteenth of the free memory of the
+    devices that hold the layers (:mod:`bertology.core.model.memory`), recorded in ``settings`` as bytes; None: whole maps.
     ``dtype`` (``auto``, ``float32``, ``bfloat16``, ``float16``) and ``device_map`` (accelerate's, ``auto``; not with Ray)
     are :func:`~bertology.core.model.models.load_model`'s; the model's info in the manifest records both.
     With ``out`` (checked before anything runs), the run folder is written there. ``view`` adds the
@@ -640,9 +651,7 @@ def analyze(
     torch.manual_seed(seed)
     engine = Engine(loaded, batch_size=batch_size, batch_tokens=batch_tokens, max_length=max_length, overflow=overflow, progress=progress,
                     punct=punct, null=null, attention_budget=attention_budget)
-    settings["max_length"] = engine.max_length
-    if attention_budget is not None:
-        settings["attention_budget"] = attention_budget
+    settings["max_length"], settings["attention_budget"] = engine.max_length, engine.attention_budget  # auto: resolved, in bytes
     if null is not None:
         settings["null"] = null
     one_pass = _plan_pass(chosen, settings, loaded.kind, spacy_pipeline, parse=parser == "spacy")
