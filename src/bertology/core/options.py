@@ -46,6 +46,11 @@ class Option:
         return self.flag or "--" + self.name.replace("_", "-")
 
     @property
+    def flag_name(self) -> str:
+        """The flag that names the option in a message: its first (``--model`` of ``--model -m``, ``--probe`` of ``--probe/--no-probe``)."""
+        return self.cli_flag.split()[0].split("/")[0]
+
+    @property
     def cli_type(self) -> type:
         if self.parse is not None:
             return str
@@ -110,7 +115,8 @@ CORPUS = (
     Option("synthetic_repeats", None, "Instead of --corpus: N seeded sequences of --synthetic-length random whole-word pieces of the "
            "model's vocabulary, each repeated twice (Olsson et al. 2022's probe; the induction score on it is their prefix matching).",
            type=int, minimum=1),
-    Option("synthetic_length", 50, "Pieces in each half of a --synthetic-repeats sequence (Olsson et al.: 50).", minimum=2),
+    Option("synthetic_length", None, "Pieces in each half of a --synthetic-repeats sequence, given only with it [default: 50, as Olsson et al.].",
+           type=int, minimum=2),
 )
 #: Dependency trees for a corpus without them.
 TREES = (

@@ -20,7 +20,8 @@ from bertology import analyze
 from bertology.core.engine import Engine
 from bertology.core.errors import BertologyError
 from bertology.core.model.models import load_model
-from bertology.core.text.corpora import Example, synthetic_repeats, whole_word_pieces
+from bertology.core.text.corpora import Example
+from bertology.core.text.synthetic import synthetic_repeats, whole_word_pieces
 from bertology.families.headtypes.analyzer import DUPLICATE, HEAD_TYPES, INDUCTION, PREVIOUS, HeadTypes, head_types
 
 EXAMPLES = [Example(text) for text in TEXTS]
@@ -265,7 +266,7 @@ def test_the_synthetic_probe_tokenizes_back_to_the_pieces_drawn(model, request):
     tokenizer = loaded.tokenizer
     pool = whole_word_pieces(tokenizer)
     assert len(pool) > 10 and not set(pool) & set(tokenizer.all_special_ids)
-    probe = synthetic_repeats(tokenizer, 6, 9, seed=4)
+    probe = list(synthetic_repeats(tokenizer, 6, 9, seed=4))
     assert [example.source for example in probe] == [f"synthetic:{k}" for k in range(1, 7)]
     for example in probe:
         ids = tokenizer(example.text, add_special_tokens=False)["input_ids"]
@@ -280,7 +281,7 @@ def test_induction_on_the_synthetic_probe_is_prefix_matching(llama64):
     result = analyze(llama64, synthetic_repeats=8, synthetic_length=7, seed=2, analyses=["headtypes"], min_sample=5, view=False,
                      progress=False)
     assert result.corpus["name"] == "synthetic-repeats-8x7" and result.corpus["examples"] == 8
-    probe = synthetic_repeats(llama64.tokenizer, 8, 7, seed=2)
+    probe = list(synthetic_repeats(llama64.tokenizer, 8, 7, seed=2))
     assert all(example.second_copy == 7 for example in probe)
     halves = [llama64.tokenizer(example.text, add_special_tokens=False)["input_ids"][:7] for example in probe]
     assert any(len(set(half)) < 7 for half in halves)  # chance repeats in a first copy, whose rows prefix matching leaves out

@@ -140,3 +140,6 @@ def test_track_on_the_synthetic_probe(tiny_gpt2_dir, tmp_path):
     assert result.induction.value.notna().all()  # every sequence repeats its pieces
     with pytest.raises(BertologyError, match="give no corpus"):
         track(checkpoints, [Example("the cat sat.")], synthetic_repeats=3, device="cpu", progress=False)
+    with pytest.raises(BertologyError, match=r"^--synthetic-length 11 makes sequences of 22 pieces .* more than --max-length 20: .* "
+                                             r"the longest that fits is --synthetic-length 10$"):  # GPT-2 adds no special token
+        track(checkpoints, synthetic_repeats=3, synthetic_length=11, max_length=20, device="cpu", progress=False)

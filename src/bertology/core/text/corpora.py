@@ -16,11 +16,10 @@ from importlib import resources
 from pathlib import Path
 from typing import BinaryIO
 
-import numpy as np
 from conllu.exceptions import ParseException
 from conllu.parser import DEFAULT_FIELDS, parse_line
 
-from bertology.core.errors import BertologyError, CorpusError, StateError
+from bertology.core.errors import CorpusError, StateError
 from bertology.core.storage.safeload import parse_json
 
 FORMATS = ("auto", "text", "pairs", "glue", "conllu", "frames", "labels")
@@ -44,7 +43,7 @@ class Example:
     ``heads`` are 1-based CoNLL-U heads (0 = root), ``relations`` the dependency relations and
     ``upos`` the universal part-of-speech tags. ``frames``: the sentence's annotated frames (the ``frames`` format);
     ``pattern_label``: ``(layer, head, pattern)``, a hand label of one head's map of this input (the ``labels`` format).
-    ``second_copy``: in Olsson et al.'s probe (:func:`synthetic_repeats`), the position among the sequence's non-special
+    ``second_copy``: in Olsson et al.'s probe (:func:`~bertology.core.text.synthetic.synthetic_repeats`), the position among the sequence's non-special
     pieces where its second copy begins; the induction score then reads that copy's rows alone (the prefix-matching score).
     """
 
@@ -598,50 +597,3 @@ def has_frames(examples: Corpus | list[Example]) -> bool:
         return examples.format == "frames"
     return any(example.frames for example in examples)
 
-
-#: Olsson et al.'s (2022) probe of induction heads: sequences of this many random pieces, each sequence repeated twice.
-SYNTHETIC_LENGTH = 50
-#: Draws of one synthetic sequence before giving up on a tokenizer whose whole-word pieces do not come back from their text.
-SYNTHETIC_TRIES = 100
-
-
-def whole_word_pieces(tokenizer) -> list[int]:
-    """The ids of ``tokenizer``'s whole-word pieces, special tokens aside: a piece whose text is letters alone (after at most
-    a leading space: GPT-2's "Ġcat", Llama's "▁cat", BERT's "cat"; not "##s") and which, twice in a row, reads as two words
-    and is given back by tokenizing that text (a piece that only continues a word, GPT-2's "cat" without "Ġ", is not), in id
-    order."""
-    special = set(tokenizer.all_special_ids)
-    candidates = [piece for piece in sorted(set(tokenizer.get_vocab().values())) if piece not in special]
-    texts = tokenizer.batch_decode([[piece] for piece in candidates])
-    candidates = [piece for piece, text in zip(candidates, texts) if text.strip().isalpha() and text.lstrip(" ") == text.strip()]
-    if not candidates:
-        return []
-    doubled = tokenizer.batch_decode([[piece, piece] for piece in candidates])
-    back = tokenizer(doubled, add_special_tokens=False)["input_ids"]
-    return [piece for piece, text, ids in zip(candidates, doubled, back) if len(text.split()) == 2 and ids == [piece, piece]]
-
-
-def synthetic_repeats(tokenizer, count: int, length: int = SYNTHETIC_LENGTH, seed: int = 0) -> list[Example]:
-    """Olsson et al.'s (2022) probe of induction heads as a corpus: ``count`` sequences, each ``length`` whole-word pieces of
-    the vocabulary (:func:`whole_word_pieces`) drawn uniformly with replacement (numpy's generator seeded with ``seed``)
-    and then repeated, ``r_1 .. r_L r_1 .. r_L``, as text (``source`` ``synthetic:K``). Each text tokenizes back to
-    exactly the drawn pieces (special tokens aside); a draw whose text does not is drawn again (up to
-    :data:`SYNTHETIC_TRIES` times), so the model sees the probe as drawn."""
-    if count < 1 or length < 2:
-        raise BertologyError(f"a synthetic probe needs at least 1 sequence of at least 2 pieces, not {count} of {length}")
-    pool = whole_word_pieces(tokenizer)
-    if len(pool) < 2:
-        raise BertologyError(f"the tokenizer has {len(pool)} whole-word pieces that come back from their text: too few to draw a synthetic probe from")
-    rng = np.random.default_rng(seed)
-    examples = []
-    for number in range(1, count + 1):
-        for _ in range(SYNTHETIC_TRIES):
-            half = rng.choice(pool, size=length).tolist()
-            text = tokenizer.decode(half + half)
-            if tokenizer(text, add_special_tokens=False)["input_ids"] == half + half:
-                examples.append(Example(text, source=f"synthetic:{number}", second_copy=length))
-                break
-        else:
-            raise BertologyError(f"no draw of {length} whole-word pieces in {SYNTHETIC_TRIES} tokenized back to the pieces drawn: this "
-                                 "tokenizer cannot carry the synthetic probe as text")
-    return examples

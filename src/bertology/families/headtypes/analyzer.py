@@ -21,7 +21,7 @@ row ``1 / |V_i|`` over the keys it saw), ``u = mean_{i in R} |T_i| / |V_i|``, on
 ``s - u`` (:func:`~bertology.families.roles.analyzer.excess_over_uniform`: float noise counts as 0) gets a one-sided t-test
 ``H0: mean(s - u) <= 0`` over sequences, corrected within each role over the heads; below ``min_sample`` sequences no
 p-value. Olsson et al.'s prefix-matching score is the induction score on the synthetic probe of random tokens repeated
-twice (``--synthetic-repeats``, :func:`~bertology.core.text.corpora.synthetic_repeats`).
+twice (``--synthetic-repeats``, :func:`~bertology.core.text.synthetic.synthetic_repeats`).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ class Profile(Family):
     def prepare(self, settings):
         share = settings["head_distance_sample"]
         if not 0 < share <= 1:
-            raise BertologyError(f"head_distance_sample is the share of sequences the head distance reads: give more than 0 and at most 1, not {share}")
+            raise BertologyError(f"--head-distance-sample is the share of sequences the head distance reads: give more than 0 and at most 1, not {share}")
 
     def analyzers(self, settings, kind):
         from bertology.families.profile.analyzer import GeneralProfile, HeadDistance

@@ -30,8 +30,8 @@ from bertology.core.options import check_seed
 from bertology.core.statistics.stats import MIN_SAMPLE
 from bertology.core.storage import states
 from bertology.core.storage.runfolder import RunFolder, claims_out, complete_run, package_versions
-from bertology.core.text.corpora import SYNTHETIC_LENGTH, Corpus, Example, has_frames, has_trees, open_corpus
-from bertology.core.text.corpora import synthetic_repeats as synthetic_repeats_corpus
+from bertology.core.text.corpora import Corpus, Example, has_frames, has_trees, open_corpus
+from bertology.core.text.synthetic import require_synthetic_fits, synthetic_corpus, synthetic_probe_length
 from bertology.families import Family, FamilyContext, FamilyResult, get_family, registered
 from bertology.render.html import Report
 from bertology.studies.analyze.weightings import combine_views, views_section
@@ -242,12 +242,13 @@ def _choose_families(analyses: Iterable[str] | None, include: Iterable[str], exc
 
 def _family_settings(chosen: list[Family], options: dict) -> dict:
     """Every chosen family's options, the given value or the default; an option of no chosen family is refused."""
-    owners = {option.name: family for family in registered().values() for option in family.options}
+    owners = {option.name: (family, option) for family in registered().values() for option in family.options}
     for name in options:
         if name not in owners:
             raise BertologyError(f"unknown setting {name!r}: the families' settings are {', '.join(sorted(owners))}")
-        if owners[name] not in chosen:
-            raise BertologyError(f"{name} is a setting of {owners[name].name}, which this run does not include")
+        family, option = owners[name]
+        if family not in chosen:
+            raise BertologyError(f"{option.flag_name} is a setting of {family.name}, which this run does not include")
     return {option.name: options.get(option.name, option.default) for family in chosen for option in family.options}
 
 
@@ -261,25 +262,23 @@ def first_analysed(engine: Engine, examples) -> Example:
 
 def _read_arguments(corpus, format: str, limit: int | None, seed: int, weighting, backend: str, workers: int | None,
                     address: str | None, checkpoint_every: int | None, out, parser: str | None, *, model=None,
-                    trust_remote_code: bool = False, synthetic_repeats: int | None = None, synthetic_length: int = SYNTHETIC_LENGTH) -> tuple:
+                    trust_remote_code: bool = False, synthetic_repeats: int | None = None, synthetic_length: int | None = None) -> tuple:
     """Check the run's own arguments and open the corpus, before anything loads but the tokenizer of a synthetic probe (a
     user's first mistake is the one reported: the seed, the corpus, the weighting, the backend, the parser). With
-    ``synthetic_repeats``, the corpus is Olsson et al.'s probe drawn from ``model``'s vocabulary with the run's seed
-    (:func:`~bertology.core.text.corpora.synthetic_repeats`). Returns the examples, the corpus facts and the views of attention."""
+    ``synthetic_repeats``, the corpus is Olsson et al.'s probe drawn from ``model``'s vocabulary with the run's seed, its
+    first ``limit`` sequences alone (:func:`~bertology.core.text.synthetic.synthetic_corpus`; ``synthetic_length`` as
+    :func:`~bertology.core.text.synthetic.synthetic_probe_length` has it). Returns the examples, the corpus facts and the
+    views of attention."""
     check_seed(seed)
     if synthetic_repeats is None:
         examples, corpus_info = open_corpus(corpus, format, limit)
-    elif corpus is not None:
-        raise BertologyError("synthetic_repeats makes the corpus: give no corpus with it")
     else:
         if isinstance(model, LoadedModel):
             tokenizer = model.tokenizer
         else:
             source = default_model_path() if model is None else Path(str(model)).expanduser()
             tokenizer = load_tokenizer(str(source if source.exists() else model), trust_remote_code=trust_remote_code)
-        examples = synthetic_repeats_corpus(tokenizer, synthetic_repeats, synthetic_length, seed)[:limit]
-        corpus_info = {"name": f"synthetic-repeats-{synthetic_repeats}x{synthetic_length}", "path": None, "format": "synthetic repeats",
-                       "sha256": None}
+        examples, corpus_info = synthetic_corpus(tokenizer, synthetic_repeats, synthetic_length, seed, limit)
     views = parse_weighting(weighting)
     if backend not in BACKENDS:
         raise BertologyError(f"unknown backend {backend!r}: use local or ray")
@@ -288,7 +287,7 @@ def _read_arguments(corpus, format: str, limit: int | None, seed: int, weighting
     elif workers is not None or address is not None:
         raise BertologyError("--workers and --address go with --backend ray")
     if checkpoint_every is not None and out is None:
-        raise BertologyError("checkpoint_every saves into the run folder: give out too")
+        raise BertologyError("--checkpoint-every saves into the run folder: give --out too")
     if parser not in (None, *PARSERS):
         raise BertologyError(f"unknown parser {parser!r}: use gold (CoNLL-U trees) or spacy")
     return examples, corpus_info, views
@@ -385,7 +384,7 @@ def _fit_kind(chosen: list[Family], loaded: LoadedModel, settings: dict, asked: 
     for name, reason in unfit.items():
         if name in asked:  # asked for by name: refused in one line
             raise BertologyError(f"{name} does not run on {loaded.name} ({_a(kind)}): {reason}")
-        given = [option.name for option in get_family(name).options if option.name in options]
+        given = [option.flag_name for option in get_family(name).options if option.name in options]
         if given:
             raise BertologyError(f"{given[0]} is a setting of {name}, which does not run on {_a(kind)}: {reason}")
     if not unfit:
@@ -574,7 +573,7 @@ def analyze(
     seed: int = 0,
     punct: str = "upos",
     synthetic_repeats: int | None = None,
-    synthetic_length: int = SYNTHETIC_LENGTH,
+    synthetic_length: int | None = None,
     correction: str = "fdr_bh",
     min_sample: int = MIN_SAMPLE,
     weighting: str | Iterable[str] = "attention",
@@ -609,8 +608,10 @@ def analyze(
     punctuation set: ``upos`` (every punctuation-only piece) or
     ``clark`` (the pieces "." and "," only, as in Clark et al.'s code; docs/methods.md#head-profile).
     ``synthetic_repeats``: instead of ``corpus``, Olsson et al.'s (2022) probe of induction heads: that many sequences of
-    ``synthetic_length`` random whole-word pieces of the model's vocabulary (drawn with ``seed``), each repeated twice
-    (:func:`~bertology.core.text.corpora.synthetic_repeats`; docs/methods.md#decoder-head-types).
+    ``synthetic_length`` (default 50, given only with the probe) random whole-word pieces of the model's vocabulary (drawn
+    with ``seed``), each repeated twice (:func:`~bertology.core.text.synthetic.synthetic_repeats`;
+    docs/methods.md#decoder-head-types); ``limit`` draws only the first so many, and a probe longer than the run reads is
+    refused before the pass (:func:`~bertology.core.text.synthetic.require_synthetic_fits`).
     ``weighting``: the view of attention every family reads, ``"attention"`` (the weights), ``"norm"``
     (Kobayashi et al. 2020's norm shares, docs/methods.md#norms-and-mixing) or both (``"attention,norm"``), in one pass.
     ``null="uniform"`` runs the null model instead of the model's attention (every head uniform over the keys it sees: the
@@ -634,6 +635,7 @@ def analyze(
     ``failures`` (BertologyError when every family fails).
     """
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    synthetic_length = synthetic_probe_length(corpus, synthetic_repeats, synthetic_length)
     examples, corpus_info, views = _read_arguments(corpus, format, limit, seed, weighting, backend, workers, address, checkpoint_every, out,
                                                    parser, model=model, trust_remote_code=trust_remote_code,
                                                    synthetic_repeats=synthetic_repeats, synthetic_length=synthetic_length)
@@ -652,6 +654,8 @@ def analyze(
     engine = Engine(loaded, batch_size=batch_size, batch_tokens=batch_tokens, max_length=max_length, overflow=overflow, progress=progress,
                     punct=punct, null=null, attention_budget=attention_budget)
     settings["max_length"], settings["attention_budget"] = engine.max_length, engine.attention_budget  # auto: resolved, in bytes
+    if synthetic_length is not None:
+        require_synthetic_fits(loaded.tokenizer, synthetic_length, engine.max_length, loaded.max_length, loaded.name)
     if null is not None:
         settings["null"] = null
     one_pass = _plan_pass(chosen, settings, loaded.kind, spacy_pipeline, parse=parser == "spacy")

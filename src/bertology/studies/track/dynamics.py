@@ -63,9 +63,9 @@ from bertology.core.options import check_seed
 from bertology.core.storage.runfolder import RunFolder, atomic_write, claims_out, complete_run, finished_run
 from bertology.core.storage.safeload import field as document_field
 from bertology.core.storage.safeload import parse_json, read_json, read_npz, whole_number
-from bertology.core.text.corpora import SYNTHETIC_LENGTH, open_corpus
-from bertology.core.text.corpora import synthetic_repeats as synthetic_repeats_corpus
+from bertology.core.text.corpora import open_corpus
 from bertology.core.text.parsing import spacy_trees
+from bertology.core.text.synthetic import require_synthetic_fits, synthetic_corpus, synthetic_probe_length
 from bertology.families.headtypes.analyzer import HeadTypes
 from bertology.families.headtypes.copying import copying_scores
 from bertology.families.profile.analyzer import EXCESS_TOLERANCE, GeneralProfile
@@ -880,6 +880,8 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
         loaded, with_lm_head = load_model(name, **options), False
     torch.manual_seed(settings["seed"])
     engine = Engine(loaded, batch_size=settings["batch_size"], max_length=settings["max_length"], progress=progress, punct=settings["punct"])
+    if "synthetic_length" in settings:  # before this checkpoint's pass: the first one's refuses before any runs
+        require_synthetic_fits(loaded.tokenizer, settings["synthetic_length"], engine.max_length, loaded.max_length, checkpoint)
     kind = loaded.kind
     profile, peaks = GeneralProfile(kind), LayerPeaks(kind, bootstrap=settings["bootstrap"], seed=settings["seed"])
     roles = HeadRoles(kind, tau=settings["tau"])
@@ -984,7 +986,7 @@ def track(
     workers: int | None = None,
     address: str | None = None,
     synthetic_repeats: int | None = None,
-    synthetic_length: int = SYNTHETIC_LENGTH,
+    synthetic_length: int | None = None,
 ) -> TrackResult:
     """Profile, roles and (with trees) syntactic heads of every checkpoint on one corpus, and the verdict.
 
@@ -998,8 +1000,10 @@ def track(
     reported, and ``Sink_eps`` at ``sink_eps`` is followed per layer (``track_layers``' ``sink_eps``) and overall (``verdict["sinks"]``).
     ``backend="ray"``: one checkpoint per Ray task across the cluster (``workers``, ``address`` as in
     :func:`bertology.analyze`); each part is saved as its task finishes. ``synthetic_repeats``: instead of ``corpus``, Olsson et
-    al.'s probe of that many sequences of ``synthetic_length`` random whole-word pieces repeated twice, drawn with ``seed`` from
-    the series' vocabulary (:func:`~bertology.core.text.corpora.synthetic_repeats`; every checkpoint of one series shares it).
+    al.'s probe of that many sequences of ``synthetic_length`` (default 50) random whole-word pieces repeated twice, drawn with
+    ``seed`` from the series' vocabulary, the first ``limit`` alone (:func:`~bertology.core.text.synthetic.synthetic_corpus`;
+    every checkpoint of one series shares it); one longer than ``max_length`` or the checkpoints' positions is refused before
+    its pass (:func:`~bertology.core.text.synthetic.require_synthetic_fits`).
     """
     if backend not in BACKENDS:
         raise BertologyError(f"unknown backend {backend!r}: use local or ray")
@@ -1007,18 +1011,15 @@ def track(
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     series = ordered_checkpoints([str(c) for c in checkpoints], steps)
     check_one_series([checkpoint for _, checkpoint in series], trust_remote_code)
+    synthetic_length = synthetic_probe_length(corpus, synthetic_repeats, synthetic_length)
     if synthetic_repeats is None:
         source, corpus_info = open_corpus(corpus, format, limit)
-    elif corpus is not None:
-        raise BertologyError("synthetic_repeats makes the corpus: give no corpus with it")
     else:
         from bertology.core.model.models import load_tokenizer
 
         first = series[0][1]
         tokenizer = load_tokenizer(str(default_model_path()) if first in ("default", DEFAULT_MODEL) else first, trust_remote_code=trust_remote_code)
-        source = synthetic_repeats_corpus(tokenizer, synthetic_repeats, synthetic_length, seed)[:limit]
-        corpus_info = {"name": f"synthetic-repeats-{synthetic_repeats}x{synthetic_length}", "path": None, "format": "synthetic repeats",
-                       "sha256": None}
+        source, corpus_info = synthetic_corpus(tokenizer, synthetic_repeats, synthetic_length, seed, limit)
     examples = list(spacy_trees(source) if parser == "spacy" else source)
     if not examples:
         raise BertologyError("the corpus has no examples")

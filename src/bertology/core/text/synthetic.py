@@ -1,0 +1,109 @@
+"""Olsson et al.'s (2022) probe of induction heads as a corpus: random whole-word pieces of a model's vocabulary, each
+sequence repeated twice (``--synthetic-repeats``, ``--synthetic-length``; docs/methods.md#decoder-head-types).
+
+The probe is drawn lazily, one sequence at a time, so a run that reads its first ``--limit`` sequences draws only those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import islice
+
+import numpy as np
+
+from bertology.core.errors import BertologyError
+from bertology.core.text.corpora import Example
+
+#: Olsson et al.'s (2022) probe of induction heads: sequences of this many random pieces, each sequence repeated twice.
+SYNTHETIC_LENGTH = 50
+#: Draws of one synthetic sequence before giving up on a tokenizer whose whole-word pieces do not come back from their text.
+SYNTHETIC_TRIES = 100
+
+
+def whole_word_pieces(tokenizer) -> list[int]:
+    """The ids of ``tokenizer``'s whole-word pieces, special tokens aside: a piece whose text is letters alone (after at most
+    a leading space: GPT-2's "Ġcat", Llama's "▁cat", BERT's "cat"; not "##s") and which, twice in a row, reads as two words
+    and is given back by tokenizing that text (a piece that only continues a word, GPT-2's "cat" without "Ġ", is not), in id
+    order."""
+    special = set(tokenizer.all_special_ids)
+    candidates = [piece for piece in sorted(set(tokenizer.get_vocab().values())) if piece not in special]
+    texts = tokenizer.batch_decode([[piece] for piece in candidates])
+    candidates = [piece for piece, text in zip(candidates, texts) if text.strip().isalpha() and text.lstrip(" ") == text.strip()]
+    if not candidates:
+        return []
+    doubled = tokenizer.batch_decode([[piece, piece] for piece in candidates])
+    back = _pieces(tokenizer, doubled)
+    return [piece for piece, text, ids in zip(candidates, doubled, back) if len(text.split()) == 2 and ids == [piece, piece]]
+
+
+def _pieces(tokenizer, text: str | list[str]) -> list[int] | list[list[int]]:
+    """The ids of ``text``'s pieces (of each text of a list), special tokens aside; no mask is made (a third of the time of
+    tokenizing a vocabulary's doubled pieces)."""
+    return tokenizer(text, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+
+
+def synthetic_repeats(tokenizer, count: int, length: int = SYNTHETIC_LENGTH, seed: int = 0) -> Iterator[Example]:
+    """Olsson et al.'s (2022) probe of induction heads as a corpus: ``count`` sequences, each ``length`` whole-word pieces of
+    the vocabulary (:func:`whole_word_pieces`) drawn uniformly with replacement (numpy's generator seeded with ``seed``)
+    and then repeated, ``r_1 .. r_L r_1 .. r_L``, as text (``source`` ``synthetic:K``). Each text tokenizes back to
+    exactly the drawn pieces (special tokens aside); a draw whose text does not is drawn again (up to
+    :data:`SYNTHETIC_TRIES` times), so the model sees the probe as drawn. The arguments and the vocabulary are checked now;
+    the sequences are drawn as they are read, so the first K of any ``count`` are the same K (``itertools.islice``)."""
+    if count < 1 or length < 2:
+        raise BertologyError(f"a synthetic probe needs at least 1 sequence of at least 2 pieces, not {count} of {length}")
+    pool = whole_word_pieces(tokenizer)
+    if len(pool) < 2:
+        raise BertologyError(f"the tokenizer has {len(pool)} whole-word pieces that come back from their text: too few to draw a synthetic probe from")
+    return _draws(tokenizer, np.asarray(pool), count, length, np.random.default_rng(seed))
+
+
+def _draws(tokenizer, pool: np.ndarray, count: int, length: int, rng: np.random.Generator) -> Iterator[Example]:
+    """:func:`synthetic_repeats`' sequences, drawn one at a time from ``pool`` (an array: ``rng.choice`` draws the same
+    pieces as from the list, without converting it at every draw)."""
+    for number in range(1, count + 1):
+        for _ in range(SYNTHETIC_TRIES):
+            half = rng.choice(pool, size=length).tolist()
+            text = tokenizer.decode(half + half)
+            if _pieces(tokenizer, text) == half + half:
+                yield Example(text, source=f"synthetic:{number}", second_copy=length)
+                break
+        else:
+            raise BertologyError(f"no draw of {length} whole-word pieces in {SYNTHETIC_TRIES} tokenized back to the pieces drawn: this "
+                                 "tokenizer cannot carry the synthetic probe as text")
+
+
+def synthetic_probe_length(corpus: object, count: int | None, length: int | None) -> int | None:
+    """The length of a run's synthetic probe, ``length`` or :data:`SYNTHETIC_LENGTH` where it is None, or None without a probe
+    (``count`` None). A probe given with a corpus, or a length without a probe, is refused in one line naming the flags."""
+    if count is None:
+        if length is not None:
+            raise BertologyError(f"--synthetic-length {length} is the length of the --synthetic-repeats probe's sequences: give "
+                                 "--synthetic-repeats N with it, or leave it out")
+        return None
+    if corpus is not None:
+        raise BertologyError("--synthetic-repeats makes the corpus: give no corpus (--corpus) with it")
+    return SYNTHETIC_LENGTH if length is None else length
+
+
+def synthetic_corpus(tokenizer, count: int, length: int, seed: int, limit: int | None) -> tuple[list[Example], dict]:
+    """A run's corpus of :func:`synthetic_repeats`: its first ``limit`` sequences (all ``count`` without one; only those
+    are drawn) and the corpus facts."""
+    examples = list(islice(synthetic_repeats(tokenizer, count, length, seed), limit))
+    return examples, {"name": f"synthetic-repeats-{count}x{length}", "path": None, "format": "synthetic repeats", "sha256": None}
+
+
+def require_synthetic_fits(tokenizer, length: int, max_length: int, model_length: int, model: str) -> None:
+    """Refuse, in one line and before any pass, a probe whose sequences are longer than a run reads: two copies of ``length``
+    pieces and the special tokens the tokenizer adds (``num_special_tokens_to_add``: Llama's BOS, BERT's [CLS] and [SEP]),
+    over ``max_length`` (the run's, at most the ``model_length`` positions ``model`` reads). Cut there, a sequence loses
+    its second copy, the rows every score of the probe reads. The line names the longest ``--synthetic-length`` that fits,
+    ``(max_length - special) // 2``."""
+    special = tokenizer.num_special_tokens_to_add(pair=False)
+    pieces = 2 * length + special
+    if pieces <= max_length:
+        return
+    bound = f"the {model_length} positions {model} reads" if max_length >= model_length else f"--max-length {max_length}"
+    longest = (max_length - special) // 2
+    fits = f"the longest that fits is --synthetic-length {longest}" if longest >= 2 else "no --synthetic-length fits (it is at least 2)"
+    raise BertologyError(f"--synthetic-length {length} makes sequences of {pieces} pieces (two copies of {length} and {special} special "
+                         f"token{'' if special == 1 else 's'}), more than {bound}: their second copies would be cut; {fits}")
