@@ -16,8 +16,10 @@ from bertology.core.model.kinds import DECODER, ENCODER
 from bertology.core.storage.runfolder import RunFolder
 from bertology.families import get_family
 from bertology.families.patterns.report import THUMBNAILS_PER_CLASS, WORD_START, pattern_thumbnails, shown_tokens
-from bertology.families.sinks.report import activations_by_layer, sinks_section, weight_and_share_by_layer
-from bertology.render.figures import HIDDEN_STATE_LABEL, plt
+from bertology.families.profile.analyzer import profile_metric_names
+from bertology.families.profile.report import metric_heatmaps, special_by_layer
+from bertology.families.sinks.report import activations_by_layer, sink_map, sinks_section, weight_and_share_by_layer
+from bertology.render.figures import HIDDEN_STATE_LABEL, METRIC_TITLES, plt
 from bertology.studies.analyze.weightings import views_figure
 
 
@@ -120,3 +122,32 @@ def test_a_corpus_wide_line_is_printed_once_whatever_the_views(run):
     assert sum(line.startswith("no head can be 'broad'") for line in lines) == 1
     assert [line.split("heads past")[0] for line in lines if "heads past Clark's thresholds" in line] == ["[attention weights] ", "[norm shares] "]
     assert report.count("No head can be labelled 'broad'") == 1
+
+
+def test_a_random_models_figures_draw_its_near_uniform_heads_alike_beside_the_uniform_head(run):
+    """Issue 49, on the run's own tables: the random GPT-2's heads all attend about as the uniform head does. Its entropy and
+    distance maps run from 0 to the uniform head's (or the largest head's) value, so its heads share one colour and no bar
+    writes an offset; the attention to the first token is drawn beside the uniform head's line (layers.csv's), and the sink
+    map's title fits its figure."""
+    result, _, report = run
+    heads = result.results["profile"].tables["heads"].query("weighting == 'attention'")
+    layers = result.results["profile"].tables["layers"].query("weighting == 'attention'")
+    figure = metric_heatmaps(heads, profile_metric_names(DECODER))
+    figure.canvas.draw()
+    panels = {axis.get_title(): axis for axis in figure.axes if axis.images}
+    for metric in ("entropy", "distance"):
+        rows, image = heads[heads.metric == metric], panels[METRIC_TITLES[metric]].images[0]
+        assert image.get_clim() == (0.0, max(rows.value.max(), rows.uniform.max()))
+        assert np.ptp(image.norm(rows.value.to_numpy())) < 0.05  # about one colour: they differ by less than 5% of the scale
+    assert all(axis.yaxis.get_offset_text().get_text() == "" for axis in figure.axes)
+    plt.close(figure)
+    figure = special_by_layer(heads, ("first", "punct"))
+    uniform = {line.get_label(): line for line in figure.axes[0].get_lines()}["uniform head"]
+    np.testing.assert_allclose(uniform.get_ydata(), layers[layers.metric == "first"].sort_values("layer").uniform)
+    plt.close(figure)
+    figure = sink_map(result.results["sinks"].tables["sinks"], 0.3)
+    figure.canvas.draw()
+    title = figure.axes[0].title.get_window_extent()
+    assert figure.bbox.x0 <= title.x0 and title.x1 <= figure.bbox.x1 and title.y1 <= figure.bbox.y1
+    plt.close(figure)
+    assert "the dotted line the uniform head's on the same sequences" in report and "dotted: the uniform head's" in report

@@ -7,6 +7,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
 # Titles sit at the top of their axes (no figure here has tick labels above a plot): placing each by the tick labels it
 # might overlap measured every label of the axes, a seventh of a report's drawing time.
@@ -29,6 +30,14 @@ METRIC_TITLES = {
 
 #: Marker and line style of each line of :func:`layer_lines`, in turn: lines that coincide stay apart to the eye.
 LINE_STYLES = (("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", (0, (5, 1, 1, 1))), ("P", (0, (1, 2))))
+
+
+def plain_ticks() -> ScalarFormatter:
+    """A tick formatter (one per axis) that writes each tick's number whole: never an offset nor a shared power of ten
+    (matplotlib's ``1e-5+2.426``), which it prints over a title when the ticks differ only in their last digits."""
+    formatter = ScalarFormatter(useOffset=False)
+    formatter.set_scientific(False)
+    return formatter
 
 
 def all_zero(values) -> bool:
@@ -138,7 +147,7 @@ def head_grid(axis, grid: pd.DataFrame, title: str, **imshow) -> None:
     image = axis.imshow(grid.values, aspect="auto", **{"cmap": "viridis", **imshow})
     head_ticks(axis, grid.index, grid.columns)
     axis.set_title(title, fontsize=9)
-    plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+    plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04, format=plain_ticks())
 
 
 def head_grid_size(grid: pd.DataFrame) -> tuple[float, float]:
@@ -166,7 +175,7 @@ def panel_grid(rows: int, columns: int, panel: tuple[float, float], *, top: floa
 
 def panel_colorbar(figure, image, axis, label: str | None = None):
     """A colour bar for ``image`` just right of ``axis`` (in the gap :func:`panel_grid` leaves), the panel kept whole."""
-    return figure.colorbar(image, cax=axis.inset_axes((1.03, 0.0, 0.04, 1.0)), label=label)
+    return figure.colorbar(image, cax=axis.inset_axes((1.03, 0.0, 0.04, 1.0)), label=label, format=plain_ticks())
 
 
 def log_step_axis(axis) -> None:

@@ -243,7 +243,8 @@ def test_clark_thresholds_say_what_the_corpus_allows(tiny_bert, tmp_path):
 
 def test_heatmaps_share_one_scale_for_the_shares_and_keep_their_own_for_entropy_and_distance():
     """Issue 26: [SEP] (max 0.18) must not look as hot as [CLS] (0.8): the six shares of attention are drawn on one
-    0-1 scale with one colour bar; entropy and distance keep their own bars, labelled with their units."""
+    0-1 scale with one colour bar; entropy and distance keep their own bars, labelled with their units, from 0 to the larger
+    of their largest head and the uniform head's value (issue 49)."""
     from bertology.families.profile.report import METRIC_UNITS, SHARE_METRICS, metric_heatmaps
     from bertology.render.figures import METRIC_TITLES
 
@@ -251,16 +252,17 @@ def test_heatmaps_share_one_scale_for_the_shares_and_keep_their_own_for_entropy_
     rows = [(layer, head, metric, rng.uniform(0, 0.8 if metric == "cls" else 0.18 if metric in SHARE_METRICS else 4.0))
             for layer in range(3) for head in range(4) for metric in PROFILE_METRICS]
     heads = pd.DataFrame(rows, columns=["layer", "head", "metric", "value"])
+    heads["uniform"] = heads.metric.map({"entropy": 4.5, "cls_entropy": 1.0}).fillna(2.0)  # above, below and amid the heads' values
     figure = metric_heatmaps(heads, PROFILE_METRICS)
     drawn = {axis.get_title(): axis for axis in figure.axes if axis.images}
     for metric in PROFILE_METRICS:
         image = drawn[METRIC_TITLES[metric]].images[0]
         grid = heads[heads.metric == metric].pivot(index="layer", columns="head", values="value").to_numpy()
         np.testing.assert_array_equal(image.get_array(), grid)
-        expected = (0.0, 1.0) if metric in SHARE_METRICS else (grid.min(), grid.max())
+        expected = (0.0, 1.0) if metric in SHARE_METRICS else (0.0, max(grid.max(), heads[heads.metric == metric].uniform.max()))
         assert image.get_clim() == pytest.approx(expected), metric
     bars = [bar.ax.get_ylabel() for bar in {image.colorbar for axis in figure.axes for image in axis.images if image.colorbar is not None}]
-    assert sorted(bars) == sorted(["share of attention (one scale for these maps)", *(METRIC_UNITS[m] for m in PROFILE_METRICS if m not in SHARE_METRICS)])
+    assert sorted(bars) == sorted(["share of attention", *(METRIC_UNITS[m] for m in PROFILE_METRICS if m not in SHARE_METRICS)])
 
 
 def test_the_head_map_labels_only_where_labels_do_not_collide_with_a_legend_entry_per_layer():

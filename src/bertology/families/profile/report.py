@@ -9,7 +9,7 @@ from matplotlib.transforms import Bbox
 from bertology.core.model.kinds import Kind
 from bertology.core.storage.runfolder import RunFolder
 from bertology.families.profile.analyzer import EXACT, clark_threshold_values, profile_metric_names
-from bertology.render.figures import METRIC_TITLES, PANEL_INCHES, head_map_inches, head_ticks, panel_colorbar, panel_grid, plt
+from bertology.render.figures import METRIC_TITLES, PANEL_INCHES, head_map_inches, head_ticks, panel_colorbar, panel_grid, plain_ticks, plt
 from bertology.render.html import Figure, Section, without_rows
 
 _PUNCT_SETS = {"upos": "every token that is only punctuation (Unicode category P*; --punct upos)",
@@ -17,7 +17,8 @@ _PUNCT_SETS = {"upos": "every token that is only punctuation (Unicode category P
 
 
 def special_by_layer(heads: pd.DataFrame, metrics=("cls", "sep", "punct")):
-    """Clark et al.'s figure 2: each head's attention to special tokens (dots) and the layer mean (line)."""
+    """Clark et al.'s figure 2: each head's attention to special tokens (dots) and the layer mean (line), beside the uniform
+    head's on the same sequences (dotted, heads.csv's ``uniform``): a head on it attends no more than chance. From 0, a share."""
     figure, axes = panel_grid(1, len(metrics), (3.7, 2.4), across=0.3, sharey=True)
     axes = axes[0]
     rng = np.random.default_rng(0)
@@ -25,21 +26,36 @@ def special_by_layer(heads: pd.DataFrame, metrics=("cls", "sep", "punct")):
         rows = heads[heads.metric == metric]
         jitter = rng.uniform(-0.15, 0.15, len(rows))
         axis.scatter(rows.layer + jitter, rows.value, s=12, alpha=0.55, color="tab:blue", label="one head")
-        mean = rows.groupby("layer").value.mean()
-        axis.plot(mean.index, mean.values, color="tab:red", marker="o", label="layer mean")
+        mean = rows.groupby("layer")[["value", "uniform"]].mean()
+        axis.plot(mean.index, mean.value, color="tab:red", marker="o", label="layer mean")
+        axis.plot(mean.index, mean.uniform, color="black", linestyle=":", label="uniform head")
+        axis.yaxis.set_major_formatter(plain_ticks())
         axis.set_title(METRIC_TITLES[metric])
         axis.set_xlabel("layer (0-based)")
         axis.set_xticks(sorted(rows.layer.unique()))
         axis.grid(alpha=0.3)
+    shown = heads[heads.metric.isin(metrics)]
+    axes[0].set_ylim(0.0, 1.1 * np.nanmax(np.r_[shown.value.to_numpy(float), shown.uniform.to_numpy(float)]))  # shared by the panels
     axes[0].set_ylabel("average attention")
-    axes[0].legend(loc="upper left", fontsize=8)
+    axes[0].legend(loc="best", fontsize=8)
     return figure
 
 
 #: Metrics that are shares of a row's attention (0 to 1): their heat maps share one colour scale, so they compare.
 SHARE_METRICS = ("cls", "sep", "first", "punct", "self", "prev", "next")
+#: The least inches a panel of :func:`metric_heatmaps` takes (width, height): a model of a few heads and layers still has
+#: room for each title (the widest spills into the gaps beside it) and for "layer (0-based)" beside its panel.
+LEAST_PANEL_INCHES = (1.7, 1.4)
 #: The unit of each other metric, for its own colour bar.
 METRIC_UNITS = {"entropy": "nats", "cls_entropy": "nats", "distance": "tokens"}
+
+
+def own_scale(rows: pd.DataFrame) -> tuple[float, float]:
+    """The colour scale of one entropy's or distance's map (``rows``: its rows of heads.csv): from 0 (all weight on one key;
+    on the query itself) to the larger of its largest head and the uniform head's value (the most entropy these sequences
+    allow; the distance of a head that looks nowhere in particular). Not the heads' own least to largest: heads that differ
+    by 1e-5 nats (a random model's, all near uniform) would stretch that noise over every colour, and read as contrast."""
+    return 0.0, float(np.nanmax(np.r_[rows.value.to_numpy(float), rows.uniform.to_numpy(float)]))
 
 
 def metric_heatmap(heads: pd.DataFrame, metric: str, axis, named: tuple[bool, bool] = (True, True), **imshow):
@@ -55,11 +71,13 @@ def metric_heatmap(heads: pd.DataFrame, metric: str, axis, named: tuple[bool, bo
 def metric_heatmaps(heads: pd.DataFrame, metrics) -> plt.Figure:
     """All metrics' layer x head heatmaps in one grid (for the report). The shares of attention (:data:`SHARE_METRICS`)
     share one colour scale from 0 to 1 and one colour bar, right of the grid beside the rows they end; every other metric has its
-    own bar, labelled with its unit. The panels keep one size whatever the heads (:func:`head_map_inches`); the heads are
-    numbered under the lowest panel of each column, the layers left of the first column (the panels line up)."""
+    own bar, labelled with its unit, from 0 to at least the uniform head's value (:func:`own_scale`). The panels keep one size
+    whatever the heads (:func:`head_map_inches`), and at least :data:`LEAST_PANEL_INCHES`; the heads are numbered under the
+    lowest panel of each column, the layers left of the first column (the panels line up)."""
     columns = 3
     rows = int(np.ceil(len(metrics) / columns))
-    panel = head_map_inches(heads.layer.nunique(), heads["head"].nunique(), cell=(0.35, 0.42), most=PANEL_INCHES)
+    panel = tuple(np.maximum(head_map_inches(heads.layer.nunique(), heads["head"].nunique(), cell=(0.35, 0.42), most=PANEL_INCHES),
+                             LEAST_PANEL_INCHES))
     figure, axes = panel_grid(rows, columns, panel, right=1.1)
     # The shares' bar stands beside the rows whose last panel is a share: a row that ends in another metric has that
     # metric's own bar there (a decoder's second row).
@@ -70,11 +88,12 @@ def metric_heatmaps(heads: pd.DataFrame, metrics) -> plt.Figure:
         if metric in SHARE_METRICS:
             share_image = metric_heatmap(heads, metric, axis, named, vmin=0.0, vmax=1.0)
         else:
-            panel_colorbar(figure, metric_heatmap(heads, metric, axis, named), axis, label=METRIC_UNITS.get(metric))
+            low, high = own_scale(heads[heads.metric == metric])
+            panel_colorbar(figure, metric_heatmap(heads, metric, axis, named, vmin=low, vmax=high), axis, label=METRIC_UNITS.get(metric))
     if shared:
         span = Bbox.union([axis.get_position() for axis in shared])
         bar = figure.add_axes((span.x1 + 0.25 / figure.get_figwidth(), span.y0, 0.15 / figure.get_figwidth(), span.height))
-        figure.colorbar(share_image, cax=bar, label="share of attention (one scale for these maps)")
+        figure.colorbar(share_image, cax=bar, label="share of attention")
     for axis in axes.ravel()[len(metrics):]:
         axis.set_visible(False)
     return figure
@@ -161,9 +180,13 @@ def profile_section(
     if heads.empty:
         return without_rows(section, "heads.csv")
     special = folder.write_figure("special_tokens_by_layer", special_by_layer(heads, (*kind.anchors, "punct")))
-    section.figures.append(Figure(special, f"Attention to {targets} and punctuation by layer: dots are heads, the line is the layer mean."))
+    section.figures.append(Figure(special, f"Attention to {targets} and punctuation by layer: dots are heads, the line is the layer mean, "
+                                           "the dotted line the uniform head's on the same sequences."))
     grid = folder.write_figure("heatmaps", metric_heatmaps(heads, metrics))
-    section.figures.append(Figure(grid, "Each metric's mean per head, layer x head (every value is in heads.csv)."))
+    section.figures.append(Figure(grid, "Each metric's mean per head, layer x head (every value is in heads.csv). The shares of attention "
+                                        "share one scale, 0 to 1; entropy and distance run "
+                                        "from 0 to the larger of their largest head and the uniform head's value (for the entropy, the most "
+                                        "its sequences allow)."))
     if head_map is not None:
         mds = folder.write_figure("head_map", head_map_figure(head_map))
         section.figures.append(Figure(mds, "Heads placed by their Jensen-Shannon distance (MDS): heads that attend alike sit together."))

@@ -20,7 +20,8 @@ def sink_map(sinks: pd.DataFrame, eps: float, min_sample: int = 1, correction: s
     grid = attention.pivot(index="layer", columns="head", values="value")
     rings = attention.pivot(index="layer", columns="head", values="sink").reindex_like(grid).fillna(False).astype(bool)
     figure, axis = plt.subplots(figsize=head_grid_size(grid))
-    head_grid(axis, grid, f"mean attention to the first token; rings: sink heads (> {eps:g} and > uniform)", vmin=0.0, vmax=1.0)
+    # two lines: on one, the title of a map of a few heads is wider than its figure, and cut at both ends
+    head_grid(axis, grid, f"mean attention to the first token\nrings: sink heads (> {eps:g} and > uniform)", vmin=0.0, vmax=1.0)
     layers, heads = np.nonzero(rings.values)
     axis.scatter(heads, layers, s=60, facecolors="none", edgecolors="white", linewidths=1.4)
     figure.set_layout_engine("tight")  # laid out once, when drawn
@@ -28,9 +29,9 @@ def sink_map(sinks: pd.DataFrame, eps: float, min_sample: int = 1, correction: s
 
 
 def weight_and_share_by_layer(sinks: pd.DataFrame, rates: pd.DataFrame):
-    """Left: Sink_eps per layer. Right: the head mean of the first token's attention weight and of its norm share per layer:
-    a sink takes much weight and gives little (Kobayashi et al. 2020's norms). With no rate to draw (:func:`rates_to_show`),
-    the right panel alone."""
+    """Left: Sink_eps per layer. Right: the head mean of the first token's attention weight and of its norm share per layer,
+    each beside the uniform head's on the same sequences (dotted, sinks.csv's ``uniform``): a sink takes much weight and gives
+    little (Kobayashi et al. 2020's norms). With no rate to draw (:func:`rates_to_show`), the right panel alone."""
     per_layer = rates[rates.layer != "all"]
     if rates_to_show(rates):
         figure, (left, right) = plt.subplots(1, 2, figsize=(10.0, 3.6))
@@ -42,10 +43,11 @@ def weight_and_share_by_layer(sinks: pd.DataFrame, rates: pd.DataFrame):
         left.grid(alpha=0.3, axis="y")
     else:
         figure, right = plt.subplots(figsize=(5.4, 3.6))
-    means = sinks[sinks.quantity.isin(("attention", "norm_share"))].groupby(["quantity", "layer"], as_index=False).value.mean()
-    for quantity, label, marker in (("attention", "attention weight", "o"), ("norm_share", "norm share", "s")):
+    means = sinks[sinks.quantity.isin(("attention", "norm_share"))].groupby(["quantity", "layer"], as_index=False)[["value", "uniform"]].mean()
+    for quantity, label, marker, colour in (("attention", "attention weight", "o", "tab:blue"), ("norm_share", "norm share", "s", "tab:orange")):
         rows = means[means.quantity == quantity]
-        right.plot(rows.layer, rows.value, marker=marker, label=label)
+        right.plot(rows.layer, rows.value, marker=marker, color=colour, label=label)
+        right.plot(rows.layer, rows.uniform, linestyle=":", color=colour, label=f"{label}: uniform head")
     right.set_xticks(sorted(means.layer.unique()))
     right.set_xlabel("layer (0-based)")
     right.set_ylabel("to the first token (mean over heads)")
@@ -103,10 +105,11 @@ def sinks_section(folder: RunFolder, sinks: pd.DataFrame, rates: pd.DataFrame, s
     section.figures.append(Figure(folder.write_figure("sink_map", sink_map(sinks, eps, min_sample, correction)),
                                   "Each head's mean attention to the first token, layer x head; white rings mark sink heads."))
     if rates_to_show(rates):
-        caption = "Left: the share of sink heads per layer. Right: the first token's attention weight and its norm share, head means."
+        caption = ("Left: the share of sink heads per layer. Right: the first token's attention weight and its norm share, head means, "
+                   "dotted: the uniform head's.")
     else:
         section.notes.append(rates_note(rates, eps))
-        caption = "The first token's attention weight and its norm share per layer, head means."
+        caption = "The first token's attention weight and its norm share per layer, head means; dotted: the uniform head's."
     section.figures.append(Figure(folder.write_figure("sinks_by_layer", weight_and_share_by_layer(sinks, rates)), caption))
     if not activations.empty:
         section.figures.append(Figure(folder.write_figure("massive_activations", activations_by_layer(activations)),
