@@ -257,8 +257,8 @@ def test_an_ablate_run_records_only_the_settings_that_applied(task_model, cat_ta
     ({"importance": True, "step": 0.2}, "step applies only to prune"),
     ({"importance": True, "prune_to": 6}, "prune_to applies only to prune"),
     ({"importance": True, "normalise": "l2"}, "unknown normalisation 'l2'"),
-    ({"importance": True, "importance_examples": 0}, "importance_examples must be at least 1"),
-    ({"prune": True, "step": 0.0}, "step must be in"),
+    ({"importance": True, "importance_examples": 0}, "^--importance-examples must be at least 1"),
+    ({"prune": True, "step": 0.0}, "^--step must be in"),
     ({"ablate": True, "correction": "fdr"}, "unknown correction 'fdr'"),
     ({"importance": True, "max_length": 64}, "max_length applies only to a model given by its path"),
 ])

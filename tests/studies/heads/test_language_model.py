@@ -171,7 +171,7 @@ def test_study_heads_on_a_corpus_measures_the_seeded_subset_and_names_the_loss(d
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"importance": True, "importance_split": "dev"}, "importance_split applies only to a task"),
+    ({"importance": True, "importance_split": "dev"}, "^--importance-split applies only to a task"),
     ({"ablate": True}, "ablate measures a task's dev metric"),
     ({"prune": True, "prune_to": 4}, "--prune-to removes heads physically, which bertology knows for encoders"),
 ])

@@ -123,12 +123,12 @@ def _check_settings(settings: dict) -> None:
             raise BertologyError(f"unknown correction {settings['correction']!r} (statsmodels multipletests: fdr_bh, bonferroni, holm, ...)") from None
     if "normalise" in settings:
         if "importance_split" in settings and settings["importance_split"] not in ("train", "dev"):
-            raise BertologyError(f"importance split must be train or dev, not {settings['importance_split']!r}")
+            raise BertologyError(f"--importance-split must be train or dev, not {settings['importance_split']!r}")
         if settings["importance_examples"] < 1:
-            raise BertologyError("importance_examples must be at least 1")
+            raise BertologyError("--importance-examples must be at least 1")
         check_normalisation(settings["normalise"])
     if "step" in settings and not 0 < settings["step"] <= 1:
-        raise BertologyError(f"step must be in (0, 1], not {settings['step']}")
+        raise BertologyError(f"--step must be in (0, 1], not {settings['step']}")
 
 
 def _check_request(task: TaskData | None, corpus, ablate: bool, importance_split: str | None, prune_to: int | None) -> None:
@@ -138,7 +138,7 @@ def _check_request(task: TaskData | None, corpus, ablate: bool, importance_split
     if corpus is not None and ablate:
         raise BertologyError("ablate measures a task's dev metric: give a task, or run importance or prune on the corpus")
     if corpus is not None and importance_split is not None:
-        raise BertologyError("importance_split applies only to a task (a corpus has no splits)")
+        raise BertologyError("--importance-split applies only to a task (a corpus has no splits)")
     if corpus is not None and prune_to is not None:
         raise BertologyError("--prune-to removes heads physically, which bertology knows for encoders (BERT, RoBERTa, ELECTRA, DistilBERT), "
                              "not decoders; leave it out to draw the pruning curve with the heads masked")
