@@ -156,3 +156,10 @@ def test_the_whole_folder_check_catches_a_run_that_swaps_in_before_it_fails(stud
     monkeypatch.setattr(RunFolder, "commit", half_written)
     with pytest.raises(AssertionError, match="report.html"):
         STUDY_CHECKS["folder_written_whole"](study, given)
+
+
+def test_the_foreign_files_check_catches_a_run_that_deletes_them(study_inputs, monkeypatch):
+    monkeypatch.setattr("bertology.core.storage.runfolder.foreign_refusal", lambda *args: None)
+    with pytest.raises(AssertionError, match="the command was not refused"):
+        STUDY_CHECKS["foreign_files_kept"](registered_studies()["gradients"], study_inputs["gradients"])
+    assert not (Path(study_inputs["gradients"]["out"]) / "NOTES.md").exists()  # what the check guards against: the notes are gone

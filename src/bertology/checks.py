@@ -11,7 +11,8 @@ its command line to ``analyze()``'s keywords.
 Study rules: its command's ``--help`` answers without importing anything heavy; a run writes its folder whole, with a
 ``manifest.json`` that says ``complete``, its declared tables and, where it has one, ``report.html``; a run that fails
 before its folder is swapped in leaves the previous run as it was, with nothing of its own beside it; and on its command
-line an ``--out`` of other files, or one that holds an input of the run, is refused in one line and left as it was.
+line an ``--out`` of other files, one that holds an input of the run, or an earlier run folder that holds files the run did
+not write, is refused in one line and left as it was.
 """
 
 from __future__ import annotations
@@ -293,6 +294,28 @@ def check_input_inside_out_refused(study: Study, given: dict) -> None:
     assert _files(out, None) == before, f"study {study.name}: a refused run changed the folder that holds its input"
 
 
+def check_foreign_files_kept(study: Study, given: dict) -> None:
+    """On the command line, a run into ``given["out"]`` and then, after the user put notes, a file and a folder of figures
+    into it, the same command again: refused in one line naming ``--out``, the folder and the first of them, before any
+    computing (nothing staged beside the folder), and every file in it, theirs and the earlier run's, left byte for byte."""
+    from typer.testing import CliRunner
+
+    from bertology.cli import build_app
+
+    out = Path(given["out"])
+    first = CliRunner().invoke(build_app(), command_line(study, given))
+    assert first.exit_code == 0, f"study {study.name}: the first run failed ({first.exit_code}: {first.exception!r} {first.output[-500:]})"
+    (out / "NOTES.md").write_text("# what I saw\n")
+    (out / "x.txt").write_bytes(b"\x00 mine")
+    (out / "my_figures").mkdir()
+    (out / "my_figures" / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n mine")
+    before = _files(out, study.work)
+    message = _refusal(study, given)
+    assert message.startswith(f"{out}: holds NOTES.md,") and "--out" in message, f"study {study.name}: refused for another reason: {message}"
+    assert _files(out, study.work) == before, f"study {study.name}: a refused run changed the earlier run folder"
+    assert not _beside(out), f"study {study.name}: the run was refused after it computed (it left {_beside(out)} beside the folder)"
+
+
 #: The study rules, by name; all but the first need the study's small inputs (``given``).
 STUDY_CHECKS: dict[str, Callable] = {
     "help_imports_nothing_heavy": check_help_imports_nothing_heavy,
@@ -300,4 +323,5 @@ STUDY_CHECKS: dict[str, Callable] = {
     "failed_run_keeps_previous": check_failed_run_keeps_previous,
     "out_of_other_files_refused": check_out_of_other_files_refused,
     "input_inside_out_refused": check_input_inside_out_refused,
+    "foreign_files_kept": check_foreign_files_kept,
 }

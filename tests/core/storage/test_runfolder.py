@@ -128,10 +128,11 @@ def test_out_that_cannot_be_a_run_folder_is_refused_in_one_line(tmp_path):
     assert notes.read_text() == "mine\n" and [p.name for p in photos.iterdir()] == ["cat.jpg"]
     check_out(tmp_path / "new" / "run")  # a new folder is fine, and checking it creates nothing
     assert not (tmp_path / "new").exists()
-    earlier = tmp_path / "earlier"  # a run folder of a bertology without the marker
+    earlier = tmp_path / "earlier"  # a run folder of a bertology without the marker, which listed nothing: a run folder, kept
     earlier.mkdir()
     (earlier / "manifest.json").write_text(json.dumps({"status": "complete", "versions": {"bertology": "0.1.0"}}))
-    check_out(earlier)
+    with pytest.raises(BertologyError, match=r"a run folder of an earlier bertology, which did not list the files it wrote.*\(the first: manifest.json\)"):
+        check_out(earlier)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
@@ -277,9 +278,8 @@ def test_a_run_folder_that_holds_other_run_folders_is_refused(tmp_path):
 
 
 def test_an_out_that_is_or_holds_an_input_is_refused(tmp_path):
-    model = make_run(tmp_path / "runs" / "ft", **{"model.safetensors": "weights"})
+    model = make_run(tmp_path / "runs" / "ft", **{"model.safetensors": "weights", "corpus.txt": "a cat sat.\n"})  # a file of the run: no foreign one
     corpus = tmp_path / "runs" / "ft" / "corpus.txt"
-    corpus.write_text("a cat sat.\n")
     with pytest.raises(BertologyError, match="is the input") as error:
         check_out(model, inputs=[str(model)])
     assert str(error.value) == f"{model}: is the input {model}, which replacing the run folder would delete; give another folder"

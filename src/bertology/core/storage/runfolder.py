@@ -1,21 +1,24 @@
 """The run folder: tidy tables (CSV and Parquet), figures, report and manifest, written whole or not at all.
 
-A run claims its ``out`` folder before any computing (:func:`claim`, :func:`claims_out`): ``out`` must
-be new, empty, or a bertology run folder (it holds ``.bertology-run``, or an earlier bertology's
-``manifest.json``) that no other live run holds. The run holds an exclusive ``flock`` on
-``.bertology-lock`` for as long as it claims ``out`` (the file also holds its pid, for the message); the
-kernel releases the lock when the process ends, however it ends, so a lock is never stale. Refused at
-once, in one line, because replacing ``out`` would lose something: a file, a place that cannot be
-written, a folder of other files, a run folder that holds other run folders (``--out runs`` once, then
-default outputs ``runs/<command>-...`` inside it), an ``out`` that is or holds one of the run's inputs
+A run claims its ``out`` folder before any computing (:func:`claim`, :func:`claims_out`): ``out`` must be new, empty, or
+a bertology run folder (it holds ``.bertology-run``, or an earlier bertology's ``manifest.json``) that no other live run
+holds and that holds nothing but what its earlier run wrote, as it wrote it: a run lists its files in the marker at the
+swap (:mod:`~bertology.core.storage.inventory`), the work folders below are its own, and an earlier bertology's folder,
+which lists nothing, is refused while it holds anything else. The run holds an exclusive ``flock`` on
+``.bertology-lock`` for as long as it claims ``out`` (the file also holds its pid, for the message); the kernel releases
+the lock when the process ends, however it ends, so a lock is never stale. Refused at once, in one line, because
+replacing ``out`` would lose something: a file, a place that cannot be written, a folder of other files, a file or
+folder of the user's (or a table they edited) in a run folder, a run folder that holds other run folders (``--out runs``
+once, then default outputs ``runs/<command>-...`` inside it), an ``out`` that is or holds one of the run's inputs
 (``--model runs/ft --out runs/ft``), and an ``out`` that is or holds the current folder.
 
-The outputs are written into a staging folder beside ``out`` (``<out>.tmp-<random>``), each file
-atomically, and :meth:`RunFolder.commit` swaps it in: it renames the previous run to
-``<out>.old-<random>``, renames the staging folder to ``out`` and deletes the previous run. A run that
-fails or is killed before the swap leaves the previous run exactly as it was (a failing run removes its
-staging folder; a killed one leaves it beside ``out``); one killed between the two renames (the only
-window) leaves both runs whole beside ``out``. Nothing of an earlier run stays next to a new one.
+The outputs are written into a staging folder beside ``out`` (``<out>.tmp-<random>``), each file atomically, and
+:meth:`RunFolder.commit` swaps it in: it renames the previous run to ``<out>.old-<random>``, renames the staging folder
+to ``out`` and deletes the previous run. A run that fails or is killed before the swap leaves the previous run exactly
+as it was (a failing run removes its staging folder; a killed one leaves it beside ``out``); one killed between the two
+renames (the only window) leaves both runs whole beside ``out``. Nothing of an earlier run stays next to a new one. A
+file of the user's put into ``out`` while the run ran stops the swap: both it and the new run (in its staging folder)
+are kept.
 
 Work a run resumes (fine-tuning's ``checkpoint/``, pre-training's ``training/``, track's ``parts/``) is
 written inside ``out`` as it is made; the commit drops it or, when asked, keeps it (hard links). These
@@ -48,8 +51,8 @@ from pathlib import Path
 import pandas as pd
 
 from bertology.core.errors import BertologyError
+from bertology.core.storage.inventory import MARKER, foreign_refusal, marker_text, take_inventory
 
-MARKER = ".bertology-run"
 LOCK = ".bertology-lock"
 #: Text cells starting with these run as formulas in spreadsheets (OWASP, CSV injection).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
@@ -64,6 +67,9 @@ WORK_FOLDERS = {
     "training": "an unfinished pre-training's state and checkpoints",
     "parts": "track's saved per-checkpoint results",
 }
+_WORK_SUFFIXES = ("", ".old", ".partial")
+#: The top-level names in ``out`` that are the run's own whatever they hold: the marker, the lock, the work folders.
+OWN_NAMES = frozenset({MARKER, LOCK, *(f"{name}{suffix}" for name in WORK_FOLDERS for suffix in _WORK_SUFFIXES)})
 #: Where a path may start inside an option's text: ``NAME=words:FILE``, ``KEY:PATH`` (the check looks at every such tail).
 PATH_SEPARATORS = "=:"
 
@@ -247,7 +253,7 @@ def _unfinished_work(folder: Path, work: str | None) -> str | None:
     for name in WORK_FOLDERS:
         if name == work or (name == "parts" and finished_run(folder)):
             continue
-        if any((folder / f"{name}{suffix}").exists() for suffix in ("", ".old", ".partial")):
+        if any((folder / f"{name}{suffix}").exists() for suffix in _WORK_SUFFIXES):
             return name
     return None
 
@@ -285,6 +291,9 @@ def check_out(out: str | Path, inputs=(), work: str | None = None) -> None:
             raise BertologyError(f"{out}: holds another run folder ({nested.relative_to(path)}), which replacing it would delete; "
                                  f"give a folder of its own, for instance {Path(out) / 'NAME'}")
         _refuse_if_held(out, path)
+        foreign = foreign_refusal(out, path, OWN_NAMES)
+        if foreign is not None:
+            raise BertologyError(foreign)
         for place in (path, path.parent):  # the lock inside, the staging folder beside
             _check_writable(out, place)
     else:
@@ -365,8 +374,9 @@ def _take(out: str | Path, inputs=(), work: str | None = None) -> _Claim:
     return held
 
 
-def _mark(folder: Path) -> None:
-    atomic_write(folder / MARKER, lambda p: p.write_text("A bertology run folder: a new run writing here replaces it whole.\n"))
+def _mark(folder: Path, inventory: dict | None = None) -> None:
+    """Write ``folder``'s marker: the run's inventory (:func:`~bertology.core.storage.inventory.take_inventory`), empty by default."""
+    atomic_write(folder / MARKER, lambda p: p.write_text(marker_text(inventory)))
 
 
 def _release(held: _Claim) -> None:
@@ -478,12 +488,27 @@ class RunFolder:
         elif self._own is not None:
             self._own.__exit__(kind, error, traceback)
 
+    def _give_up(self, error: BaseException) -> None:
+        """End the claim this RunFolder made itself, if it did, after ``error``: its staging folder goes (unless kept), the
+        previous run stays as it was."""
+        if self._own is not None:
+            self._own.__exit__(type(error), error, error.__traceback__)
+
     def commit(self, keep: tuple[str, ...] = ()) -> Path:
         """Swap this run in for the previous one at ``out`` and return ``out``; ``keep``: folders of the previous run to carry over."""
         out = self._claim.out
-        for name in keep:
-            if (out / name).is_dir() and not (self.path / name).exists():
-                link_tree(out / name, self.path / name)
+        try:
+            for name in keep:
+                if (out / name).is_dir() and not (self.path / name).exists():
+                    link_tree(out / name, self.path / name)
+            _mark(self.path, take_inventory(self.path, OWN_NAMES))
+            appeared = foreign_refusal(self.out, out, OWN_NAMES)
+            if appeared is not None:  # put there while this run ran: both it and this run's outputs stay
+                self._claim.staging = None
+                raise BertologyError(f"{appeared} (it came while this run ran: the run's outputs are left in {self.path})")
+        except BaseException as error:
+            self._give_up(error)
+            raise
         handover = _lock(self.path, out)  # the new out is locked before it is out
         old = _random_name(out.parent, f"{out.name}.old-")
         try:
@@ -495,8 +520,7 @@ class RunFolder:
                 raise
         except BaseException as error:
             os.close(handover)
-            if self._own is not None:  # its own claim: the staging folder goes, the previous run stays as it was
-                self._own.__exit__(type(error), error, error.__traceback__)
+            self._give_up(error)
             raise
         self._claim.staging = None
         previous, self._claim.lock = self._claim.lock, handover
