@@ -217,6 +217,35 @@ def test_a_planted_previous_token_head_is_found_and_nothing_else(tiny_gpt2_dir):
                                              f"(p_adj {planted.p_adj:.2g})"]}
 
 
+def test_the_mass_floor_reaches_the_familys_test_from_the_command_line(tiny_gpt2_dir, tmp_path):
+    """``--head-type-mass`` (issue 49): a planted previous-token head with a soft pointer (mass about 0.5) holds its role at the
+    default floor, 0.3, and not at 0.6, above its mass, though its corrected test still rejects; no other head holds a role."""
+    from test_cli import bertology
+
+    loaded = load_model(tiny_gpt2_dir, device="cpu")
+    plant_previous_token_head(loaded, head=1, scale=25.0)
+    folder, corpus = tmp_path / "planted", tmp_path / "lines.txt"
+    loaded.model.save_pretrained(folder)
+    loaded.tokenizer.save_pretrained(folder)
+    corpus.write_text("\n".join([*TEXTS, *(e.text for e in repeat_corpus(count=4))]) + "\n", encoding="utf-8")
+
+    def run(*floor):
+        out = tmp_path / f"run{''.join(map(str, floor))}"
+        done = bertology("headtypes", "--model", folder, "--corpus", corpus, "--min-sample", 5, "--out", out, "--device", "cpu", "--quiet", *floor)
+        assert done.returncode == 0, done.stderr[-2000:]
+        table = pd.read_csv(out / "head_types.csv")
+        planted = table[(table.layer == 0) & (table["head"] == 1) & (table.role == PREVIOUS)].iloc[0]
+        held = pd.read_csv(out / "head_type_heads.csv")
+        return planted, list(zip(held.role, held.layer, held["head"])), done.stdout, json.loads((out / "manifest.json").read_text())
+
+    planted, held, stdout, manifest = run()
+    assert 0.4 < planted.value < 0.6 and planted.p_adj < 0.05 and planted.holds
+    assert held == [(PREVIOUS, 0, 1)] and "claims: 1 (headtypes 1)" in stdout and manifest["settings"]["head_type_mass"] == 0.3
+    floored, held, stdout, manifest = run("--head-type-mass", 0.6)
+    assert floored.value == planted.value and floored.p_adj == planted.p_adj  # the same test; only the floor is above its mass
+    assert not floored.holds and held == [] and "claims: 0" in stdout and manifest["settings"]["head_type_mass"] == 0.6
+
+
 @pytest.mark.parametrize("model", ["tiny_gpt2_dir", "tiny_bert_dir"])
 def test_the_uniform_null_makes_no_claim(model, request):
     loaded = load_model(request.getfixturevalue(model), device="cpu")

@@ -88,7 +88,10 @@ def parent_hits(word_maps: torch.Tensor, dependent_units: torch.Tensor, gold_uni
     tied = allowed & (scores >= top - tolerance)
     gold = tied.gather(-1, gold_units[None, None, :, None].expand(*scores.shape[:3], 1))[..., 0]
     seen = torch.stack([sees[dependent_units, gold_units], sees[gold_units, dependent_units]])  # [direction, dep]
-    hits = gold.to(scores.dtype) / tied.sum(dim=-1).clamp(min=1).to(scores.dtype) * seen[:, None].to(scores.dtype)
+    # 1/t in one dtype whatever the maps' (float64; float32 on MPS, which has none, as the uniform head): a float32 head's 1/3
+    # rounds up, and a null head tied with the uniform head would beat it in every replicate that draws that sentence
+    exact = torch.float32 if scores.device.type == "mps" else torch.float64
+    hits = gold.to(exact) / tied.sum(dim=-1).clamp(min=1).to(exact) * seen[:, None].to(exact)
     return hits, seen
 
 
