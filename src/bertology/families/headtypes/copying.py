@@ -17,14 +17,19 @@ mostly positive eigenvalues. Two summaries of its eigenvalues ``lambda``:
 the small ``[d_head, d_head]`` matrix ``W_O^h W_U W_E W_V^h`` (the nonzero eigenvalues of ``AB`` and ``BA`` coincide, with
 ``A = W_E W_V^h``, ``B = W_O^h W_U``): no vocabulary-sized eigenproblem. Computed in float64.
 
-Where the parts live: ``W_E`` the input embeddings, ``W_U`` the output embeddings (the language-model head), or ``W_E^T``
-where the model has no head loaded and ties its embeddings (BERT's, GPT-2's); ``W_V^h`` the head's slice of the value
-projection (GPT-2's ``c_attn`` Conv1D, its third third; Llama's, Mistral's and Qwen's ``v_proj``, where a query head reads its
-group's value head; BERT's ``value``); ``W_O^h`` its rows of the output projection. As TransformerLens's ``fold_ln`` does, a
-pre-norm model's norm gains are folded in: the layer's input norm's ``gamma`` into ``W_V`` (``diag(gamma) W_V``) and the
-final norm's into ``W_U``; the norms' centring and scaling by the token's own size, and every bias, are left out, as in
-Elhage et al.'s analysis. A model with no unembedding (none loaded and embeddings untied), or of an architecture listed in
-no :data:`SUPPORTED` family, gets no table and a reason (:func:`copying_scores`).
+Where the parts live: each is read through the model's layout (:mod:`bertology.core.model.layouts`), never by its
+architecture's name. ``W_E`` the input embeddings; ``W_U`` the output embeddings (:func:`~bertology.core.model.unembedding.unembedding`:
+the language-model head, loaded or read from the checkpoint where a bare model's head is its own, or ``W_E^T`` where the model
+ties them); ``W_V^h`` the head's slice of the layer's value projection (:meth:`~bertology.core.model.layouts.base.Layout.value_projection`:
+GPT-2's third third of ``c_attn``, Llama's ``v_proj``, GPT-NeoX's fused rows), where a grouped-query head reads its group's
+value head; ``W_O^h`` its rows of the output projection. As TransformerLens's ``fold_ln`` does, a pre-norm model's norm gains
+``g`` (:meth:`~bertology.core.model.layouts.base.Layout.norm_gain`, Gemma's ``1 + weight``) are folded in: the layer's input
+norm's into ``W_V`` (``diag(g) W_V``) and the final norm's into ``W_U``; a norm on the attention output before the residual
+(Gemma 2's, OLMo 2's) and a residual multiplier (Granite's) fold into ``W_O``. The norms' centring and scaling by the
+token's own size, every bias, and positive scalars that change neither summary (Gemma's embedding scale) are left out, as in
+Elhage et al.'s analysis. A model with no unembedding, whose layers no layout knows, or whose embeddings or unembedding are
+not the layers' width (ALBERT's and ELECTRA-small's factorised embeddings, OPT-350m's projections: the circuit passes a
+projection it does not read) gets no table and a reason (:func:`copying_scores`).
 """
 
 from __future__ import annotations
@@ -33,51 +38,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bertology.core.model.layouts import layout_of
+from bertology.core.model.unembedding import unembedding
 
-#: The ``config.model_type`` values whose value projection, norms and embeddings :func:`copying_scores` knows.
-GPT2_TYPES = frozenset({"gpt2"})
-LLAMA_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-BERT_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "camembert"})
-SUPPORTED = GPT2_TYPES | LLAMA_TYPES | BERT_TYPES
 COPYING_COLUMNS = ["layer", "head", "copying_score", "positive_eigenvalue_share"]
 
 
 def _array(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to(device="cpu", dtype=torch.float64).numpy()
-
-
-def unembedding(model) -> tuple[np.ndarray | None, str | None]:
-    """``W_U`` as ``[hidden, vocab]`` (the language-model head's weight, or the input embeddings where they are tied and no
-    head is loaded), or ``(None, reason)``."""
-    head = model.get_output_embeddings()
-    if head is not None:
-        return _array(head.weight).T, None
-    if getattr(model.config, "tie_word_embeddings", False):
-        return _array(model.get_input_embeddings().weight).T, None
-    return None, "no copying score: the model has no unembedding (no language-model head is loaded and its input embeddings are not tied to one)"
-
-
-def value_weights(attention, model_type: str, heads: int, kv_heads: int, head_dim: int) -> np.ndarray:
-    """``W_V`` per query head, ``[heads, hidden, head_dim]`` (``x W_V^h`` is head h's value): a grouped-query model's query head
-    reads its group's value head (``h // (heads / kv_heads)``)."""
-    if model_type in GPT2_TYPES:
-        weight = _array(attention.c_attn.weight)  # Conv1D: [hidden, 3 * hidden], queries | keys | values
-        hidden = weight.shape[0]
-        values = weight[:, 2 * hidden :]
-    else:  # nn.Linear: [kv_heads * head_dim, hidden]
-        values = _array((attention.v_proj if model_type in LLAMA_TYPES else attention.value).weight).T
-    group = heads // kv_heads
-    return np.stack([values[:, (h // group) * head_dim : (h // group + 1) * head_dim] for h in range(heads)])
-
-
-def _final_norm_gain(base, model_type: str) -> np.ndarray | None:
-    """The gain of the norm before the unembedding (GPT-2's ``ln_f``, Llama's ``norm``); None for a post-norm encoder."""
-    if model_type in GPT2_TYPES:
-        return _array(base.ln_f.weight)
-    if model_type in LLAMA_TYPES:
-        return _array(base.norm.weight)
-    return None
 
 
 def ov_eigenvalues(w_e: np.ndarray, w_v: np.ndarray, w_o: np.ndarray, w_u: np.ndarray) -> np.ndarray:
@@ -104,31 +71,48 @@ def copying_scores(loaded) -> tuple[pd.DataFrame | None, str | None]:
     ``copying_score`` is Elhage et al. 2021's ``sum Re(lambda) / sum |lambda|`` over the eigenvalues of the head's OV circuit
     (in [-1, 1]; positive: it raises the logits of the tokens it attends to); ``positive_eigenvalue_share`` is the share of
     those eigenvalues with a positive real part (in [0, 1])."""
-    model = loaded.model
-    config = model.config
-    model_type = config.model_type
-    if model_type not in SUPPORTED:
-        return None, f"no copying score for {model_type!r} models: bertology reads the OV weights of {', '.join(sorted(SUPPORTED))} models"
-    w_u, reason = unembedding(model)
+    model, layout = loaded.model, loaded.layout
+    if layout is None:
+        return None, f"no copying score for {model.config.model_type!r} models: bertology does not know where they keep their layers"
+    w_u, reason = unembedding(loaded)
     if w_u is None:
-        return None, reason
+        return None, f"no copying score: {reason}"
     base = model.base_model
-    layout = layout_of(config)
-    heads = loaded.num_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    w_e = _array(model.get_input_embeddings().weight)
-    final_gain = _final_norm_gain(base, model_type)
-    if final_gain is not None:
-        w_u = final_gain[:, None] * w_u
+    blocks = layout.blocks(base, model.config)
+    w_e = _array(model.get_input_embeddings().weight)  # [vocab, embedding]
+    hidden = blocks[0].output_weight.shape[1]
+    if w_e.shape[1] != hidden or w_u.shape[1] != hidden:
+        return None, (f"no copying score: its embeddings are {w_e.shape[1]} wide, its unembedding reads {w_u.shape[1]} and its layers "
+                      f"write {hidden}: the OV circuit would pass a projection between them that it does not read")
+    w_u = _folded(layout, layout.final_norm(base), _array(w_u).T)  # [hidden, vocab]
     rows = []
-    for layer_index, layer in enumerate(layout.layers(base)):
-        block = layout.block(layer, config)
-        w_o_all = _array(block.output_weight)  # [heads * head_dim, hidden]
-        head_dim = w_o_all.shape[0] // heads
-        w_v = value_weights(block.attention, model_type, heads, kv_heads, head_dim)
-        if block.pre_norm:  # LN(x) = gamma * normalised(x) (+ beta): gamma folds into W_V
-            w_v = _array(block.layer_norm.weight)[None, :, None] * w_v
-        for head in range(heads):
-            score, share = copying_summary(ov_eigenvalues(w_e, w_v[head], w_o_all[head * head_dim : (head + 1) * head_dim], w_u))
+    for layer_index, block in enumerate(blocks):
+        w_o_all, w_v_all = head_projections(layout, block)
+        head_dim = w_o_all.shape[0] // loaded.num_heads
+        group = loaded.num_heads // (w_v_all.shape[1] // head_dim)  # query heads per key-value head
+        for head in range(loaded.num_heads):
+            value_head = head // group
+            w_v = w_v_all[:, value_head * head_dim : (value_head + 1) * head_dim]
+            score, share = copying_summary(ov_eigenvalues(w_e, w_v, w_o_all[head * head_dim : (head + 1) * head_dim], w_u))
             rows.append({"layer": layer_index, "head": head, "copying_score": score, "positive_eigenvalue_share": share})
     return pd.DataFrame(rows, columns=COPYING_COLUMNS), None
+
+
+def _folded(layout, norm, matrix: np.ndarray) -> np.ndarray:
+    """``diag(g) matrix`` with ``g`` the gain of ``norm`` (:meth:`~bertology.core.model.layouts.base.Layout.norm_gain`);
+    ``matrix`` itself where there is no norm or it has no gain."""
+    gain = layout.norm_gain(norm) if norm is not None else None
+    return matrix if gain is None else _array(gain)[:, None] * matrix
+
+
+def head_projections(layout, block) -> tuple[np.ndarray, np.ndarray]:
+    """``(W_O [heads * head_dim, hidden], W_V [hidden, kv_heads * head_dim])`` of one layer in float64, with what acts linearly
+    on the head's path folded in: a pre-norm layer's input norm gain into ``W_V``, the residual multiplier ``m`` and the gain
+    of a norm on the attention output into ``W_O`` (``W_O m diag(g)``)."""
+    w_v = _array(layout.value_projection(block.layer))
+    if block.pre_norm:  # LN(x) = g * normalised(x) (+ beta): g folds into W_V
+        w_v = _folded(layout, block.layer_norm, w_v)
+    w_o = _array(block.output_weight) * block.output_multiplier
+    if block.output_norm is not None:
+        w_o = w_o * _array(block.output_norm_parts()[0])[None, :]
+    return w_o, w_v

@@ -38,6 +38,9 @@ class AlbertLayout(Layout):
     def norm(self, layer: nn.Module) -> nn.Module:
         return layer.attention.LayerNorm
 
+    def value_projection(self, layer: nn.Module) -> torch.Tensor:
+        return layer.attention.value.weight.T
+
     def rest_of_layer(self, layer: nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``h = attention.LayerNorm(projected + x)``, then ``full_layer_layer_norm(FFN(h) + h)`` (``AlbertLayer.ff_chunk``)."""
         hidden = layer.attention.LayerNorm(projected + x)

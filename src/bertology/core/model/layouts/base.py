@@ -107,6 +107,8 @@ class Layout:
     #: pooler, RoBERTa's and ELECTRA's classification heads, DistilBERT's pre-classifier): ablation's layer replay then
     #: computes the last layer for that token only (:meth:`first_token_output`). A decoder's classifier reads the last token.
     first_token_classifiers: ClassVar[frozenset[str]] = frozenset()
+    #: What a norm's weight lacks of its gain ``g`` (Gemma's RMS norms store ``g - 1``): :meth:`norm_gain`.
+    norm_gain_offset: ClassVar[float] = 0.0
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -144,6 +146,11 @@ class Layout:
         projection): what ``bertology restore`` puts back as its unit 0."""
         raise NotImplementedError
 
+    def value_projection(self, layer: nn.Module) -> torch.Tensor:
+        """``W_V`` of ``layer`` as ``[hidden, kv_heads * head_dim]``: ``x W_V`` is every key-value head's value side by side,
+        head-major, before the bias (the copying score's OV circuit, :mod:`bertology.families.headtypes.copying`)."""
+        raise NotImplementedError
+
     # ---- what a layout may change ----
 
     def pooler(self, base: nn.Module) -> nn.Module | None:
@@ -160,6 +167,16 @@ class Layout:
         """What removing one of ``layer``'s heads slices (:class:`HeadParts`); None where bertology cannot remove heads
         from this family's layers."""
         return None
+
+    def final_norm(self, base: nn.Module) -> nn.Module | None:
+        """The norm between the last layer and the unembedding (a pre-norm decoder's); None where there is none."""
+        return None
+
+    def norm_gain(self, norm: nn.Module) -> torch.Tensor | None:
+        """``g``, what ``norm`` multiplies each normalised coordinate by: its weight plus :attr:`norm_gain_offset`; None where it has
+        no weight (OLMo's norms, OLMo 2's missing one: ``g = 1``)."""
+        weight = getattr(norm, "weight", None)
+        return None if weight is None else weight + self.norm_gain_offset
 
     def layer_calls(self, base: nn.Module, config) -> list[nn.Module]:
         """The layer module each attention layer runs, in order: :meth:`layers`, unless layers are shared (ALBERT)."""

@@ -34,6 +34,9 @@ class BertLayout(Layout):
     def norm(self, layer: nn.Module) -> nn.Module:
         return layer.attention.output.LayerNorm
 
+    def value_projection(self, layer: nn.Module) -> torch.Tensor:
+        return layer.attention.self.value.weight.T
+
     def rest_of_layer(self, layer: nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``h = LN1(projected + x)``, then ``LN2(FFN(h) + h)`` (``BertLayer.feed_forward_chunk``)."""
         return layer.feed_forward_chunk(layer.attention.output.LayerNorm(projected + x))

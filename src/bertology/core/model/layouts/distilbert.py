@@ -30,6 +30,9 @@ class DistilBertLayout(Layout):
     def norm(self, layer: nn.Module) -> nn.Module:
         return layer.sa_layer_norm
 
+    def value_projection(self, layer: nn.Module) -> torch.Tensor:
+        return layer.attention.v_lin.weight.T
+
     def rest_of_layer(self, layer: nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``h = LN1(projected + x)``, then ``LN2(FFN(h) + h)``."""
         hidden = layer.sa_layer_norm(projected + x)

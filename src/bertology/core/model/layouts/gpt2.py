@@ -29,5 +29,12 @@ class Gpt2Layout(Layout):
     def norm(self, layer: nn.Module) -> nn.Module:
         return layer.ln_1
 
+    def value_projection(self, layer: nn.Module) -> torch.Tensor:
+        weight = layer.attn.c_attn.weight  # Conv1D [hidden, 3 * hidden]: queries | keys | values
+        return weight[:, 2 * weight.shape[1] // 3 :]
+
+    def final_norm(self, base: nn.Module) -> nn.Module:
+        return base.ln_f
+
     def rest_of_layer(self, layer: nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return sequential_finish(layer.mlp, layer.ln_2, projected, x)

@@ -30,6 +30,15 @@ class GptNeoXLayout(Layout):
     def norm(self, layer: nn.Module) -> nn.Module:
         return layer.input_layernorm
 
+    def value_projection(self, layer: nn.Module) -> torch.Tensor:
+        """The fused ``query_key_value`` holds each head's query, key and value side by side (``[heads, 3, head_dim]`` rows)."""
+        attention = layer.attention
+        weight = attention.query_key_value.weight  # [heads * 3 * head_dim, hidden]
+        return weight.view(-1, 3, attention.head_size, weight.shape[1])[:, 2].flatten(0, 1).T
+
+    def final_norm(self, base: nn.Module) -> nn.Module:
+        return base.final_layer_norm
+
     def rest_of_layer(self, layer: nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         rest = parallel_finish if layer.use_parallel_residual else sequential_finish
         return rest(layer.mlp, layer.post_attention_layernorm, projected, x)

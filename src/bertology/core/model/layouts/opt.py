@@ -33,6 +33,12 @@ class OptLayout(Layout):
     def norm(self, layer: nn.Module) -> nn.Module:
         return layer.self_attn_layer_norm
 
+    def value_projection(self, layer: nn.Module) -> torch.Tensor:
+        return layer.self_attn.v_proj.weight.T
+
+    def final_norm(self, base: nn.Module) -> nn.Module | None:
+        return base.decoder.final_layer_norm  # None where post-norm (OPT-350m)
+
     def rest_of_layer(self, layer: nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Pre-norm ``h = x + projected``, ``h + FC2(act(FC1(final_layer_norm(h))))``; post-norm (OPT-350m)
         ``h = self_attn_layer_norm(x + projected)``, ``final_layer_norm(h + FC2(act(FC1(h))))``."""

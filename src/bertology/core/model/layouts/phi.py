@@ -1,5 +1,5 @@
 """Phi's (Phi-1, Phi-2) layout: Llama's places (``layers[l]``, ``self_attn``, ``input_layernorm``) but the output projection
-``self_attn.dense``, and the one ``input_layernorm`` feeds both the attention and the feed-forward beside it (a parallel
+``self_attn.dense`` and the final norm ``final_layernorm``, and the one ``input_layernorm`` feeds both the attention and the feed-forward beside it (a parallel
 residual)."""
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ class PhiLayout(LlamaLayout):
 
     def output_projection(self, layer: nn.Module) -> nn.Module:
         return layer.self_attn.dense
+
+    def final_norm(self, base: nn.Module) -> nn.Module:
+        return base.final_layernorm
 
     def rest_of_layer(self, layer: nn.Module, projected: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return parallel_finish(layer.mlp, layer.input_layernorm, projected, x)
