@@ -162,7 +162,8 @@ def check_part(parts: Path, name: str, key: str) -> None:
         return
     assert result.means.shape[0] == 21 and np.isfinite(result.means[0]).all()
     assert result.syntax is None or result.syntax.shape == (21,)
-    hypothesis_verdict([result.step], [result.checkpoint], result.means[None], result.kind, None if result.syntax is None else result.syntax[None])
+    hypothesis_verdict([result.step], [result.checkpoint], result.means[None], result.kind, None if result.syntax is None else result.syntax[None],
+                       excess=result.excess[None])
 
 
 def npz_bytes(arrays: dict) -> bytes:

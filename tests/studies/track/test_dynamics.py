@@ -155,10 +155,13 @@ def replicates(data: np.ndarray, noise: float, count: int = 400, seed: int = 0) 
 
 # layer means [layer, metric] for metrics (cls, sep, punct): the hypothesis' order, its reverse
 ORDERED = np.array([[0.50, 0.10, 0.05], [0.30, 0.20, 0.10], [0.10, 0.60, 0.20], [0.05, 0.30, 0.40]])
+#: The uniform head's attention to each token set in these made-up series (its excess is the means less this).
+UNIFORM = 0.04
 
 
 def test_depth_claim_is_supported_when_the_peaks_are_ordered_and_stable():
-    verdict = depth_verdict(replicates(ORDERED, 0.01), ENCODER, step=100, checkpoint="final")
+    means = replicates(ORDERED, 0.01)
+    verdict = depth_verdict(means, ENCODER, step=100, checkpoint="final", excess=means - UNIFORM)
     assert {m: p["layer"] for m, p in verdict["peaks"].items()} == {"cls": 0, "sep": 2, "punct": 3}
     assert verdict["order_holds"] and verdict["probability"] == 1.0 and verdict["verdict"] == "supported"
     assert verdict["peaks"]["sep"]["value"] == pytest.approx(0.60)
@@ -167,11 +170,13 @@ def test_depth_claim_is_supported_when_the_peaks_are_ordered_and_stable():
 
 def test_depth_claim_is_contradicted_by_reversed_peaks_and_a_tie_when_the_peaks_cannot_be_told_apart():
     reversed_means = ORDERED[::-1].copy()
-    assert depth_verdict(replicates(reversed_means, 0.01), ENCODER)["verdict"] == "contradicted"
+    means = replicates(reversed_means, 0.01)
+    assert depth_verdict(means, ENCODER, excess=means - UNIFORM)["verdict"] == "contradicted"
     # [SEP] has two almost equal layers (1 and 2) around [CLS]'s peak at 1: the order holds in about half of the replicates,
     # and [SEP]'s peak interval (1-2) overlaps [CLS]'s (1-1): the order cannot be told (issue 39: a tie, not "inconclusive")
     close = np.array([[0.1, 0.1, 0.0], [0.5, 0.30, 0.1], [0.1, 0.31, 0.2], [0.0, 0.0, 0.5]])
-    verdict = depth_verdict(replicates(close, 0.02), ENCODER)
+    means = replicates(close, 0.02)
+    verdict = depth_verdict(means, ENCODER, excess=means - UNIFORM)
     assert verdict["order_holds"] and 0.2 < verdict["probability"] < 0.8
     assert verdict["verdict"] == "tie" and verdict["pairs"] == {"cls<sep": "tie", "sep<punct": "<"}
     assert "[CLS] and [SEP] tie (intervals 1-1 and 1-2 overlap)" in verdict["statement"]
@@ -190,7 +195,7 @@ def test_crossing_step_is_interpolated_in_log_steps_by_hand():
 def test_a_crossing_exactly_at_a_checkpoint_is_bracketed_by_it_and_the_one_before():
     steps = [0, 10, 100, 1000]
     strength = np.array([0.0, 0.1, 0.5, 1.0])[:, None, None] * np.ones((1, 3, 3))  # crosses half at step 100 exactly
-    _, table = emergence_verdict(steps, strength, ENCODER)
+    _, table = emergence_verdict(steps, strength, ENCODER, excess=strength)
     assert table.half_step.tolist() == pytest.approx([100, 100, 100])
     assert table.bracket_low.tolist() == [10, 10, 10] and table.bracket_high.tolist() == [100, 100, 100]
 
@@ -206,16 +211,17 @@ def series(starts: list[int], steps: list[int]) -> np.ndarray:
 def test_emergence_claim_orders_the_half_way_crossings():
     steps = [0, 10, 100, 1000, 10000]
     strength = np.stack([replicates(row, 0.005, seed=k) for k, row in enumerate(series([1, 2, 4], steps))])  # [checkpoint, 1 + B, metric]
-    verdict, table = emergence_verdict(steps, strength, ENCODER)
+    verdict, table = emergence_verdict(steps, strength, ENCODER, excess=strength - UNIFORM)
     assert verdict["verdict"] == "supported" and verdict["probability"] > 0.95
     assert (table.emerges == "yes").all()
     assert table.bracket_low.tolist() == [0, 10, 1000] and table.bracket_high.tolist() == [10, 100, 10000]
     late_cls = np.stack([replicates(row, 0.005, seed=k) for k, row in enumerate(series([4, 2, 1], steps))])
-    assert emergence_verdict(steps, late_cls, ENCODER)[0]["verdict"] == "contradicted"
+    assert emergence_verdict(steps, late_cls, ENCODER, excess=late_cls - UNIFORM)[0]["verdict"] == "contradicted"
 
 
 def test_one_checkpoint_gives_only_the_depth_claim():
-    verdict, table = hypothesis_verdict([None], ["default"], replicates(ORDERED, 0.01)[None], ENCODER)
+    means = replicates(ORDERED, 0.01)[None]
+    verdict, table = hypothesis_verdict([None], ["default"], means, ENCODER, excess=means - UNIFORM)
     assert verdict["depth"]["step"] is None
     assert verdict["depth"]["verdict"] == "supported"
     assert verdict["training"]["verdict"] == "not applicable" and table is None

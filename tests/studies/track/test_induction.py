@@ -32,13 +32,14 @@ LINES = [
 MAX_LENGTH = 48
 
 
-def hand_scores(checkpoint: str, lines: list[str]) -> tuple[float, int, np.ndarray]:
+def hand_scores(checkpoint: str, lines: list[str]) -> tuple[float, int, np.ndarray, np.ndarray]:
     """By transformers and numpy alone: the mean over lines of at least ``late`` pieces of (loss of the late token - loss of the
-    early one), their count, and each head's induction score ``[layer, head]`` averaged over the lines with a repeated piece."""
+    early one), their count, and each head's induction score ``[layer, head]`` averaged over the lines with a repeated piece, and
+    its excess over the uniform head's (row i: ``1/(i + 1)`` on each of the keys it sees) on the same lines."""
     early, late = max(2, round(MAX_LENGTH / 10)), MAX_LENGTH
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     model = GPT2LMHeadModel.from_pretrained(checkpoint, attn_implementation="eager").double().eval()
-    differences, scores = [], []
+    differences, scores, excess = [], [], []
     with torch.inference_mode():
         for line in lines:
             ids = tokenizer(line)["input_ids"][:MAX_LENGTH]
@@ -56,7 +57,8 @@ def hand_scores(checkpoint: str, lines: list[str]) -> tuple[float, int, np.ndarr
             if rows.any():
                 maps = np.stack([a[0].numpy() for a in output.attentions])  # [layer, head, n, n]
                 scores.append((maps * targets).sum(axis=-1)[..., rows].mean(axis=-1))
-    return float(np.mean(differences)), len(differences), np.mean(scores, axis=0)
+                excess.append(scores[-1] - (targets.sum(axis=-1) / np.arange(1, n + 1))[rows].mean())
+    return float(np.mean(differences)), len(differences), np.mean(scores, axis=0), np.mean(excess, axis=0)
 
 
 def test_icl_score_and_induction_scores_match_a_hand_computation(tiny_gpt2_dir, tmp_path):
@@ -68,13 +70,14 @@ def test_icl_score_and_induction_scores_match_a_hand_computation(tiny_gpt2_dir, 
     in_context, induction = result.in_context, result.induction
     assert in_context.step.tolist() == [0, 50, 100]
     for k, checkpoint in enumerate(checkpoints):
-        expected_icl, long_enough, expected_heads = hand_scores(checkpoint, LINES)
+        expected_icl, long_enough, expected_heads, expected_excess = hand_scores(checkpoint, LINES)
         assert 2 <= long_enough < len(LINES) and in_context.n.iloc[k] == long_enough  # the short lines take no part
         assert (in_context.early.iloc[k], in_context.late.iloc[k]) == (5, 48)
         assert in_context.value.iloc[k] == pytest.approx(expected_icl, abs=1e-4)
         assert in_context.ci_low.iloc[k] <= in_context.value.iloc[k] <= in_context.ci_high.iloc[k]
         heads = induction[induction.step == result.steps[k]].sort_values(["layer", "head"]).value.to_numpy().reshape(expected_heads.shape)
         np.testing.assert_allclose(heads, expected_heads, atol=1e-5)
+        np.testing.assert_allclose(result.results[k].induction_excess[0], expected_excess, atol=1e-5)
         # the head-types family's induction rows in track.csv are the same scores
         family = result.table[(result.table.step == result.steps[k]) & (result.table.metric == "headtype:induction")]
         np.testing.assert_allclose(family.sort_values(["layer", "head"]).value.to_numpy(), expected_heads.ravel(), atol=1e-5)
@@ -108,13 +111,15 @@ def series(steps: np.ndarray, jump: int, rise: float, noise: float, seed: int, r
 
 
 STEPS = np.arange(0, 1100, 100)
+#: The uniform head's induction score in these made-up series (the heads' excess is their score less this).
+UNIFORM = 0.05
 
 
 def verdict_of(induction_jump: int, icl_jump: int, rise: float = 0.5, noise: float = 0.01) -> dict:
     heads = 0.1 + series(STEPS, induction_jump, rise, noise, 0)
     induction = np.stack([heads, 0.1 + 0 * heads], axis=-1)[:, :, None, :]  # [checkpoint, 1 + B, layer 1, head 2]
     icl = -series(STEPS, icl_jump, rise, noise, 1)  # the score falls: its drop rises
-    return induction_verdict(STEPS.tolist(), induction, icl, icl_sequences=100)
+    return induction_verdict(STEPS.tolist(), induction, icl, icl_sequences=100, excess=induction - UNIFORM)
 
 
 def test_verdict_same_window_apart_and_within_noise():
@@ -126,7 +131,8 @@ def test_verdict_same_window_apart_and_within_noise():
     assert apart["induction"]["ci_high"] < apart["icl_drop"]["ci_low"]
     noise_only = verdict_of(4, 4, rise=0.0, noise=0.05)  # nothing changes: no claim the noise could make
     assert noise_only["verdict"] == "no evidence"
-    few = induction_verdict(STEPS.tolist(), np.full((len(STEPS), 3, 1, 2), 0.2), np.zeros((len(STEPS), 3)), icl_sequences=3)
+    flat = np.full((len(STEPS), 3, 1, 2), 0.2)
+    few = induction_verdict(STEPS.tolist(), flat, np.zeros((len(STEPS), 3)), icl_sequences=3, excess=flat - UNIFORM)
     assert few["verdict"] == "no evidence" and "3 sequences" in few["statement"]
 
 

@@ -16,6 +16,9 @@ from bertology.core.model.kinds import ENCODER
 from bertology.core.text.corpora import Example
 from bertology.studies.track.dynamics import checkpoint_loss, depth_verdict, emergence_verdict, loss_series, track
 
+#: The uniform head's attention to each token set in these made-up series (their excess is the strength less this).
+UNIFORM = 0.05
+
 
 def noisy(data: np.ndarray, noise: float, count: int = 400, seed: int = 0) -> np.ndarray:
     """``data [checkpoint, metric]`` -> ``[checkpoint, 1 + count, metric]``: row 0 the data, then the data plus Gaussian noise
@@ -34,7 +37,7 @@ def test_a_small_rise_inside_the_noise_is_no_evidence():
     steps = [0, 10, 100, 1000]
     rise = np.array([0.389, 0.395, 0.405, 0.413])  # the issue's syntax curve
     strength = noisy(np.stack([rise] * 4, axis=1), 0.03)  # [CLS], [SEP], punctuation, syntax
-    verdict, table = emergence_verdict(steps, strength, ENCODER, syntax=True)
+    verdict, table = emergence_verdict(steps, strength, ENCODER, syntax=True, excess=strength[..., :3] - UNIFORM)
     for k, row in enumerate(table.itertuples()):
         low, high = change_interval(strength, k)
         assert (row.change_low, row.change_high) == pytest.approx((low, high))
@@ -48,7 +51,7 @@ def test_a_small_rise_inside_the_noise_is_no_evidence():
 
 def test_a_clear_change_between_two_checkpoints_is_not_located_and_so_no_evidence():
     strength = noisy(np.array([[0.1, 0.1, 0.1], [0.5, 0.5, 0.5]]), 0.005)
-    verdict, table = emergence_verdict([0, 100], strength, ENCODER)
+    verdict, table = emergence_verdict([0, 100], strength, ENCODER, excess=strength - UNIFORM)
     assert change_interval(strength, 0)[0] > 0.3  # the change is real ...
     assert table.located_low.tolist() == [0, 0, 0] and table.located_high.tolist() == [100, 100, 100]  # ... its step is the run
     assert (table.emerges == "no evidence").all() and verdict["verdict"] == "no evidence"
@@ -61,7 +64,7 @@ def test_a_clear_rise_emerges_and_its_verdict_names_its_numbers():
     for k, start in enumerate([1, 2, 4]):
         data[start:, k] = 0.5
     strength = noisy(data, 0.005)
-    verdict, table = emergence_verdict(steps, strength, ENCODER)
+    verdict, table = emergence_verdict(steps, strength, ENCODER, excess=strength - UNIFORM)
     assert (table.emerges == "yes").all() and verdict["verdict"] == "supported"
     # [CLS] jumps between steps 0 and 10: half of its rise at ln(1 + s) = ln(11) / 2, bracketed by 0 and 10 in every replicate
     assert table.half_step[0] == pytest.approx(np.sqrt(11) - 1)
@@ -76,14 +79,16 @@ def test_a_clear_rise_emerges_and_its_verdict_names_its_numbers():
 def test_patterns_that_peak_in_one_layer_or_emerge_together_tie():
     # [CLS] and [SEP] both peak in layer 1, exactly, in the data and in every replicate: the old verdict was "contradicted"
     means = np.array([[0.1, 0.1, 0.0], [0.5, 0.6, 0.1], [0.1, 0.2, 0.2], [0.0, 0.0, 0.5]])
-    verdict = depth_verdict(np.repeat(means[None], 51, axis=0), ENCODER)
+    replicated = np.repeat(means[None], 51, axis=0)
+    verdict = depth_verdict(replicated, ENCODER, excess=replicated - UNIFORM)
     assert verdict["probability"] == 0.0
     assert verdict["verdict"] == "tie" and "[CLS] and [SEP] tie (both peak in layer 1)" in verdict["statement"]
     steps = [0, 10, 100, 1000, 10000]
     data = np.full((5, 3), 0.1)
     for k, start in enumerate([2, 2, 4]):  # [CLS] and [SEP] rise at the same checkpoint
         data[start:, k] = 0.5
-    training, table = emergence_verdict(steps, noisy(data, 0.005), ENCODER)
+    strength = noisy(data, 0.005)
+    training, table = emergence_verdict(steps, strength, ENCODER, excess=strength - UNIFORM)
     assert (table.emerges == "yes").all()
     assert training["verdict"] == "tie" and training["pairs"] == {"cls<sep": "tie", "sep<punct": "<"}
     assert "[CLS] and [SEP] tie (half-rise intervals overlap)" in training["statement"]
@@ -131,7 +136,10 @@ def test_a_series_of_one_null_model_makes_no_claim(null_series, tmp_path):
     training, depth = result.verdict["training"], result.verdict["depth"]
     assert (result.emergence.emerges == "no evidence").all()
     assert training["verdict"] == "no evidence"
-    assert depth["verdict"] == "tie" and "both peak in layer 0" in depth["statement"]
+    # every head is the uniform head: no pattern does more than it in its peak layer, so the order is not judged
+    assert depth["verdict"] == "no evidence" and "no evidence on the order" in depth["statement"]
+    assert all(peak["excess"] == 0 and not peak["beyond_uniform"] for peak in depth["peaks"].values())
+    assert "[CLS] is no more than the uniform head's in layer 0" in depth["statement"]
     assert not {training["verdict"], depth["verdict"]} & {"supported", "contradicted"}
     # each checkpoint's recorded loss, and the per-head trajectories, are in the verdict and the report
     assert result.verdict["losses"]["values"] == pytest.approx(losses) and result.verdict["losses"]["steps"] == STEPS

@@ -49,8 +49,14 @@ def test_layer_peaks_bootstrap_by_hand():
     with np.errstate(invalid="ignore"):  # a replicate that drew no sequence has no mean
         expected = np.einsum("br,blm->rlm", weights, values) / weights.sum(axis=0)[:, None, None]
     np.testing.assert_allclose(peaks.replicate_means(), expected, rtol=1e-10)
+    # the excess over the uniform head, whose every row puts 1/n on each key: |K|/n on a set K
+    uniform = np.array([[[len(keys) / lengths[b] for keys in flags[b]] for _ in range(3)] for b in range(3)])  # [sequence, layer, metric]
+    with np.errstate(invalid="ignore"):
+        expected_excess = np.einsum("br,blm->rlm", weights, values - uniform) / weights.sum(axis=0)[:, None, None]
+    np.testing.assert_allclose(peaks.replicate_excess(), expected_excess, rtol=1e-10, atol=1e-12)
     table = peaks.result()
     np.testing.assert_allclose(table.value, values.mean(axis=0).ravel(), rtol=1e-10)
+    np.testing.assert_allclose(table.excess, (values - uniform).mean(axis=0).ravel(), rtol=1e-10, atol=1e-12)
     found = peaks.peaks().set_index("metric")
     for k, metric in enumerate(("cls", "sep", "punct")):
         assert found.loc[metric, "peak_layer"] == values.mean(axis=0)[:, k].argmax()
@@ -113,6 +119,12 @@ def test_layer_peaks_on_a_decoder_by_hand():
     with np.errstate(invalid="ignore"):
         expected = np.einsum("br,blm->rlm", weights, values) / weights.sum(axis=0)[:, None, None]
     np.testing.assert_allclose(peaks.replicate_means(), expected, rtol=1e-10)
+    # the uniform head's row i puts 1/(i + 1) on each key j <= i
+    uniform = np.array([[[sum(sum(1 for j in keys if j <= i) / (i + 1) for i in range(1, lengths[b])) / (lengths[b] - 1) for keys in ([0], punct[b])]
+                         for _ in range(2)] for b in kept])
+    with np.errstate(invalid="ignore"):
+        expected_excess = np.einsum("br,blm->rlm", weights, values - uniform) / weights.sum(axis=0)[:, None, None]
+    np.testing.assert_allclose(peaks.replicate_excess(), expected_excess, rtol=1e-10, atol=1e-12)
     table = peaks.result()
     assert table.metric.tolist() == ["first", "punct"] * 2 and (table.n == 2).all()
     assert peaks.peaks().metric.tolist() == ["first", "punct"]

@@ -16,7 +16,8 @@ corpus, and :func:`hypothesis_verdict` tests two claims:
    ``first + (final - first) / 2`` (a random network already attends uniformly, so "half its final
    value" is measured above that starting point), interpolated linearly in ``ln(1 + step)``
    between checkpoints. A pattern **emerges** only when the 95% interval of its first-to-last change (paired
-   replicates) excludes 0 and its half-rise step is located more narrowly than the run (:func:`emergence_verdict`);
+   replicates) excludes 0, it rises and ends beyond the uniform head on the same sequences
+   (:mod:`~bertology.studies.track.verdicts`) and its half-rise step is located more narrowly than the run (:func:`emergence_verdict`);
    else there is "no evidence" that it does, and the order is not judged (verdict ``no evidence``). The order
    [CLS] before [SEP] before punctuation is tested on paired replicates (the same sequence weights at every
    checkpoint). With trees, the mean over relations of the best head's accuracy (Clark et al.'s syntactic heads) is
@@ -74,6 +75,7 @@ from bertology.families.sinks.analyzer import SINK_EPS, sink_rates
 from bertology.families.syntax.analyzer import RelationHeads
 from bertology.studies.track.induction import InductionReplicates, in_context_scores, induction_verdict
 from bertology.studies.track.peaks import LayerPeaks, peak_layers, peak_metrics
+from bertology.studies.track.verdicts import described, excess_claim, interval, near_peak_span, not_beyond_words, rise_beyond_uniform
 
 LEVEL = 0.95
 METRIC_NAMES = {"cls": "[CLS]", "sep": "[SEP]", "first": "the first token", "punct": "punctuation",
@@ -351,42 +353,55 @@ def _order(metrics: tuple[str, ...]) -> str:
     return " < ".join(METRIC_NAMES[metric].removeprefix("the ") for metric in metrics)
 
 
-def depth_verdict(means: np.ndarray, kind: Kind, step: int | None = None, checkpoint: str | None = None) -> dict:
+def depth_verdict(means: np.ndarray, kind: Kind, step: int | None = None, checkpoint: str | None = None, *, excess: np.ndarray) -> dict:
     """Claim 1 on a ``kind`` of model from ``means [1 + B, layer, metric]`` (the metrics :func:`peak_metrics` of ``kind``;
-    row 0 is the data)."""
+    row 0 is the data) and ``excess`` (the same shape: the layer means' excess over the uniform head on the same sequences,
+    :meth:`~bertology.studies.track.peaks.LayerPeaks.replicate_excess`).
+
+    The order is judged (:func:`_order_verdict`) only where every pattern is beyond the uniform head in its peak layer
+    (:func:`~bertology.studies.track.verdicts.excess_claim`), else ``no evidence``; a layer within the families' tolerance of
+    a peak ties with it (:func:`~bertology.studies.track.verdicts.near_peak_span`)."""
     metrics = peak_metrics(kind)
     peaks = peak_layers(means, metrics)
+    rows = list(peaks.itertuples())
     replicate_peaks = means[1:].argmax(axis=1)
     holds = bool(_in_order(peaks.peak_layer.to_numpy()))
     probability = float(_in_order(replicate_peaks).mean())
     pairwise = {f"{a}<{b}": float((replicate_peaks[:, i] < replicate_peaks[:, i + 1]).mean())
                 for i, (a, b) in enumerate(zip(metrics, metrics[1:]))}
-    verdict, pairs = _order_verdict(peaks.peak_layer.to_numpy(), replicate_peaks,
-                                    [(r.ci_low, r.ci_high) for r in peaks.itertuples()])
+    span_low, span_high = near_peak_span(means[0])
+    intervals = [(min(r.ci_low, low), max(r.ci_high, high)) for r, low, high in zip(rows, span_low, span_high)]
+    claims = [excess_claim(excess[:, r.peak_layer, k]) for k, r in enumerate(rows)]
+    beyond = all(claim["beyond"] for claim in claims)
+    verdict, pairs = _order_verdict(peaks.peak_layer.to_numpy(), replicate_peaks, intervals) if beyond else ("no evidence", [])
     where = ", ".join(
-        f"{METRIC_NAMES[r.metric]} peaks in layer {r.peak_layer} (95% interval {r.ci_low:.0f}-{r.ci_high:.0f}, mean attention {means[0, r.peak_layer, k]:.3f})"
-        for k, r in enumerate(peaks.itertuples())
+        f"{METRIC_NAMES[r.metric]} peaks in layer {r.peak_layer} (95% interval {low:.0f}-{high:.0f}, mean attention {means[0, r.peak_layer, k]:.3f}, "
+        f"{described(claims[k])} over the uniform head)" for k, (r, (low, high)) in enumerate(zip(rows, intervals))
     )
-    rows = list(peaks.itertuples())
     ties = [f"{METRIC_NAMES[a.metric]} and {METRIC_NAMES[b.metric]} tie ("
             + (f"both peak in layer {a.peak_layer}" if a.peak_layer == b.peak_layer
-               else f"intervals {a.ci_low:.0f}-{a.ci_high:.0f} and {b.ci_low:.0f}-{b.ci_high:.0f} overlap")
-            + ")" for a, b, pair in zip(rows, rows[1:], pairs) if pair["state"] == "tie"]
+               else f"intervals {interval_a[0]:.0f}-{interval_a[1]:.0f} and {interval_b[0]:.0f}-{interval_b[1]:.0f} overlap")
+            + ")" for a, b, interval_a, interval_b, pair in zip(rows, rows[1:], intervals, intervals[1:], pairs) if pair["state"] == "tie"]
+    unclaimed = [f"{METRIC_NAMES[r.metric]} is no more than the uniform head's in layer {r.peak_layer} (tolerance {EXCESS_TOLERANCE:g})"
+                 for r, claim in zip(rows, claims) if not claim["beyond"]]
     return {
         "claim": CLAIMS[kind.name][0],
         "step": step,
         "checkpoint": checkpoint,
-        "peaks": {r.metric: {"layer": int(r.peak_layer), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high), "agreement": float(r.agreement),
-                             "value": float(means[0, r.peak_layer, k])} for k, r in enumerate(peaks.itertuples())},
+        "peaks": {r.metric: {"layer": int(r.peak_layer), "ci_low": float(low), "ci_high": float(high), "agreement": float(r.agreement),
+                             "value": float(means[0, r.peak_layer, k]), "excess": _json_value(claims[k]["excess"]),
+                             "excess_ci_low": _json_value(claims[k]["low"]), "beyond_uniform": claims[k]["beyond"]}
+                  for k, (r, (low, high)) in enumerate(zip(rows, intervals))},
         "layer_means": {metric: means[0, :, k].round(4).tolist() for k, metric in enumerate(metrics)},
         "order_holds": holds,
         "probability": probability,
         "pairwise_probability": pairwise,
-        "pairs": {f"{a}<{b}": pairs[i]["state"] for i, (a, b) in enumerate(zip(metrics, metrics[1:]))},
+        "pairs": {f"{a}<{b}": pair["state"] for (a, b), pair in zip(zip(metrics, metrics[1:]), pairs)},
         "replicates": int(len(means) - 1),
         "verdict": verdict,
         "statement": f"{where} (layers 0-based). The order {_order(metrics)} holds in {probability:.1%} of "
-                     f"{len(means) - 1} bootstrap replicates over sequences" + (f"; {'; '.join(ties)}" if ties else "") + f": {verdict}.",
+                     f"{len(means) - 1} bootstrap replicates over sequences" + "".join(f"; {words}" for words in ties + unclaimed)
+                     + (": no evidence on the order." if unclaimed else f": {verdict}."),
     }
 
 
@@ -425,18 +440,15 @@ def crossing_brackets(steps: np.ndarray, strength: np.ndarray) -> tuple[np.ndarr
     return np.where(rises, steps[k - 1], steps[0]), np.where(rises, steps[k], steps[-1])
 
 
-def _interval(values: np.ndarray) -> tuple[float, float]:
-    """The 2.5th-97.5th percentile of ``values`` (NaN ignored); NaN, NaN when none is a number."""
-    values = values[np.isfinite(values)]
-    return tuple(float(v) for v in np.percentile(values, [2.5, 97.5])) if values.size else (np.nan, np.nan)
-
-
-def emergence_verdict(steps: list[int], strength: np.ndarray, kind: Kind, syntax: bool = False) -> tuple[dict, pd.DataFrame]:
+def emergence_verdict(steps: list[int], strength: np.ndarray, kind: Kind, syntax: bool = False, *, excess: np.ndarray) -> tuple[dict, pd.DataFrame]:
     """Claim 2 on a ``kind`` of model from ``strength [checkpoint, 1 + B, metric]``; the metrics are :func:`peak_metrics`
-    of ``kind``, then, with ``syntax``, ``syntax``.
+    of ``kind``, then, with ``syntax``, ``syntax``; ``excess [checkpoint, 1 + B, metric of peak_metrics]``: each pattern's
+    strongest layer's excess over the uniform head on the same sequences.
 
     A pattern **emerges** only when (a) the 95% interval of its first-to-last change (paired bootstrap replicates:
-    ``strength[-1, b] - strength[0, b]``) lies above 0 and (b) its half-rise step is located more narrowly than the run:
+    ``strength[-1, b] - strength[0, b]``) lies above 0, (b) its excess over the uniform head rises, and ends, beyond the
+    families' tolerance (:func:`~bertology.studies.track.verdicts.rise_beyond_uniform`; the syntax row, an accuracy the uniform
+    head is not scored on here, needs its change beyond that tolerance) and (c) its half-rise step is located more narrowly than the run:
     the checkpoints that bracket the crossing in the replicates (a replicate that does not rise: the whole run), from the
     2.5th percentile of the lower to the 97.5th of the upper, do not span from the first checkpoint to the last (with two
     checkpoints they always do). Otherwise the table says ``no evidence``. The order of the claim is judged
@@ -444,7 +456,8 @@ def emergence_verdict(steps: list[int], strength: np.ndarray, kind: Kind, syntax
     else the verdict is ``no evidence``.
 
     Returns the verdict and a table ``metric, first, final, change, change_low, change_high, emerges, half_step, ci_low,
-    ci_high, bracket_low, bracket_high, located_low, located_high``.
+    ci_high, bracket_low, bracket_high, located_low, located_high, excess_change_low, final_excess, final_excess_low,
+    beyond_uniform``.
     """
     peak_metrics_ = peak_metrics(kind)
     metrics = (*peak_metrics_, *(("syntax",) if syntax else ()))
@@ -454,8 +467,8 @@ def emergence_verdict(steps: list[int], strength: np.ndarray, kind: Kind, syntax
     rows = []
     for k, metric in enumerate(metrics):
         point = crossed[0, k]
-        low, high = _interval(crossed[1:, k])
-        change_low, change_high = _interval(strength[-1, 1:, k] - strength[0, 1:, k])
+        low, high = interval(crossed[1:, k])
+        change_low, change_high = interval(strength[-1, 1:, k] - strength[0, 1:, k])
         if lows.shape[0]:
             located_low = float(np.percentile(lows[:, k], 2.5, method="lower"))
             located_high = float(np.percentile(highs[:, k], 97.5, method="higher"))
@@ -464,12 +477,15 @@ def emergence_verdict(steps: list[int], strength: np.ndarray, kind: Kind, syntax
         located = bool(np.isfinite(point)) and not (located_low <= steps_array[0] and located_high >= steps_array[-1])
         # the checkpoint at or after the crossing (rounded: exp(log(s)) may land a hair above a checkpoint's own step)
         after = int(np.searchsorted(steps_array, round(float(point), 6))) if np.isfinite(point) else None
+        beyond = (rise_beyond_uniform(excess[:, :, k]) if k < len(peak_metrics_) else
+                  {"excess_change_low": np.nan, "final_excess": np.nan, "final_excess_low": np.nan,
+                   "beyond_uniform": excess_claim(strength[-1, :, k] - strength[0, :, k])["beyond"]})
         rows.append({"metric": metric, "first": float(strength[0, 0, k]), "final": float(strength[-1, 0, k]),
                      "change": float(strength[-1, 0, k] - strength[0, 0, k]), "change_low": change_low, "change_high": change_high,
-                     "emerges": "yes" if bool(change_low > 0) and located else "no evidence",
+                     "emerges": "yes" if bool(change_low > 0) and beyond["beyond_uniform"] and located else "no evidence",
                      "half_step": float(point), "ci_low": float(low), "ci_high": float(high),
                      "bracket_low": int(steps_array[after - 1]) if after else None, "bracket_high": int(steps_array[after]) if after else None,
-                     "located_low": located_low, "located_high": located_high})
+                     "located_low": located_low, "located_high": located_high, **beyond})
     table = pd.DataFrame(rows)
     main = crossed[:, : len(peak_metrics_)]
     holds = bool(_in_order(main[0]))
@@ -479,23 +495,6 @@ def emergence_verdict(steps: list[int], strength: np.ndarray, kind: Kind, syntax
         verdict, pairs = _order_verdict(main[0], main[1:], [(r.ci_low, r.ci_high) for r in table.iloc[: len(peak_metrics_)].itertuples()])
     else:
         verdict, pairs = "no evidence", []
-
-    def describe(row) -> str:
-        name = METRIC_NAMES[row.metric]
-        change = (f"{name} goes from {row.first:.3f} at step {steps[0]} to {row.final:.3f} at step {steps[-1]} "
-                  f"(change {row.change:+.3f}, 95% interval {row.change_low:+.3f} to {row.change_high:+.3f})")
-        if np.isfinite(row.half_step):
-            change += (f", crosses half of that rise at step {row.half_step:.0f} (95% interval {row.ci_low:.0f}-{row.ci_high:.0f}; "
-                       f"between checkpoints {row.bracket_low:.0f} and {row.bracket_high:.0f}, in 95% of the replicates between "
-                       f"{row.located_low:.0f} and {row.located_high:.0f})")
-        if row.emerges == "yes":
-            return change + ": it emerges"
-        why = []
-        if not row.change_low > 0:
-            why.append("the change's interval does not exclude 0" if row.change_high >= 0 or np.isnan(row.change_high) else "it falls")
-        if not (np.isfinite(row.half_step) and not (row.located_low <= steps[0] and row.located_high >= steps[-1])):
-            why.append("its half-rise step is not located more narrowly than the run")
-        return change + f": no evidence that it emerges ({' and '.join(why)})"
 
     ties = [f"{METRIC_NAMES[a]} and {METRIC_NAMES[b]} tie (half-rise intervals overlap)"
             for (a, b), pair in zip(zip(peak_metrics_, peak_metrics_[1:]), pairs) if pair["state"] == "tie"]
@@ -514,7 +513,7 @@ def emergence_verdict(steps: list[int], strength: np.ndarray, kind: Kind, syntax
         "pairs": {f"{a}<{b}": pair["state"] for (a, b), pair in zip(zip(peak_metrics_, peak_metrics_[1:]), pairs)},
         "replicates": int(strength.shape[1] - 1),
         "verdict": verdict,
-        "statement": "; ".join(describe(row) for row in table.itertuples()) + ending,
+        "statement": "; ".join(_described_emergence(row, steps) for row in table.itertuples()) + ending,
     }
     if syntax:
         k = metrics.index("syntax")
@@ -527,18 +526,38 @@ def emergence_verdict(steps: list[int], strength: np.ndarray, kind: Kind, syntax
     return result, table
 
 
+def _described_emergence(row, steps: list[int]) -> str:
+    """A row of :func:`emergence_verdict`'s table in words: its change, where it crosses half of it, and that it emerges or why not."""
+    change = (f"{METRIC_NAMES[row.metric]} goes from {row.first:.3f} at step {steps[0]} to {row.final:.3f} at step {steps[-1]} "
+              f"(change {row.change:+.3f}, 95% interval {row.change_low:+.3f} to {row.change_high:+.3f})")
+    if np.isfinite(row.half_step):
+        change += (f", crosses half of that rise at step {row.half_step:.0f} (95% interval {row.ci_low:.0f}-{row.ci_high:.0f}; "
+                   f"between checkpoints {row.bracket_low:.0f} and {row.bracket_high:.0f}, in 95% of the replicates between "
+                   f"{row.located_low:.0f} and {row.located_high:.0f})")
+    if row.emerges == "yes":
+        return change + ": it emerges"
+    why = []
+    if not row.change_low > 0:
+        why.append("the change's interval does not exclude 0" if row.change_high >= 0 or np.isnan(row.change_high) else "it falls")
+    if not row.beyond_uniform:
+        why.append(not_beyond_words(row._asdict()) if np.isfinite(row.final_excess) else f"its change does not clear {EXCESS_TOLERANCE:g}")
+    if not (np.isfinite(row.half_step) and not (row.located_low <= steps[0] and row.located_high >= steps[-1])):
+        why.append("its half-rise step is not located more narrowly than the run")
+    return change + f": no evidence that it emerges ({' and '.join(why)})"
+
+
 def hypothesis_verdict(steps: list[int], checkpoints: list[str], means: np.ndarray, kind: Kind,
-                       syntax: np.ndarray | None = None) -> tuple[dict, pd.DataFrame | None]:
+                       syntax: np.ndarray | None = None, *, excess: np.ndarray) -> tuple[dict, pd.DataFrame | None]:
     """Both claims on a ``kind`` of model from ``means [checkpoint, 1 + B, layer, metric]`` (the metrics :func:`peak_metrics`
-    of ``kind``) and optionally ``syntax [checkpoint, 1 + B]``."""
-    verdict = {"depth": depth_verdict(means[-1], kind, step=steps[-1], checkpoint=checkpoints[-1])}
+    of ``kind``), their ``excess`` over the uniform head (the same shape) and optionally ``syntax [checkpoint, 1 + B]``."""
+    verdict = {"depth": depth_verdict(means[-1], kind, step=steps[-1], checkpoint=checkpoints[-1], excess=excess[-1])}
     if len(steps) < 2:
         verdict["training"] = {"verdict": "not applicable", "statement": "One checkpoint: there is no training series to order (depth only)."}
         return verdict, None
     strength = means.max(axis=2)  # [checkpoint, 1 + B, metric]
     if syntax is not None:
         strength = np.concatenate([strength, syntax[..., None]], axis=-1)
-    verdict["training"], table = emergence_verdict(steps, strength, kind, syntax=syntax is not None)
+    verdict["training"], table = emergence_verdict(steps, strength, kind, syntax=syntax is not None, excess=excess.max(axis=2))
     return verdict, table
 
 
@@ -551,11 +570,13 @@ class CheckpointResult:
     rows: pd.DataFrame  # TRACK_COLUMNS
     layers: pd.DataFrame  # step, checkpoint, layer, metric, value, ci_low, ci_high
     means: np.ndarray  # [1 + B, layer, metric] of `metrics`
+    excess: np.ndarray  # [1 + B, layer, metric]: the means' excess over the uniform head on the same sequences (LayerPeaks)
     syntax: np.ndarray | None  # [1 + B]: mean over relations of the best head's accuracy
     kind: Kind  # the checkpoint's kind of model
     measured_loss: float = float("nan")  # its loss on the track corpus (measured_loss); NaN: no language-model head
     measured_loss_name: str | None = None  # what that loss is; None where none is measured
     induction: np.ndarray | None = None  # a decoder's [1 + B, layer, head]: each head's induction score (InductionReplicates)
+    induction_excess: np.ndarray | None = None  # the same, less the uniform head's on the same sequences
     icl: np.ndarray | None = None  # a decoder's [1 + B]: the in-context learning score (in_context_scores); None: no LM head
     icl_sequences: int = 0  # the sequences long enough for it
     icl_positions: tuple[int, int] | None = None  # (early, late): the 1-based tokens it compares
@@ -654,7 +675,7 @@ class TrackResult:
             return None
         rows = []
         for r in self.results:
-            low, high = _interval(r.icl[1:])
+            low, high = interval(r.icl[1:])
             rows.append((r.step, r.checkpoint, *r.icl_positions, _json_value(r.icl[0]), low, high, r.icl_sequences))
         return pd.DataFrame(rows, columns=["step", "checkpoint", "early", "late", "value", "ci_low", "ci_high", "n"]).astype({"value": float})
 
@@ -726,7 +747,8 @@ def _load_part(parts: Path, name: str, key: str, replicates: int, finished: bool
     It is checked before use: the ``.npz``'s arrays (``meta`` naming this part's checkpoint, a whole-number or null step
     and the model's kind (:func:`_part_kind`), its measured loss (a part without one, written before track measured losses, is
     None: computed again); ``means [replicates, layer, metric]`` and ``syntax [replicates]`` or empty,
-    shares in [0, 1], NaN only in bootstrap replicates) and the two tables (their columns, this checkpoint's rows, of the
+    shares in [0, 1], NaN only in bootstrap replicates; ``excess``, the shape of ``means`` in [-1, 1], where a part written
+    before track compared with the uniform head has none: computed again) and the two tables (their columns, this checkpoint's rows, of the
     layers of ``means``); a damaged part is refused (:func:`_damaged_part`).
     """
     marker = parts / f"{name}.npz"
@@ -767,13 +789,14 @@ def _load_part(parts: Path, name: str, key: str, replicates: int, finished: bool
         tables.append(_part_table(parts / f"{name}.{table}.parquet", columns, step, checkpoint, marker))
         if set(tables[-1]["layer"]) != set(range(means.shape[1])):
             raise _damaged_part(marker, marker, f"'means' has {means.shape[1]} layers, not those of {name}.{table}.parquet")
-    if measured is None:  # a sound part written before track measured losses: computed again
+    if measured is None or "excess" not in arrays:  # a sound part written before track measured losses, or compared with the uniform head
         return None
+    excess = _part_shares(arrays["excess"], "excess", means.shape, marker, low=-1.0)
     extra = _part_induction(arrays, meta, kind, replicates, means.shape[1], marker)
     if extra is None:  # a sound decoder's part written before track followed induction heads: computed again
         return None
     loss, loss_name = measured
-    return CheckpointResult(step, checkpoint, *tables, means, syntax, kind, np.nan if loss is None else float(loss), loss_name, **extra)
+    return CheckpointResult(step, checkpoint, *tables, means, excess, syntax, kind, np.nan if loss is None else float(loss), loss_name, **extra)
 
 
 def _part_induction(arrays: dict, meta: dict, kind: Kind, replicates: int, layers: int, marker: Path) -> dict | None:
@@ -782,12 +805,13 @@ def _part_induction(arrays: dict, meta: dict, kind: Kind, replicates: int, layer
     the part has none (written before track followed them); ``{}`` for an encoder's part."""
     if kind.sees_later_keys:
         return {}
-    if "induction" not in arrays or "icl" not in arrays or "icl_sequences" not in meta:
+    if any(member not in arrays for member in ("induction", "induction_excess", "icl")) or "icl_sequences" not in meta:
         return None
-    induction, icl = arrays["induction"], arrays["icl"]
-    if (induction.dtype.kind != "f" or induction.ndim != 3 or induction.shape[:2] != (replicates, layers)
-            or not (np.isnan(induction) | ((induction >= 0) & (induction <= 1 + 1e-4))).all()):
-        raise _damaged_part(marker, marker, f"'induction' has shape {induction.shape} or values that are not shares in [0, 1]")
+    induction, excess, icl = arrays["induction"], arrays["induction_excess"], arrays["icl"]
+    for member, values, low in (("induction", induction, 0), ("induction_excess", excess, -1)):
+        if (values.dtype.kind != "f" or values.ndim != 3 or values.shape[:2] != (replicates, layers) or values.shape != induction.shape
+                or not (np.isnan(values) | ((values >= low) & (values <= 1 + 1e-4))).all()):
+            raise _damaged_part(marker, marker, f"{member!r} has shape {values.shape} or values that are not shares in [{low}, 1]")
     if icl.dtype.kind != "f" or (icl.size and (icl.shape != (replicates,) or np.isinf(icl).any())):
         raise _damaged_part(marker, marker, f"'icl' has shape {icl.shape} or infinite values")
     try:
@@ -797,7 +821,7 @@ def _part_induction(arrays: dict, meta: dict, kind: Kind, replicates: int, layer
         raise _damaged_part(marker, marker, f"its 'meta' is damaged: {exc.message}") from None
     if icl.size and (positions is None or len(positions) != 2):
         raise _damaged_part(marker, marker, "'icl_positions' must be the two positions of its in-context learning score")
-    return {"induction": induction, "icl": icl if icl.size else None, "icl_sequences": count,
+    return {"induction": induction, "induction_excess": excess, "icl": icl if icl.size else None, "icl_sequences": count,
             "icl_positions": tuple(int(p) for p in positions) if icl.size else None}
 
 
@@ -815,15 +839,17 @@ def _part_kind(meta: dict, marker: Path) -> Kind:
     return ENCODER
 
 
-def _part_shares(values: np.ndarray, member: str, shape: tuple, marker: Path) -> np.ndarray:
-    """A part's array ``values``, refused unless of ``shape`` (None: any size but 0) and shares in [0, 1], NaN only past
-    row 0 (a bootstrap replicate that drew no sequence)."""
+def _part_shares(values: np.ndarray, member: str, shape: tuple, marker: Path, low: float = 0.0) -> np.ndarray:
+    """A part's array ``values``, refused unless of floats of ``shape`` (None: any size but 0) and shares in [``low``, 1], NaN only
+    past row 0 (a bootstrap replicate that drew no sequence)."""
+    if values.dtype.kind != "f":
+        raise _damaged_part(marker, marker, f"{member!r} is a {values.dtype} array, not what bertology writes")
     if values.ndim != len(shape) or any(got == 0 or want not in (None, got) for got, want in zip(values.shape, shape)):
         wanted = ", ".join("any" if want is None else str(want) for want in shape)
         raise _damaged_part(marker, marker, f"{member!r} has shape {values.shape}, expected ({wanted})")
     known = values[~np.isnan(values)]
-    if not np.isfinite(values[0]).all() or not ((known >= 0) & (known <= 1 + 1e-4)).all():
-        raise _damaged_part(marker, marker, f"{member!r} holds values that are not shares in [0, 1] (or NaN in its first row)")
+    if not np.isfinite(values[0]).all() or not ((known >= low) & (known <= 1 + 1e-4)).all():
+        raise _damaged_part(marker, marker, f"{member!r} holds values that are not shares in [{low:g}, 1] (or NaN in its first row)")
     return values
 
 
@@ -857,11 +883,13 @@ def _save_part(parts: Path, name: str, key: str, result: CheckpointResult) -> No
                        "icl_sequences": result.icl_sequences, "icl_positions": result.icl_positions})
     syntax = result.syntax if result.syntax is not None else np.array([])
     induction = result.induction if result.induction is not None else np.array([])
+    induction_excess = result.induction_excess if result.induction_excess is not None else np.array([])
     icl = result.icl if result.icl is not None else np.array([])
 
     def write(path: Path) -> None:
         with path.open("wb") as handle:
-            np.savez(handle, key=key, meta=meta, means=result.means, syntax=syntax, induction=induction, icl=icl)
+            np.savez(handle, key=key, meta=meta, means=result.means, excess=result.excess, syntax=syntax, induction=induction,
+                     induction_excess=induction_excess, icl=icl)
 
     atomic_write(parts / f"{name}.npz", write)
 
@@ -919,11 +947,12 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
     extra = {}
     if follows_induction:
         extra["induction"] = induction.replicate_means(loaded.num_layers, loaded.num_heads)
+        extra["induction_excess"] = induction.replicate_excess(loaded.num_layers, loaded.num_heads)
         if with_lm_head:
             icl, count, early, late = in_context_scores(engine, examples, settings["seed"], settings["bootstrap"], progress,
                                                         f"{Path(checkpoint).name} in-context")
             extra.update(icl=icl, icl_sequences=count, icl_positions=(early, late))
-    return CheckpointResult(step, checkpoint, rows, layers, peaks.replicate_means(), syntax, kind, loss, loss_name, **extra)
+    return CheckpointResult(step, checkpoint, rows, layers, peaks.replicate_means(), peaks.replicate_excess(), syntax, kind, loss, loss_name, **extra)
 
 
 def layer_sink_rates(heads: pd.DataFrame, eps: float) -> pd.DataFrame:
@@ -1057,12 +1086,13 @@ def track(
     steps = [r.step for r in results]
     syntax = np.stack([r.syntax for r in results]) if with_trees and all(r.syntax is not None for r in results) else None
     kind = results[0].kind
-    verdict, emergence = hypothesis_verdict(steps, [r.checkpoint for r in results], np.stack([r.means for r in results]), kind, syntax)
+    verdict, emergence = hypothesis_verdict(steps, [r.checkpoint for r in results], np.stack([r.means for r in results]), kind, syntax,
+                                            excess=np.stack([r.excess for r in results]))
     if follows_sinks(kind):
         verdict["sinks"] = sink_series(results, sink_eps)
     if all(r.induction is not None and r.icl is not None for r in results):
         verdict["induction"] = induction_verdict(steps, np.stack([r.induction for r in results]), np.stack([r.icl for r in results]),
-                                                 min(r.icl_sequences for r in results))
+                                                 min(r.icl_sequences for r in results), excess=np.stack([r.induction_excess for r in results]))
     verdict["losses"] = loss_series(steps, [r.checkpoint for r in results], [(r.measured_loss, r.measured_loss_name) for r in results])
     corpus_info["examples"] = len(examples)
     result = TrackResult(results, corpus_info, settings, verdict, emergence, started)

@@ -17,7 +17,9 @@ window as the in-context learning score drops (docs/methods.md#induction-heads-o
   minus the score. Each series' half-rise step and its 95% interval come from
   :func:`~bertology.studies.track.dynamics.crossing_steps` on the paired replicates. A series **changes** only where the 95%
   interval of its first-to-last change lies above 0 and its half-rise step is located more narrowly than the run (the
-  emergence rule of :func:`~bertology.studies.track.dynamics.emergence_verdict`); else there is no evidence, and no claim. When
+  emergence rule of :func:`~bertology.studies.track.dynamics.emergence_verdict`), and induction only where the strongest head's
+  excess over the uniform head on the same sequences (:meth:`InductionReplicates.replicate_excess`) rises, and ends, beyond the
+  families' tolerance (:func:`~bertology.studies.track.verdicts.rise_beyond_uniform`); else there is no evidence, and no claim. When
   both change, they fall **in the same window** (``supported``) where their half-rise intervals overlap, and **not**
   (``contradicted``) where the intervals are apart.
 """
@@ -35,6 +37,8 @@ from bertology.core.model.kinds import Kind
 from bertology.core.statistics.stats import MIN_SAMPLE, bootstrap_weights
 from bertology.families.headtypes.analyzer import INDUCTION, head_type_targets, second_copies, target_mass
 from bertology.families.kinds import check_kind, check_same_kind
+from bertology.families.roles.analyzer import excess_over_uniform
+from bertology.studies.track.verdicts import interval, not_beyond_words, rise_beyond_uniform
 
 #: Olsson et al.'s late and early tokens (1-based positions in the context).
 OLSSON_LATE, OLSSON_EARLY = 500, 50
@@ -49,9 +53,10 @@ class InductionReplicates(LayerwiseAnalyzer):
     def __init__(self, kind: Kind, bootstrap: int = 1000, seed: int = 0):
         self.kind, self.bootstrap, self.seed = kind, bootstrap, seed
         self._sums: np.ndarray | None = None  # [1 + B, layer, head]: weighted sums of sequence scores
+        self._excess: np.ndarray | None = None  # [1 + B, layer, head]: weighted sums of their excess over the uniform head
         self._weights = np.zeros(1 + bootstrap)  # [1 + B]: summed weights of the sequences that have a score
         self._sequences = 0
-        self._pending: list[torch.Tensor] = []  # one [batch, head] per layer
+        self._pending: list[torch.Tensor] = []  # one [batch, 2 head] per layer: the heads' scores, then the uniform head's
         self._targets: torch.Tensor | None = None
 
     def update_layer(self, batch: Batch, maps: LayerMaps) -> None:
@@ -61,15 +66,20 @@ class InductionReplicates(LayerwiseAnalyzer):
             self._targets = head_type_targets(batch.input_ids, batch.mask, batch.segment_ids >= 0, self.kind,
                                               second_copy=second_copies(batch))[INDUCTION]
         visible = maps.visible(batch)  # on the layer's device: a device map may spread the layers over several
-        self._pending.append(target_mass(maps.attention, moved_to(self._targets, visible.device) & visible))
+        targets = moved_to(self._targets, visible.device) & visible
+        uniform = maps.uniform_scored(batch, self, lambda head: target_mass(head, targets))  # [batch, 1 or head]
+        self._pending.append(torch.cat([target_mass(maps.attention, targets), uniform.expand(-1, maps.attention.shape[1])], dim=-1))
 
     def finish_batch(self, batch: Batch) -> None:
-        scores = stack_layers(self._pending, batch, dim=1).cpu().numpy()  # [batch, layer, head], float64; NaN: no query with a target
+        both = stack_layers(self._pending, batch, dim=1).cpu().numpy()  # [batch, layer, 2 head], float64; NaN: no query with a target
         self._pending, self._targets = [], None
+        scores, uniform = np.split(both, 2, axis=-1)
         seen = np.isfinite(scores).all(axis=(1, 2))
         weights = np.stack([bootstrap_weights(self.seed, self.bootstrap, example) for example in batch.examples]) * seen[:, None]
         sums = np.einsum("br,blh->rlh", weights, np.where(seen[:, None, None], scores, 0.0))
+        excess = np.einsum("br,blh->rlh", weights, np.where(seen[:, None, None], excess_over_uniform(scores, uniform), 0.0))
         self._sums = sums if self._sums is None else self._sums + sums
+        self._excess = excess if self._excess is None else self._excess + excess
         self._weights += weights.sum(axis=0)
         self._sequences += int(seen.sum())
 
@@ -79,6 +89,7 @@ class InductionReplicates(LayerwiseAnalyzer):
             raise ValueError("cannot merge InductionReplicates with different bootstrap sizes or seeds")
         if other._sums is not None:
             self._sums = other._sums.copy() if self._sums is None else self._sums + other._sums
+            self._excess = other._excess.copy() if self._excess is None else self._excess + other._excess
             self._weights = self._weights + other._weights
             self._sequences += other._sequences
         return self
@@ -94,17 +105,26 @@ class InductionReplicates(LayerwiseAnalyzer):
         with np.errstate(invalid="ignore", divide="ignore"):
             return self._sums / self._weights[:, None, None]
 
+    def replicate_excess(self, layers: int, heads: int) -> np.ndarray:
+        """``[1 + B, layer, head]``: each head's mean excess over the uniform head on the same sequences
+        (:func:`~bertology.families.roles.analyzer.excess_over_uniform` per sequence: float noise is 0); NaN as in
+        :meth:`replicate_means`."""
+        if self._excess is None:
+            return np.full((1 + self.bootstrap, layers, heads), np.nan)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self._excess / self._weights[:, None, None]
+
     def result(self) -> pd.DataFrame:
-        """``layer, head, value, ci_low, ci_high, n``: each head's mean induction score and the 2.5th-97.5th percentiles of its
-        replicates, over the ``n`` sequences that have a query with a target."""
-        columns = ["layer", "head", "value", "ci_low", "ci_high", "n"]
+        """``layer, head, value, ci_low, ci_high, n, excess``: each head's mean induction score and the 2.5th-97.5th percentiles of
+        its replicates, over the ``n`` sequences that have a query with a target, and its mean excess over the uniform head."""
+        columns = ["layer", "head", "value", "ci_low", "ci_high", "n", "excess"]
         if self._sums is None:
             return pd.DataFrame(columns=columns)
         means = self.replicate_means(*self._sums.shape[1:])
         low, high = np.nanpercentile(means[1:], [2.5, 97.5], axis=0) if self.bootstrap else (np.full(means.shape[1:], np.nan),) * 2
         layer, head = np.indices(means.shape[1:])
         return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "value": means[0].ravel(), "ci_low": low.ravel(),
-                             "ci_high": high.ravel(), "n": self._sequences})
+                             "ci_high": high.ravel(), "n": self._sequences, "excess": self.replicate_excess(*self._sums.shape[1:])[0].ravel()})
 
 
 def icl_positions(max_length: int) -> tuple[int, int]:
@@ -144,14 +164,16 @@ def in_context_scores(engine: Engine, examples: list, seed: int, bootstrap: int,
         return sums / weights, count, early, late
 
 
-def _series(steps: np.ndarray, strength: np.ndarray) -> dict:
-    """One series' change, half-rise step and whether it changes (the emergence rule), from ``strength [checkpoint, 1 + B]``."""
-    from bertology.studies.track.dynamics import _interval, crossing_brackets, crossing_steps
+def _series(steps: np.ndarray, strength: np.ndarray, excess: np.ndarray | None) -> dict:
+    """One series' change, half-rise step and whether it changes (the emergence rule), from ``strength [checkpoint, 1 + B]``;
+    ``excess [checkpoint, 1 + B]``: its excess over the uniform head, which its rise and its final value must clear
+    (:func:`~bertology.studies.track.verdicts.rise_beyond_uniform`); None for the in-context learning drop (a loss: no uniform head)."""
+    from bertology.studies.track.dynamics import crossing_brackets, crossing_steps
 
     crossed = crossing_steps(steps, strength)  # [1 + B]
     point = float(crossed[0])
-    low, high = _interval(crossed[1:])
-    change_low, change_high = _interval(strength[-1, 1:] - strength[0, 1:])
+    low, high = interval(crossed[1:])
+    change_low, change_high = interval(strength[-1, 1:] - strength[0, 1:])
     if strength.shape[1] > 1:
         lows, highs = crossing_brackets(steps, strength[:, 1:])
         located_low = float(np.percentile(lows, 2.5, method="lower"))
@@ -159,22 +181,34 @@ def _series(steps: np.ndarray, strength: np.ndarray) -> dict:
     else:
         located_low, located_high = float(steps[0]), float(steps[-1])
     located = bool(np.isfinite(point)) and not (located_low <= steps[0] and located_high >= steps[-1])
+    beyond = rise_beyond_uniform(excess) if excess is not None else {"beyond_uniform": None}  # None: no uniform head to clear
     return {"first": float(strength[0, 0]), "final": float(strength[-1, 0]), "change": float(strength[-1, 0] - strength[0, 0]),
             "change_low": change_low, "change_high": change_high, "half_step": point, "ci_low": low, "ci_high": high,
-            "located_low": located_low, "located_high": located_high, "changes": bool(change_low > 0) and located}
+            "located_low": located_low, "located_high": located_high, **beyond, "located": located,
+            "changes": bool(change_low > 0) and beyond["beyond_uniform"] is not False and located}
+
+
+def _why_not(series: dict, verb: str) -> str:
+    """Why a series of :func:`_series` does not change, in words."""
+    why = [] if series["change_low"] > 0 else ["the change's interval does not exclude 0"]
+    if series["beyond_uniform"] is False:
+        why.append(not_beyond_words(series))
+    if not series["located"]:
+        why.append("its half-rise step is not located more narrowly than the run")
+    return f": no evidence that it {verb} ({' and '.join(why)})"
 
 
 CLAIM = "Induction heads form in the same window of training as the in-context learning score drops (Olsson et al. 2022)."
 
 
 def induction_verdict(steps: list[int], induction: np.ndarray, icl: np.ndarray, icl_sequences: int,
-                      min_sample: int = MIN_SAMPLE) -> dict:
-    """The verdict of the module's docstring from ``induction [checkpoint, 1 + B, layer, head]`` (:class:`InductionReplicates`)
-    and ``icl [checkpoint, 1 + B]`` (:func:`in_context_scores`; ``icl_sequences``: the fewest long-enough sequences of a
-    checkpoint, below ``min_sample`` no claim)."""
+                      min_sample: int = MIN_SAMPLE, *, excess: np.ndarray) -> dict:
+    """The verdict of the module's docstring from ``induction [checkpoint, 1 + B, layer, head]`` and ``excess`` (the same shape,
+    each head's excess over the uniform head: :class:`InductionReplicates`), and ``icl [checkpoint, 1 + B]``
+    (:func:`in_context_scores`; ``icl_sequences``: the fewest long-enough sequences of a checkpoint, below ``min_sample`` no claim)."""
     steps_array = np.asarray(steps)
     strongest = np.nanmax(induction.reshape(*induction.shape[:2], -1), axis=-1) if np.isfinite(induction).any() else None
-    result = {"claim": CLAIM, "steps": [int(s) for s in steps], "verdict": "no evidence",
+    result = {"claim": CLAIM, "steps": [None if s is None else int(s) for s in steps], "verdict": "no evidence",  # None: one checkpoint of unknown step
               "strength": "induction: the strongest head's induction score (max over heads); in-context learning: its drop, minus the score"}
     if len(steps) < 2:
         return {**result, "verdict": "not applicable", "statement": "One checkpoint: there is no training series."}
@@ -183,8 +217,8 @@ def induction_verdict(steps: list[int], induction: np.ndarray, icl: np.ndarray, 
     if icl_sequences < min_sample or not np.isfinite(icl[:, 0]).all():
         return {**result, "statement": f"{icl_sequences} sequences are long enough for the in-context learning score (at least "
                                        f"{min_sample} needed): no claim."}
-    heads = _series(steps_array, strongest)
-    drop = _series(steps_array, -icl)
+    heads = _series(steps_array, strongest, np.nanmax(excess.reshape(*excess.shape[:2], -1), axis=-1))  # the strongest head's excess
+    drop = _series(steps_array, -icl, None)
     result["induction"], result["icl_drop"] = heads, drop
     words = []
     for name, series, verb in (("the strongest head's induction score", heads, "forms"), ("the in-context learning drop", drop, "drops")):
@@ -192,7 +226,7 @@ def induction_verdict(steps: list[int], induction: np.ndarray, icl: np.ndarray, 
                 f"{series['change_low']:+.3f} to {series['change_high']:+.3f})")
         if np.isfinite(series["half_step"]):
             text += f", half of it by step {series['half_step']:.0f} (95% interval {series['ci_low']:.0f}-{series['ci_high']:.0f})"
-        words.append(text + ("" if series["changes"] else f": no evidence that it {verb} (within noise, or not located in the run)"))
+        words.append(text + ("" if series["changes"] else _why_not(series, verb)))
     if heads["changes"] and drop["changes"]:
         overlap = heads["ci_low"] <= drop["ci_high"] and drop["ci_low"] <= heads["ci_high"]
         result["verdict"] = "supported" if overlap else "contradicted"

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from bertology.core.storage.runfolder import RunFolder
+from bertology.families.profile.analyzer import EXCESS_TOLERANCE
 from bertology.render.figures import METRIC_TITLES, log_step_axis, plt
 from bertology.render.html import Figure, Report, Section
 
@@ -17,24 +18,26 @@ CLAIM_INTROS = {
                 "takes [CLS]'s place and [SEP] has none; first-token attention peaks below punctuation and emerges before it. "),
 }
 
+#: How the report's verdicts are reached (docs/methods.md#track-and-the-learning-curve-verdict), after the claim.
+VERDICT_RULES = (
+    "Attention to a token set follows Clark et al. (2019); intervals come from a Poisson bootstrap over sequences, paired across "
+    "checkpoints. Every pattern is measured against the uniform head on the same sequences: a depth order is judged only where each "
+    f"pattern's peak layer does more than the uniform head (its excess and the lower end of the excess's 95% interval above "
+    f"{EXCESS_TOLERANCE:g}), and a pattern emerges only when the 95% interval of its first-to-last change excludes 0, its excess over the "
+    "uniform head rises and ends beyond that tolerance, and its half-rise step is located more narrowly than the run; otherwise there is "
+    "no evidence, and no order is judged. Two patterns tie when they peak in the same layer (a layer within that tolerance of a peak's "
+    "value counts as a peak) or emerge at the same step, or their intervals overlap. A claim is contradicted when a pair is reversed "
+    "with intervals apart in at least 95% of the replicates, a tie when a pair ties, supported when the whole order holds in the data "
+    "and in at least 95% of the replicates, and inconclusive otherwise."
+)
+
 
 def track_report(folder: RunFolder, track) -> str:
     """The verdict on the learning-curve hypothesis and the figures of a ``bertology track`` run (a
     :class:`~bertology.studies.track.dynamics.TrackResult`)."""
     depth, training = track.verdict["depth"], track.verdict["training"]
     claim = CLAIM_INTROS[track.kind.name]
-    section = Section(
-        title="The learning-curve hypothesis",
-        intro=(
-            claim + "Attention to a token set follows Clark et al. (2019); "
-            "intervals come from a Poisson bootstrap over sequences, paired across checkpoints. A pattern emerges only when the 95% "
-            "interval of its first-to-last change excludes 0 and its half-rise step is located more narrowly than the run; otherwise "
-            "there is no evidence that it does, and no order is judged. Two patterns tie when they peak in the same layer (or emerge at "
-            "the same step) or their intervals overlap. A claim is contradicted when a pair is reversed with intervals apart in at "
-            "least 95% of the replicates, a tie when a pair ties, supported when the whole order holds in the data and in at least "
-            "95% of the replicates, and inconclusive otherwise."
-        ),
-    )
+    section = Section(title="The learning-curve hypothesis", intro=claim + VERDICT_RULES)
     section.notes.append(f"Depth ({depth['checkpoint']}): {depth['statement']}")
     section.notes.append(f"Training: {training['statement']}")
     if "sinks" in track.verdict:
@@ -106,20 +109,22 @@ def induction_section(folder: RunFolder, track) -> Section:
                "(the loss of a late token less an early one's) drops. A head's induction score is its attention mass on the tokens that "
                "followed earlier occurrences of the query's token (the head-types family's); intervals come from a Poisson bootstrap over "
                "sequences, paired across checkpoints. Each series changes only where the 95% interval of its first-to-last change excludes "
-               "0 and its half-rise step is located more narrowly than the run; the two fall in the same window where their half-rise "
+               "0 and its half-rise step is located more narrowly than the run, and induction only where the strongest head's excess over "
+               f"the uniform head on the same sequences rises and ends beyond {EXCESS_TOLERANCE:g}; the two fall in the same window where their half-rise "
                "intervals overlap (supported), and not where they are apart (contradicted); else no claim."),
     )
     section.notes.append(f"Verdict: {verdict['verdict']}: {verdict['statement']}")
     induction, in_context = track.induction, track.in_context
     if induction is not None and in_context is not None:
-        section.figures.append(Figure(folder.write_figure("induction_by_step", induction_by_step(induction, in_context, verdict)),
-                                      f"Left: the induction score of the {TOP_HEADS} strongest heads at the final checkpoint (band: 95% bootstrap "
-                                      "interval). Right: the in-context learning score. Dotted: each series' half-rise step."))
+        if len(track.results) > 1:  # a curve over training (one checkpoint, of unknown step too, has none)
+            section.figures.append(Figure(folder.write_figure("induction_by_step", induction_by_step(induction, in_context, verdict)),
+                                          f"Left: the induction score of the {TOP_HEADS} strongest heads at the final checkpoint (band: 95% "
+                                          "bootstrap interval). Right: the in-context learning score. Dotted: each series' half-rise step."))
         section.tables.append(("The in-context learning score by checkpoint (in_context.csv)", in_context.drop(columns="checkpoint")))
     if induction is not None:
-        final = induction[induction.step == induction.step.max()].nlargest(TOP_HEADS, "value")
-        wide = induction.merge(final[["layer", "head"]]).pivot_table(index=["layer", "head"], columns="step", values="value")
-        wide.columns = [f"step {step}" for step in wide.columns]
+        final = induction[induction.checkpoint == track.results[-1].checkpoint].nlargest(TOP_HEADS, "value")
+        wide = induction.merge(final[["layer", "head"]]).pivot_table(index=["layer", "head"], columns="step", values="value", dropna=False)
+        wide.columns = ["step unknown" if pd.isna(step) else f"step {step}" for step in wide.columns]
         section.tables.append((f"Induction score of the {TOP_HEADS} strongest heads by checkpoint (induction.csv has every head)",
                                wide.round(4).reset_index()))
     return section
