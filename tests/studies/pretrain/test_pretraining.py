@@ -233,6 +233,8 @@ def interrupted_pretraining(tmp_path_factory):
     (lambda s: s.update(evaluations=[(0, "../../elsewhere", 4.0, 0.5)]), "'evaluations' must hold (step, checkpoint name, validation loss, accuracy) rows"),
     (lambda s: s.update(evaluations=[(0, "step-000000", float("inf"), 0.5)]), "an evaluation's loss and accuracy holds NaN or infinite values"),
     (lambda s: s["model"].update({"bert.pooler.dense.bias": torch.zeros(5)}), "model['bert.pooler.dense.bias'] must be a torch.float32 tensor of shape [32]"),
+    (lambda s: s.update(run={**s["run"], "seed": 7}), "'run' must be this run's identity (id, seed 0, recipe), not {"),  # another run's
+    (lambda s: s.update(run="a run"), "'run' must be this run's identity (id, seed 0, recipe), not a run"),
 ])
 def test_a_damaged_pretraining_state_is_refused_in_one_line(interrupted_pretraining, tmp_path, change, message):
     """A masking generator's state of the wrong size once stopped the resume with a traceback; a forged step, losses or

@@ -47,10 +47,12 @@ names the last good checkpoint; nothing non-finite is saved, so every checkpoint
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -327,6 +329,14 @@ def checkpoint_name(step: int) -> str:
     return f"{CHECKPOINT_PREFIX}{step:06d}"
 
 
+def run_identity(settings: PretrainSettings) -> dict:
+    """What tells one pre-training run from another, written into each of its checkpoints' ``pretraining_step.json`` (``run``;
+    ``bertology track`` refuses a series of checkpoints of two runs): a random ``id`` drawn when the run starts (a resume keeps
+    it), its ``seed`` and its ``recipe``, a digest of its settings but the seed and the corpus files' names."""
+    recipe = json.dumps({key: value for key, value in asdict(settings).items() if key not in ("seed", "corpus")}, sort_keys=True)
+    return {"id": uuid.uuid4().hex, "seed": settings.seed, "recipe": hashlib.sha256(recipe.encode()).hexdigest()[:16]}
+
+
 def check_pretraining_state(path: Path, state: dict, steps: int, objective: Objective) -> None:
     """Refuse a pre-training state (read by :func:`~bertology.studies.finetune.finetuning.load_training_state`) whose own parts are
     damaged: a step past ``steps``, the masking generator's state, epoch and position whole numbers from 0, a row of
@@ -479,10 +489,18 @@ class _Run:
     position: int = 0
     losses: list = field(default_factory=list)
     evaluations: list = field(default_factory=list)
+    identity: dict = field(default_factory=dict)  # run_identity: drawn when the run starts, kept by a resume
 
     def resume(self, state: dict) -> None:
-        """Go on from a saved training state: its weights, optimiser, schedule, random states and progress."""
-        resume_training(self.training / "state" / "state.pt", state, self.network, self.optimizer, self.scheduler)  # and torch's random state: dropout
+        """Go on from a saved training state: its weights, optimiser, schedule, random states, progress and the run's identity
+        (a state saved before runs had one keeps the one drawn now)."""
+        path = self.training / "state" / "state.pt"
+        resume_training(path, state, self.network, self.optimizer, self.scheduler)  # and torch's random state: dropout
+        identity = state.get("run", self.identity)
+        if not (isinstance(identity, dict) and set(identity) == {"id", "seed", "recipe"} and isinstance(identity["id"], str)
+                and isinstance(identity["recipe"], str) and identity["seed"] == self.settings.seed):
+            raise StateError(path, f"'run' must be this run's identity (id, seed {self.settings.seed}, recipe), not {str(identity)[:80]}")
+        self.identity = identity
         self.collator.generator.set_state(state["mask_rng"])
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
         self.losses, self.evaluations = state["losses"], state["evaluations"]
@@ -505,6 +523,7 @@ class _Run:
             "model": self.network.state_dict(), "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "mask_rng": self.collator.generator.get_state(), "random": random_states(), "step": self.step, "epoch": self.epoch,
             "position": self.position, "losses": self.losses, "evaluations": self.evaluations, "settings": asdict(self.settings),
+            "run": self.identity,
         }, self.tokenizer)
 
     def save_checkpoint(self) -> None:
@@ -515,7 +534,8 @@ class _Run:
         with quiet_transformers():
             self.network.save_pretrained(target)
             self.tokenizer.save_pretrained(target)
-        (target / "pretraining_step.json").write_text(json.dumps({"step": self.step, **scores}, indent=2, allow_nan=False) + "\n")
+        marker = {"step": self.step, **scores, "run": self.identity}
+        (target / "pretraining_step.json").write_text(json.dumps(marker, indent=2, allow_nan=False) + "\n")
         self.evaluations.append((self.step, name, *scores.values()))
 
     def take_step(self, batch: dict[str, torch.Tensor]) -> None:
@@ -733,7 +753,8 @@ def pretrain(
     masked-LM and next-sentence losses (``objective="masked-lm"``), or a GPT-2-style decoder with the causal LM loss
     (``"causal-lm"``; ``mask_probability`` plays no part). :data:`OBJECTIVES` says what each records.
 
-    Writes to ``out``: ``checkpoints/step-NNNNNN/`` (model folders), ``checkpoints.csv`` (step,
+    Writes to ``out``: ``checkpoints/step-NNNNNN/`` (model folders, each with a ``pretraining_step.json``: its step, validation
+    scores and the run's identity, :func:`run_identity`), ``checkpoints.csv`` (step,
     validation scores: masked-LM loss and next-sentence accuracy, or the causal LM loss), ``loss.csv`` (training losses per step),
     ``loss_curve.png``, ``report.html`` and ``pretraining.json`` (the objective and its loss, settings, corpus, unigram
     baseline, final losses, wall time). While training, the checkpoints so far and the training state
@@ -772,7 +793,7 @@ def pretrain(
     optimizer, scheduler = _optimiser(network, settings)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm=not causal, mlm_probability=mask_probability, seed=seed)
     collator.create_rng()  # the causal LM draws nothing from it; its state is saved all the same
-    run = _Run(settings, goal, training, network, tokenizer, optimizer, scheduler, collator, validation.batches, torch_device)
+    run = _Run(settings, goal, training, network, tokenizer, optimizer, scheduler, collator, validation.batches, torch_device, identity=run_identity(settings))
     if state is not None:
         run.resume(state)
     resumed_from = run.step

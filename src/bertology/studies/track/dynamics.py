@@ -75,6 +75,7 @@ from bertology.families.sinks.analyzer import SINK_EPS, sink_rates
 from bertology.families.syntax.analyzer import RelationHeads
 from bertology.studies.track.induction import InductionReplicates, in_context_scores, induction_verdict
 from bertology.studies.track.peaks import LayerPeaks, peak_layers, peak_metrics
+from bertology.studies.track.runs import check_one_run
 from bertology.studies.track.verdicts import described, excess_claim, interval, near_peak_span, not_beyond_words, rise_beyond_uniform
 
 LEVEL = 0.95
@@ -1021,7 +1022,8 @@ def track(
 
     ``checkpoints``: model folders or hub names (``"default"`` or ``"all-MiniLM-L6-v2"``: the bundled model),
     ordered by ``steps`` (one per checkpoint, in the same order) or by the step each one tells
-    (:func:`checkpoint_step`); checkpoints that are not one series (:func:`check_one_series`) are refused before any runs. ``corpus`` as in
+    (:func:`checkpoint_step`); checkpoints that are not one series (:func:`check_one_series`), or name two pre-training runs
+    (:func:`~bertology.studies.track.runs.check_one_run`), are refused before any runs. ``corpus`` as in
     :func:`bertology.analyze` (trees from CoNLL-U or ``parser="spacy"`` add syntax). With ``out``,
     each checkpoint's results are saved under ``out/parts`` as soon as they exist (a rerun skips
     them) and the run folder is written at the end. ``punct``: the punctuation set, as in :func:`bertology.analyze`.
@@ -1040,6 +1042,7 @@ def track(
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     series = ordered_checkpoints([str(c) for c in checkpoints], steps)
     check_one_series([checkpoint for _, checkpoint in series], trust_remote_code)
+    check_one_run([checkpoint for _, checkpoint in series])
     synthetic_length = synthetic_probe_length(corpus, synthetic_repeats, synthetic_length)
     if synthetic_repeats is None:
         source, corpus_info = open_corpus(corpus, format, limit)
