@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import shutil
 import socket
 import sys
 import time
@@ -35,6 +36,7 @@ from tqdm.auto import tqdm
 
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, StateError, one_line_error
+from bertology.core.model.finite import NonFiniteError
 from bertology.core.storage import states
 from bertology.core.storage.safeload import field, whole_number
 
@@ -131,6 +133,11 @@ class Resume:
         # At least every_seconds, and never more than a tenth of the time on saving (large states, such as a probe's).
         return time.monotonic() - self._saved_at >= max(self.every_seconds, 10 * self._save_seconds)
 
+    def drop(self) -> None:
+        """Delete the saved progress (and its previous copy): a pass that cannot finish with these settings leaves nothing to resume."""
+        for folder in (self.folder, self.folder.with_name(self.folder.name + ".old")):
+            shutil.rmtree(folder, ignore_errors=True)
+
     def save(self, progress: dict, stats: RunStats, analyzers: Sequence) -> None:
         began = time.monotonic()
         states.save(self.folder, {"fingerprint": self.fingerprint, "progress": progress}, {"stats": stats, "analyzers": list(analyzers)})
@@ -178,8 +185,13 @@ def run_local(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: lis
             resume.save({"backend": "local", **position}, stats, analyzers)
 
     stream = _stream(itertools.islice(examples, start, None), plan)
-    return engine.run(stream, analyzers, total=total, isolate=True, weightings=plan.weightings, start=start, stats=stats, skip_batches=skip,
-                      on_batch=checkpoint if resume is not None else None)
+    try:
+        return engine.run(stream, analyzers, total=total, isolate=True, weightings=plan.weightings, start=start, stats=stats, skip_batches=skip,
+                          on_batch=checkpoint if resume is not None else None)
+    except NonFiniteError:  # the same batch overflows again on resuming, and a run with another --dtype is refused its state
+        if resume is not None:
+            resume.drop()
+        raise
 
 
 class PassWorker:

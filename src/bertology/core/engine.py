@@ -28,6 +28,7 @@ from transformers import BatchEncoding
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.measures.contributions import CONTRIBUTION_MEASURES, alti_contributions, alti_per_head, value_zeroing
 from bertology.core.measures.norms import CONTRIBUTION_VIEWS, WEIGHTINGS, mixing_ratios, norm_shares, transformed_norms
+from bertology.core.model.finite import FiniteWatch
 from bertology.core.model.hooks import Hooks, uniform_attention
 from bertology.core.model.kinds import DECODER, ENCODER, Kind, uniform_rows
 from bertology.core.model.memory import resolved_attention_budget
@@ -832,6 +833,7 @@ class Engine:
         batch = self.new_batch(items, tensors)
         capture = BatchCapture(self, batch, needs, on_layer, query_rows, last_layer)
         capture.stack_into_batch(capture.forward(tensors))
+        capture.require_finite()
         return batch
 
     @property
@@ -991,6 +993,7 @@ class BatchCapture:
         # once by the analyzers that keep what they made of it (whole maps only: a block's rows are its own).
         self.last_visible: tuple[tuple, torch.Tensor | None, torch.Tensor] | None = None  # (source, its mask, the visible keys)
         self.uniforms: dict[int, tuple[torch.Tensor, torch.Tensor, dict]] = {}  # id(visible keys) -> (them, the uniform head, its scores)
+        self.finite = FiniteWatch()  # whether each layer's maps and hidden states are finite, read once a batch (require_finite)
 
     def hooks(self) -> Hooks:
         """The hook points this pass reads (:mod:`bertology.core.model.hooks`); under the uniform null model, the pattern is
@@ -1037,6 +1040,7 @@ class BatchCapture:
             captured["shared"] = self.measure(layer, None, captured.get("value"), captured.get("key"), None)
         if self.padded:
             pattern.masked_fill_(~batch.mask[:, None, rows, None], 0)
+        self.finite.maps(layer, pattern)
         shared = captured["shared"]
         block = dataclasses.replace(shared, pattern=pattern, visible_keys=visible, rows=rows)
         self.on_layer(batch, layer, block.maps)
@@ -1065,6 +1069,9 @@ class BatchCapture:
             return outputs
         except _ForwardStopped:  # at last_layer: the later layers' work is never done
             return None
+        except Exception:  # an analyzer that failed on a layer's NaN maps (the layer-by-layer pass): that layer's line comes first
+            self.require_finite()
+            raise
         finally:
             for handle in handles:
                 handle.remove()
@@ -1073,6 +1080,11 @@ class BatchCapture:
             if self.attached is not None:
                 self.attached.clear()
                 self.attached = None
+
+    def require_finite(self) -> None:
+        """Refuse the batch in one line where a layer's maps or hidden states hold NaN or infinities (:class:`FiniteWatch`):
+        tables are never made of them, so a model that overflows its dtype fails the whole pass."""
+        self.finite.require(self.batch.items, self.engine.model.model.dtype, self.batch.device)
 
     def keep_state(self, x: torch.Tensor) -> None:
         """Copy the next hidden state ``x`` into :attr:`states` (made at the first, on the batch's device; the last comes after
@@ -1120,6 +1132,7 @@ class BatchCapture:
         pattern, batch = captured["pattern"], self.batch.on(captured["pattern"].device)
         if self.padded:
             pattern.masked_fill_(~batch.mask[:, None, :, None], 0)
+        self.finite.maps(layer, pattern)
         result = self.measure(layer, pattern, captured.get("value"), captured.get("key"), head_output, projected)
         result.visible_keys, result.uniforms = captured["visible"], self.uniforms
         if self.on_layer is None:
@@ -1190,6 +1203,8 @@ class BatchCapture:
             batch.hidden_states = self.states
         elif needs.hidden_states:
             batch.hidden_states = stack_layers(outputs.hidden_states, batch)
+        if needs.hidden_states:
+            self.finite.states(batch.hidden_states, batch.mask)
 
 
 @dataclass

@@ -1,0 +1,95 @@
+"""Non-finite attention maps and hidden states: a pass refuses them in one line, never makes tables of them (issue 49).
+
+A model run in float16 whose scores ``q . k`` pass float16's largest value (65504) gets infinite scores, and its softmax
+rows NaN; every later layer of that sequence follows. Each batch's maps and hidden states are checked where the engine
+hands them over (:class:`FiniteWatch`), on their own devices, and read back once at the batch's end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from bertology.core.errors import BertologyError
+
+#: float16's largest finite value: a score or activation past it is infinite.
+FLOAT16_MAX = torch.finfo(torch.float16).max
+#: How many words (and at most how many characters) of the first non-finite sequence the error quotes.
+QUOTED_WORDS, QUOTED_CHARS = 8, 80
+
+
+class NonFiniteError(BertologyError):
+    """A batch whose attention maps or hidden states hold NaN or infinities: the pass fails whole (no analyzer is isolated
+    from it, no table made), and a resumable pass drops its saved progress, as no run with these settings can finish."""
+
+
+def dtype_advice(dtype: torch.dtype) -> str:
+    """What a user does about maps or activations that are NaN or infinite with weights of ``dtype``."""
+    if dtype == torch.float16:
+        return (f"float16's range (largest {FLOAT16_MAX:.0f}) is too narrow for this model's activations; run with --dtype float32 "
+                "or --dtype bfloat16 (float32's range)")
+    if dtype == torch.bfloat16:
+        return "bfloat16's precision breaks this model; run with --dtype float32"
+    return "not a precision too narrow: the model's weights or a value in its config.json break it"
+
+
+def finite_maps(pattern: torch.Tensor) -> torch.Tensor:
+    """``[batch]``: whether every weight of a sequence's maps ``[batch, head, rows, keys]`` is finite. One reduction, no mask
+    the size of the maps: each weight lies in [0, 1] (a softmax in float32 or wider), so their sum (at most ``head x rows``)
+    is finite exactly when every one is (NaN and infinities carry through a sum)."""
+    return torch.isfinite(pattern.sum(dim=tuple(range(1, pattern.dim()))))
+
+
+def finite_states(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[layer + 1, batch]``: whether every real token's vector of ``states [layer + 1, batch, n, dim]`` is finite
+    (``mask [batch, n]``: padding is no token of the sequence). ``aminmax`` carries NaN, and an infinity is a min or a max."""
+    low, high = torch.aminmax(states, dim=-1)
+    return ((torch.isfinite(low) & torch.isfinite(high)) | ~mask.to(states.device)).all(dim=-1)
+
+
+def _named(key: tuple[int, int]) -> str:
+    layer, maps = key
+    if maps:
+        return f"layer {layer}'s attention maps are"
+    return "the embeddings are" if layer == 0 else f"layer {layer - 1}'s output (hidden states) is"
+
+
+class FiniteWatch:
+    """One batch's finite flags, in the order the forward pass makes them: the hidden states that enter layer l, key ``(l, 0)``
+    (l = 0: the embeddings; the last: the last layer's output), then layer l's maps, key ``(l, 1)``. Each flag stays on its
+    tensor's device until :meth:`require`, which reads them all back at once."""
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, int]] = []
+        self.flags: list[torch.Tensor] = []  # [rows of keys, batch] each
+
+    def maps(self, layer: int, pattern: torch.Tensor) -> None:
+        """Layer ``layer``'s maps, or a block of their query rows."""
+        self.keys.append((layer, 1))
+        self.flags.append(finite_maps(pattern)[None])
+
+    def states(self, states: torch.Tensor, mask: torch.Tensor) -> None:
+        """Every layer's hidden states ``[layer + 1, batch, n, dim]``."""
+        self.keys += [(layer, 0) for layer in range(states.shape[0])]
+        self.flags.append(finite_states(states, mask))
+
+    def require(self, items: list, dtype: torch.dtype, device: torch.device) -> None:
+        """Refuse, in one line, a batch whose maps or hidden states hold NaN or infinities: it names the first layer that
+        does (in forward order), its first sequence in the corpus (``items``: the batch's :class:`~bertology.core.engine.Encoded`)
+        and what to do about ``dtype``. One read back to the host, where anything was checked."""
+        if not self.flags:
+            return
+        flags = torch.cat([flag if flag.device == device else flag.to(device) for flag in self.flags])  # a device map's layers
+        if bool(flags.all()):
+            return
+        flags = flags.cpu().numpy()
+        key = min(key for key, row in zip(self.keys, flags) if not row.all())
+        bad = np.flatnonzero(~np.stack([row for k, row in zip(self.keys, flags) if k == key]).all(axis=0))
+        item = min((items[b] for b in bad), key=lambda item: item.index)
+        words = item.example.text.split()
+        quoted = " ".join(words[:QUOTED_WORDS])
+        quoted = quoted[:QUOTED_CHARS] + (" ..." if len(words) > QUOTED_WORDS or len(quoted) > QUOTED_CHARS else "")
+        where = f"example {item.index + 1} (" + (f"{item.example.source}: " if item.example.source else "") + f"{quoted!r})"
+        others = f" and {len(bad) - 1} more of its batch" if len(bad) > 1 else ""
+        name = str(dtype).removeprefix("torch.")
+        raise NonFiniteError(f"{_named(key)} NaN or infinite in {name} on {where}{others}: {dtype_advice(dtype)}")
