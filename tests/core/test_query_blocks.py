@@ -1,6 +1,7 @@
-"""Maps by blocks of queries (issue 40) within an attention budget, by default `auto` (issue 49): the attention function computes a layer's maps a block of query rows at a time, the
-analyzers that fold blocks give what whole maps give, and those that need whole maps are left out in one line naming the
-budget. References: transformers' own eager attention (``attn_implementation="eager"``) and the engine's whole-map pass."""
+"""Maps by blocks of queries (issue 40) within an attention budget, by default ``auto`` (issue 49): the attention function
+computes a layer's maps a block of query rows at a time, the analyzers that fold blocks give what whole maps give, and those
+that need whole maps are left out of the run in one line naming the budget. References: transformers' own eager attention
+(``attn_implementation="eager"``) and the engine's whole-map pass."""
 
 import json
 from functools import partial

@@ -77,8 +77,8 @@ class Analysis:
     a family that did not run, or failed, is None; ``failures`` maps each failed family to its error (the run folder is
     then ``partial``), ``left_out`` each family left out past the attention budget to the one line that says why (the run
     is complete: the budget is one of its settings). Where the run reads norm shares (``weighting="norm"`` or
-    ``"attention,norm"``), every table of a family that reads the maps has a first column ``weighting`` and holds each view's rows; ``by_view`` keeps each view's
-    results apart.
+    ``"attention,norm"``), every table of a family that reads the maps has a first column ``weighting`` and holds each
+    view's rows; ``by_view`` keeps each view's results apart.
     """
 
     model: dict
