@@ -375,7 +375,7 @@ def test_an_interrupted_ray_analysis_resumes_from_the_shards_it_merged(tiny_bert
 def test_options_that_cannot_apply_are_refused_in_one_line(tmp_path):
     with pytest.raises(BertologyError, match="--workers and --address go with --backend ray"):
         bertology.analyze("no/such/model", ["a sentence."], workers=2, progress=False)
-    with pytest.raises(BertologyError, match="give out too"):
+    with pytest.raises(BertologyError, match="--checkpoint-every saves into the run folder: give --out too"):
         bertology.analyze("no/such/model", ["a sentence."], checkpoint_every=5, progress=False)
 
 
