@@ -295,49 +295,50 @@ class RelationHeads(LayerwiseAnalyzer):
                    "baseline_accuracy", "p_value", "p_adj", "uniform", "significant", "few", "n_ties", "ties"]
         if not self._count:
             return pd.DataFrame(columns=columns)
-        num_layers, num_heads, _ = self._shape
-        rows = []
-        for relation in self._relations():
-            heads, uniform, offsets, pairs = self._accuracies(relation)
-            flat = heads.reshape(1 + self.bootstrap, -1)
-            n = np.broadcast_to(pairs[0][:, None, :], (num_layers, num_heads, 2)).ravel()
-            candidates = n >= min_dependents
-            if not candidates.any():
-                candidates = n > 0
-            scores = np.where(candidates, flat[0], np.nan)
-            top = np.fmax.reduce(scores)
-            # fractional hits: equal accuracies agree to rounding
-            tied = np.flatnonzero(candidates & np.isclose(scores, top, rtol=1e-9, atol=1e-12))
-            if not len(tied):  # no pair seen in any layer or direction (a window shorter than every pair)
-                tied = np.array([0])
-            best = int(tied[0])
-            layer, head, direction = np.unravel_index(tied, (num_layers, num_heads, 2))
-            at = (layer[0], direction[0])
-            base = int(np.argmax(np.nan_to_num(offsets[0][at], nan=-1.0)))
-            reference = np.fmax(offsets[1:, at[0], at[1], base], uniform[1:, at[0], head[0], at[1]])
-            replicates = flat[1:, best]
-            valid = ~np.isnan(replicates) & ~np.isnan(reference)
-            difference = replicates[valid] - reference[valid]
-            rows.append(
-                {
-                    "relation": relation,
-                    "n": int(n[best]),
-                    "layer": int(layer[0]),
-                    "head": int(head[0]),
-                    "direction": DIRECTIONS[direction[0]],
-                    "accuracy": flat[0, best],
-                    "ci_low": np.percentile(replicates[valid], 2.5) if valid.any() else np.nan,
-                    "ci_high": np.percentile(replicates[valid], 97.5) if valid.any() else np.nan,
-                    "baseline_offset": OFFSETS[base],
-                    "baseline_accuracy": offsets[0, at[0], at[1], base],
-                    "uniform": uniform[0, at[0], head[0], at[1]],
-                    "p_value": (1 + np.sum(difference <= 0)) / (1 + len(difference)),
-                    "n_ties": len(tied),
-                    "ties": "; ".join(f"{tl}-{th} {DIRECTIONS[td]}" for tl, th, td in zip(layer, head, direction)),
-                }
-            )
+        rows = [self._best_row(relation, min_dependents) for relation in self._relations()]
         table = pd.DataFrame(rows)
         table["few"] = table.n < min_dependents
         table.loc[table.few, ["ci_low", "ci_high", "p_value"]] = np.nan
         table["p_adj"], table["significant"] = corrected(table.p_value, correction, alpha)
         return table[columns]
+
+    def _best_row(self, relation: str, min_dependents: int) -> dict:
+        """:meth:`best`'s row of ``relation`` before the correction: the best head, its ties, its interval and its p against
+        the larger of the best offset and the uniform head, replicate by replicate."""
+        num_layers, num_heads, _ = self._shape
+        heads, uniform, offsets, pairs = self._accuracies(relation)
+        flat = heads.reshape(1 + self.bootstrap, -1)
+        n = np.broadcast_to(pairs[0][:, None, :], (num_layers, num_heads, 2)).ravel()
+        candidates = n >= min_dependents
+        if not candidates.any():
+            candidates = n > 0
+        scores = np.where(candidates, flat[0], np.nan)
+        top = np.fmax.reduce(scores)
+        # fractional hits: equal accuracies agree to rounding
+        tied = np.flatnonzero(candidates & np.isclose(scores, top, rtol=1e-9, atol=1e-12))
+        if not len(tied):  # no pair seen in any layer or direction (a window shorter than every pair)
+            tied = np.array([0])
+        best = int(tied[0])
+        layer, head, direction = np.unravel_index(tied, (num_layers, num_heads, 2))
+        at = (layer[0], direction[0])
+        base = int(np.argmax(np.nan_to_num(offsets[0][at], nan=-1.0)))
+        reference = np.fmax(offsets[1:, at[0], at[1], base], uniform[1:, at[0], head[0], at[1]])
+        replicates = flat[1:, best]
+        valid = ~np.isnan(replicates) & ~np.isnan(reference)
+        difference = replicates[valid] - reference[valid]
+        return {
+            "relation": relation,
+            "n": int(n[best]),
+            "layer": int(layer[0]),
+            "head": int(head[0]),
+            "direction": DIRECTIONS[direction[0]],
+            "accuracy": flat[0, best],
+            "ci_low": np.percentile(replicates[valid], 2.5) if valid.any() else np.nan,
+            "ci_high": np.percentile(replicates[valid], 97.5) if valid.any() else np.nan,
+            "baseline_offset": OFFSETS[base],
+            "baseline_accuracy": offsets[0, at[0], at[1], base],
+            "uniform": uniform[0, at[0], head[0], at[1]],
+            "p_value": (1 + np.sum(difference <= 0)) / (1 + len(difference)),
+            "n_ties": len(tied),
+            "ties": "; ".join(f"{tl}-{th} {DIRECTIONS[td]}" for tl, th, td in zip(layer, head, direction)),
+        }
