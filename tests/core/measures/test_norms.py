@@ -188,7 +188,7 @@ def test_the_mixing_ratios_take_the_models_own_output_projection_and_equal_those
     """The pass hands a layer over after its output projection and the ratios read that projection (a sixth of a layer's
     work not done twice); they equal the ratios that project ``head_output`` themselves, and a pass that stops after
     layer 0 runs no later layer's attention."""
-    import bertology.core.engine as engine_module
+    import bertology.core.engine.run as engine_module
     from bertology.core.measures.norms import mixing_ratios
 
     name, loaded, reference, state = layout
