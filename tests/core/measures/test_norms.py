@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModel
 
-from bertology.core.engine import Engine, PassNeeds, RunStats
+from bertology.core.engine import Engine, PassNeeds, RunStats, capture, model_forward
 from bertology.core.errors import BertologyError
 from bertology.core.measures.norms import norm_shares, parse_weighting
 from bertology.core.model.hooks import HOOK_POINTS, Hooks
@@ -104,7 +104,7 @@ def test_norm_shares_and_mixing_ratios_match_numpy_from_the_weights(layout):
         assert not batch.mixing[:, b, n:].any()
 
 
-def test_a_head_that_looks_at_sep_but_mixes_nothing_from_it_gets_zero_norm_share(tiny_bert):
+def test_a_head_that_looks_at_sep_but_mixes_nothing_from_it_gets_zero_norm_share(tiny_bert, monkeypatch):
     """Hand-built: every head puts 0.9 of each row on [SEP] and spreads 0.1 over the rest, and [SEP]'s value vectors are zero."""
     engine = Engine(tiny_bert, progress=False)
     items = list(engine.encode(enumerate([Example("the cat sat on the mat.")]), RunStats()))
@@ -121,14 +121,14 @@ def test_a_head_that_looks_at_sep_but_mixes_nothing_from_it_gets_zero_norm_share
         value[:, :, sep] = 0
         return value
 
-    def forward_with_the_hand_made_head(tensors, hooks, **options):
+    def forward_with_the_hand_made_head(model, tensors, hooks, *args):
         hand = Hooks().add("value", empty_sep).add("pattern", look_at_sep)  # first, so the engine's handlers read what they made
         for point in HOOK_POINTS:
             for handler in hooks._handlers[point]:
                 hand.add(point, handler)
-        return Engine.forward(engine, tensors, hand, **options)
+        return model_forward(model, tensors, hand, *args)
 
-    engine.forward = forward_with_the_hand_made_head
+    monkeypatch.setattr(capture, "model_forward", forward_with_the_hand_made_head)
     batch = engine.run_batch(items, needs=PassNeeds(norms=True))
     weights = batch.attentions[:, 0, :, :n, sep]
     shares = batch.weighted("norm").attentions[:, 0, :, :n, :n]
@@ -188,7 +188,7 @@ def test_the_mixing_ratios_take_the_models_own_output_projection_and_equal_those
     """The pass hands a layer over after its output projection and the ratios read that projection (a sixth of a layer's
     work not done twice); they equal the ratios that project ``head_output`` themselves, and a pass that stops after
     layer 0 runs no later layer's attention."""
-    import bertology.core.engine.run as engine_module
+    import bertology.core.engine.capture as engine_module
     from bertology.core.measures.norms import mixing_ratios
 
     name, loaded, reference, state = layout
@@ -216,7 +216,7 @@ def test_the_mixing_ratios_take_the_models_own_output_projection_and_equal_those
 def test_a_layer_whose_output_projection_never_runs_is_refused_not_lost(tiny_bert, monkeypatch):
     from bertology.core.engine import BatchCapture
 
-    monkeypatch.setattr(BatchCapture, "end_of_projection", lambda self, module, args, projected: None)  # as if W_O never ran
+    monkeypatch.setattr(BatchCapture, "end_of_projection", lambda self, layer, projected: None)  # as if W_O never ran
     engine = Engine(tiny_bert, progress=False)
     items = list(engine.encode(enumerate([Example("the cat sat on the mat.")]), RunStats()))
     with pytest.raises(BertologyError, match="layer 0's output projection did not run"):

@@ -3,6 +3,7 @@ import torch
 import transformers as tf
 
 from bertology.core.model.hooks import ATTN_IMPLEMENTATION, Hooks, register_attention
+from bertology.core.model.models import attention_blocks
 
 FAMILIES = {
     "bert": (tf.BertConfig, {}),
@@ -106,3 +107,42 @@ def test_an_unpadded_decoder_gets_no_mask_and_its_causal_maps_equal_eager(rows):
         torch.testing.assert_close(torch.cat([p for p, _ in seen[layer]], dim=2), reference.attentions[layer])
         visible = torch.cat([mask for _, mask in seen[layer]], dim=2)[0, 0]
         assert torch.equal(visible, torch.ones(7, 7, dtype=torch.bool).tril())
+
+
+@pytest.mark.parametrize("family", ["bert", "albert", "distilbert"])
+def test_the_block_points_fire_once_a_layer_with_its_input_and_its_projected_attention(family):
+    """``layer_input`` is each layer's input (transformers' own hidden states), ``attn_out`` the heads' outputs through the
+    output projection (by hand: ``head_output`` concatenated, times ``W_O``, plus ``b_O``), once a layer, ALBERT's shared
+    module included."""
+    model = tiny(family, ATTN_IMPLEMENTATION)
+    blocks = attention_blocks(model)
+    inputs, projected, heads = [], [], []
+    hooks = (Hooks().add("layer_input", lambda layer, x: inputs.append((layer, x.clone())))
+             .add("attn_out", lambda layer, out: projected.append((layer, out.clone())))
+             .add("head_output", lambda layer, z: heads.append(z.clone())))
+    with torch.no_grad(), hooks.attach(model, blocks):
+        reference = model(**INPUTS, output_hidden_states=True).hidden_states
+        model(**INPUTS)  # a second pass numbers its layers from 0 again
+    assert [layer for layer, _ in inputs] == [layer for layer, _ in projected] == [0, 1, 2, 0, 1, 2]
+    for layer, x in inputs[:3]:
+        torch.testing.assert_close(x, reference[layer])
+    for (layer, out), z in zip(projected[:3], heads[:3]):
+        by_hand = z.transpose(1, 2).flatten(2) @ blocks[layer].output_weight + blocks[layer].output_bias
+        torch.testing.assert_close(out, by_hand)
+
+
+def test_a_replaced_attn_out_is_what_the_layer_adds_and_the_block_points_need_the_blocks():
+    """Replacing layer 1's ``attn_out`` by zeros gives the output of the same model whose layer 1 output projection is zero;
+    a handler at a block point without the model's blocks is refused."""
+    model = tiny("bert", ATTN_IMPLEMENTATION)
+    with torch.no_grad():
+        with Hooks().add("attn_out", lambda layer, out: torch.zeros_like(out) if layer == 1 else None).attach(model, attention_blocks(model)):
+            replaced = model(**INPUTS).last_hidden_state
+        projection = model.encoder.layer[1].attention.output.dense
+        projection.weight.zero_()
+        projection.bias.zero_()
+        zeroed = model(**INPUTS).last_hidden_state
+    torch.testing.assert_close(replaced, zeroed)
+    with pytest.raises(ValueError, match="the hook points layer_input and attn_out need the model.s attention blocks"):
+        with Hooks().add("layer_input", lambda layer, x: None).attach(model):
+            pass

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 import bertology
-from bertology.core.engine import Engine
+from bertology.core.engine import Engine, RunStats, capture, model_forward
 from bertology.core.errors import CorpusError
 from bertology.core.statistics.stats import keyed_rng, sequence_key
 from bertology.core.text.alignment import default_word_spans
@@ -119,7 +119,7 @@ def test_frame_scores_equal_numpy_from_transformers_maps(tiny_bert_dir):
     assert (table.n == 10).all() and (table.pairs == sum(len(e.frames[0].elements) for e in examples)).all()
 
 
-def test_a_head_planted_between_target_and_elements_scores_one_and_is_significant(tiny_bert):
+def test_a_head_planted_between_target_and_elements_scores_one_and_is_significant(tiny_bert, monkeypatch):
     """Layer 1, head 2 puts all of every query's weight on the frame's target: every pair scores 1 (elements attend to
     it fully), the random pairs less, and the head is the only one significant after the correction."""
     examples = list(Corpus(FRAMES_EXAMPLE))
@@ -127,29 +127,28 @@ def test_a_head_planted_between_target_and_elements_scores_one_and_is_significan
     for example in examples:
         planted[example.text] = example.frames[0].target
 
-    class Planted(Engine):
-        def forward(self, tensors, hooks, **options):
-            item = next(i for i in self._batch if i.input_ids == tensors["input_ids"][0].tolist())
-            start, end = planted[item.example.text]
-            keys = torch.tensor([float(b > a and a < end and start < b) for a, b in item.offsets])
+    engine = Engine(tiny_bert, batch_size=1, progress=False)
+    encoded = list(engine.encode(enumerate(examples), RunStats()))
 
-            def plant(layer, pattern):
-                if layer == 1:
-                    pattern = pattern.clone()
-                    pattern[:, 2] = keys / keys.sum()
-                    return pattern
+    def planted_forward(model, tensors, hooks, *args):
+        item = next(i for i in encoded if i.input_ids == tensors["input_ids"][0].tolist())
+        start, end = planted[item.example.text]
+        keys = torch.tensor([float(b > a and a < end and start < b) for a, b in item.offsets])
 
-            hooks._handlers["pattern"].insert(0, plant)
-            return super().forward(tensors, hooks, **options)
+        def plant(layer, pattern):
+            if layer == 1:
+                pattern = pattern.clone()
+                pattern[:, 2] = keys / keys.sum()
+                return pattern
 
-        def run_batch(self, items, **kwargs):
-            self._batch = items
-            return super().run_batch(items, **kwargs)
+        hooks._handlers["pattern"].insert(0, plant)
+        return model_forward(model, tensors, hooks, *args)
 
     result = bertology.analyze(tiny_bert, examples, analyses=["frames"], progress=False, view=False)
     assert "frames" in result.results
     analyzer = FrameHeads(seed=0)
-    Planted(tiny_bert, batch_size=1, progress=False).run(examples, [analyzer])
+    monkeypatch.setattr(capture, "model_forward", planted_forward)
+    engine.run(examples, [analyzer])
     from bertology.families.frames import corrected
     table = corrected(analyzer.result(), "fdr_bh").set_index(["layer", "head"])
     assert table.loc[(1, 2), "score"] == pytest.approx(1.0, abs=1e-6)

@@ -7,7 +7,7 @@ import pytest
 from conftest import TEXTS
 
 import bertology
-from bertology.core.engine import Engine
+from bertology.core.engine import capture
 from bertology.families import FamilyResult
 from bertology.studies.analyze.weightings import combine_views, disagreements
 
@@ -16,13 +16,13 @@ READ_THE_MAPS = ["profile", "roles", "patterns", "rollout"]
 
 def _count_forward_passes(monkeypatch):
     calls = []
-    original = Engine.forward
+    original = capture.model_forward
 
-    def counted(self, tensors, hooks=None, **options):
+    def counted(model, tensors, *args):
         calls.append(tensors["input_ids"].shape[0])
-        return original(self, tensors, hooks, **options)
+        return original(model, tensors, *args)
 
-    monkeypatch.setattr(Engine, "forward", counted)
+    monkeypatch.setattr(capture, "model_forward", counted)
     return calls
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from bertology.core.errors import BertologyError
 from bertology.core.measures.contributions import CONTRIBUTION_MEASURES
-from bertology.core.measures.norms import CONTRIBUTION_VIEWS
+from bertology.core.measures.norms import CONTRIBUTION_VIEWS, WEIGHTINGS
 
 #: What an analyzer's ``needs`` may name: the mixing ratios, every layer's output, the key/value/transformed vector norms
 #: and the contribution measures (:data:`~bertology.core.measures.contributions.CONTRIBUTION_MEASURES`).
@@ -55,8 +55,26 @@ class PassNeeds:
         """Whether the pass keeps each layer's input ``x`` (the residual): for the mixing ratios and the contributions."""
         return self.mixing or bool(self.contributions or self.views)
 
+    def reads_blocks(self, known_layout: bool) -> bool:
+        """Whether the pass reads the model's attention blocks (:func:`~bertology.core.model.models.attention_blocks`): for the
+        norms and the layers' inputs (mixing, contributions) whatever the layout (an unknown one is refused there); where the
+        layout is known, also for the vector norms' transformed norm and for the hidden states (taken from the layers' inputs)."""
+        return self.norms or self.layer_inputs or ((self.vectors or self.hidden_states) and known_layout)
+
 
 NO_NEEDS = PassNeeds()
+
+
+def checked_weightings(analyzers: Sequence, weightings: Sequence[str] | None) -> list[str]:
+    """The view of attention each analyzer receives (default: the weights for every one), one per analyzer, each a known one
+    (:data:`~bertology.core.measures.norms.WEIGHTINGS`) or refused in one line."""
+    weightings = list(weightings) if weightings is not None else ["attention"] * len(analyzers)
+    if len(weightings) != len(analyzers):
+        raise ValueError("give one weighting per analyzer")
+    for weighting in weightings:
+        if weighting not in WEIGHTINGS:
+            raise BertologyError(f"unknown weighting {weighting!r}: use {' or '.join(WEIGHTINGS)}")
+    return weightings
 
 
 def is_layerwise(analyzer) -> bool:

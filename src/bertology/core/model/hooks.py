@@ -18,6 +18,17 @@ passes two tensors through the handlers registered for each point:
     each head's output ``pattern @ v``, shape ``[batch, head, query, head_dim]``, before the heads
     are concatenated and projected. Handlers may return a replacement (e.g. zeroing a head,
     or Michel et al. 2019's gate ``xi_h``).
+``layer_input``
+    the layer's input ``x`` (the residual, TransformerLens's ``resid_pre``), ``[batch, n, dim]``, as the module that first
+    reads it receives it (:attr:`~bertology.core.model.layouts.AttentionBlock.input_module`: a post-norm block's attention,
+    a pre-norm block's whole layer), before accelerate's hook moves it to the layer's device. Handlers may return a replacement.
+``attn_out``
+    the attention's output through the output projection, ``z W_O + b_O`` (TransformerLens's ``attn_out``),
+    ``[batch, n, dim]``, before it joins the residual. Handlers may return a replacement.
+
+The last two are points of the layer's modules, not of the attention function: :meth:`Hooks.attach` is given the model's
+attention blocks (:func:`~bertology.core.model.models.attention_blocks`) where a handler reads them. A module that several
+layers share (ALBERT's) fires once a layer.
 
 Handlers are called as ``handler(layer, tensor)`` and return ``None`` (leave it) or a tensor. The
 layer index is counted per forward pass, so models that share one attention module across layers
@@ -38,7 +49,7 @@ attention does), so every hook point has one entry per query head.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -46,9 +57,12 @@ import torch
 from torch import nn
 
 from bertology.core.model.kinds import uniform_rows
+from bertology.core.model.layouts import AttentionBlock
 
 ATTN_IMPLEMENTATION = "bertology"
-HOOK_POINTS = ("key", "value", "pattern", "head_output")
+#: The hook points of the attention function, then those of each layer's modules (:data:`BLOCK_POINTS`).
+HOOK_POINTS = ("key", "value", "pattern", "head_output", "layer_input", "attn_out")
+BLOCK_POINTS = ("layer_input", "attn_out")
 
 Handler = Callable[[int, torch.Tensor], "torch.Tensor | None"]
 _ACTIVE: ContextVar["Hooks | None"] = ContextVar("bertology_hooks", default=None)
@@ -60,6 +74,7 @@ class Hooks:
     def __init__(self) -> None:
         self._handlers: dict[str, list[Handler]] = {point: [] for point in HOOK_POINTS}
         self._layer = 0
+        self._block_calls = dict.fromkeys(BLOCK_POINTS, 0)  # each block point's calls in this forward pass: the layer
         #: bool ``[batch, 1, query, key]``, True for the keys each query may see (real, unpadded keys; in a decoder
         #: those at or before the query), for the rows being run; None where every query sees every key (nothing is padded).
         self.key_mask: torch.Tensor | None = None
@@ -97,21 +112,57 @@ class Hooks:
         self._layer += 1
 
     @contextmanager
-    def attach(self, model: nn.Module) -> Iterator["Hooks"]:
-        """Make these hooks active for ``model``'s forward passes inside the ``with`` block."""
+    def attach(self, model: nn.Module, blocks: Sequence[AttentionBlock] | None = None) -> Iterator["Hooks"]:
+        """Make these hooks active for ``model``'s forward passes inside the ``with`` block; ``blocks``, the model's attention
+        blocks, where a handler is registered at a point of the layers' modules (:data:`BLOCK_POINTS`)."""
         if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
             raise ValueError("model was not loaded with attn_implementation='bertology' (use bertology.core.model.models.load_model)")
 
         def reset_layer_count(*_):
             self._layer = 0
+            self._block_calls = dict.fromkeys(BLOCK_POINTS, 0)
 
-        handle = model.register_forward_pre_hook(reset_layer_count)
+        handles = [model.register_forward_pre_hook(reset_layer_count), *self._attach_blocks(blocks)]
         token = _ACTIVE.set(self)
         try:
             yield self
         finally:
             _ACTIVE.reset(token)
-            handle.remove()
+            for handle in handles:
+                handle.remove()
+
+    def _attach_blocks(self, blocks: Sequence[AttentionBlock] | None) -> list:
+        """Torch hooks on the modules of ``blocks`` that fire :data:`BLOCK_POINTS` (those with handlers; a module that several
+        layers share, once)."""
+        if not any(self._handlers[point] for point in BLOCK_POINTS):
+            return []
+        if blocks is None:
+            raise ValueError(f"the hook points {' and '.join(BLOCK_POINTS)} need the model's attention blocks (Hooks.attach(model, blocks))")
+
+        def layer_input(module, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            replaced = self._fire("layer_input", self._block_call("layer_input"), x)
+            if replaced is x:
+                return None
+            return ((replaced, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": replaced})
+
+        def attn_out(module, args, projected):
+            return self._fire("attn_out", self._block_call("attn_out"), projected)
+
+        handles = []
+        if self._handlers["layer_input"]:
+            inputs = {id(block.input_module): block.input_module for block in blocks}
+            handles += [module.register_forward_pre_hook(layer_input, with_kwargs=True) for module in inputs.values()]
+        if self._handlers["attn_out"]:
+            outputs = {id(block.output): block.output for block in blocks}
+            handles += [module.register_forward_hook(attn_out) for module in outputs.values()]
+        return handles
+
+    def _block_call(self, point: str) -> int:
+        """The layer a block point fires for: its calls so far in this forward pass."""
+        layer = self._block_calls[point]
+        self._block_calls[point] += 1
+        return layer
 
 
 def _visible_keys(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
