@@ -71,6 +71,8 @@ def study_inputs(tiny_bert_dir, tiny_gpt2_dir, tiny_classifier_dir, tiny_mlm_dir
 
     text = tmp_path / "corpus.txt"
     text.write_text("\n".join(TEXTS) + "\n")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"clean": "the cat is under the", "corrupt": "the dog is under the", "answer": " house", "wrong": " cat"}\n')
     out = tmp_path / "out" / "run"
     task = {"task": cat_task, "model": str(tiny_classifier_dir), "out": out, "seed": 1, "quiet": True, "device": "cpu"}
     families = {name: {"model": str(family_model(name, tiny_bert_dir, tiny_gpt2_dir)), "corpus": family_corpus(name, treebank), "out": out,
@@ -92,6 +94,7 @@ def study_inputs(tiny_bert_dir, tiny_gpt2_dir, tiny_classifier_dir, tiny_mlm_dir
         "prune": {**task, "importance_examples": 12, "max_examples": 12, "step": 0.25},
         "restore": {**task, "model": str(tuned_dir), "bootstrap": 200, "max_dev_examples": 12},
         "gradients": {"model": str(tiny_mlm_dir), "corpus": text, "out": out, "quiet": True, "device": "cpu"},
+        "patch": {"model": str(tiny_gpt2_dir), "pairs": pairs, "out": out, "quiet": True, "device": "cpu", "bootstrap": 200},
     }
 
 

@@ -1,0 +1,101 @@
+"""Prompt pairs for activation and attribution patching (docs/methods.md#which-heads-matter-causally): a clean prompt ``x``
+and a corrupted one ``x'`` of the same length, an answer piece ``a`` and a wrong piece ``b``; the metric is the logit
+difference ``LD = logit_a - logit_b`` at the last position (a decoder) or at the clean prompt's one mask (an encoder's
+masked-LM head).
+
+:func:`read_pairs` reads them from a JSON-lines file; :mod:`bertology.studies.heads.pair_tasks` builds the built-in sets.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertology.core.errors import BertologyError, CorpusError
+from bertology.core.model.kinds import DECODER
+
+#: The keys of one line of a pairs file.
+PAIR_KEYS = ("clean", "corrupt", "answer", "wrong")
+
+
+@dataclass(frozen=True)
+class EncodedPair:
+    """One pair as the model reads it: both prompts' pieces (same length), the answer and wrong pieces, the position whose
+    logits are compared, and where the pair came from (its line in the file, or its index in a built-in set)."""
+
+    clean: tuple[int, ...]
+    corrupt: tuple[int, ...]
+    answer: int
+    wrong: int
+    position: int
+    line: int
+
+
+def single_piece(tokenizer, text: str) -> int | None:
+    """The one piece ``text`` is, tokenized alone without special tokens; None where it is more or fewer."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids[0] if len(ids) == 1 else None
+
+
+def read_position(tokenizer, kind, ids: list[int]) -> int | str:
+    """The position whose logits the metric reads: the last (a decoder), or the one mask of ``ids`` (an encoder); else the
+    reason it has none."""
+    if kind is DECODER:
+        return len(ids) - 1
+    masks = [i for i, piece in enumerate(ids) if piece == tokenizer.mask_token_id]
+    if tokenizer.mask_token_id is None or len(masks) != 1:
+        return f"the clean prompt must hold exactly one {tokenizer.mask_token or 'mask token'} (it holds {len(masks)}) for a masked-LM head"
+    return masks[0]
+
+
+def encode_pair(tokenizer, kind, fields: dict, line: int) -> EncodedPair | str:
+    """``fields`` (clean, corrupt, answer, wrong) encoded, or the reason they cannot be."""
+    clean, corrupt = tokenizer(fields["clean"])["input_ids"], tokenizer(fields["corrupt"])["input_ids"]
+    if len(clean) != len(corrupt):
+        return f"clean and corrupt must tokenize to the same number of pieces ({len(clean)} and {len(corrupt)})"
+    pieces = {}
+    for name in ("answer", "wrong"):
+        pieces[name] = single_piece(tokenizer, fields[name])
+        if pieces[name] is None:
+            count = len(tokenizer(fields[name], add_special_tokens=False)["input_ids"])
+            return f"{name} {fields[name]!r} must be one piece of the tokenizer (tokenized alone it is {count})"
+    if pieces["answer"] == pieces["wrong"]:
+        return f"answer and wrong are the same piece ({fields['answer']!r}, {fields['wrong']!r})"
+    position = read_position(tokenizer, kind, clean)
+    if isinstance(position, str):
+        return position
+    return EncodedPair(tuple(clean), tuple(corrupt), pieces["answer"], pieces["wrong"], position, line)
+
+
+def _fields(text: str, path: Path, number: int) -> dict:
+    """One line's fields, checked: a JSON object with the four keys, each a string."""
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CorpusError(path, number, f"not a JSON object ({error.msg})") from None
+    if not isinstance(fields, dict):
+        raise CorpusError(path, number, "not a JSON object")
+    missing = [key for key in PAIR_KEYS if not isinstance(fields.get(key), str)]
+    if missing:
+        raise CorpusError(path, number, f"needs {', '.join(PAIR_KEYS)} as strings; {', '.join(missing)} missing or not a string")
+    return fields
+
+
+def read_pairs(path: str | Path, tokenizer, kind) -> list[EncodedPair]:
+    """Every pair of the JSON-lines file ``path`` (blank lines skipped), encoded; the first bad line refused in one line naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise BertologyError(f"{path}: no such pairs file")
+    pairs = []
+    with path.open(encoding="utf-8") as lines:
+        for number, text in enumerate(lines, start=1):
+            if not text.strip():
+                continue
+            pair = encode_pair(tokenizer, kind, _fields(text, path, number), number)
+            if isinstance(pair, str):
+                raise CorpusError(path, number, pair)
+            pairs.append(pair)
+    if not pairs:
+        raise CorpusError(path, None, "no pairs in the file")
+    return pairs

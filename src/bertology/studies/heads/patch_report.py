@@ -1,0 +1,57 @@
+"""The report section of ``bertology patch``: a layer x head grid of each method's effect with the heads that matter
+ringed, and attribution patching against exact patching."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from bertology.core.storage.runfolder import RunFolder
+from bertology.render.figures import head_grid, plt
+from bertology.render.html import Figure, Section
+
+METHOD_TITLES = {"activation": "activation patching (exact)", "attribution": "attribution patching (first-order)"}
+
+
+def effect_grids(patching: pd.DataFrame):
+    """Each method's normalised effect per layer and head, the heads that matter ringed, and attribution's change against
+    exact patching's, one point per head."""
+    figure, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    limit = max(float(np.nanmax(np.abs(patching.effect.to_numpy()))) if patching.effect.notna().any() else 0.0, 1e-6)
+    for axis, method in zip(axes, METHOD_TITLES):
+        rows = patching[patching.method == method]
+        grid = rows.pivot(index="layer", columns="head", values="effect")
+        head_grid(axis, grid, f"effect, {METHOD_TITLES[method]}", cmap="RdBu", vmin=-limit, vmax=limit)
+        ringed = rows[rows.matters]
+        axis.scatter(ringed["head"], ringed.layer, s=160, facecolors="none", edgecolors="black", linewidths=1.5)
+    exact, estimate = (patching[patching.method == method].logit_diff_change.to_numpy() for method in METHOD_TITLES)
+    axes[2].scatter(exact, estimate, s=12)
+    ends = [min(exact.min(), estimate.min()), max(exact.max(), estimate.max())]
+    axes[2].plot(ends, ends, color="grey", linewidth=1, linestyle="--")
+    axes[2].set_xlabel("exact change of LD")
+    axes[2].set_ylabel("attribution's estimate")
+    axes[2].set_title("attribution against exact patching, one point per head", fontsize=9)
+    return figure
+
+
+def patching_section(folder: RunFolder, study) -> Section:
+    settings, agreement = study.settings, study.agreement
+    direction = "clean z_h into the corrupted run (denoising)" if settings["direction"] == "denoise" else "corrupted z_h into the clean run (noising)"
+    section = Section(
+        title="Which heads matter, causally",
+        intro=(f"{settings['n']} pairs; each head's output z_h at every position patched {direction}. LD = logit[answer] - logit[wrong]; "
+               f"mean LD {study.ld_clean:.4f} on the clean prompts, {study.ld_corrupt:.4f} on the corrupted. patching.csv: the mean change "
+               "of LD (logit_diff_change) and the effect, that change over the mean gap, with a bootstrap 95% interval over pairs "
+               f"({settings['bootstrap']} replicates), a two-sided bootstrap p and p_adj ({settings['correction']} over heads); a head "
+               "matters where its interval excludes 0 and p_adj < 0.05. Per-pair values: patching_pairs.parquet."),
+    )
+    section.figures.append(Figure(folder.write_figure("patching_effects", effect_grids(study.patching)),
+                                  "Normalised effect per layer and head (ringed: the heads that matter); attribution against exact patching."))
+    section.notes.append(f"Attribution against exact patching: Spearman {agreement['spearman']:.3f}, top-{agreement['top_k']} recall "
+                         f"{agreement['top_k_recall']:.2f}.")
+    mattering = study.mattering()
+    section.tables.append(("Heads that matter (activation patching)", mattering))
+    if study.patching.p.isna().all():
+        section.notes.append(f"No p-value: fewer pairs than --min-sample ({settings['min_sample']}), or a gap of 0 between the clean and "
+                             "corrupted prompts; no head is called anything.")
+    return section

@@ -1,0 +1,108 @@
+"""``bertology patch``: which heads matter, causally, on prompt pairs (docs/methods.md#which-heads-matter-causally).
+
+Every head of every layer is patched exactly (:class:`~bertology.studies.heads.patching.Patcher`) and by attribution,
+on pairs read from a JSON-lines file (:mod:`bertology.studies.heads.pairs`) or built in (:mod:`bertology.studies.heads.pair_tasks`);
+each head's normalised effect gets a bootstrap interval over pairs and a corrected p
+(:mod:`bertology.studies.heads.patch_statistics`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from bertology.core.errors import BertologyError
+from bertology.core.model.interventions import known_layout
+from bertology.core.options import check_seed
+from bertology.core.statistics.stats import MIN_SAMPLE
+from bertology.core.storage.runfolder import claims_out
+from bertology.studies.heads.pair_tasks import TASKS, task_pairs
+from bertology.studies.heads.pairs import read_pairs
+from bertology.studies.heads.patch_statistics import agreement, pairs_table, patching_table
+from bertology.studies.heads.patching import DIRECTIONS, Patcher
+
+
+@dataclass
+class PatchStudy:
+    """What a ``patch`` run found: ``patching`` (one row per head and method), ``pairs`` (per pair), the mean ``LD`` of the
+    clean and corrupted prompts, attribution's ``agreement`` with exact patching and the ``settings`` it ran with."""
+
+    model: dict
+    source: str
+    patching: pd.DataFrame
+    pairs: pd.DataFrame
+    ld_clean: float
+    ld_corrupt: float
+    agreement: dict
+    settings: dict
+
+    def mattering(self, method: str = "activation") -> pd.DataFrame:
+        """The heads that matter by ``method``, largest effect first."""
+        rows = self.patching[(self.patching.method == method) & self.patching.matters]
+        return rows.sort_values("effect", key=abs, ascending=False)
+
+    @claims_out
+    def save(self, out: str | Path, command: list[str] | None = None) -> Path:
+        """Write ``patching``, ``patching_pairs``, the figure, ``report.html`` and ``manifest.json``, replacing ``out`` whole;
+        returns the report path."""
+        from bertology.core.storage.runfolder import RunFolder, complete_run
+        from bertology.render.html import Report
+        from bertology.studies.heads.patch_report import patching_section
+
+        folder = RunFolder(out)
+        folder.write_table("patching", self.patching)
+        folder.write_table("patching_pairs", self.pairs)
+        summary = {"model": self.model["name"], "pairs": f"{self.source} ({len(self.pairs.pair.unique())} pairs)",
+                   "direction": self.settings["direction"], "mean LD(clean)": f"{self.ld_clean:.4f}", "mean LD(corrupt)": f"{self.ld_corrupt:.4f}"}
+        report = Report(f"bertology: which heads matter, causally, on {self.source}", summary, [patching_section(folder, self)]).render()
+        return complete_run(folder, {"model": self.model, "source": self.source, "ld_clean": self.ld_clean, "ld_corrupt": self.ld_corrupt,
+                                     "agreement": self.agreement, "settings": self.settings}, report=report, command=command) / "report.html"
+
+
+def _check(pairs, task: str | None, n: int, direction: str, correction: str, bootstrap: int, min_sample: int) -> None:
+    """Refuse impossible settings in one line, before the model is loaded."""
+    from statsmodels.stats.multitest import multipletests
+
+    if (pairs is None) == (task is None):
+        raise BertologyError("give --pairs FILE.jsonl or --task (" + ", ".join(TASKS) + "), one of the two")
+    if task is not None and task not in TASKS:
+        raise BertologyError(f"unknown --task {task!r}; use {', '.join(TASKS)}")
+    if direction not in DIRECTIONS:
+        raise BertologyError(f"unknown --direction {direction!r}; use {' or '.join(DIRECTIONS)}")
+    if n < 1 or bootstrap < 100 or min_sample < 2:
+        raise BertologyError("--n must be at least 1, --bootstrap at least 100 and --min-sample at least 2")
+    try:
+        multipletests([0.5], method=correction)
+    except ValueError:
+        raise BertologyError(f"unknown --correction {correction!r} (statsmodels multipletests: fdr_bh, bonferroni, holm, ...)") from None
+
+
+@claims_out(words=("task", "direction", "correction", "device"))
+def patch_heads(model: str | Path | None = None, pairs: str | Path | None = None, *, task: str | None = None, n: int = 100,
+                direction: str = "denoise", bootstrap: int = 10000, correction: str = "fdr_bh", min_sample: int = MIN_SAMPLE, seed: int = 0,
+                device: str = "auto", out: str | Path | None = None, progress: bool = True, command: list[str] | None = None) -> PatchStudy:
+    """Patch every head of ``model`` (a causal LM, or an encoder with its masked-LM head) on the ``pairs`` file or ``n``
+    pairs of the built-in ``task``, in ``direction``; exact and attribution patching, each head's effect with a bootstrap
+    interval (``bootstrap`` replicates) and a ``correction`` over heads. A model whose layout bertology does not know is
+    refused before any pass. With ``out``, the run folder is written whole."""
+    from bertology.core.model.models import load_model
+
+    check_seed(seed)
+    _check(pairs, task, n, direction, correction, bootstrap, min_sample)
+    loaded = load_model(model, device=device, head="language-model")
+    known_layout(loaded.model)
+    encoded = read_pairs(pairs, loaded.tokenizer, loaded.kind) if pairs is not None else task_pairs(task, loaded.tokenizer, loaded.kind, n, seed)
+    torch.manual_seed(seed)
+    effects = Patcher(loaded.model, direction).effects(encoded, progress=progress)
+    table = patching_table(effects, direction, replicates=bootstrap, seed=seed, correction=correction, min_sample=min_sample)
+    settings = {"pairs": str(pairs) if pairs is not None else None, "task": task, "n": len(encoded), "direction": direction, "bootstrap": bootstrap,
+                "correction": correction, "min_sample": min_sample, "seed": seed, "device": str(loaded.device)}
+    study = PatchStudy(loaded.info(), Path(pairs).name if pairs is not None else f"--task {task}", table,
+                       pairs_table(effects, [pair.line for pair in encoded], direction), float(effects.clean.mean()), float(effects.corrupt.mean()),
+                       agreement(table), settings)
+    if out is not None:
+        study.save(out, command)
+    return study

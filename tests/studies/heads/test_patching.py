@@ -1,0 +1,319 @@
+"""``bertology patch`` (issue 51): per-head denoising activation patching against a reference written from transformers' own
+modules, attribution patching against its definition, a model with zero output projections (every change exactly 0, no
+head matters), a planted head that alone carries the answer (it, and only it, matters), and every bad input refused in one
+line with nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import save_tiny_decoder
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from typer.testing import CliRunner
+
+from bertology.cli import app
+from bertology.core.errors import BertologyError
+
+#: Subjects that are one piece each of the tiny byte-level tokenizer (``" cat"``...), and the answers.
+SUBJECTS = ("cat", "dog", "house", "tree")
+
+
+def write_pairs(path: Path, lines: list) -> Path:
+    path.write_text("".join((json.dumps(line) if isinstance(line, dict) else line) + "\n" for line in lines))
+    return path
+
+
+def subject_pairs() -> list[dict]:
+    """12 pairs that differ in their subject only (the last piece the same in both): the answer is read at " the"."""
+    return [{"clean": f"the {a} is under the", "corrupt": f"the {b} is under the", "answer": " house" if a != "house" else " tree", "wrong": f" {a}"}
+            for a in SUBJECTS for b in SUBJECTS if a != b]
+
+
+def patch(*args) -> tuple[int, str]:
+    """The exit code and the output of ``bertology patch ARGS`` run here; a refusal's output is its error's text."""
+    result = CliRunner().invoke(app, ["patch", *map(str, args), "--device", "cpu", "-q"])
+    if isinstance(result.exception, BertologyError):
+        return 2, str(result.exception)
+    return result.exit_code, result.output
+
+
+def projections(model, kind: str) -> list[torch.nn.Module]:
+    """Each layer's output projection by transformers' own module names."""
+    return [block.attn.c_proj for block in model.transformer.h] if kind == "gpt2" else [block.self_attn.o_proj for block in model.model.layers]
+
+
+def logit_difference(model, ids: list[int], answer: int, wrong: int) -> float:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+    return float(logits[answer] - logits[wrong])
+
+
+def reference_changes(folder: Path, kind: str, pairs: list[dict]) -> np.ndarray:
+    """``LD_patched - LD(corrupt)`` per pair, layer and head ``[pairs, layers, heads]``: transformers' own model in float64, a
+    forward pre-hook on the output projection replacing the head's slice with the clean run's, one full forward per head."""
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").double().eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    modules = projections(model, kind)
+    width = model.config.hidden_size // model.config.num_attention_heads
+    changes = np.empty((len(pairs), len(modules), model.config.num_attention_heads))
+    for i, pair in enumerate(pairs):
+        clean, corrupt = tokenizer(pair["clean"])["input_ids"], tokenizer(pair["corrupt"])["input_ids"]
+        answer, wrong = (tokenizer(pair[key], add_special_tokens=False)["input_ids"][0] for key in ("answer", "wrong"))
+        inputs = []
+        handles = [module.register_forward_pre_hook(lambda m, args: inputs.append(args[0].clone())) for module in modules]
+        with torch.no_grad():
+            model(input_ids=torch.tensor([clean]))
+        for handle in handles:
+            handle.remove()
+        corrupted = logit_difference(model, corrupt, answer, wrong)
+        for layer, module in enumerate(modules):
+            for head in range(changes.shape[2]):
+                def put_back(m, args, layer=layer, head=head):
+                    z = args[0].clone()
+                    z[..., head * width:(head + 1) * width] = inputs[layer][..., head * width:(head + 1) * width]
+                    return (z,)
+
+                handle = module.register_forward_pre_hook(put_back)
+                changes[i, layer, head] = logit_difference(model, corrupt, answer, wrong) - corrupted
+                handle.remove()
+    return changes
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_denoising_patching_equals_a_reference_from_transformers_own_modules(kind, tiny_decoder_dirs, tmp_path):
+    folder, pairs = tiny_decoder_dirs[kind], subject_pairs()
+    code, output = patch("-m", folder, "--pairs", write_pairs(tmp_path / "pairs.jsonl", pairs), "--out", tmp_path / "run", "--bootstrap", 200)
+    assert code == 0, output
+    expected = reference_changes(folder, kind, pairs)
+    per_pair = pd.read_parquet(tmp_path / "run" / "patching_pairs.parquet")
+    exact = per_pair[per_pair.method == "activation"].sort_values(["pair", "layer", "head"])
+    np.testing.assert_allclose(exact.change.to_numpy().reshape(expected.shape), expected, rtol=0, atol=1e-4)
+    table = pd.read_csv(tmp_path / "run" / "patching.csv")
+    rows = table[table.method == "activation"].sort_values(["layer", "head"])
+    np.testing.assert_allclose(rows.logit_diff_change, expected.mean(0).reshape(-1), rtol=0, atol=1e-4)
+    gap = (exact.groupby("pair").ld_clean.first() - exact.groupby("pair").ld_corrupt.first()).mean()
+    np.testing.assert_allclose(rows.effect, expected.mean(0).reshape(-1) / gap, rtol=1e-3)
+    assert set(table.columns) >= {"ci_low", "ci_high", "p", "p_adj", "matters", "n"} and (table.n == len(pairs)).all()
+    assert set(table.method) == {"activation", "attribution"} and set(table.direction) == {"denoise"} and set(table.position) == {"all"}
+
+
+def test_attribution_is_the_gradient_estimate_and_agrees_with_exact_patching(tiny_gpt2_dir, tmp_path):
+    """AtP against its definition: ``(z_clean - z_corrupt) . dLD/dz`` at the corrupted run, the derivative by central finite
+    differences of LD along that direction on the head's slice (transformers' own model in float64)."""
+    from bertology.core.model.models import load_model
+    from bertology.studies.heads.pairs import read_pairs
+    from bertology.studies.heads.patching import Patcher
+
+    loaded = load_model(tiny_gpt2_dir, device="cpu", head="causal-lm")
+    model = loaded.model.double()
+    pair = read_pairs(write_pairs(tmp_path / "pairs.jsonl", subject_pairs()[:1]), loaded.tokenizer, loaded.kind)[0]
+    estimate = Patcher(model).attribution(pair)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir, attn_implementation="eager").double().eval()
+    modules, width, step = projections(reference, "gpt2"), 8, 1e-4
+    inputs = []
+    handles = [module.register_forward_pre_hook(lambda m, args: inputs.append(args[0].clone())) for module in modules]
+    logit_difference(reference, list(pair.clean), pair.answer, pair.wrong)
+    logit_difference(reference, list(pair.corrupt), pair.answer, pair.wrong)
+    for handle in handles:
+        handle.remove()
+    for layer, module in enumerate(modules):
+        for head in range(4):
+            columns = slice(head * width, (head + 1) * width)
+            direction = torch.zeros_like(inputs[layer])
+            direction[..., columns] = inputs[layer][..., columns] - inputs[len(modules) + layer][..., columns]
+            sides = []
+            for sign in (1, -1):
+                handle = module.register_forward_pre_hook(lambda m, args, sign=sign: (args[0] + sign * step * direction,))
+                sides.append(logit_difference(reference, list(pair.corrupt), pair.answer, pair.wrong))
+                handle.remove()
+            assert estimate[layer, head] == pytest.approx((sides[0] - sides[1]) / (2 * step), rel=1e-5, abs=1e-9)
+
+
+def _save_with_projections(source: Path, folder: Path, keep: tuple[int, int] | None) -> Path:
+    """``source``'s GPT-2 with every output projection (weight and bias) zero, except head ``keep``'s rows (scaled up)."""
+    model = AutoModelForCausalLM.from_pretrained(source)
+    width = model.config.n_embd // model.config.n_head
+    with torch.no_grad():
+        for layer, block in enumerate(model.transformer.h):
+            kept = block.attn.c_proj.weight.clone()
+            block.attn.c_proj.weight.zero_()
+            block.attn.c_proj.bias.zero_()
+            if keep is not None and keep[0] == layer:
+                rows = slice(keep[1] * width, (keep[1] + 1) * width)
+                block.attn.c_proj.weight[rows] = 20 * kept[rows]
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(source).save_pretrained(folder)
+    return folder
+
+
+def test_zero_output_projections_change_nothing_and_no_head_matters(tiny_gpt2_dir, tmp_path):
+    folder = _save_with_projections(tiny_gpt2_dir, tmp_path / "zero", None)
+    code, output = patch("-m", folder, "--pairs", write_pairs(tmp_path / "pairs.jsonl", subject_pairs()), "--out", tmp_path / "run", "--bootstrap", 200)
+    assert code == 0, output
+    table = pd.read_csv(tmp_path / "run" / "patching.csv")
+    assert (table.logit_diff_change == 0).all() and not table.matters.any()
+    assert (pd.read_parquet(tmp_path / "run" / "patching_pairs.parquet").change == 0).all()
+    assert "0 heads matter" in output
+
+
+def test_a_planted_head_that_carries_the_answer_alone_is_the_one_that_matters(tiny_gpt2_dir, tmp_path):
+    folder = _save_with_projections(tiny_gpt2_dir, tmp_path / "planted", (1, 2))
+    code, output = patch("-m", folder, "--pairs", write_pairs(tmp_path / "pairs.jsonl", subject_pairs()), "--out", tmp_path / "run", "--bootstrap", 1000)
+    assert code == 0, output
+    table = pd.read_csv(tmp_path / "run" / "patching.csv")
+    exact = table[table.method == "activation"]
+    assert exact[exact.matters][["layer", "head"]].values.tolist() == [[1, 2]]
+    planted = exact[(exact.layer == 1) & (exact["head"] == 2)].iloc[0]
+    assert planted.effect == pytest.approx(1.0, abs=1e-4) and planted.ci_low > 0.999
+    assert "head 1-2 matters" in output and "1 heads matter" in output
+
+
+def test_noising_runs_the_clean_prompt_with_the_corrupted_head(tiny_gpt2_dir, tmp_path):
+    folder = _save_with_projections(tiny_gpt2_dir, tmp_path / "planted", (0, 1))
+    code, output = patch("-m", folder, "--pairs", write_pairs(tmp_path / "pairs.jsonl", subject_pairs()), "--out", tmp_path / "run",
+                         "--bootstrap", 1000, "--direction", "noise")
+    assert code == 0, output
+    exact = pd.read_csv(tmp_path / "run" / "patching.csv").query("method == 'activation'")
+    assert exact[exact.matters][["layer", "head"]].values.tolist() == [[0, 1]]
+    assert exact.query("layer == 0 and head == 1").effect.iloc[0] == pytest.approx(1.0, abs=1e-4)  # moves clean all the way to corrupt
+
+
+GOOD = {"clean": "the cat is under the", "corrupt": "the dog is under the", "answer": " house", "wrong": " cat"}
+BAD = [
+    ({**GOOD, "corrupt": "the dog is under the big"}, "pairs.jsonl:2: clean and corrupt must tokenize to the same number of pieces (9 and 13)"),
+    ({**GOOD, "answer": " mat"}, "pairs.jsonl:2: answer ' mat' must be one piece of the tokenizer (tokenized alone it is 3)"),
+    ({**GOOD, "wrong": " house"}, "pairs.jsonl:2: answer and wrong are the same piece"),
+    ("{not json", "pairs.jsonl:2: not a JSON object"),
+    ({"clean": "x", "corrupt": "y", "answer": " cat"}, "pairs.jsonl:2: needs clean, corrupt, answer, wrong as strings; wrong missing"),
+]
+
+
+@pytest.mark.parametrize("line, message", BAD)
+def test_a_bad_line_is_refused_in_one_line_naming_it_and_nothing_is_written(line, message, tiny_gpt2_dir, tmp_path):
+    code, output = patch("-m", tiny_gpt2_dir, "--pairs", write_pairs(tmp_path / "pairs.jsonl", [GOOD, line]), "--out", tmp_path / "run")
+    assert code != 0 and message in output and len(output.strip().splitlines()) == 1, output
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_command_line_prints_a_refusal_as_one_line(tiny_gpt2_dir, tmp_path):
+    import subprocess
+    import sys
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl", [GOOD, BAD[0][0]])
+    result = subprocess.run([sys.executable, "-m", "bertology.cli", "patch", "-m", str(tiny_gpt2_dir), "--pairs", str(pairs), "--out",
+                             str(tmp_path / "run"), "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and result.stderr.strip().splitlines() == [f"error: {pairs}:2: {BAD[0][1].split(':2: ')[1]}"], result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_empty_file_a_missing_source_and_an_unknown_layout_are_refused_in_one_line(tiny_gpt2_dir, tmp_path, monkeypatch):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    for args, message in [(["--pairs", empty], "empty.jsonl: no pairs in the file"), ([], "give --pairs FILE.jsonl or --task"),
+                          (["--task", "ioi"], "--task ioi: the tokenizer has"), (["--task", "nope"], "unknown --task 'nope'")]:
+        code, output = patch("-m", tiny_gpt2_dir, *args, "--out", tmp_path / "run")
+        assert code != 0 and message in output and len(output.strip().splitlines()) == 1, output
+    from bertology.core.model import layouts
+
+    monkeypatch.delitem(layouts.LAYOUTS, "gpt2")
+    code, output = patch("-m", tiny_gpt2_dir, "--pairs", write_pairs(tmp_path / "pairs.jsonl", [GOOD]), "--out", tmp_path / "run")
+    assert code != 0 and "bertology does not know where this model keeps its layers" in output and len(output.strip().splitlines()) == 1, output
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_tiny_llama_from_conftest_runs_through_the_command(tmp_path):
+    folder = save_tiny_decoder("llama", tmp_path / "llama", layers=1, heads=2, hidden=16)
+    code, output = patch("-m", folder, "--pairs", write_pairs(tmp_path / "pairs.jsonl", subject_pairs()[:3]), "--out", tmp_path / "run",
+                         "--bootstrap", 100)
+    assert code == 0 and "No p-value" in (tmp_path / "run" / "report.html").read_text(), output  # 3 pairs < --min-sample 10
+    assert not pd.read_csv(tmp_path / "run" / "patching.csv").matters.any()
+
+
+def _word_level_folder(folder: Path, texts: list[str], decoder: bool) -> Path:
+    """A tiny random GPT-2 (``decoder``) or BERT with its masked-LM head, whose word-level vocabulary holds every word of ``texts``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    split = pre_tokenizers.Whitespace()
+    words = sorted({word for text in texts for word, _ in split.pre_tokenize_str(text.lower() if not decoder else text)})
+    torch.manual_seed(0)
+    if decoder:
+        vocab = {word: i for i, word in enumerate(["<unk>", "<|endoftext|>", *words])}
+        bare = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+        bare.pre_tokenizer = split
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=bare, unk_token="<unk>", bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+        model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=64, vocab_size=len(vocab)))
+    else:
+        vocab = {word: i for i, word in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words])}
+        tokenizer = BertTokenizerFast(vocab=vocab, do_lower_case=True)
+        model = BertForMaskedLM(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                           max_position_embeddings=64))
+    tokenizer.save_pretrained(folder)
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_the_built_in_sets_are_what_they_say(tmp_path):
+    from bertology.core.model.kinds import DECODER, ENCODER
+    from bertology.studies.heads.pair_tasks import AGREEMENT_TEMPLATE, IOI_TEMPLATES, NAMES, NOUNS, VERBS, task_pairs
+
+    texts = [*IOI_TEMPLATES, " ".join(NAMES), AGREEMENT_TEMPLATE, " ".join(w for pair in NOUNS + VERBS for w in pair)]
+    decoder = AutoTokenizer.from_pretrained(_word_level_folder(tmp_path / "decoder", texts, True))
+    names = {decoder.convert_tokens_to_ids(name) for name in NAMES}
+    for pair in task_pairs("ioi", decoder, DECODER, 20, seed=1):
+        clean_names = [piece for piece in pair.clean if piece in names]
+        assert len(pair.clean) == len(pair.corrupt) and pair.position == len(pair.clean) - 1
+        assert clean_names == [pair.answer, pair.wrong, pair.wrong]  # A and B, then B again gives: A is the indirect object
+        assert not {pair.answer, pair.wrong} & set(pair.corrupt)  # the ABC set: three other names
+    for pair in task_pairs("induction", decoder, DECODER, 20, seed=1):
+        differ = [i for i, (a, b) in enumerate(zip(pair.clean, pair.corrupt)) if a != b]
+        last = pair.clean[-1]
+        assert len(differ) == 1 and pair.clean[differ[0] - 1] == last and pair.clean.index(last) == differ[0] - 1
+        assert (pair.clean[differ[0]], pair.corrupt[differ[0]]) == (pair.answer, pair.wrong)
+    encoder = AutoTokenizer.from_pretrained(_word_level_folder(tmp_path / "encoder", texts, False))
+    for pair in task_pairs("agreement", encoder, ENCODER, 20, seed=1):
+        clean, corrupt = encoder.convert_ids_to_tokens(pair.clean), encoder.convert_ids_to_tokens(pair.corrupt)
+        assert clean[pair.position] == "[MASK]" and encoder.convert_ids_to_tokens([pair.answer, pair.wrong]) in [[s, p] for s, p in VERBS]
+        singular = {s for s, _ in NOUNS}
+        assert clean[2] in singular and clean[5] not in singular and corrupt[2] not in singular and corrupt[5] in singular
+    assert task_pairs("ioi", decoder, DECODER, 5, seed=2) == task_pairs("ioi", decoder, DECODER, 5, seed=2)
+
+
+@pytest.mark.parametrize("task", ["ioi", "induction"])
+def test_a_built_in_task_runs_on_a_tiny_decoder(task, tmp_path):
+    from bertology.studies.heads.pair_tasks import IOI_TEMPLATES, NAMES
+
+    folder = _word_level_folder(tmp_path / "decoder", [*IOI_TEMPLATES, " ".join(NAMES)], True)
+    code, output = patch("-m", folder, "--task", task, "--n", 12, "--out", tmp_path / "run", "--bootstrap", 200, "--seed", 4)
+    assert code == 0, output
+    table = pd.read_csv(tmp_path / "run" / "patching.csv")
+    assert len(table) == 2 * 2 * 4 and (table.n == 12).all() and f"12 pairs of --task {task}" in output
+    per_pair = pd.read_parquet(tmp_path / "run" / "patching_pairs.parquet")
+    assert sorted(per_pair.pair.unique()) == list(range(12))
+
+
+def test_agreement_runs_through_the_mask_of_an_encoder_and_the_bundled_model_without_one_is_refused(tmp_path):
+    from bertology.studies.heads.pair_tasks import AGREEMENT_TEMPLATE, NOUNS, VERBS
+
+    texts = [AGREEMENT_TEMPLATE, " ".join(w for pair in NOUNS + VERBS for w in pair)]
+    folder = _word_level_folder(tmp_path / "encoder", texts, False)
+    code, output = patch("-m", folder, "--task", "agreement", "--n", 12, "--out", tmp_path / "run", "--bootstrap", 200)
+    assert code == 0, output
+    per_pair = pd.read_parquet(tmp_path / "run" / "patching_pairs.parquet")
+    from transformers import BertForMaskedLM
+
+    from bertology.core.model.kinds import ENCODER
+    from bertology.studies.heads.pair_tasks import task_pairs
+
+    first = task_pairs("agreement", AutoTokenizer.from_pretrained(folder), ENCODER, 12, seed=0)[0]
+    with torch.no_grad():  # transformers' own masked LM: LD at the mask of the clean prompt
+        logits = BertForMaskedLM.from_pretrained(folder, attn_implementation="eager").eval()(input_ids=torch.tensor([first.clean])).logits[0, first.position]
+    assert per_pair[per_pair.pair == 0].ld_clean.iloc[0] == pytest.approx(float(logits[first.answer] - logits[first.wrong]), abs=1e-4)
+    code, output = patch("--task", "agreement", "--out", tmp_path / "bundled")
+    assert code != 0 and "has no masked-LM head" in output and "\n" not in output, output
+    assert not (tmp_path / "bundled").exists()
