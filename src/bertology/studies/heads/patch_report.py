@@ -28,6 +28,7 @@ def effect_grids(patching: pd.DataFrame):
     axes[2].scatter(exact, estimate, s=12)
     ends = [min(exact.min(), estimate.min()), max(exact.max(), estimate.max())]
     axes[2].plot(ends, ends, color="grey", linewidth=1, linestyle="--")
+    axes[2].tick_params(axis="x", labelrotation=30)
     axes[2].set_xlabel("exact change of LD")
     axes[2].set_ylabel("attribution's estimate")
     axes[2].set_title("attribution against exact patching, one point per head", fontsize=9)
