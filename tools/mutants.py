@@ -57,7 +57,8 @@ ALIGNMENT = f"{PACKAGE}/core/text/alignment.py"
 MODELS = f"{PACKAGE}/core/model/models.py"
 IMPORTANCE = f"{PACKAGE}/studies/heads/importance.py"
 PRUNING = f"{PACKAGE}/studies/heads/pruning.py"
-DYNAMICS = f"{PACKAGE}/studies/track/dynamics.py"
+VERDICTS = f"{PACKAGE}/studies/track/verdicts.py"
+HYPOTHESIS = f"{PACKAGE}/studies/track/hypothesis.py"
 PEAKS = f"{PACKAGE}/studies/track/peaks.py"
 CONTRIBUTIONS = f"{PACKAGE}/core/measures/contributions.py"
 
@@ -150,10 +151,10 @@ MUTATIONS = [
     Mutation("importance: pruning ranks raw importance", PRUNING, "importance = normalise_importance(scorer.attribute(importance_rows, mask), normalise)",
              "importance = scorer.attribute(importance_rows, mask)", IMPORTANCE_TESTS),
     # training dynamics (METHODS.md section 8)
-    Mutation("dynamics: half of the final value instead of half of the rise", DYNAMICS, "target = first + 0.5 * (final - first)", "target = 0.5 * final",
+    Mutation("dynamics: half of the final value instead of half of the rise", VERDICTS, "target = first + 0.5 * (final - first)", "target = 0.5 * final",
              DYNAMICS_TESTS),
-    Mutation("dynamics: crossing mapped back with exp, not expm1", DYNAMICS, "crossed = np.expm1(", "crossed = np.exp(", DYNAMICS_TESTS),
-    Mutation("dynamics: ties count as in order", DYNAMICS, "np.all(np.diff(values, axis=-1) > 0, axis=-1)", "np.all(np.diff(values, axis=-1) >= 0, axis=-1)",
+    Mutation("dynamics: crossing mapped back with exp, not expm1", VERDICTS, "crossed = np.expm1(", "crossed = np.exp(", DYNAMICS_TESTS),
+    Mutation("dynamics: ties count as in order", HYPOTHESIS, "np.all(np.diff(values, axis=-1) > 0, axis=-1)", "np.all(np.diff(values, axis=-1) >= 0, axis=-1)",
              DYNAMICS_TESTS),
 ]
 

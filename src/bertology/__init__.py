@@ -36,7 +36,7 @@ _EXPORTS = {
     "register_family": "bertology.families",
     "Study": "bertology.studies",
     "register_study": "bertology.studies",
-    "TrackResult": "bertology.studies.track.dynamics",
+    "TrackResult": "bertology.studies.track.result",
     "track": "bertology.studies.track.dynamics",
     "pretrain": "bertology.studies.pretrain.pretraining",
 }

@@ -13,7 +13,8 @@ from bertology.studies.gradients.gradients import attention_gradients
 from bertology.studies.heads.study import study_heads
 from bertology.studies.pretrain.pretraining import pretrain
 from bertology.studies.restore.restore import restore_layers
-from bertology.studies.track.dynamics import TrackResult, track
+from bertology.studies.track.dynamics import track
+from bertology.studies.track.result import TrackResult
 from bertology.studies.view.viewer import AttentionView, attention_view
 
 __all__ = ["Analysis", "AttentionView", "Comparison", "TrackResult", "analyze", "attention_gradients", "attention_view", "compare", "finetune",

@@ -32,7 +32,10 @@ from bertology.core.errors import BertologyError
 from bertology.core.learning.training import load_training_state, random_states, resume_training, save_training_state
 from bertology.families.patterns.analyzer import PATTERNS
 from bertology.families.patterns.trained import TrainedClassifier
-from bertology.studies.track.dynamics import MAX_STEP, _load_part, checkpoint_step, hypothesis_verdict, track
+from bertology.studies.track.checkpoints import MAX_STEP, checkpoint_step
+from bertology.studies.track.dynamics import track
+from bertology.studies.track.hypothesis import hypothesis_verdict
+from bertology.studies.track.parts import load_part
 from fuzz.documents import DELETE, changed, paths
 
 # No example database (it would be written into the checkout); the test's folder is reused by every example.
@@ -156,7 +159,7 @@ def saved_part(tiny_bert_dir, tmp_path_factory):
 
 def check_part(parts: Path, name: str, key: str) -> None:
     """Load a part; one that loads must be of 21 replicates (bootstrap 20) and give a verdict."""
-    result = _load_part(parts, name, key, 21, finished=False)
+    result = load_part(parts, name, key, 21, finished=False)
     if result is None:
         event("recomputed")
         return
@@ -376,7 +379,7 @@ def test_a_training_state_of_any_bytes_is_refused_in_one_line(training_state, tm
 def test_the_valid_files_read(saved_part, training_state, tmp_path):
     """The fuzzed files, unchanged, read (so a refusal above is the change's doing)."""
     parts, name, key, files = saved_part
-    assert _load_part(parts, name, key, 21, finished=False).syntax is not None
+    assert load_part(parts, name, key, 21, finished=False).syntax is not None
     (tmp_path / "state.pt").write_bytes(training_state)
     check_training_state(tmp_path / "state.pt")
     (tmp_path / "classifier.json").write_text(json.dumps(classifier_document()))

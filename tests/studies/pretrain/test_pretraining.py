@@ -30,7 +30,7 @@ from bertology.studies.pretrain.pretraining import (
     train_byte_level_bpe,
     unigram_cross_entropy,
 )
-from bertology.studies.track.dynamics import checkpoint_step
+from bertology.studies.track.checkpoints import checkpoint_step
 from studies.finetune.test_finetuning import Planted
 
 SMALL = dict(vocab_size=120, layers=2, heads=2, hidden=32, max_length=32, batch_size=8, learning_rate=3e-3, checkpoints=4, device="cpu", progress=False)

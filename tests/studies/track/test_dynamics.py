@@ -13,18 +13,11 @@ from bertology.core.model.kinds import ENCODER
 from bertology.core.text.corpora import Example
 from bertology.studies.pretrain.pretraining import pretrain
 from bertology.studies.track import dynamics
-from bertology.studies.track.dynamics import (
-    TRACK_COLUMNS,
-    checkpoint_step,
-    crossing_steps,
-    depth_verdict,
-    emergence_verdict,
-    find_checkpoints,
-    hypothesis_verdict,
-    ordered_checkpoints,
-    parse_steps,
-    track,
-)
+from bertology.studies.track.checkpoints import PROBE_TEXT, check_one_series, checkpoint_step, find_checkpoints, ordered_checkpoints, parse_steps
+from bertology.studies.track.dynamics import track
+from bertology.studies.track.hypothesis import depth_verdict, emergence_verdict, hypothesis_verdict
+from bertology.studies.track.result import TRACK_COLUMNS
+from bertology.studies.track.verdicts import crossing_steps
 from studies.pretrain.test_pretraining import CAUSAL, SMALL
 
 
@@ -550,7 +543,7 @@ def _differences(tiny_bert_dir, tiny_gpt2_dir, tiny_llama_dir, folders) -> list:
 
     model_types = [json.loads((folder / "config.json").read_text())["model_type"] for folder in (tiny_llama_dir, tiny_gpt2_dir)]
     vocabulary = AutoTokenizer.from_pretrained(tiny_gpt2_dir).get_vocab()
-    pieces = AutoTokenizer.from_pretrained(folders["llama-no-bos"]).tokenize(dynamics.PROBE_TEXT)
+    pieces = AutoTokenizer.from_pretrained(folders["llama-no-bos"]).tokenize(PROBE_TEXT)
     assert AutoTokenizer.from_pretrained(folders["llama-no-bos"]).get_vocab() == AutoTokenizer.from_pretrained(tiny_llama_dir).get_vocab()
     return [
         (tiny_bert_dir, tiny_gpt2_dir, "it is a decoder, not an encoder"),
@@ -559,7 +552,7 @@ def _differences(tiny_bert_dir, tiny_gpt2_dir, tiny_llama_dir, folders) -> list:
         (tiny_llama_dir, folders["llama-2-heads"], "it has 2 heads per layer, not 4"),
         (tiny_gpt2_dir, folders["gpt2-more-pieces"],
          f"its tokenizer has another vocabulary ({len(vocabulary) + 1} pieces, not {len(vocabulary)}; '<extra>' is {len(vocabulary)}, not absent)"),
-        (tiny_llama_dir, folders["llama-no-bos"], f"its tokenizer cuts {dynamics.PROBE_TEXT!r} into {' '.join(pieces)}, not <s> {' '.join(pieces)}"),
+        (tiny_llama_dir, folders["llama-no-bos"], f"its tokenizer cuts {PROBE_TEXT!r} into {' '.join(pieces)}, not <s> {' '.join(pieces)}"),
     ]
 
 
@@ -579,7 +572,7 @@ def test_checkpoints_that_are_not_one_series_are_refused_before_any_runs(unlike_
 def test_a_model_and_the_same_model_with_another_task_head_are_one_series(unlike_checkpoints, tiny_gpt2_dir):
     """A pre-trained model and its fine-tuned classifier differ only in ``architectures`` (the task head): one series (the
     golden tables track the bundled model and a classifier fine-tuned from it)."""
-    dynamics.check_one_series([str(tiny_gpt2_dir), str(unlike_checkpoints["gpt2-base"])])
+    check_one_series([str(tiny_gpt2_dir), str(unlike_checkpoints["gpt2-base"])])
 
 
 @pytest.mark.parametrize("seed", [2**70, 2**32, -1])

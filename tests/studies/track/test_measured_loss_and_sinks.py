@@ -12,7 +12,8 @@ from conftest import TEXTS
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 from bertology.core.text.corpora import Example
-from bertology.studies.track.dynamics import layer_sink_rates, track
+from bertology.studies.track.dynamics import track
+from bertology.studies.track.sinks import layer_sink_rates
 
 #: Lines of three to five pieces: the uniform causal head puts mean_{i>=1} 1/(i+1) > 0.3 on the first token.
 SHORT_TEXTS = ["we saw it.", "the cat sat.", "where is it?", "a dog ran.", "the cat ran."]

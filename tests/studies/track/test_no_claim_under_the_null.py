@@ -14,7 +14,9 @@ from transformers import BertModel
 
 from bertology.core.model.kinds import ENCODER
 from bertology.core.text.corpora import Example
-from bertology.studies.track.dynamics import checkpoint_loss, depth_verdict, emergence_verdict, loss_series, track
+from bertology.studies.track.dynamics import track
+from bertology.studies.track.hypothesis import depth_verdict, emergence_verdict
+from bertology.studies.track.losses import checkpoint_loss, loss_series
 
 #: The uniform head's attention to each token set in these made-up series (their excess is the strength less this).
 UNIFORM = 0.05

@@ -12,7 +12,7 @@ from conftest import TEXTS, write_books
 from test_cli import bertology
 
 from bertology.studies.pretrain.pretraining import pretrain
-from bertology.studies.track.dynamics import find_checkpoints
+from bertology.studies.track.checkpoints import find_checkpoints
 from studies.pretrain.test_pretraining import SMALL
 
 

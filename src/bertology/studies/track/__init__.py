@@ -34,7 +34,8 @@ class Track(Study):
 
     def run(self, settings: dict, command: list[str] | None = None):
         from bertology.core.model.models import DEFAULT_MODEL
-        from bertology.studies.track.dynamics import find_checkpoints, parse_steps, track
+        from bertology.studies.track.checkpoints import find_checkpoints, parse_steps
+        from bertology.studies.track.dynamics import track
 
         s = settings
         if bool(s["checkpoint"]) == (s["checkpoints"] is not None):

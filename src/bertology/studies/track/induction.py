@@ -15,11 +15,12 @@ window as the in-context learning score drops (docs/methods.md#induction-heads-o
 - **Verdict** (:func:`induction_verdict`): the strength of induction at a checkpoint is the strongest head's score (the max over
   heads, in the data and in each replicate, as ``track``'s strengths take the max over layers); the in-context learning drop is
   minus the score. Each series' half-rise step and its 95% interval come from
-  :func:`~bertology.studies.track.dynamics.crossing_steps` on the paired replicates. A series **changes** only where the 95%
-  interval of its first-to-last change lies above 0 and its half-rise step is located more narrowly than the run (the
-  emergence rule of :func:`~bertology.studies.track.dynamics.emergence_verdict`), and induction only where the strongest head's
-  excess over the uniform head on the same sequences (:meth:`InductionReplicates.replicate_excess`) rises, and ends, beyond the
-  families' tolerance (:func:`~bertology.studies.track.verdicts.rise_beyond_uniform`); else there is no evidence, and no claim. When
+  :func:`~bertology.studies.track.verdicts.crossing_steps` on the paired replicates. A series **changes** only where the 95%
+  interval of its first-to-last change lies above 0 and its half-rise step is located more narrowly than the run (the rule
+  every verdict over training shares, :func:`~bertology.studies.track.verdicts.series_change`, as a pattern's emergence), and
+  induction only where the strongest head's excess over the uniform head on the same sequences
+  (:meth:`InductionReplicates.replicate_excess`) rises, and ends, beyond the families' tolerance
+  (:func:`~bertology.studies.track.verdicts.rise_beyond_uniform`); else there is no evidence, and no claim. When
   both change, they fall **in the same window** (``supported``) where their half-rise intervals overlap, and **not**
   (``contradicted``) where the intervals are apart.
 """
@@ -38,7 +39,7 @@ from bertology.core.statistics.stats import MIN_SAMPLE, bootstrap_weights
 from bertology.families.headtypes.analyzer import INDUCTION, head_type_targets, second_copies, target_mass
 from bertology.families.kinds import check_kind, check_same_kind
 from bertology.families.roles.analyzer import excess_over_uniform
-from bertology.studies.track.verdicts import interval, not_beyond_words, rise_beyond_uniform
+from bertology.studies.track.verdicts import json_value, not_beyond_words, rise_beyond_uniform, series_change
 
 #: Olsson et al.'s late and early tokens (1-based positions in the context).
 OLSSON_LATE, OLSSON_EARLY = 500, 50
@@ -164,32 +165,8 @@ def in_context_scores(engine: Engine, examples: list, seed: int, bootstrap: int,
         return sums / weights, count, early, late
 
 
-def _series(steps: np.ndarray, strength: np.ndarray, excess: np.ndarray | None) -> dict:
-    """One series' change, half-rise step and whether it changes (the emergence rule), from ``strength [checkpoint, 1 + B]``;
-    ``excess [checkpoint, 1 + B]``: its excess over the uniform head, which its rise and its final value must clear
-    (:func:`~bertology.studies.track.verdicts.rise_beyond_uniform`); None for the in-context learning drop (a loss: no uniform head)."""
-    from bertology.studies.track.dynamics import crossing_brackets, crossing_steps
-
-    crossed = crossing_steps(steps, strength)  # [1 + B]
-    point = float(crossed[0])
-    low, high = interval(crossed[1:])
-    change_low, change_high = interval(strength[-1, 1:] - strength[0, 1:])
-    if strength.shape[1] > 1:
-        lows, highs = crossing_brackets(steps, strength[:, 1:])
-        located_low = float(np.percentile(lows, 2.5, method="lower"))
-        located_high = float(np.percentile(highs, 97.5, method="higher"))
-    else:
-        located_low, located_high = float(steps[0]), float(steps[-1])
-    located = bool(np.isfinite(point)) and not (located_low <= steps[0] and located_high >= steps[-1])
-    beyond = rise_beyond_uniform(excess) if excess is not None else {"beyond_uniform": None}  # None: no uniform head to clear
-    return {"first": float(strength[0, 0]), "final": float(strength[-1, 0]), "change": float(strength[-1, 0] - strength[0, 0]),
-            "change_low": change_low, "change_high": change_high, "half_step": point, "ci_low": low, "ci_high": high,
-            "located_low": located_low, "located_high": located_high, **beyond, "located": located,
-            "changes": bool(change_low > 0) and beyond["beyond_uniform"] is not False and located}
-
-
 def _why_not(series: dict, verb: str) -> str:
-    """Why a series of :func:`_series` does not change, in words."""
+    """Why a series of :func:`~bertology.studies.track.verdicts.series_change` does not change, in words."""
     why = [] if series["change_low"] > 0 else ["the change's interval does not exclude 0"]
     if series["beyond_uniform"] is False:
         why.append(not_beyond_words(series))
@@ -217,8 +194,8 @@ def induction_verdict(steps: list[int], induction: np.ndarray, icl: np.ndarray, 
     if icl_sequences < min_sample or not np.isfinite(icl[:, 0]).all():
         return {**result, "statement": f"{icl_sequences} sequences are long enough for the in-context learning score (at least "
                                        f"{min_sample} needed): no claim."}
-    heads = _series(steps_array, strongest, np.nanmax(excess.reshape(*excess.shape[:2], -1), axis=-1))  # the strongest head's excess
-    drop = _series(steps_array, -icl, None)
+    heads = series_change(steps_array, strongest, rise_beyond_uniform(np.nanmax(excess.reshape(*excess.shape[:2], -1), axis=-1)))  # the strongest head's excess
+    drop = series_change(steps_array, -icl, {"beyond_uniform": None})  # a loss: no uniform head to clear
     result["induction"], result["icl_drop"] = heads, drop
     words = []
     for name, series, verb in (("the strongest head's induction score", heads, "forms"), ("the in-context learning drop", drop, "drops")):
@@ -236,5 +213,5 @@ def induction_verdict(steps: list[int], induction: np.ndarray, icl: np.ndarray, 
         ending = "not both change beyond noise: no claim on the window"
     result["statement"] = "; ".join(words) + f"; {ending}: {result['verdict']}."
     for key in ("induction", "icl_drop"):  # verdict.json: NaN (a series that never rises) becomes null
-        result[key] = {name: None if isinstance(value, float) and np.isnan(value) else value for name, value in result[key].items()}
+        result[key] = {name: json_value(value) for name, value in result[key].items()}
     return result

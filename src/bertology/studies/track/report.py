@@ -34,49 +34,9 @@ VERDICT_RULES = (
 
 def track_report(folder: RunFolder, track) -> str:
     """The verdict on the learning-curve hypothesis and the figures of a ``bertology track`` run (a
-    :class:`~bertology.studies.track.dynamics.TrackResult`)."""
+    :class:`~bertology.studies.track.result.TrackResult`)."""
     depth, training = track.verdict["depth"], track.verdict["training"]
-    claim = CLAIM_INTROS[track.kind.name]
-    section = Section(title="The learning-curve hypothesis", intro=claim + VERDICT_RULES)
-    section.notes.append(f"Depth ({depth['checkpoint']}): {depth['statement']}")
-    section.notes.append(f"Training: {training['statement']}")
-    if "sinks" in track.verdict:
-        section.notes.append(f"Attention sinks: {track.verdict['sinks']['statement']}")
-    if "losses" in track.verdict:
-        section.notes.append(f"Loss: {track.verdict['losses']['statement']}")
-        section.tables.append(("Each checkpoint's loss (losses.csv): recorded_loss, the validation loss recorded when it was saved (on its own "
-                               "validation split; empty: none recorded); measured_loss, measured here on the track corpus with the checkpoint's "
-                               "language-model head, over the sequences the track pass reads (NaN: the checkpoint has no language-model head)",
-                               track.losses.drop(columns="checkpoint")))
-    peaks = folder.write_figure("peak_layers", peak_layers_by_metric(depth["layer_means"], depth["peaks"]))
-    section.figures.append(Figure(peaks, "Final checkpoint: the layer mean of each pattern; the star marks its peak, the bar its 95% bootstrap interval."))
-    section.tables.append(("Where each pattern peaks, per checkpoint (peak_layers; interval: 2.5th-97.5th percentile of the replicates)",
-                           track.peaks[["step", "metric", "peak_layer", "ci_low", "ci_high", "agreement"]]))
-    if len(track.results) > 1:
-        *others, last = (METRIC_TITLES[metric].removeprefix("attention to ") for metric in track.metrics)
-        named = f"{', '.join(others)} and {last}"
-        heatmaps = folder.write_figure("layer_by_step", layer_by_step_heatmaps(track.layers, track.metrics))
-        section.figures.append(Figure(heatmaps, f"Attention to {named} per layer (rows) at each checkpoint (columns)."))
-        if "sinks" in track.verdict:
-            sinks = track.verdict["sinks"]
-            section.figures.append(Figure(folder.write_figure("sinks_by_step", sinks_by_step(sinks)),
-                                          f"Sink_{sinks['eps']:g}: the share of heads whose mean attention to the first token exceeds "
-                                          f"{sinks['eps']:g} and the uniform head's, per layer and over all heads, at each checkpoint."))
-        curves = folder.write_figure("emergence", emergence_curves(track.strength(), track.emergence))
-        section.figures.append(Figure(curves, "Left: each pattern's strength (max over layers of the layer mean). Right: the patterns that emerge, "
-                                              "as a share of their rise; dotted: where each crosses half."))
-        section.tables.append(("When each pattern emerges (emergence.csv; change: final - first with its 95% interval; half_step with its "
-                               "95% interval; located_low-located_high: the checkpoints that bracket the crossing in 95% of the replicates)",
-                               track.emergence))
-        section.tables.append(("Per-head trajectories: each head's attention to each token set at each checkpoint (track.csv)",
-                               head_trajectories(track.table, track.metrics)))
-        series = track.syntax_series()
-        if series is not None:
-            best = track.table[track.table.metric.str.startswith("syntax:")]
-            largest = [m for m in dict.fromkeys(best.metric) if m != "syntax:all"][:6]  # rows come by number of dependents, most first
-            section.figures.append(Figure(folder.write_figure("syntax_by_step", syntax_by_step(series, best, largest)),
-                                          "Best syntactic head's accuracy: the mean over relations with at least --min-dependents dependents, "
-                                          "and single relations."))
+    section = hypothesis_section(folder, track)
     report = Report(
         title="bertology: head roles over training",
         summary={
@@ -93,6 +53,59 @@ def track_report(folder: RunFolder, track) -> str:
         sections=[section, *([induction_section(folder, track)] if "induction" in track.verdict else [])],
     )
     return report.render()
+
+
+def hypothesis_section(folder: RunFolder, track) -> Section:
+    """The claim, the verdicts on it (depth, training, a decoder's attention sinks) with each checkpoint's loss, the final
+    checkpoint's peaks and, over two or more checkpoints, the series' figures and tables (:func:`series_figures`)."""
+    depth, training = track.verdict["depth"], track.verdict["training"]
+    section = Section(title="The learning-curve hypothesis", intro=CLAIM_INTROS[track.kind.name] + VERDICT_RULES)
+    section.notes.append(f"Depth ({depth['checkpoint']}): {depth['statement']}")
+    section.notes.append(f"Training: {training['statement']}")
+    if "sinks" in track.verdict:
+        section.notes.append(f"Attention sinks: {track.verdict['sinks']['statement']}")
+    if "losses" in track.verdict:
+        section.notes.append(f"Loss: {track.verdict['losses']['statement']}")
+        section.tables.append(("Each checkpoint's loss (losses.csv): recorded_loss, the validation loss recorded when it was saved (on its own "
+                               "validation split; empty: none recorded); measured_loss, measured here on the track corpus with the checkpoint's "
+                               "language-model head, over the sequences the track pass reads (NaN: the checkpoint has no language-model head)",
+                               track.losses.drop(columns="checkpoint")))
+    peaks = folder.write_figure("peak_layers", peak_layers_by_metric(depth["layer_means"], depth["peaks"]))
+    section.figures.append(Figure(peaks, "Final checkpoint: the layer mean of each pattern; the star marks its peak, the bar its 95% bootstrap interval."))
+    section.tables.append(("Where each pattern peaks, per checkpoint (peak_layers; interval: 2.5th-97.5th percentile of the replicates)",
+                           track.peaks[["step", "metric", "peak_layer", "ci_low", "ci_high", "agreement"]]))
+    if len(track.results) > 1:
+        series_figures(folder, section, track)
+    return section
+
+
+def series_figures(folder: RunFolder, section: Section, track) -> None:
+    """Add to ``section`` what a series of two or more checkpoints shows: attention per layer at each checkpoint, a decoder's
+    Sink_eps, each pattern's strength and emergence, the per-head trajectories and, with trees, the best syntactic heads."""
+    *others, last = (METRIC_TITLES[metric].removeprefix("attention to ") for metric in track.metrics)
+    named = f"{', '.join(others)} and {last}"
+    heatmaps = folder.write_figure("layer_by_step", layer_by_step_heatmaps(track.layers, track.metrics))
+    section.figures.append(Figure(heatmaps, f"Attention to {named} per layer (rows) at each checkpoint (columns)."))
+    if "sinks" in track.verdict:
+        sinks = track.verdict["sinks"]
+        section.figures.append(Figure(folder.write_figure("sinks_by_step", sinks_by_step(sinks)),
+                                      f"Sink_{sinks['eps']:g}: the share of heads whose mean attention to the first token exceeds "
+                                      f"{sinks['eps']:g} and the uniform head's, per layer and over all heads, at each checkpoint."))
+    curves = folder.write_figure("emergence", emergence_curves(track.strength(), track.emergence))
+    section.figures.append(Figure(curves, "Left: each pattern's strength (max over layers of the layer mean). Right: the patterns that emerge, "
+                                          "as a share of their rise; dotted: where each crosses half."))
+    section.tables.append(("When each pattern emerges (emergence.csv; change: final - first with its 95% interval; half_step with its "
+                           "95% interval; located_low-located_high: the checkpoints that bracket the crossing in 95% of the replicates)",
+                           track.emergence))
+    section.tables.append(("Per-head trajectories: each head's attention to each token set at each checkpoint (track.csv)",
+                           head_trajectories(track.table, track.metrics)))
+    series = track.syntax_series()
+    if series is not None:
+        best = track.table[track.table.metric.str.startswith("syntax:")]
+        largest = [m for m in dict.fromkeys(best.metric) if m != "syntax:all"][:6]  # rows come by number of dependents, most first
+        section.figures.append(Figure(folder.write_figure("syntax_by_step", syntax_by_step(series, best, largest)),
+                                      "Best syntactic head's accuracy: the mean over relations with at least --min-dependents dependents, "
+                                      "and single relations."))
 
 
 #: Heads drawn in the induction figure: the strongest at the final checkpoint.

@@ -10,8 +10,14 @@ uniform head on the same sequences, and a difference only beyond the families' e
   :data:`~bertology.families.profile.analyzer.EXCESS_TOLERANCE`, the profile's own test for a label (:func:`excess_claim`).
 - Layers whose values lie within that tolerance of the peak's tie with it (:func:`near_peak_span`): a peak decided by rounding
   is no peak.
+- A series over training, ``strength [checkpoint, 1 + B]`` with paired replicates, **changes** (:func:`series_change`: a pattern
+  that emerges, induction heads that form, an in-context learning score that drops) only where the 95% interval of its
+  first-to-last change lies above 0, it clears the uniform head where it has one (:func:`rise_beyond_uniform`) and its
+  half-rise step (:func:`crossing_steps`: where it first covers half of its rise, ``first + (final - first) / 2``,
+  interpolated linearly in ``ln(1 + step)``) is located more narrowly than the run.
 
 So a series whose heads attend uniformly (to float noise) claims nothing: no verdict, no pattern that emerges.
+:func:`json_value` gives the verdicts' numbers as ``verdict.json`` holds them.
 """
 
 from __future__ import annotations
@@ -19,6 +25,13 @@ from __future__ import annotations
 import numpy as np
 
 from bertology.families.profile.analyzer import EXCESS_TOLERANCE
+
+
+def json_value(value):
+    """Plain Python values for verdict.json: NaN (a pattern that never rises) becomes null."""
+    if isinstance(value, (float, np.floating)):
+        return None if np.isnan(value) else float(value)
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def interval(values: np.ndarray) -> tuple[float, float]:
@@ -63,3 +76,65 @@ def not_beyond_words(series: dict) -> str:
     """Why a series of :func:`rise_beyond_uniform` is not beyond the uniform head, in words."""
     return (f"its rise and final value do not clear the uniform head's by {EXCESS_TOLERANCE:g} (final excess {series['final_excess']:+.3g}, "
             f"95% interval from {series['final_excess_low']:+.3g}; rise's interval from {series['excess_change_low']:+.3g})")
+
+
+def _crossing_index(strength: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``strength [checkpoint, ...]`` -> (the half-rise target, whether the series rises (final > first), the index of the
+    first checkpoint at or above the target; 1 where it does not rise)."""
+    first, final = strength[0], strength[-1]
+    target = first + 0.5 * (final - first)
+    rises = final > first
+    above = strength >= target[None]
+    return target, rises, np.where(rises, above.argmax(axis=0), 1)  # never 0 when it rises
+
+
+def crossing_steps(steps: np.ndarray, strength: np.ndarray) -> np.ndarray:
+    """Where each series first covers half of its rise, interpolated in ``ln(1 + step)``.
+
+    ``strength [checkpoint, ...]`` -> ``[...]`` steps; NaN where the series does not rise
+    (final <= first).
+    """
+    target, rises, k = _crossing_index(strength)
+    before = np.take_along_axis(strength, (k - 1)[None], axis=0)[0]
+    after = np.take_along_axis(strength, k[None], axis=0)[0]
+    x = np.log1p(steps.astype(np.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.clip((target - before) / (after - before), 0.0, 1.0)
+    crossed = np.expm1(x[k - 1] + share * (x[k] - x[k - 1]))
+    return np.where(rises, crossed, np.nan)
+
+
+def crossing_brackets(steps: np.ndarray, strength: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The checkpoints' steps that bracket each series' half-rise crossing: the one before it and the one at or after it;
+    where a series does not rise (or is NaN), the whole run (the first and the last checkpoint)."""
+    _, rises, k = _crossing_index(strength)
+    rises = rises & np.isfinite(strength).all(axis=0)
+    steps = np.asarray(steps)
+    return np.where(rises, steps[k - 1], steps[0]), np.where(rises, steps[k], steps[-1])
+
+
+def series_change(steps: np.ndarray, strength: np.ndarray, beyond: dict) -> dict:
+    """Whether one series changes over training (the module's rule), from ``strength [checkpoint, 1 + B]`` (row 0 the data, then
+    the paired replicates) at ``steps``, and what it rests on: ``first``, ``final``, ``change`` and its 95% interval
+    ``change_low``-``change_high``; the half-rise step ``half_step`` (:func:`crossing_steps`; NaN where it does not rise) and
+    its 95% interval ``ci_low``-``ci_high``; ``located_low``-``located_high``, the checkpoints that bracket the crossing in the
+    replicates (:func:`crossing_brackets`), from the 2.5th percentile of the lower to the 97.5th of the upper (no replicate:
+    the whole run), and ``located``, whether they span less than the run (with two checkpoints they never do); then the
+    fields of ``beyond``, the series' comparison with the uniform head (:func:`rise_beyond_uniform`; ``beyond_uniform`` None
+    where it has no uniform head, as a loss has not), and ``changes``: the change's interval lies above 0, the series is not
+    short of the uniform head, and its half-rise step is located."""
+    crossed = crossing_steps(steps, strength)  # [1 + B]
+    point = float(crossed[0])
+    low, high = interval(crossed[1:])
+    change_low, change_high = interval(strength[-1, 1:] - strength[0, 1:])
+    if strength.shape[1] > 1:
+        lows, highs = crossing_brackets(steps, strength[:, 1:])
+        located_low = float(np.percentile(lows, 2.5, method="lower"))
+        located_high = float(np.percentile(highs, 97.5, method="higher"))
+    else:
+        located_low, located_high = float(steps[0]), float(steps[-1])
+    located = bool(np.isfinite(point)) and not (located_low <= steps[0] and located_high >= steps[-1])
+    return {"first": float(strength[0, 0]), "final": float(strength[-1, 0]), "change": float(strength[-1, 0] - strength[0, 0]),
+            "change_low": change_low, "change_high": change_high, "half_step": point, "ci_low": low, "ci_high": high,
+            "located_low": located_low, "located_high": located_high, **beyond, "located": located,
+            "changes": bool(change_low > 0) and beyond["beyond_uniform"] is not False and located}
