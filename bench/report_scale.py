@@ -33,7 +33,7 @@ def random_llama(folder: Path, layers: int, heads: int, lines: list[str], head_d
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from bertology.studies.pretrain.pretraining import train_byte_level_bpe
+    from bertology.studies.pretrain.objectives import train_byte_level_bpe
 
     tokenizer = train_byte_level_bpe(lines * 4, vocab_size=1000, max_length=512)
     tokenizer.save_pretrained(folder)

@@ -33,7 +33,7 @@ def main() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from bertology.core.model.models import load_model
-    from bertology.studies.pretrain.pretraining import train_byte_level_bpe
+    from bertology.studies.pretrain.objectives import train_byte_level_bpe
     from bertology.studies.view.viewer import MAP_BYTES, attention_view
 
     text = SHARED_BOOK.read_text(encoding="utf-8")[:400_000] if SHARED_BOOK.is_file() else "the cat sat on the mat. " * 20_000

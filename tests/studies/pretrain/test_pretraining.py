@@ -17,19 +17,10 @@ from bertology.core.model.kinds import DECODER
 from bertology.core.model.models import load_model
 from bertology.studies.pretrain import Pretrain
 from bertology.studies.pretrain import report as reports
-from bertology.studies.pretrain.pretraining import (
-    causal_lm_loss,
-    checkpoint_steps,
-    corpus_files,
-    documents_for_pairs,
-    make_causal_instances,
-    make_instances,
-    pretrain,
-    read_documents,
-    split_documents,
-    train_byte_level_bpe,
-    unigram_cross_entropy,
-)
+from bertology.studies.pretrain.corpus import corpus_files, documents_for_pairs, read_documents, split_documents, unigram_cross_entropy
+from bertology.studies.pretrain.objectives import causal_lm_loss, make_causal_instances, make_instances, train_byte_level_bpe
+from bertology.studies.pretrain.pretraining import pretrain
+from bertology.studies.pretrain.training import checkpoint_steps
 from bertology.studies.track.checkpoints import checkpoint_step
 from studies.finetune.test_finetuning import Planted
 

@@ -38,22 +38,21 @@ class Pretrain(Study):
     work = "training"
 
     def run(self, settings: dict, command: list[str] | None = None):
+        from bertology.studies.pretrain.objectives import CAUSAL_LM, MASKED_LM
         from bertology.studies.pretrain.pretraining import pretrain
 
         s = settings
-        return pretrain(s["corpus"], s["out"], objective="causal-lm" if s["causal"] else "masked-lm", vocab_size=s["vocab_size"],
+        return pretrain(s["corpus"], s["out"], objective=(CAUSAL_LM if s["causal"] else MASKED_LM).name, vocab_size=s["vocab_size"],
                         layers=s["layers"], heads=s["heads"], hidden=s["hidden"], max_length=s["max_length"], batch_size=s["batch_size"],
                         steps=s["steps"], learning_rate=s["learning_rate"], checkpoints=s["checkpoints"],
                         linear_checkpoints=s["linear_checkpoints"],
                         seed=s["seed"], device=s["device"], progress=not s["quiet"], command=command)
 
     def summary(self, summary: dict, settings: dict) -> list[str]:
+        from bertology.studies.pretrain.objectives import objective_named
+
         out = Path(settings["out"])
-        if summary["objective"] == "causal-lm":
-            scores = f"validation causal LM loss {summary['val_lm_loss']:.3f} (unigram baseline {summary['unigram_cross_entropy']:.3f})"
-        else:
-            scores = (f"validation masked-LM loss {summary['val_mlm_loss']:.3f} (unigram baseline {summary['unigram_cross_entropy']:.3f}), "
-                      f"next-sentence accuracy {summary['val_nsp_accuracy']:.3f}")
+        scores = objective_named(summary["objective"]).score_words(summary)
         warnings = (["warning: the corpus is too small to hold text out, so the validation scores are measured on training text and say nothing "
                      "of generalisation"] if summary["corpus"]["validated_on_training_text"] else [])
         return [f"{summary['steps']} steps in {summary['seconds']:.0f} s: {scores}", *warnings,

@@ -8,18 +8,17 @@ import pandas as pd
 from bertology.core.storage.runfolder import RunFolder
 from bertology.render.figures import log_step_axis, plt
 from bertology.render.html import Figure, Report, Section
-
-#: The loss each objective's curve shows (loss.csv's column, checkpoints.csv's validation column, its name).
-LOSS_CURVES = {"masked-lm": ("mlm_loss", "val_mlm_loss", "masked-LM loss"), "causal-lm": ("lm_loss", "val_lm_loss", "causal LM loss")}
+from bertology.studies.pretrain.objectives import Objective, objective_named
 
 
-def pretraining_curve(losses: pd.DataFrame, checkpoints: pd.DataFrame, unigram: float, objective: str = "masked-lm", window: int = 20):
+def pretraining_curve(losses: pd.DataFrame, checkpoints: pd.DataFrame, unigram: float, objective: Objective, window: int = 20):
     """The ``objective``'s LM loss against step (log axis): training (moving mean), validation at each checkpoint, and the unigram
-    baseline; for the masked LM, beside it the next-sentence loss and accuracy."""
-    masked = objective == "masked-lm"
-    figure, axes = plt.subplots(1, 2 if masked else 1, figsize=(11, 3.8) if masked else (6, 3.8), squeeze=False)
+    baseline; where it also predicts the next sentence (the masked LM), beside it the next-sentence loss and accuracy."""
+    pairs = objective.predicts_next_sentence
+    figure, axes = plt.subplots(1, 2 if pairs else 1, figsize=(11, 3.8) if pairs else (6, 3.8), squeeze=False)
     left = axes[0, 0]
-    train_column, validation_column, name = LOSS_CURVES[objective]
+    # the LM loss: loss.csv's first loss, checkpoints.csv's first validation score
+    train_column, validation_column, name = objective.step_losses[0], f"val_{objective.scores[0]}", objective.loss_name
     smooth = losses.set_index("step").drop(columns="learning_rate").rolling(window, min_periods=1, center=True).mean()
     left.plot(smooth.index, smooth[train_column], color="tab:blue", label=f"training (centred mean of {window} steps)")
     left.plot(checkpoints.step.clip(lower=1), checkpoints[validation_column], "o-", color="tab:red",
@@ -28,7 +27,7 @@ def pretraining_curve(losses: pd.DataFrame, checkpoints: pd.DataFrame, unigram: 
     left.set_ylabel(f"{name} (nats)")
     left.set_title(name)
     log_step_axis(left)
-    if masked:
+    if pairs:
         right = axes[0, 1]
         right.plot(smooth.index, smooth.nsp_loss, color="tab:blue", label="training loss")
         right.axhline(np.log(2), color="black", linestyle="--", label="chance (ln 2)")
@@ -49,21 +48,14 @@ def pretraining_curve(losses: pd.DataFrame, checkpoints: pd.DataFrame, unigram: 
 
 def pretraining_report(folder: RunFolder, summary: dict, losses: pd.DataFrame, checkpoints: pd.DataFrame) -> str:
     """The loss curve and checkpoint table of a ``bertology pretrain`` run, as a self-contained page."""
-    settings, objective = summary["settings"], summary["objective"]
-    name = LOSS_CURVES[objective][2]
-    if objective == "causal-lm":
-        intro = (f"A GPT-2-style decoder trained from scratch with the {summary['loss']}, on a byte-level BPE vocabulary that adds no "
-                 "special token, so that each checkpoint's first token is the candidate attention sink (docs/methods.md#decoders). ")
-        final = f"Final validation causal LM loss {summary['val_lm_loss']:.3f} nats against {summary['unigram_cross_entropy']:.3f} for unigram guessing."
-    else:
-        intro = f"A BERT trained from scratch with the {summary['loss']}. "
-        final = (f"Final validation masked-LM loss {summary['val_mlm_loss']:.3f} nats against {summary['unigram_cross_entropy']:.3f} for unigram guessing; "
-                 f"next-sentence accuracy {summary['val_nsp_accuracy']:.3f} (chance 0.5).")
+    settings, objective = summary["settings"], objective_named(summary["objective"])
+    name = objective.loss_name
+    intro, final = objective.report_words(summary)
     on_training = summary["corpus"]["validated_on_training_text"]
     text = "training instances (the corpus is too small to hold text out, so it measures fit, not generalisation)" if on_training else "held-out text"
     section = Section(
         title="Pre-training",
-        intro=intro + (f"The validation {name} is measured on {text}{' with fixed masks' if objective == 'masked-lm' else ''}; "
+        intro=intro + (f"The validation {name} is measured on {text}{' with fixed masks' if objective.masks else ''}; "
                        "the unigram cross-entropy is what guessing by piece frequency alone scores on the same pieces."),
     )
     curve = folder.write_figure("loss_curve", pretraining_curve(losses, checkpoints, summary["unigram_cross_entropy"], objective))

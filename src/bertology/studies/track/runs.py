@@ -1,5 +1,5 @@
 """One run per series: ``bertology pretrain`` writes its run's identity into every checkpoint's ``pretraining_step.json``
-(``run``: a random ``id``, the ``seed`` and a digest of the ``recipe``, :func:`~bertology.studies.pretrain.pretraining.run_identity`),
+(``run``: a random ``id``, the ``seed`` and a digest of the ``recipe``, :func:`~bertology.studies.pretrain.training.run_identity`),
 and ``track`` refuses checkpoints of two runs, two seeds of one recipe among them, as one series (:func:`check_one_run`).
 Checkpoints that name no run (written before runs had an identity, a Trainer's, a hub model's) are taken as they are."""
 
