@@ -411,12 +411,13 @@ def tuned_dir(tiny_bert_dir, tmp_path_factory):
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def readme_example(section: str) -> str:
-    """The first Python block of the README's section titled ``section`` (``## Your own analysis``)."""
+def readme_example(section: str, block: int = 0) -> str:
+    """The Python block number ``block`` (the first: 0) of the README's section titled ``section`` (``## Your own analysis``)."""
     import re
 
     text = README.read_text()
-    return re.search(r"```python\n(.*?)```", text[text.index(f"## {section}"):], re.S).group(1)
+    start = text.index(f"## {section}")
+    return re.findall(r"```python\n(.*?)```", text[start:text.find("\n## ", start)], re.S)[block]
 
 
 def run_offline(code: str, cwd: Path):

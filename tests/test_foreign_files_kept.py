@@ -39,9 +39,9 @@ def in_process(name: str, given: dict):
     """``bertology NAME`` with the options ``given`` (by name), run in this process as the command line runs it."""
     from typer.testing import CliRunner
 
-    from bertology.checks import command_line
     from bertology.cli import build_app
     from bertology.studies import registered_studies
+    from bertology.testing.studies import command_line
 
     return CliRunner().invoke(build_app(), command_line(registered_studies()[name], {**given, "quiet": True, "device": "cpu"}))
 

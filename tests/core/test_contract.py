@@ -1,4 +1,4 @@
-"""Every analyzer passes the same contract (bertology.core.testing), each rule its own test id: every registered family's
+"""Every analyzer passes the same contract (bertology.testing.analyzers), each rule its own test id: every registered family's
 analyzers automatically, and the studies' own."""
 
 import dataclasses
@@ -15,13 +15,14 @@ from conftest import TEXTS, gold_example, tiny_examples
 from bertology.core.analyzer import Analyzer
 from bertology.core.engine import folds_row_blocks
 from bertology.core.model.kinds import DECODER, ENCODER
-from bertology.core.testing import ANALYZER_CHECKS, AnalyzerContract, assert_same_result, check_analyzer
 from bertology.core.text.corpora import Corpus
 from bertology.core.text.parsing import spacy_trees
 from bertology.families import registered
+from bertology.families.mixing.analyzer import ContextMixing
 from bertology.families.patterns.analyzer import PATTERNS, HeadPatterns
 from bertology.families.profile.analyzer import GeneralProfile, HeadDistance
 from bertology.studies.track.peaks import LayerPeaks
+from bertology.testing import ANALYZER_CHECKS, AnalyzerContract, assert_same_result, check_analyzer, parametrize_with_checks
 
 #: Settings that keep contract runs small and exercise the statistics (an option of any family by these names).
 CONTRACT_SETTINGS = {"bootstrap": 200, "head_distance_sample": 0.7, "tau": 1.0, "seed": 3, "correction": "fdr_bh", "punct": "upos", "parser": "gold"}
@@ -140,17 +141,11 @@ def test_contract_under_the_contribution_views(view, model, name, check, view_co
     getattr(view_contracts(view, model, name), f"check_{check}")()
 
 
-@pytest.fixture(scope="module")
-def decoder_mixing_contract(gpt2_64):
-    from bertology.families.mixing.analyzer import ContextMixing
-
-    # on a decoder the mixing family runs with the contribution measures alone (Kobayashi's ratios take a post-norm block)
-    return AnalyzerContract(lambda: ContextMixing(DECODER, ("alti", "value_zeroing")), gpt2_64, tiny_examples(), rtol=1e-6, atol=1e-12)
-
-
-@pytest.mark.parametrize("check", ANALYZER_CHECKS)
-def test_contract_of_the_mixing_shares_on_a_decoder(check, decoder_mixing_contract):
-    getattr(decoder_mixing_contract, f"check_{check}")()
+@parametrize_with_checks(analyzers=[lambda: ContextMixing(DECODER, ("alti", "value_zeroing"))])
+def test_contract_of_the_mixing_shares_on_a_decoder(analyzer, check, gpt2_64):
+    # on a decoder the mixing family runs with the contribution measures alone (Kobayashi's ratios take a post-norm block);
+    # the public way a user checks an analyzer of their own: its checks share one run over the examples in one batch
+    check(analyzer, gpt2_64, tiny_examples(), rtol=1e-6, atol=1e-12)
 
 
 class OrderDependent(GeneralProfile):

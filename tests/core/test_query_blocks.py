@@ -16,13 +16,13 @@ from bertology.core.errors import BertologyError
 from bertology.core.model import memory
 from bertology.core.model.hooks import Hooks
 from bertology.core.model.models import load_model
-from bertology.core.testing import AnalyzerContract, assert_same_result
 from bertology.core.text.corpora import Example
 from bertology.families.profile.analyzer import GeneralProfile
 from bertology.families.roles.analyzer import HeadRoles
 from bertology.families.rollout.analyzer import AttentionRollout
 from bertology.families.sinks.analyzer import AttentionSinks
 from bertology.families.syntax.analyzer import RelationHeads
+from bertology.testing.analyzers import AnalyzerContract, assert_same_result
 
 
 @pytest.mark.parametrize("name", ["llama64", "bert64"])

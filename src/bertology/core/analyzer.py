@@ -4,7 +4,7 @@ An analyzer folds batches into a bounded summary with :meth:`Analyzer.update`, c
 summary of other data with :meth:`Analyzer.merge` (shards of a corpus, workers of a cluster) and
 reports a tidy :class:`pandas.DataFrame` with :meth:`Analyzer.result`. Results must not depend on
 batch size, batch order or sharding, and the same seed gives the same result: the contract test
-``bertology.core.testing.check_analyzer`` checks this for every analyzer.
+``bertology.testing.check_analyzer`` checks this for every analyzer.
 """
 
 from __future__ import annotations

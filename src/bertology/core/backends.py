@@ -6,7 +6,7 @@ run, unless ``overflow="skip"`` leaves examples out of a window); an :class:`ray
 actors (one model each, loaded once, on its own
 GPU where the cluster has GPUs) runs each shard through the engine with fresh analyzers and sends them back;
 the driver folds them in with the analyzers' own ``merge``. Either way the run folder is written the same way,
-and the tables agree to float rounding: analyzers pass the contract of :mod:`bertology.core.testing`, and every
+and the tables agree to float rounding: analyzers pass the contract of :mod:`bertology.testing.analyzers`, and every
 random draw is keyed by the sequence, never by the shard.
 
 Resuming (:class:`Resume`): the merged analyzer states are saved into ``OUT/resume/`` (:mod:`bertology.core.storage.states`,

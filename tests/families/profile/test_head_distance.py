@@ -13,9 +13,9 @@ from scipy.spatial.distance import jensenshannon
 from bertology.core.analyzer import LayerwiseAnalyzer
 from bertology.core.engine import Engine, RunStats
 from bertology.core.statistics.stats import keyed_rng, sequence_key
-from bertology.core.testing import check_analyzer
 from bertology.core.text.corpora import Example
 from bertology.families.profile.analyzer import EXACT, SAMPLED_ROWS, HeadDistance, sampled_row_counts
+from bertology.testing.analyzers import check_analyzer
 
 #: The approximation's error against the exact distance on the tiny models, budget a fifth of a sequence's exact cost:
 #: the mean absolute error at most this share of the mean distance, and the two matrices' correlation at least ...

@@ -9,8 +9,8 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 
 from bertology.core.errors import BertologyError
 from bertology.core.model.models import load_model
-from bertology.core.testing import check_analyzer
 from bertology.studies.compare.comparison import HeadSimilarity, compare, map_cosine
+from bertology.testing.analyzers import check_analyzer
 
 
 @pytest.fixture(scope="module")

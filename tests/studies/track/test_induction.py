@@ -14,10 +14,10 @@ from transformers import AutoTokenizer, GPT2LMHeadModel
 from bertology.core.errors import BertologyError
 from bertology.core.model.kinds import DECODER
 from bertology.core.model.models import load_model
-from bertology.core.testing import check_analyzer
 from bertology.core.text.corpora import Example
 from bertology.studies.track.dynamics import track
 from bertology.studies.track.induction import InductionReplicates, icl_positions, induction_verdict
+from bertology.testing.analyzers import check_analyzer
 from studies.track.test_measured_loss_and_sinks import save_gpt2
 
 #: Lines with repeats, most of them longer than the 48 pieces the track pass reads (the late token of the ICL score).

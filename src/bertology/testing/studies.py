@@ -1,164 +1,85 @@
-"""The contracts of families and studies as named checks, in the idiom of scikit-learn's ``parametrize_with_checks``:
-each rule is one function ``check_NAME`` listed in :data:`FAMILY_CHECKS` or :data:`STUDY_CHECKS`, so that a test suite
-gives every registered family and study each rule as its own test id (``tests/test_checks.py``). The analyzer contract's
-rules are :data:`bertology.core.testing.ANALYZER_CHECKS`. A user's own family or study runs the same checks.
+"""The contract of a study (a command) as named checks, in the idiom of scikit-learn's ``parametrize_with_checks``: each
+rule is one function ``check_NAME(study, **given)`` listed in :data:`STUDY_CHECKS`, so that a test suite gives every study
+each rule as its own test id (:func:`bertology.testing.parametrize_with_checks`), and
+:func:`bertology.testing.check_study` runs them all at once. ``given`` is the study's small inputs, its options by name (a
+corpus, a model, ``limit``); each check runs the study into ``given["out"]``, or where that is left out into a fresh
+temporary folder.
 
-Family rules: the tables and documents a run writes are exactly those the family declares (``outputs``, plus
-``optional_outputs`` where the run asks for them), each written as files; its report section renders on a full result
-and on an empty one (every table without rows, as a corpus where nothing qualifies gives); and its options round-trip from
-its command line to ``analyze()``'s keywords.
-
-Study rules: its command's ``--help`` answers without importing anything heavy; a run writes its folder whole, with a
+The rules: its command's ``--help`` answers without importing anything heavy; a run writes its folder whole, with a
 ``manifest.json`` that says ``complete``, its declared tables and, where it has one, ``report.html``; a run that fails
 before its folder is swapped in leaves the previous run as it was, with nothing of its own beside it; and on its command
 line an ``--out`` of other files, one that holds an input of the run, or an earlier run folder that holds files the run did
-not write, is refused in one line and left as it was.
+not write, is refused in one line and left as it was. All but the first are skipped for a study that writes no run folder.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
-from unittest import mock
+from unittest import SkipTest, mock
 
-import pandas as pd
-from markupsafe import escape
-
-from bertology.core.options import Option
 from bertology.core.storage.runfolder import RunFolder
-from bertology.families import COMMON_SETTINGS, Family, FamilyResult
-from bertology.render.html import Report
 from bertology.studies import Study
 
 #: Top-level packages whose import ``--help`` must not pay for.
 HEAVY_PACKAGES = ("torch", "transformers", "numpy", "pandas", "scipy", "sklearn", "statsmodels", "matplotlib", "spacy", "ray", "pyarrow")
 
-
-def run_family(family: Family, model, examples, out: Path, **settings):
-    """Run ``family`` alone over ``examples`` into ``out`` (no viewer, no progress bar); the settings go to ``analyze()``."""
-    from bertology.studies.analyze.analysis import analyze
-
-    own = {option.name for option in family.options}
-    return analyze(model, examples, analyses=[family.name], out=out, view=False, progress=False,
-                   **{name: value for name, value in settings.items() if name in own or name in COMMON_SETTINGS})
-
-
-def check_tables_declared(family: Family, analysis) -> None:
-    """The tables and documents in the run folder of the family run alone (its section's derived tables too) are among
-    those declared, every one of ``outputs`` is there, and those the result holds are written."""
-    files = {path.name for path in Path(analysis.out).iterdir()}
-    written = {name.removesuffix(".parquet") for name in files if name.endswith(".parquet")}
-    written |= {name.removesuffix(".json") for name in files if name.endswith(".json")} - {"manifest"}
-    undeclared = written - set(family.outputs) - set(family.optional_outputs)
-    assert not undeclared, f"family {family.name} writes tables it does not declare: {sorted(undeclared)}"
-    missing = set(family.outputs) - written
-    assert not missing, f"family {family.name} declares outputs it did not write: {sorted(missing)}"
-    result = analysis.results[family.name]
-    for name in result.tables:
-        assert {f"{name}.csv", f"{name}.parquet"} <= files, f"family {family.name}: table {name} is not in the run folder"
-    for name in result.documents:
-        assert f"{name}.json" in files, f"family {family.name}: document {name} is not in the run folder"
-    kept = set(result.extras) - set(family.in_memory)
-    assert not kept, f"family {family.name} keeps results in memory it does not declare: {sorted(kept)}"
+#: What ``--help`` runs in a fresh interpreter: the study's module imported (it registers a study of the user's; bertology's
+#: own are found anyway), then the command line, then the top-level packages imported by then.
+_HELP_SCRIPT = """import importlib, sys
+try:
+    importlib.import_module({module!r})
+except ImportError:
+    pass
+from bertology.studies import registered_studies
+if {name!r} not in registered_studies():
+    print('\\nUNREGISTERED')
+    sys.exit(0)
+sys.argv = ['bertology', {command!r}, '--help']
+from bertology.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+print('\\nIMPORTED ' + ' '.join(sorted({{name.split('.')[0] for name in sys.modules}})))
+"""
 
 
-def _renders(family: Family, result: FamilyResult, settings: dict, folder_path: Path) -> None:
-    with RunFolder(folder_path) as folder:
-        section = family.section(folder, result, settings)
-        if section is not None:
-            page = Report(title=family.name, summary={}, sections=[section]).render()
-            assert str(escape(section.title)) in page, f"family {family.name}: its section is not on the page"
-        family.summary(result)
-        family.overview(result)
-        family.by_layer(result)
-
-
-def check_section_renders_full(family: Family, analysis, folder: Path) -> None:
-    """The section, the summary lines and the overview come from the run's own result."""
-    _renders(family, analysis.by_view["attention"][family.name], analysis.settings, folder)
-
-
-def check_section_renders_empty(family: Family, analysis, folder: Path) -> None:
-    """The same from a result whose every table has its columns but no rows (a corpus where nothing qualifies)."""
-    full = analysis.by_view["attention"][family.name]
-    empty = FamilyResult(tables={name: table.iloc[:0] for name, table in full.tables.items()}, documents=dict(full.documents),
-                         extras={name: value.iloc[:0] if isinstance(value, pd.DataFrame) else value for name, value in full.extras.items()})
-    _renders(family, empty, analysis.settings, folder)
-
-
-def _probe_value(option: Option):
-    """A value other than the default to give on the command line, as text, and the value ``analyze()`` should then get;
-    None where no such value can be made up (a word from a list the option knows, a structured option)."""
-    if option.multiple or option.parse is not None:
-        return None
-    if option.cli_type is bool:
-        flipped = not option.default
-        positive, _, negative = (option.flag or f"--{option.name.replace('_', '-')}/--no-{option.name.replace('_', '-')}").partition("/")
-        return [positive if flipped else negative], flipped
-    if option.cli_type is int:
-        value = (option.default if option.default is not None else int(option.minimum or 1)) + 1
-        if option.maximum is not None and value > option.maximum:
-            value = int(option.maximum) - 1
-        return [option.cli_flag.split()[0], str(value)], value
-    if option.cli_type is float:
-        base = option.default if option.default is not None else (option.minimum or 1.0)
-        value = base / 2 if option.minimum is None or base / 2 >= option.minimum else base
-        if value == option.default and option.maximum is not None:
-            value = (base + option.maximum) / 2
-        return [option.cli_flag.split()[0], repr(value)], value
-    return None
-
-
-#: What the options check's stand-in for ``analyze()`` returns: a run of nothing, for the command's summary lines.
-_NOTHING_RUN = SimpleNamespace(stats=SimpleNamespace(sequences=0, truncated=0, skipped=0, degenerate=0, seconds=0.0), results={}, warnings=[], failures={},
-                               out=Path("unused"), claims_line=lambda: "claims: 0", settings={})
-
-
-def check_options_round_trip(family: Family) -> None:
-    """Each option given on the family's command line reaches ``analyze()`` as the API's value; left out, it is not sent."""
-    from typer.testing import CliRunner
-
-    from bertology.cli import app
-
-    runner = CliRunner()
-    for option in family.options:
-        probe = _probe_value(option)
-        with mock.patch("bertology.studies.analyze.analysis.analyze", return_value=_NOTHING_RUN) as analyze:
-            outcome = runner.invoke(app, [family.name, *(probe[0] if probe else []), "--out", "unused"], catch_exceptions=False)
-        assert outcome.exit_code == 0, f"family {family.name}: option {option.name}: the command failed: {outcome.output}"
-        assert analyze.call_count == 1, f"family {family.name}: option {option.name}: the command did not run analyze()"
-        keywords = analyze.call_args.kwargs
-        if probe is None:
-            assert option.name not in keywords, f"family {family.name}: option {option.name} was sent though left at its default"
-        else:
-            assert keywords.get(option.name) == probe[1], (
-                f"family {family.name}: option {option.name} given as {probe[0]} reached analyze() as {keywords.get(option.name)!r}, not {probe[1]!r}")
-
-
-#: The family rules, by name.
-FAMILY_CHECKS: dict[str, Callable] = {
-    "tables_declared": check_tables_declared,
-    "section_renders_full": check_section_renders_full,
-    "section_renders_empty": check_section_renders_empty,
-    "options_round_trip": check_options_round_trip,
-}
-
-
-def check_help_imports_nothing_heavy(study: Study) -> None:
-    """``bertology NAME --help`` answers without importing any of :data:`HEAVY_PACKAGES` (run in a fresh interpreter)."""
-    script = ("import sys\nsys.argv = ['bertology', %r, '--help']\nfrom bertology.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
-              "print('\\nIMPORTED ' + ' '.join(sorted({name.split('.')[0] for name in sys.modules})))") % study.name.replace("_", "-")
+def check_help_imports_nothing_heavy(study: Study, **given) -> None:
+    """``bertology NAME --help`` answers without importing any of :data:`HEAVY_PACKAGES` (run in a fresh interpreter, which
+    imports the study's module first). Skipped for a study that importing its module does not register (one registered by a
+    script or a notebook)."""
+    script = _HELP_SCRIPT.format(module=type(study).__module__, name=study.name, command=study.name.replace("_", "-"))
     outcome = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert outcome.returncode == 0, f"study {study.name}: --help failed: {outcome.stderr[-2000:]}"
+    if outcome.stdout.endswith("\nUNREGISTERED\n"):
+        raise SkipTest(f"study {study.name} is not registered by importing its module {type(study).__module__}: its --help cannot be run afresh")
     assert "Usage:" in outcome.stdout, f"study {study.name}: --help printed no usage"
     imported = set(outcome.stdout.rsplit("IMPORTED ", 1)[1].split())
     heavy = sorted(imported & set(HEAVY_PACKAGES))
     assert not heavy, f"study {study.name}: --help imports {', '.join(heavy)}"
+
+
+def _folder_check(check: Callable) -> Callable:
+    """``check`` as a check of a study that writes a run folder (skipped for any other), into ``given["out"]`` or, where that
+    is left out, a fresh temporary folder."""
+
+    @functools.wraps(check)
+    def checked(study: Study, **given) -> None:
+        if study.writes != "folder":
+            raise SkipTest(f"{study.name} writes {'one file' if study.writes == 'file' else 'nothing'}, not a run folder")
+        if given.get("out") is not None:
+            return check(study, given)
+        with tempfile.TemporaryDirectory(prefix=f"bertology-check-{study.name}-") as folder:
+            return check(study, {**given, "out": Path(folder) / "run"})
+
+    return checked
 
 
 def settings_with_defaults(study: Study, given: dict) -> dict:
@@ -168,6 +89,7 @@ def settings_with_defaults(study: Study, given: dict) -> dict:
     return {option.name: given.get(option.name, option.default) for option in study.options}
 
 
+@_folder_check
 def check_folder_written_whole(study: Study, given: dict) -> None:
     """A run into ``given["out"]`` writes the folder with ``manifest.json`` (``complete``), every declared table and, where the
     study has one, ``report.html``; only declared tables; nothing left beside it."""
@@ -198,6 +120,7 @@ def _files(out: Path, work: str | None) -> dict:
             if path.is_file() and path.name != ".bertology-lock" and path.relative_to(out).parts[0] != work}
 
 
+@_folder_check
 def check_failed_run_keeps_previous(study: Study, given: dict) -> None:
     """Run once, then again with the swap of the new folder for the old failing (a full disk at the rename): the previous
     run stays as it was, file for file (the study's ``work`` folder aside), and nothing is left beside it."""
@@ -258,6 +181,7 @@ def _refusal(study: Study, given: dict) -> str:
     return str(error)
 
 
+@_folder_check
 def check_out_of_other_files_refused(study: Study, given: dict) -> None:
     """On the command line, ``--out`` naming a folder of other files (notes, not a run folder) is refused in one line, and
     the folder is left as it was."""
@@ -270,6 +194,7 @@ def check_out_of_other_files_refused(study: Study, given: dict) -> None:
         f"study {study.name}: the folder of other files changed")
 
 
+@_folder_check
 def check_input_inside_out_refused(study: Study, given: dict) -> None:
     """On the command line, an earlier run folder given as ``--out`` that holds one of the run's inputs (its first option
     naming a file or folder: the corpus, the task, the model, a checkpoint) is refused in one line, and nothing in it changes."""
@@ -294,6 +219,7 @@ def check_input_inside_out_refused(study: Study, given: dict) -> None:
     assert _files(out, None) == before, f"study {study.name}: a refused run changed the folder that holds its input"
 
 
+@_folder_check
 def check_foreign_files_kept(study: Study, given: dict) -> None:
     """On the command line, a run into ``given["out"]`` and then, after the user put notes, a file and a folder of figures
     into it, the same command again: refused in one line naming ``--out``, the folder and the first of them, before any
@@ -316,7 +242,7 @@ def check_foreign_files_kept(study: Study, given: dict) -> None:
     assert not _beside(out), f"study {study.name}: the run was refused after it computed (it left {_beside(out)} beside the folder)"
 
 
-#: The study rules, by name; all but the first need the study's small inputs (``given``).
+#: The study checks by rule: ``check(study, **given)``; all but the first need the study's small inputs (``given``).
 STUDY_CHECKS: dict[str, Callable] = {
     "help_imports_nothing_heavy": check_help_imports_nothing_heavy,
     "folder_written_whole": check_folder_written_whole,
@@ -325,3 +251,4 @@ STUDY_CHECKS: dict[str, Callable] = {
     "input_inside_out_refused": check_input_inside_out_refused,
     "foreign_files_kept": check_foreign_files_kept,
 }
+

@@ -7,6 +7,10 @@ analyzer changes nothing, that the analyzer survives pickling (for shipping to c
 that the layer-by-layer pass equals the one that stacks every layer's maps, that maps computed by blocks of query rows
 give what whole maps give (or that an analyzer that needs whole maps is refused there in one line naming it),
 and that the same seed gives the same result. Every analyzer in bertology must pass it.
+
+Each rule is also a check of its own in :data:`ANALYZER_CHECKS` (``check(make_analyzer, model, examples, **options)``), which
+:func:`bertology.testing.parametrize_with_checks` gives its own test id; the checks of one analyzer, model and examples share
+the one-batch run every rule compares against.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import pickle
 import random
 from collections.abc import Callable, Sequence
+from functools import wraps
 
 import pandas as pd
 
@@ -22,6 +27,7 @@ from bertology.core.engine import Engine, folds_row_blocks
 from bertology.core.errors import BertologyError
 from bertology.core.model.models import LoadedModel
 from bertology.core.text.corpora import Example
+from bertology.testing.recent import Recent
 
 #: The query rows per block of :meth:`AnalyzerContract.check_blocked_equals_whole`: fewer than any contract sequence's pieces,
 #: and no divisor of most, so a layer comes as several blocks, the last one shorter, some holding padding rows.
@@ -155,13 +161,38 @@ class AnalyzerContract:
 
 
 #: The rules of the analyzer contract, by name, in the order :func:`check_analyzer` runs them.
-ANALYZER_CHECKS = tuple(name.removeprefix("check_") for name in vars(AnalyzerContract) if name.startswith("check_"))
+RULES = tuple(name.removeprefix("check_") for name in vars(AnalyzerContract) if name.startswith("check_"))
+
+#: The contracts of the analyzers checked last, so that their checks share the run over every example in one batch.
+_contracts = Recent()
+
+
+def contract_for(make_analyzer: Callable[[], Analyzer], model: LoadedModel, examples: Sequence[Example], seed: int = 0, rtol: float = 1e-4,
+                 atol: float = 1e-6, compare_with: LoadedModel | None = None, weighting: str = "attention") -> AnalyzerContract:
+    """The contract of ``make_analyzer`` on ``model`` and ``examples``: the one made last for the same arguments, else a new one."""
+    examples = tuple(examples)
+    key = (make_analyzer, id(model), id(compare_with), examples, seed, rtol, atol, weighting)  # the contract holds both models: their ids stay theirs
+    return _contracts.get(key, lambda: AnalyzerContract(make_analyzer, model, examples, seed, rtol, atol, compare_with, weighting))
+
+
+def _check(rule: str) -> Callable:
+    method = getattr(AnalyzerContract, f"check_{rule}")
+
+    @wraps(method)
+    def check(make_analyzer: Callable[[], Analyzer], model: LoadedModel, examples: Sequence[Example], **options) -> None:
+        method(contract_for(make_analyzer, model, examples, **options))
+
+    return check
+
+
+#: The analyzer checks by rule: ``check(make_analyzer, model, examples, **options)``, the options those of :class:`AnalyzerContract`.
+ANALYZER_CHECKS: dict[str, Callable] = {rule: _check(rule) for rule in RULES}
 
 
 def check_analyzer(make_analyzer: Callable[[], Analyzer], model: LoadedModel, examples: Sequence[Example], seed: int = 0,
-                   rtol: float = 1e-4, atol: float = 1e-6, compare_with: LoadedModel | None = None) -> None:
+                   rtol: float = 1e-4, atol: float = 1e-6, compare_with: LoadedModel | None = None, weighting: str = "attention") -> None:
     """Assert every rule of the analyzer contract (see the module docstring and :class:`AnalyzerContract`); raises
     AssertionError naming the first broken rule."""
-    contract = AnalyzerContract(make_analyzer, model, examples, seed, rtol, atol, compare_with)
-    for name in ANALYZER_CHECKS:
-        getattr(contract, f"check_{name}")()
+    contract = AnalyzerContract(make_analyzer, model, examples, seed, rtol, atol, compare_with, weighting)
+    for rule in RULES:
+        getattr(contract, f"check_{rule}")()
