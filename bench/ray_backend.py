@@ -66,15 +66,15 @@ def in_process(corpus: Path, device: str) -> dict:
     from bertology.core.model.models import load_model
     from bertology.core.storage import states
     from bertology.core.text.corpora import open_corpus
-    from bertology.studies.analyze.analysis import _choose_families, _family_settings
+    from bertology.studies.analyze.choosing import choose_families, family_settings
 
     texts = corpus.read_text(encoding="utf-8").splitlines()
     started = time.perf_counter()
     loaded = load_model(None, device=device)
     load_seconds = time.perf_counter() - started
     examples, _ = open_corpus(texts, "auto", None)
-    families = _choose_families(None, (), (), False, False, "bench")
-    settings = {"seed": 0, "punct": "upos", "correction": "fdr_bh", **_family_settings(families, {})}
+    families = choose_families(None, (), (), False, False, "bench")
+    settings = {"seed": 0, "punct": "upos", "correction": "fdr_bh", **family_settings(families, {})}
     engine = Engine(loaded, progress=False)
     shards, stats = [], []
     for begin in range(0, len(texts), SHARD):

@@ -273,7 +273,7 @@ def test_analyze_with_a_head_distance_sample_of_0_is_one_line(tiny_bert_dir, cor
     result = bertology("analyze", "-m", tiny_bert_dir, "-c", corpus, "--head-distance-sample", 0, "--out", tmp_path / "run", "--device", "cpu", "-q")
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()
-    assert line.startswith("error: head_distance_sample ") and "more than 0" in line
+    assert line.startswith("error: --head-distance-sample ") and "more than 0" in line
     assert not (tmp_path / "run").exists()
 
 

@@ -179,13 +179,13 @@ def test_auto_is_the_default_budget_a_sixteenth_of_free_memory_within_64_mib(tin
     engine = partial(Engine, tiny_bert, progress=False)
     for free, budget in ((64 * 2**30, 2**26), (512 * 2**20, 32 * 2**20), (None, 2**26)):  # 4 GiB capped; 32 MiB; nothing says
         monkeypatch.setattr(memory, "available_ram", lambda free=free: free)
-        assert engine().attention_budget == budget and engine(attention_budget="auto").attention_budget == budget
+        assert engine().settings.attention_budget == budget and engine(attention_budget="auto").settings.attention_budget == budget
     monkeypatch.setattr(memory, "parameter_devices", lambda model: [torch.device("cpu"), torch.device("cuda", 1)])  # a device map
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: ((256 * 2**20, 80 * 2**30) if torch.device(device) == torch.device("cuda", 1)
                                                                      else pytest.fail(f"asked {device}")))
-    assert engine().attention_budget == 16 * 2**20  # the GPU's 256 MiB free: the least of the devices'
-    assert engine(attention_budget="none").attention_budget is None and engine(attention_budget=None).attention_budget is None
-    assert engine(attention_budget="4096").attention_budget == 4096 and engine(attention_budget=np.int64(4096)).attention_budget == 4096
+    assert engine().settings.attention_budget == 16 * 2**20  # the GPU's 256 MiB free: the least of the devices'
+    assert engine(attention_budget="none").settings.attention_budget is None and engine(attention_budget=None).settings.attention_budget is None
+    assert engine(attention_budget="4096").settings.attention_budget == 4096 and engine(attention_budget=np.int64(4096)).settings.attention_budget == 4096
     with pytest.raises(BertologyError, match=r"^--attention-budget 'lots': give a number of bytes, auto or none$"):
         engine(attention_budget="lots")
     with pytest.raises(BertologyError, match="at least 1 byte"):
@@ -200,7 +200,7 @@ def test_by_default_a_batch_past_the_free_memory_share_goes_by_blocks(bert64, mo
     Engine(bert64, batch_size=4, progress=False, attention_budget=None).run(examples, [whole])
     monkeypatch.setattr(memory, "available_ram", lambda: 16 * 3000)
     engine = Engine(bert64, batch_size=4, progress=False)
-    assert engine.attention_budget == 3000
+    assert engine.settings.attention_budget == 3000
     batches = list(engine.batches(engine.encode(enumerate(examples), RunStats())))
     rows = [engine.query_rows(items) for items in batches]
     assert all(engine.layer_bytes(items) > 3000 for items in batches) and all(r is not None and r < len(b[0]) for r, b in zip(rows, batches))
@@ -216,7 +216,7 @@ def test_the_default_budget_leaves_minilm_whole(minilm, monkeypatch):
     engine = Engine(minilm, progress=False)
     batches = list(engine.batches(engine.encode(enumerate([Example(" ".join(["word"] * 600))] * 8), RunStats())))
     assert [(len(items), len(items[0])) for items in batches] == [(3, 512), (3, 512), (2, 512)]
-    assert engine.layer_bytes(batches[0]) == 3 * 12 * 512 * 512 * 4 <= engine.attention_budget == 2**26
+    assert engine.layer_bytes(batches[0]) == 3 * 12 * 512 * 512 * 4 <= engine.settings.attention_budget == 2**26
     assert all(engine.query_rows(items) is None for items in batches)
 
 

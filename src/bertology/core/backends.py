@@ -27,14 +27,14 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import torch
 from tqdm.auto import tqdm
 
-from bertology.core.engine import Engine, RunStats
+from bertology.core.engine import Engine, PassSettings, RunStats
 from bertology.core.errors import BertologyError, StateError, one_line_error
 from bertology.core.model.finite import NonFiniteError
 from bertology.core.storage import states
@@ -172,7 +172,7 @@ def run_local(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: lis
         progress, stats = loaded
         if progress.get("backend") != "local":
             raise BertologyError(f"{resume.folder}: saved by a run on Ray: resume it with --backend ray, or delete that folder")
-        progress = resume.checked_local_progress(progress, stats, total, engine.batch_size * engine.sort_window)
+        progress = resume.checked_local_progress(progress, stats, total, engine.settings.window_size)
         print(f"resuming: {stats.seen} of {total if total is not None else '?'} examples were counted before "
               f"({resume.folder})", file=sys.stderr)
         # The current window is formed again from its first example: its truncations and skips are counted again.
@@ -195,9 +195,11 @@ def run_local(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: lis
 
 
 class PassWorker:
-    """A Ray actor: one model, loaded once, and an engine that runs shards of the corpus through fresh analyzers."""
+    """A Ray actor: one model, loaded once, and an engine that runs shards of the corpus through fresh analyzers; ``settings``:
+    the driver's engine's, whole (:class:`~bertology.core.engine.settings.PassSettings`, resolved there: the same cuts and
+    attention budget), with the device as this actor sees it."""
 
-    def __init__(self, model, engine_options: dict, device: str, trust_remote_code: bool, threads: int, compare_with=None):
+    def __init__(self, model, settings: PassSettings, threads: int, compare_with=None):
         from bertology.core.model.hooks import register_attention
         from bertology.core.model.models import LoadedModel, load_model, resolve_device
 
@@ -206,12 +208,12 @@ class PassWorker:
 
         def engine(source) -> Engine:
             if isinstance(source, LoadedModel):  # shipped from the driver: onto this actor's device
-                source.device = resolve_device(device)
+                source.device = resolve_device(settings.device)
                 source.model.to(source.device)
                 loaded = source
             else:
-                loaded = load_model(source, device=device, trust_remote_code=trust_remote_code)
-            return Engine(loaded, progress=False, **engine_options)
+                loaded = load_model(source, device=settings.device, trust_remote_code=settings.trust_remote_code)
+            return Engine(loaded, settings, progress=False)
 
         self.engine = engine(model)
         if compare_with is not None:  # `compare`: the same batches through a second model
@@ -329,13 +331,13 @@ def require_ray():
     return ray
 
 
-def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list, *, model, compare_with=None, device: str = "auto",
-            trust_remote_code: bool = False, workers: int | None = None, address: str | None = None, total: int | None = None,
-            resume: Resume | None = None, progress: bool = True) -> RunStats:
+def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list, *, model, compare_with=None, workers: int | None = None,
+            address: str | None = None, total: int | None = None, resume: Resume | None = None, progress: bool = True) -> RunStats:
     """The pass across a Ray cluster: ``address`` joins one (``auto``, ``ray://host:port``); otherwise a local one with
     ``workers`` CPUs starts here (on loopback) and stops at the end. ``model``: the name or folder each actor loads (or a
     loaded model, shipped once through the object store); ``compare_with``: a second model each actor runs the same
-    batches through (``compare``). The driver merges each shard's analyzers into ``analyzers``."""
+    batches through (``compare``). Each actor receives the engine's settings whole (their device as it sees it,
+    :meth:`_RayCluster.device`). The driver merges each shard's analyzers into ``analyzers``."""
     with _RayCluster(workers, address) as cluster:
         from ray.util import ActorPool
 
@@ -346,12 +348,9 @@ def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list,
             return ray.put(source)
 
         shipped, shipped_other = ship(model), ship(compare_with)
-        options = {"batch_size": engine.batch_size, "batch_tokens": engine.batch_tokens, "max_length": engine.max_length, "overflow": engine.overflow,
-                   "sort_window": engine.sort_window, "max_attention_elements": engine.max_attention_elements, "punct": engine.punct,
-                   "null": engine.null, "attention_budget": engine.attention_budget, "query_block": engine.query_block}
+        settings = replace(engine.settings, device=cluster.device(engine.settings.device))
         worker_class = ray.remote(PassWorker)
-        pool = ActorPool([worker_class.options(**cluster.per_actor).remote(shipped, options, cluster.device(device), trust_remote_code,
-                                                                           cluster.threads, shipped_other)
+        pool = ActorPool([worker_class.options(**cluster.per_actor).remote(shipped, settings, cluster.threads, shipped_other)
                           for _ in range(cluster.actors)])
 
         stats, done = RunStats(), set()
@@ -359,10 +358,10 @@ def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list,
             progress_state, stats = loaded
             if progress_state.get("backend") != "ray":
                 raise BertologyError(f"{resume.folder}: saved by a local run: resume it with --backend local, or delete that folder")
-            done = resume.checked_shards(progress_state, -(-total // (engine.batch_size * engine.sort_window)) if total is not None else None)
+            done = resume.checked_shards(progress_state, -(-total // engine.settings.window_size) if total is not None else None)
             print(f"resuming: {len(done)} shards ({stats.seen} examples) were counted before ({resume.folder})", file=sys.stderr)
         began = time.perf_counter() - stats.seconds
-        shard_size = engine.batch_size * engine.sort_window
+        shard_size = engine.settings.window_size
 
         def fold(result) -> None:
             shard, shard_analyzers, shard_stats = result

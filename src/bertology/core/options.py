@@ -100,18 +100,32 @@ RUN = (
     Option("seed", 0, "Seed of every random choice (subsets, bootstrap, masking).", minimum=0, maximum=MAX_SEED),
     Option("quiet", False, "No progress bar.", flag="--quiet -q"),
 )
-#: The corpus a pass reads, and how sequences are cut.
-CORPUS = (
-    Option("corpus", None, "Corpus file [default: the bundled sample corpus].", type=Path, flag="--corpus -c"),
-    Option("format", "auto", "auto, text, pairs, glue, conllu or frames (frame-annotated JSON lines, .jsonl).", flag="--format -f"),
+#: The settings of one pass of a model over a corpus (:class:`~bertology.core.engine.settings.PassSettings`): how sequences
+#: are batched and cut, the punctuation set, the null model and the attention budget. Every command that runs a pass takes
+#: them from here (with the model's device, dtype and device map, :data:`MODEL`, and the seed, :data:`RUN`).
+PASS_SETTINGS = (
     Option("batch_size", 32, "Sequences per batch.", minimum=1),
     Option("batch_tokens", None, "Pack batches by tokens instead: as many length-sorted sequences as fit in N padded pieces (at least one).",
            type=int, minimum=1),
     Option("max_length", None, "Most pieces per sequence [default: the model's].", type=int, minimum=3),
-    Option("limit", None, "Use only the first N examples.", type=int, minimum=1),
     Option("skip_long", False, "Skip sequences over --max-length instead of truncating them."),
     Option("punct", "upos", "Punctuation set of the profile: upos (every punctuation-only token) or clark (the tokens '.' and ',' only, "
            "as in Clark et al.'s code)."),
+    Option("null", None, "Calibration: run the null model instead of the model's attention: 'uniform', every head attending uniformly "
+           "over the keys the model's mask lets each query see (its queries zeroed), on the same tokenizer, corpus and settings; "
+           "a run on it should make no claim (docs/methods.md#the-null-model).", type=str),
+    Option("attention_budget", "auto", "Most bytes of one layer's maps a batch holds at once (batch x heads x n x n, float32): past it the maps "
+           "are computed by blocks of query rows that fit, and a family that needs whole maps is left out of the run with one line. auto: the "
+           "smaller of 64 MiB and a sixteenth of the free memory of the devices that hold the layers (the manifest records the bytes); "
+           "none: whole maps, however large.", type=str),
+)
+#: The corpus a pass reads, and how sequences are cut.
+CORPUS = (
+    Option("corpus", None, "Corpus file [default: the bundled sample corpus].", type=Path, flag="--corpus -c"),
+    Option("format", "auto", "auto, text, pairs, glue, conllu or frames (frame-annotated JSON lines, .jsonl).", flag="--format -f"),
+    *pick(PASS_SETTINGS, "batch_size", "batch_tokens", "max_length"),
+    Option("limit", None, "Use only the first N examples.", type=int, minimum=1),
+    *pick(PASS_SETTINGS, "skip_long", "punct"),
     Option("synthetic_repeats", None, "Instead of --corpus: N seeded sequences of --synthetic-length random whole-word pieces of the "
            "model's vocabulary, each repeated twice (Olsson et al. 2022's probe; the induction score on it is their prefix matching).",
            type=int, minimum=1),
@@ -142,17 +156,12 @@ PASS = (
     *TESTS,
     Option("weighting", "attention", "View of attention every analysis reads: attention (the weights), norm (Kobayashi et al. 2020's norm "
            "shares ||a f(x)||) or attention,norm (both, in one pass; tables get a weighting column)."),
-    Option("null", None, "Calibration: run the null model instead of the model's attention: 'uniform', every head attending uniformly "
-           "over the keys the model's mask lets each query see (its queries zeroed), on the same tokenizer, corpus and settings; "
-           "a run on it should make no claim (docs/methods.md#the-null-model).", type=str),
+    *pick(PASS_SETTINGS, "null"),
     Option("calibrate", False, "Also run the null model ('uniform', as --null) after the run, on the same model, corpus and settings, and "
            "show its claims beside the run's in the summary and the report: it should make none."),
     Option("checkpoint_every", None, "Save the pass's states every N batches [default: every 30 s]; rerun the same command with the same --out "
            "to resume.", type=int, minimum=1),
-    Option("attention_budget", "auto", "Most bytes of one layer's maps a batch holds at once (batch x heads x n x n, float32): past it the maps "
-           "are computed by blocks of query rows that fit, and a family that needs whole maps is left out of the run with one line. auto: the "
-           "smaller of 64 MiB and a sixteenth of the free memory of the devices that hold the layers (the manifest records the bytes); "
-           "none: whole maps, however large.", type=str),
+    *pick(PASS_SETTINGS, "attention_budget"),
 )
 #: A GLUE-style task: a folder with train.tsv and dev.tsv, or the two files and their columns.
 TASK = (

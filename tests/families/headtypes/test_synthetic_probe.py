@@ -51,7 +51,7 @@ def test_the_longest_probe_that_fits_runs_whole_and_one_more_is_refused_before_t
     def no_pass(*args, **kwargs):
         raise AssertionError("the pass ran")
 
-    monkeypatch.setattr(analysis, "_run_pass", no_pass)
+    monkeypatch.setattr(analysis, "run_pass", no_pass)
     with pytest.raises(BertologyError, match=r"^--synthetic-length 16 makes sequences of 33 pieces .* the longest that fits is --synthetic-length 15$"):
         analyze(llama_32_dir, synthetic_repeats=3, synthetic_length=16, **settings)
     with pytest.raises(BertologyError, match=r"more than --max-length 20: .* the longest that fits is --synthetic-length 9$"):

@@ -211,7 +211,7 @@ def test_the_largest_seed_keeps_the_head_distance_and_map(tiny_bert, tmp_path):
 
 
 def test_a_head_distance_sample_of_nothing_is_refused_before_the_model_loads(tmp_path):
-    with pytest.raises(BertologyError, match="^head_distance_sample .*more than 0"):
+    with pytest.raises(BertologyError, match="^--head-distance-sample .*more than 0"):
         bertology.analyze("nobody/no-such-model", SENTENCES, head_distance_sample=0, out=tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
 
@@ -223,7 +223,7 @@ def test_a_table_is_found_by_name_and_a_name_no_family_declares_is_refused_namin
 
     from bertology.core.engine import RunStats
     from bertology.families import FamilyResult
-    from bertology.studies.analyze.analysis import Analysis, UnknownTable
+    from bertology.studies.analyze.result import Analysis, UnknownTable
 
     heads = pd.DataFrame({"layer": [0], "head": [0], "value": [0.5]})
     analysis = Analysis(model={}, corpus={}, stats=RunStats(), settings={}, started="",

@@ -10,14 +10,11 @@ import torch
 from transformers import BatchEncoding
 
 from bertology.core.engine.batch import Encoded
+from bertology.core.engine.settings import PassSettings
 from bertology.core.engine.stats import MIN_PIECES, RunStats
 from bertology.core.model.models import LoadedModel
 from bertology.core.text.corpora import Example
 
-OVERFLOW_POLICIES = ("truncate", "skip")
-#: The default cap on a batch's padded attention size, ``layers * heads * batch * n^2``: at 512 pieces, three sequences of a
-#: 6 x 12-head model (one layer's maps, all the layer-by-layer pass holds, about 40 MB in float32), whatever the batch size.
-MAX_ATTENTION_ELEMENTS = 2**26
 #: Bounded reading (:meth:`Engine.read`): a sentence is tokenized from its first ``CUT_MARGIN + CHARS_PER_PIECE * max_length``
 #: characters, twice as many while that part cannot decide; the pieces in a part's last ``CUT_MARGIN`` characters (or a
 #: WordPiece model's longest word, where longer) may differ from the whole sentence's (a word cut short) and decide nothing.
@@ -27,22 +24,17 @@ CUT_MARGIN = 1000
 
 class LengthCappedReading:
     """The :class:`~bertology.core.engine.run.Engine`'s reading of examples into batches (a part of the engine: it reads
-    the engine's model and settings)."""
+    the engine's model and :class:`~bertology.core.engine.settings.PassSettings`)."""
 
     model: LoadedModel
-    max_length: int
-    overflow: str
-    batch_size: int
-    batch_tokens: int | None
-    sort_window: int
-    max_attention_elements: int
+    settings: PassSettings  # resolved on the model: max_length an int
 
     def _encode(self, sentences: list[str], truncate: bool) -> BatchEncoding:
         """The encoding of a sentence or a pair, with offsets and segment ids; with ``truncate``, cut to ``max_length``."""
         return self.model.tokenizer(
             *sentences,
             truncation="longest_first" if truncate else False,
-            max_length=self.max_length if truncate else None,
+            max_length=self.settings.max_length if truncate else None,
             return_offsets_mapping=True,
             return_token_type_ids=True,
         )
@@ -60,11 +52,11 @@ class LengthCappedReading:
         budget leaves goes to the part with more pieces. A tokenizer that truncates on the left reads the whole sentences."""
         tokenizer = self.model.tokenizer
         sentences = [text for text in (example.text, example.text_pair) if text is not None]
-        if tokenizer.truncation_side != "right" or all(len(sentence) <= CUT_MARGIN + CHARS_PER_PIECE * self.max_length for sentence in sentences):
+        if tokenizer.truncation_side != "right" or all(len(sentence) <= CUT_MARGIN + CHARS_PER_PIECE * self.settings.max_length for sentence in sentences):
             return sentences, self._encode(sentences, truncate=False)
         margin = max(CUT_MARGIN, getattr(tokenizer.backend_tokenizer.model, "max_input_chars_per_word", 0))
-        budget = self.max_length - tokenizer.num_special_tokens_to_add(pair=len(sentences) == 2)
-        limits = [margin + CHARS_PER_PIECE * self.max_length] * len(sentences)
+        budget = self.settings.max_length - tokenizer.num_special_tokens_to_add(pair=len(sentences) == 2)
+        limits = [margin + CHARS_PER_PIECE * self.settings.max_length] * len(sentences)
         while True:
             parts = [sentence[:limit] for sentence, limit in zip(sentences, limits)]
             encoding = self._encode(parts, truncate=False)
@@ -85,8 +77,8 @@ class LengthCappedReading:
         skipping those of fewer than :data:`MIN_PIECES` pieces (degenerate); ``stats`` counts each."""
         for index, example in indexed:
             parts, encoding = self.read(example)
-            truncated = len(encoding["input_ids"]) > self.max_length
-            if truncated and self.overflow == "skip":
+            truncated = len(encoding["input_ids"]) > self.settings.max_length
+            if truncated and self.settings.overflow == "skip":
                 stats.skipped += 1
                 stats.leave_out(index, example)
                 continue
@@ -111,7 +103,7 @@ class LengthCappedReading:
         """Consecutive windows of ``batch_size * sort_window`` encoded examples, each as its length-sorted batches:
         sorting within a window cuts padding while memory stays bounded."""
         iterator = iter(encoded)
-        while window := list(itertools.islice(iterator, self.batch_size * self.sort_window)):
+        while window := list(itertools.islice(iterator, self.settings.batch_size * self.settings.sort_window)):
             window.sort(key=lambda item: (len(item), item.index))
             batches, start = [], 0
             while start < len(window):
@@ -125,8 +117,8 @@ class LengthCappedReading:
     def fits(self, count: int, longest: int) -> bool:
         """Whether ``count`` sequences padded to ``longest`` pieces make one batch: at most ``batch_size`` sequences, or
         with ``batch_tokens`` at most that many padded pieces; and at most ``max_attention_elements`` of attention."""
-        within = count <= self.batch_size if self.batch_tokens is None else count * longest <= self.batch_tokens
-        return within and count * self.model.num_layers * self.model.num_heads * longest * longest <= self.max_attention_elements
+        within = count <= self.settings.batch_size if self.settings.batch_tokens is None else count * longest <= self.settings.batch_tokens
+        return within and count * self.model.num_layers * self.model.num_heads * longest * longest <= self.settings.max_attention_elements
 
     def batches(self, encoded: Iterable[Encoded]) -> Iterator[list[Encoded]]:
         """Length-sorted batches, sorted within windows so that memory stays bounded."""

@@ -1,11 +1,12 @@
 """The pass: :class:`Engine` runs one model over a corpus once and hands each batch (or each layer's maps) to every
-analyzer (:class:`Feeder`); :class:`BatchCapture` captures one batch's forward pass through named hook points."""
+analyzer (:class:`Feeder`), each batch's forward pass captured by :class:`~bertology.core.engine.capture.BatchCapture`."""
 
 from __future__ import annotations
 
 import copy
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from functools import cached_property, partial
 
 import torch
@@ -15,15 +16,12 @@ from bertology.core.engine.batch import Batch, Encoded, LayerMaps
 from bertology.core.engine.budget import AttentionBudgeting
 from bertology.core.engine.capture import BatchCapture, model_inputs
 from bertology.core.engine.needs import NO_NEEDS, PassNeeds, checked_weightings, folds_row_blocks, is_layerwise
-from bertology.core.engine.reading import MAX_ATTENTION_ELEMENTS, OVERFLOW_POLICIES, LengthCappedReading
+from bertology.core.engine.reading import LengthCappedReading
+from bertology.core.engine.settings import PassSettings
 from bertology.core.engine.stats import RunStats
 from bertology.core.errors import BertologyError, one_line_error
-from bertology.core.model.memory import resolved_attention_budget
-from bertology.core.model.models import PUNCT_SETS, LoadedModel, attention_blocks, punctuation_table
+from bertology.core.model.models import LoadedModel, attention_blocks, punctuation_table
 from bertology.core.text.corpora import Example
-
-#: The null models a pass can run in place of the model's attention (``Engine(null=...)``): None, the model itself.
-NULL_MODELS = (None, "uniform")
 
 
 class Engine(LengthCappedReading, AttentionBudgeting):
@@ -32,99 +30,32 @@ class Engine(LengthCappedReading, AttentionBudgeting):
     Parameters
     ----------
     model : LoadedModel
-    batch_size : int
-        Most sequences per forward pass (and, with ``batch_tokens``, the sort window's unit).
-    batch_tokens : int, optional
-        Pack batches by tokens instead: as many length-sorted sequences as fit in ``batch_tokens`` padded pieces (``count x
-        longest``; at least one sequence), so that a batch of short sentences is wide and one of long passages narrow.
-    max_length : int, optional
-        Most pieces per sequence (default and upper bound: the model's limit).
-    overflow : {"truncate", "skip"}
-        What to do with longer sequences; either way the run counts them.
-    sort_window : int
-        Sort by length within windows of ``batch_size * sort_window`` examples.
-    max_attention_elements : int
-        Cap on the padded attention size ``layers * batch * heads * n * n`` of one batch, so that memory depends on the
-        longest sequences, not on where they fall (:data:`MAX_ATTENTION_ELEMENTS`).
+    settings : PassSettings, optional
+        How the pass reads the corpus into batches and computes each batch's maps (:class:`PassSettings`; default: its
+        defaults), fixed on this model (:meth:`PassSettings.resolved`) into :attr:`settings`: ``max_length`` at most the
+        model's, the attention budget in bytes.
     progress : bool
         Show a progress bar with sequences per second.
-    layerwise : bool
-        Where every analyzer of a run is a :class:`~bertology.core.analyzer.LayerwiseAnalyzer`, hand them each layer's maps
-        inside the forward pass and keep none (peak memory: one layer's maps); otherwise, or with False, every layer's maps
-        of a batch are stacked and each analyzer's ``update`` gets them all.
-    null : {None, "uniform"}
-        ``"uniform"``: run the null model instead of the model's own attention: every head attends uniformly over the keys the
-        model's mask lets each query see (:func:`~bertology.core.model.hooks.uniform_attention`, docs/methods.md#the-null-model),
-        so that a run can count the claims it makes where there is nothing to find.
-    attention_budget : int, "auto" or None
-        Most bytes of one layer's maps (``batch * heads * n * n`` in the statistics dtype, float32 at least) a batch may
-        hold at once: past it, each layer's maps are computed by blocks of query rows that fit it (at least one row), handed
-        to the analyzers that fold blocks (``folds_row_blocks``, :func:`folds_row_blocks`); the others are left out of the
-        rest of the pass with one line naming the budget (``RunStats.left_out`` with ``isolate``, else an error). ``"auto"``
-        (the default): the smaller of 64 MiB and a sixteenth of the free memory of the devices that hold the layers
-        (:func:`~bertology.core.model.memory.auto_attention_budget`), resolved here into :attr:`attention_budget`. None: no
-        budget, whole maps.
-    query_block : int, optional
-        Compute every layer's maps this many query rows at a time, whatever the budget (a test of the blocks, a fixed size).
-    punct : {"upos", "clark"}
-        The punctuation set of ``Batch.punct_mask`` (:data:`~bertology.core.model.models.PUNCT_SETS`,
-        docs/methods.md#head-profile), so every analyzer of a run measures attention to the same punctuation.
+    **options
+        Fields of :class:`PassSettings` by name, in place of those of ``settings`` (``Engine(model, batch_size=8)``).
     """
 
-    def __init__(
-        self,
-        model: LoadedModel,
-        *,
-        batch_size: int = 32,
-        batch_tokens: int | None = None,
-        max_length: int | None = None,
-        overflow: str = "truncate",
-        sort_window: int = 32,
-        max_attention_elements: int = MAX_ATTENTION_ELEMENTS,
-        progress: bool = True,
-        punct: str = "upos",
-        layerwise: bool = True,
-        null: str | None = None,
-        attention_budget: int | str | None = "auto",
-        query_block: int | None = None,
-    ):
-        if punct not in PUNCT_SETS:
-            raise BertologyError(f"unknown punctuation set {punct!r}: use {' or '.join(PUNCT_SETS)}")
-        if overflow not in OVERFLOW_POLICIES:
-            raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, not {overflow!r}")
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
-        if batch_tokens is not None and batch_tokens < 1:
-            raise ValueError("batch_tokens must be at least 1")
-        if null not in NULL_MODELS:
-            raise BertologyError(f"unknown null model {null!r}: use {' or '.join(repr(name) for name in NULL_MODELS)}")
-        if query_block is not None and query_block < 1:
-            raise BertologyError("a block of queries must hold at least 1 row")
-        self.null = null
-        self.attention_budget, self.query_block = resolved_attention_budget(attention_budget, model.model), query_block
+    def __init__(self, model: LoadedModel, settings: PassSettings | None = None, *, progress: bool = True, **options):
         self.model = model
-        self.batch_size = batch_size
-        self.batch_tokens = batch_tokens
-        self.max_length = min(max_length or model.max_length, model.max_length)
-        self.overflow = overflow
-        self.sort_window = sort_window
-        self.max_attention_elements = max_attention_elements
+        self.settings = replace(settings or PassSettings(), **options).resolved(model)
         self.progress = progress
-        self.punct = punct
-        self.layerwise = layerwise
         # The engine counts and truncates (or skips) sequences over max_length itself: transformers' one-time warning that they
         # "will result in indexing errors" is marked as given.
         model.tokenizer.deprecation_warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
+        punct = self.settings.punct
         table = model.punct_by_id if punct == "upos" else punctuation_table(model.tokenizer, punct)
         self._punct_by_id = torch.as_tensor(table, device=model.device)
 
     def with_null(self, null: str) -> "Engine":
-        """This engine's twin, the same model, batches, cuts and punctuation, that runs the null model ``null`` (:data:`NULL_MODELS`)
-        instead of the model's own attention."""
-        if null not in NULL_MODELS:
-            raise BertologyError(f"unknown null model {null!r}: use {' or '.join(repr(name) for name in NULL_MODELS)}")
+        """This engine's twin, the same model, batches, cuts and punctuation, that runs the null model ``null``
+        (:data:`~bertology.core.engine.settings.NULL_MODELS`) instead of the model's own attention."""
         twin = copy.copy(self)
-        twin.null = null
+        twin.settings = replace(self.settings, null=null)
         return twin
 
     def punctuation(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -174,7 +105,7 @@ class Engine(LengthCappedReading, AttentionBudgeting):
         tensors = self.collate(items)
         batch = self.new_batch(items, tensors)
         blocks = self.blocks if needs.reads_blocks(self.knows_blocks) else None  # an unknown layout's are refused here, in one line
-        capture = BatchCapture(self.model, blocks, self.null, batch, needs, on_layer, query_rows, last_layer)
+        capture = BatchCapture(self.model, blocks, self.settings.null, batch, needs, on_layer, query_rows, last_layer)
         capture.stack_into_batch(capture.forward(tensors))
         capture.require_finite()
         return batch
@@ -227,7 +158,7 @@ class Engine(LengthCappedReading, AttentionBudgeting):
         """
         weightings, own_pass = checked_weightings(analyzers, weightings), step is None
         needs = PassNeeds.of(analyzers, weightings)
-        layerwise = own_pass and self.layerwise and all(is_layerwise(analyzer) for analyzer in analyzers)
+        layerwise = own_pass and self.settings.layerwise and all(is_layerwise(analyzer) for analyzer in analyzers)
         if own_pass:
             step = partial(self.run_batch, needs=needs)
         elif needs.anything:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bertology.core.options import CORPUS, MODEL, RAY, RUN, Option, pick
+from bertology.core.options import CORPUS, MODEL, PASS_SETTINGS, RAY, RUN, Option, pick
 from bertology.families import family_option
 from bertology.studies import Study, default_out, model_label, register_study
 
@@ -22,9 +22,9 @@ class Compare(Study):
         CORPUS[0].but(help="Inputs both models see [default: the bundled sample corpus]."),
         *pick(CORPUS, "format"),
         RUN[0].but(help="Run folder [default: runs/compare-A-B-CORPUS-TIME]."),
-        *pick(CORPUS, "batch_size", "max_length", "limit", "skip_long"),
+        *pick(PASS_SETTINGS, "batch_size", "max_length"), *pick(CORPUS, "limit"), *pick(PASS_SETTINGS, "skip_long"),
         family_option("roles", "tau"),
-        *pick(CORPUS, "punct"), *pick(RUN, "seed"), *pick(MODEL, "device", "trust_remote_code", "dtype"), *pick(RUN, "quiet"), *RAY,
+        *pick(PASS_SETTINGS, "punct", "attention_budget"), *pick(RUN, "seed"), *pick(MODEL, "device", "trust_remote_code", "dtype"), *pick(RUN, "quiet"), *RAY,
         Option("layer_probes", None, "Probe every layer of both models for UPOS and relations [default: when the corpus is CoNLL-U].", type=bool,
                flag="--layer-probes/--no-layer-probes"),
         Option("probe_sentences", 1000, "Sentences the layer probes use (the first in the corpus).", minimum=10),
@@ -40,7 +40,8 @@ class Compare(Study):
         s["out"] = s["out"] or default_out(self.name, "-".join(model_label(m) for m in models), s["corpus"])
         return compare(*models, s["corpus"], format=s["format"], out=s["out"], batch_size=s["batch_size"], max_length=s["max_length"],
                        limit=s["limit"], overflow="skip" if s["skip_long"] else "truncate", tau=s["tau"], punct=s["punct"], device=s["device"],
-                       seed=s["seed"], trust_remote_code=s["trust_remote_code"], dtype=s["dtype"], progress=not s["quiet"], command=command,
+                       seed=s["seed"], trust_remote_code=s["trust_remote_code"], dtype=s["dtype"], attention_budget=s["attention_budget"],
+                       progress=not s["quiet"], command=command,
                        backend=s["backend"], workers=s["workers"], address=s["address"], layer_probes=s["layer_probes"], probe_sentences=s["probe_sentences"])
 
     def summary(self, result, settings: dict) -> list[str]:

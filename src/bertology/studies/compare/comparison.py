@@ -10,7 +10,7 @@ analyzer on one of the two (for the change in the general profile and in the rol
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -18,7 +18,7 @@ import torch
 
 from bertology.core.analyzer import Analyzer
 from bertology.core.backends import BACKENDS, PassPlan, run_ray
-from bertology.core.engine import Engine, RunStats
+from bertology.core.engine import Engine, PassSettings, RunStats
 from bertology.core.errors import BertologyError
 from bertology.core.model.models import LoadedModel, load_model
 from bertology.core.options import check_seed
@@ -206,12 +206,29 @@ def piece_difference(engines: Sequence[Engine], examples) -> str | None:
     return None
 
 
+def _paired_engines(models: tuple, passing: PassSettings, examples, progress: bool) -> CompareEngine:
+    """Both models, loaded as ``passing`` says (where not loaded already), each with an engine on the length both take:
+    refused in one line where they are not of one vocabulary, shape and kind (:class:`~bertology.core.paired.CompareEngine`),
+    or cut the corpus into other pieces (:func:`piece_difference`)."""
+    loaded = [m if isinstance(m, LoadedModel) else load_model(m, device=passing.device, trust_remote_code=passing.trust_remote_code,
+                                                             dtype=passing.dtype) for m in models]
+    torch.manual_seed(passing.seed)
+    length = min(passing.max_length or 10**9, loaded[0].max_length, loaded[1].max_length)
+    engines = [Engine(model, replace(passing, max_length=length), progress=progress) for model in loaded]
+    paired = CompareEngine(*engines)
+    difference = piece_difference(engines, examples)
+    if difference is not None:
+        raise BertologyError(f"{loaded[0].name} and {loaded[1].name} cut the corpus into different pieces ({difference}): the comparison runs "
+                             "both on model A's pieces, so compare models whose tokenizers agree")
+    return paired
+
+
 @claims_out(words=("format", "overflow", "punct", "device", "backend", "address"))
 def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, batch_size: int = 32, max_length: int | None = None,
             limit: int | None = None, overflow: str = "truncate", tau: float = 3.0, punct: str = "upos", device: str = "auto", seed: int = 0,
             trust_remote_code: bool = False, progress: bool = True, command: list[str] | None = None, backend: str = "local",
             workers: int | None = None, address: str | None = None, layer_probes: bool | None = None, probe_sentences: int = 1000,
-            dtype: str = "auto") -> Comparison:
+            dtype: str = "auto", attention_budget: int | str | None = "auto") -> Comparison:
     """Run two models over the same inputs and report per-head similarity and the change in profile and roles.
 
     ``punct``: the profile's punctuation set, as in :func:`bertology.analyze`; ``backend``, ``workers``, ``address``: as there
@@ -219,8 +236,11 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
     both models for UPOS and dependency labels (:mod:`bertology.families.layers`, on the first ``probe_sentences``
     sentences, one more pass per model) and set the accuracies side by side per layer. The pass feeds both models model A's
     pieces: two models whose tokenizers cut an example otherwise (:func:`piece_difference`) are refused before it runs.
-    ``dtype``: both models' weights' precision, as :func:`~bertology.core.model.models.load_model`'s."""
+    ``dtype``: both models' weights' precision, as :func:`~bertology.core.model.models.load_model`'s. ``attention_budget``: as
+    :func:`bertology.analyze`'s (past it the pass is refused: it reads whole maps). The manifest records the pass's settings."""
     check_seed(seed)
+    passing = PassSettings(batch_size=batch_size, max_length=max_length, overflow=overflow, seed=seed, device=device, punct=punct,
+                           attention_budget=attention_budget, dtype=dtype, trust_remote_code=trust_remote_code)
     if backend not in BACKENDS:
         raise BertologyError(f"unknown backend {backend!r}: use local or ray")
     examples, corpus_info = open_corpus(corpus, format, limit)
@@ -229,33 +249,24 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
         raise BertologyError("layer probes need dependency trees: give a CoNLL-U corpus")
     total = examples.validate() if isinstance(examples, Corpus) else len(examples)
     corpus_info["examples"] = total
-    loaded = [m if isinstance(m, LoadedModel) else load_model(m, device=device, trust_remote_code=trust_remote_code, dtype=dtype)
-              for m in (model_a, model_b)]
-    torch.manual_seed(seed)
-    length = min(max_length or 10**9, loaded[0].max_length, loaded[1].max_length)
-    engines = [Engine(m, batch_size=batch_size, max_length=length, overflow=overflow, progress=progress, punct=punct) for m in loaded]
-
-    paired = CompareEngine(*engines)  # one vocabulary, one shape and one kind of model, else refused
+    paired = _paired_engines((model_a, model_b), passing, examples, progress)
+    engines, loaded = [paired.engine_a, paired.engine_b], [paired.engine_a.model, paired.engine_b.model]
     kind = loaded[0].kind
 
     def build() -> list:
         return [HeadSimilarity(), *(Side(make(), side) for make in (lambda: GeneralProfile(kind), lambda: HeadRoles(kind, tau=tau)) for side in "ab")]
 
-    difference = piece_difference(engines, examples)
-    if difference is not None:
-        raise BertologyError(f"{loaded[0].name} and {loaded[1].name} cut the corpus into different pieces ({difference}): the comparison runs "
-                             "both on model A's pieces, so compare models whose tokenizers agree")
     analyzers = build()
     similarity, sides = analyzers[0], dict(zip([(kind, side) for kind in ("profile", "roles") for side in "ab"], analyzers[1:]))
     if backend == "ray":
         plan = PassPlan(build, ["attention"] * len(analyzers))
         sources = [each if isinstance(m, LoadedModel) or dtype != "auto" else (str(m) if m is not None else None)  # shipped in its dtype
                    for m, each in zip((model_a, model_b), loaded)]
-        stats = run_ray(engines[0], examples, plan, analyzers, model=sources[0], compare_with=sources[1], device=device,
-                        trust_remote_code=trust_remote_code, workers=workers, address=address, total=total, progress=progress)
+        stats = run_ray(engines[0], examples, plan, analyzers, model=sources[0], compare_with=sources[1], workers=workers, address=address,
+                        total=total, progress=progress)
     else:
         stats = paired.run(examples, analyzers, total=total)
-    stats.check_counted(length)
+    stats.check_counted(engines[0].settings.max_length)
     warnings: list[str] = []
     probes = (comparison_of_layers(engines, examples, similarity.layers(), probe_sentences, seed, warnings)
               if with_trees and layer_probes is not False else None)
@@ -265,8 +276,7 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
         profile_delta=profile_delta(sides["profile", "a"].result(), sides["profile", "b"].result()),
         roles_delta=roles_delta(sides["roles", "a"].result(), sides["roles", "b"].result()),
         model_a=loaded[0].info(), model_b=loaded[1].info(), corpus=corpus_info, stats=stats,
-        settings={"batch_size": batch_size, "max_length": length, "overflow": overflow, "tau": tau, "punct": punct, "seed": seed, "limit": limit,
-                  "device": device, "layer_probes": probes is not None, "probe_sentences": probe_sentences},
+        settings={**asdict(engines[0].settings), "tau": tau, "limit": limit, "layer_probes": probes is not None, "probe_sentences": probe_sentences},
         layer_probes=probes[0] if probes is not None else None,
         layer_comparison=probes[1] if probes is not None else None,
         warnings=warnings,

@@ -28,14 +28,14 @@ means that attending to the token changes little, the "no-op" reading of Clark e
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from bertology.core.engine import MIN_PIECES, Encoded, Engine, RunStats
+from bertology.core.engine import MIN_PIECES, Encoded, Engine, PassSettings, RunStats
 from bertology.core.errors import BertologyError
 from bertology.core.learning.tasks import DEFAULT_MASK_SHARE, NEXT_TOKEN_LOSS, masked_positions, next_token_losses
 from bertology.core.model.hooks import Hooks
@@ -214,7 +214,8 @@ def attention_gradients(model=None, corpus=None, *, task=None, format: str = "au
         if sorted(names) != sorted(task.labels):
             raise BertologyError(f"{loaded.name}: its labels {names} are not the task's {list(task.labels)}: was it fine-tuned on {task.name}?")
         labels = {index: names.index(example.label) for index, example in enumerate(examples)}
-    engine = Engine(loaded, batch_size=batch_size, max_length=max_length, progress=False, punct=punct)
+    engine = Engine(loaded, PassSettings(batch_size=batch_size, max_length=max_length, seed=seed, device=device, punct=punct, dtype=dtype,
+                                         trust_remote_code=trust_remote_code), progress=False)
     study = AttentionGradients(engine, mask_share=share, seed=seed, labels=labels)
     stats = RunStats()
     started = time.perf_counter()
@@ -226,11 +227,10 @@ def attention_gradients(model=None, corpus=None, *, task=None, format: str = "au
             stats.batches += 1
             bar.update(len(items))
     stats.seconds = time.perf_counter() - started
-    stats.check_counted(engine.max_length)
+    stats.check_counted(engine.settings.max_length)
     loss = f"masked LM ({share:.0%} of pieces masked)" if masked_lm else NEXT_TOKEN_LOSS if task is None else f"{task.name} cross-entropy"
     result = GradientStudy(study.result(), loaded.info(), corpus_info, stats,
-                           {"loss": loss, "batch_size": batch_size, "max_length": engine.max_length, "mask_share": share if masked_lm else None,
-                            "punct": punct, "seed": seed, "limit": limit, "device": device})
+                           {"loss": loss, **asdict(engine.settings), "mask_share": share if masked_lm else None, "limit": limit})
     if out is not None:
         result.save(out, command=command)
     return result

@@ -101,7 +101,7 @@ def choose_maps(model: LoadedModel, examples: list[Example], count: int, *, seed
             weights = np.clip(np.rint(batch.attentions[layer, 0, head, :n, :n].float().cpu().numpy() * 255), 0, 255).astype(np.uint8)
             example = examples[index]
             maps.append(MapToLabel(example.text, example.text_pair, layer, head, tokens, weights))
-    stats.check_counted(engine.max_length)
+    stats.check_counted(engine.settings.max_length)
     order = {key: position for position, key in enumerate((examples[i].text, examples[i].text_pair, layer, head) for i, layer, head in draws)}
     if classifier is not None:
         ranked = sorted(range(len(maps)), key=lambda k: (-uncertainty[k], order[maps[k].key]))[:count]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bertology.core.errors import BertologyError
-from bertology.core.options import CORPUS, MODEL, RAY, RUN, TREES, Option, pick
+from bertology.core.options import CORPUS, MODEL, PASS_SETTINGS, RAY, RUN, TREES, Option, pick
 from bertology.families import family_option
 from bertology.studies import Study, default_out, register_study
 
@@ -26,7 +26,7 @@ class Track(Study):
         *pick(CORPUS, "format", "synthetic_repeats", "synthetic_length"), *pick(TREES, "parser"),
         *pick(RUN, "out"), *pick(CORPUS, "batch_size", "max_length", "limit"),
         family_option("syntax", "bootstrap"), family_option("roles", "tau"), family_option("syntax", "min_dependents"), family_option("sinks", "sink_eps"),
-        *pick(CORPUS, "punct"), *pick(RUN, "seed", "quiet"), *pick(MODEL, "device", "trust_remote_code", "dtype"), *RAY,
+        *pick(PASS_SETTINGS, "punct", "attention_budget"), *pick(RUN, "seed", "quiet"), *pick(MODEL, "device", "trust_remote_code", "dtype"), *RAY,
     )
     outputs = ("track", "track_layers", "peaks", "losses")
     optional_outputs = ("emergence", "induction", "in_context")
@@ -48,8 +48,7 @@ class Track(Study):
         return track(series, s["corpus"], format=s["format"], parser=s["parser"], out=s["out"], batch_size=s["batch_size"],
                      max_length=s["max_length"], limit=s["limit"], bootstrap=s["bootstrap"], tau=s["tau"], min_dependents=s["min_dependents"],
                      punct=s["punct"], seed=s["seed"], device=s["device"], trust_remote_code=s["trust_remote_code"], dtype=s["dtype"],
-                     sink_eps=s["sink_eps"],
-                     progress=not s["quiet"],
+                     sink_eps=s["sink_eps"], attention_budget=s["attention_budget"], progress=not s["quiet"],
                      command=command, steps=parse_steps(s["steps"]) if s["steps"] is not None else None, backend=s["backend"],
                      workers=s["workers"], address=s["address"], synthetic_repeats=s["synthetic_repeats"],
                      synthetic_length=s["synthetic_length"])

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from bertology.core.backends import BACKENDS, map_on_ray
-from bertology.core.engine import Engine
+from bertology.core.engine import Engine, PassSettings
 from bertology.core.errors import BertologyError, ModelError
 from bertology.core.model.models import DEFAULT_MODEL, LANGUAGE_MODEL, LoadedModel, load_model, load_tokenizer
 from bertology.core.options import check_seed
@@ -73,6 +73,7 @@ def track(
     address: str | None = None,
     synthetic_repeats: int | None = None,
     synthetic_length: int | None = None,
+    attention_budget: int | str | None = "auto",
 ) -> TrackResult:
     """Profile, roles and (with trees) syntactic heads of every checkpoint on one corpus, and the verdict.
 
@@ -91,7 +92,7 @@ def track(
     al.'s probe of that many sequences of ``synthetic_length`` (default 50) random whole-word pieces repeated twice, drawn with
     ``seed`` from the series' vocabulary, the first ``limit`` alone (:func:`~bertology.core.text.synthetic.synthetic_corpus`;
     every checkpoint of one series shares it); one longer than ``max_length`` or the checkpoints' positions is refused before
-    its pass (:func:`~bertology.core.text.synthetic.require_synthetic_fits`).
+    its pass (:func:`~bertology.core.text.synthetic.require_synthetic_fits`). ``attention_budget``: as in :func:`bertology.analyze`.
     """
     if backend not in BACKENDS:
         raise BertologyError(f"unknown backend {backend!r}: use local or ray")
@@ -104,7 +105,7 @@ def track(
     with_trees = any(example.has_tree for example in examples)
     settings = {"batch_size": batch_size, "max_length": max_length, "limit": limit, "bootstrap": bootstrap, "tau": tau,
                 "min_dependents": min_dependents, "punct": punct, "seed": seed, "device": device, "trust_remote_code": trust_remote_code,
-                "dtype": dtype, "parser": parser or ("gold" if with_trees else None), "sink_eps": sink_eps,
+                "dtype": dtype, "attention_budget": attention_budget, "parser": parser or ("gold" if with_trees else None), "sink_eps": sink_eps,
                 **({"synthetic_repeats": synthetic_repeats, "synthetic_length": synthetic_length} if synthetic_repeats is not None else {})}
     results = _series_results(series, examples, with_trees, settings, corpus_info, out, progress, backend=backend, workers=workers,
                               address=address)
@@ -191,9 +192,9 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
     ``device`` the task's own."""
     loaded, with_lm_head = _load_checkpoint(source or checkpoint, settings, device)
     torch.manual_seed(settings["seed"])
-    engine = Engine(loaded, batch_size=settings["batch_size"], max_length=settings["max_length"], progress=progress, punct=settings["punct"])
+    engine = Engine(loaded, PassSettings.of(settings), progress=progress)
     if "synthetic_length" in settings:  # before this checkpoint's pass: the first one's refuses before any runs
-        require_synthetic_fits(loaded.tokenizer, settings["synthetic_length"], engine.max_length, loaded.max_length, checkpoint)
+        require_synthetic_fits(loaded.tokenizer, settings["synthetic_length"], engine.settings.max_length, loaded.max_length, checkpoint)
     kind = loaded.kind
     profile, peaks = GeneralProfile(kind), LayerPeaks(kind, bootstrap=settings["bootstrap"], seed=settings["seed"])
     roles = HeadRoles(kind, tau=settings["tau"])
@@ -205,7 +206,7 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
         analyzers += [head_types, induction]
     stats = engine.run(examples, analyzers, total=len(examples), desc=Path(checkpoint).name)
     try:
-        stats.check_counted(engine.max_length)
+        stats.check_counted(engine.settings.max_length)
     except BertologyError as exc:
         raise BertologyError(f"{checkpoint}: {exc}") from None
     heads = profile.result()

@@ -141,7 +141,7 @@ def in_context_scores(engine: Engine, examples: list, seed: int, bootstrap: int,
     (:meth:`~bertology.core.engine.Engine.encode`: the same truncation), on those of at least ``late`` pieces: ``(replicates
     [1 + B] (row 0 the data; NaN where no sequence is long enough), sequences, early, late)``, with the positions of
     :func:`icl_positions` and the replicates' Poisson weights keyed by the sequence (paired with :class:`InductionReplicates`')."""
-    early, late = icl_positions(engine.max_length)
+    early, late = icl_positions(engine.settings.max_length)
     sums, weights, count = np.zeros(1 + bootstrap), np.zeros(1 + bootstrap), 0
     with torch.inference_mode(), tqdm(total=len(examples), unit="seq", desc=desc, disable=not progress) as bar:
         for items in engine.batches(engine.encode(enumerate(examples), RunStats())):
