@@ -130,14 +130,16 @@ def test_the_construction_scores_the_piece_past_float16s_range_in_float32_alone(
     assert max(largest) < 4.5 * FLOAT16_MAX and max(score for score in largest if score <= FLOAT16_MAX) < 1.0
 
 
-@pytest.mark.parametrize("which", ["bert", "llama"])
-def test_analyze_in_float16_fails_in_one_line_and_leaves_the_earlier_run_folder(which, overflowing_bert, overflowing_llama, corpus, tmp_path):
+@pytest.mark.parametrize("which, budget", [("bert", "auto"), ("llama", "auto"), ("bert", "2048")])
+def test_analyze_in_float16_fails_in_one_line_and_leaves_the_earlier_run_folder(which, budget, overflowing_bert, overflowing_llama, corpus, tmp_path):
+    """Whole maps, and (budget 2,048 bytes) maps by blocks of a few query rows, whose flags AND into one per layer."""
     folder, target = {"bert": overflowing_bert, "llama": overflowing_llama}[which]
     out = tmp_path / "run"
     analyze(str(folder), str(corpus), out=str(out), device="cpu", dtype="float32", view=False, progress=False)
     assert json.loads((out / "manifest.json").read_text())["status"] == "complete"  # float32 holds the scores: the same model gives tables
     files = snapshot(out)
-    result = bertology("analyze", "-m", folder, "-c", corpus, "--dtype", "float16", "--out", out, "--device", "cpu", "-q")
+    result = bertology("analyze", "-m", folder, "-c", corpus, "--dtype", "float16", "--out", out, "--device", "cpu", "-q",
+                       "--attention-budget", budget)
     assert result.returncode == 2, result.stderr
     first, *others = expected_sequences(folder, target, TEXTS)
     assert result.stderr.strip().splitlines() == [

@@ -85,7 +85,7 @@ class BatchCapture:
         # once by the analyzers that keep what they made of it (whole maps only: a block's rows are its own).
         self.last_visible: tuple[tuple, torch.Tensor | None, torch.Tensor] | None = None  # (source, its mask, the visible keys)
         self.uniforms: dict[int, tuple[torch.Tensor, torch.Tensor, dict]] = {}  # id(visible keys) -> (them, the uniform head, its scores)
-        self.finite = FiniteWatch()  # whether each layer's maps and hidden states are finite, read once a batch (require_finite)
+        self.finite = FiniteWatch(model.num_layers)  # whether each layer's maps and hidden states are finite, read once a batch (require_finite)
 
     def hooks(self) -> Hooks:
         """The hook points this pass reads (:mod:`bertology.core.model.hooks`); under the uniform null model, the pattern is
