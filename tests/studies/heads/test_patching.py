@@ -44,26 +44,42 @@ def patch(*args) -> tuple[int, str]:
 
 def projections(model, kind: str) -> list[torch.nn.Module]:
     """Each layer's output projection by transformers' own module names."""
+    if kind == "classifier":
+        return [layer.attention.output.dense for layer in model.bert.encoder.layer]
     return [block.attn.c_proj for block in model.transformer.h] if kind == "gpt2" else [block.self_attn.o_proj for block in model.model.layers]
 
 
 def logit_difference(model, ids: list[int], answer: int, wrong: int) -> float:
+    """``logit_a - logit_b`` at the last position of a language model, or of a classifier's labels."""
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+        logits = model(input_ids=torch.tensor([ids])).logits[0]
+    logits = logits[-1] if logits.ndim == 2 else logits
     return float(logits[answer] - logits[wrong])
 
 
-def reference_changes(folder: Path, kind: str, pairs: list[dict]) -> np.ndarray:
-    """``LD_patched - LD(corrupt)`` per pair, layer and head ``[pairs, layers, heads]``: transformers' own model in float64, a
-    forward pre-hook on the output projection replacing the head's slice with the clean run's, one full forward per head."""
-    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").double().eval()
+def reference_model(folder: Path, kind: str):
+    """transformers' own model in float64, its tokenizer, and how a pair's answer and wrong become logit indices."""
+    from transformers import AutoModelForSequenceClassification
+
+    loader = AutoModelForSequenceClassification if kind == "classifier" else AutoModelForCausalLM
+    model = loader.from_pretrained(folder, attn_implementation="eager").double().eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
+    if kind == "classifier":
+        return model, tokenizer, lambda text: model.config.label2id[text]
+    return model, tokenizer, lambda text: tokenizer(text, add_special_tokens=False)["input_ids"][0]
+
+
+def reference_changes(folder: Path, kind: str, pairs: list[dict], position: int | None = None) -> np.ndarray:
+    """``LD_patched - LD(corrupt)`` per pair, layer and head ``[pairs, layers, heads]``: transformers' own model in float64, a
+    forward pre-hook on the output projection replacing the head's slice (at ``position`` alone, else at every position)
+    with the clean run's, one full forward per head."""
+    model, tokenizer, index = reference_model(folder, kind)
     modules = projections(model, kind)
     width = model.config.hidden_size // model.config.num_attention_heads
     changes = np.empty((len(pairs), len(modules), model.config.num_attention_heads))
     for i, pair in enumerate(pairs):
         clean, corrupt = tokenizer(pair["clean"])["input_ids"], tokenizer(pair["corrupt"])["input_ids"]
-        answer, wrong = (tokenizer(pair[key], add_special_tokens=False)["input_ids"][0] for key in ("answer", "wrong"))
+        answer, wrong = index(pair["answer"]), index(pair["wrong"])
         inputs = []
         handles = [module.register_forward_pre_hook(lambda m, args: inputs.append(args[0].clone())) for module in modules]
         with torch.no_grad():
@@ -74,8 +90,8 @@ def reference_changes(folder: Path, kind: str, pairs: list[dict]) -> np.ndarray:
         for layer, module in enumerate(modules):
             for head in range(changes.shape[2]):
                 def put_back(m, args, layer=layer, head=head):
-                    z = args[0].clone()
-                    z[..., head * width:(head + 1) * width] = inputs[layer][..., head * width:(head + 1) * width]
+                    z, rows = args[0].clone(), slice(None) if position is None else slice(position, position + 1)
+                    z[:, rows, head * width:(head + 1) * width] = inputs[layer][:, rows, head * width:(head + 1) * width]
                     return (z,)
 
                 handle = module.register_forward_pre_hook(put_back)
@@ -99,7 +115,8 @@ def test_denoising_patching_equals_a_reference_from_transformers_own_modules(kin
     gap = (exact.groupby("pair").ld_clean.first() - exact.groupby("pair").ld_corrupt.first()).mean()
     np.testing.assert_allclose(rows.effect, expected.mean(0).reshape(-1) / gap, rtol=1e-3)
     assert set(table.columns) >= {"ci_low", "ci_high", "p", "p_adj", "matters", "n"} and (table.n == len(pairs)).all()
-    assert set(table.method) == {"activation", "attribution"} and set(table.direction) == {"denoise"} and set(table.position) == {"all"}
+    assert set(table.method) == {"activation", "attribution", "attribution*"} and set(table.direction) == {"denoise"}
+    assert set(table.position) == {"all"}
 
 
 def test_attribution_is_the_gradient_estimate_and_agrees_with_exact_patching(tiny_gpt2_dir, tmp_path):
@@ -112,7 +129,8 @@ def test_attribution_is_the_gradient_estimate_and_agrees_with_exact_patching(tin
     loaded = load_model(tiny_gpt2_dir, device="cpu", head="causal-lm")
     model = loaded.model.double()
     pair = read_pairs(write_pairs(tmp_path / "pairs.jsonl", subject_pairs()[:1]), loaded.tokenizer, loaded.kind)[0]
-    estimate = Patcher(model).attribution(pair)
+    patcher = Patcher(model)
+    estimate = patcher.target_run(pair, patcher.source_run(pair)[1]).attribution
     reference = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir, attn_implementation="eager").double().eval()
     modules, width, step = projections(reference, "gpt2"), 8, 1e-4
     inputs = []
@@ -292,7 +310,7 @@ def test_a_built_in_task_runs_on_a_tiny_decoder(task, tmp_path):
     code, output = patch("-m", folder, "--task", task, "--n", 12, "--out", tmp_path / "run", "--bootstrap", 200, "--seed", 4)
     assert code == 0, output
     table = pd.read_csv(tmp_path / "run" / "patching.csv")
-    assert len(table) == 2 * 2 * 4 and (table.n == 12).all() and f"12 pairs of --task {task}" in output
+    assert len(table) == 3 * 2 * 4 and (table.n == 12).all() and f"12 pairs of --task {task}" in output
     per_pair = pd.read_parquet(tmp_path / "run" / "patching_pairs.parquet")
     assert sorted(per_pair.pair.unique()) == list(range(12))
 
@@ -317,3 +335,104 @@ def test_agreement_runs_through_the_mask_of_an_encoder_and_the_bundled_model_wit
     code, output = patch("--task", "agreement", "--out", tmp_path / "bundled")
     assert code != 0 and "has no masked-LM head" in output and "\n" not in output, output
     assert not (tmp_path / "bundled").exists()
+
+
+def test_each_position_alone_equals_the_reference_patched_there(tiny_gpt2_dir, tmp_path):
+    """``--positions each``: head h patched at position p alone, against the reference's pre-hook at p; the rows at all
+    positions stay what they were, and the per-position family gets its own correction."""
+    pairs = subject_pairs()[:10]
+    code, output = patch("-m", tiny_gpt2_dir, "--pairs", write_pairs(tmp_path / "pairs.jsonl", pairs), "--out", tmp_path / "run",
+                         "--bootstrap", 200, "--positions", "each")
+    assert code == 0, output
+    per_pair = pd.read_parquet(tmp_path / "run" / "patching_pairs.parquet").query("method == 'activation'")
+    length = len(AutoTokenizer.from_pretrained(tiny_gpt2_dir)(pairs[0]["clean"])["input_ids"])
+    for position in (1, length - 1):
+        rows = per_pair[per_pair.position == str(position)].sort_values(["pair", "layer", "head"])
+        expected = reference_changes(tiny_gpt2_dir, "gpt2", pairs, position)
+        np.testing.assert_allclose(rows.change.to_numpy().reshape(expected.shape), expected, rtol=0, atol=1e-4)
+    table = pd.read_csv(tmp_path / "run" / "patching.csv", dtype={"position": str})
+    each = table[(table.method == "activation") & (table.position != "all")]
+    assert len(each) == 2 * 4 * length and sorted(each.position.astype(int).unique()) == list(range(length))
+    assert (tmp_path / "run" / "patching_positions.png").is_file()
+
+
+def test_positions_each_refuses_pairs_of_different_lengths(tiny_gpt2_dir, tmp_path):
+    lines = [GOOD, {**GOOD, "clean": "the cat is under the big", "corrupt": "the dog is under the big"}]
+    code, output = patch("-m", tiny_gpt2_dir, "--pairs", write_pairs(tmp_path / "pairs.jsonl", lines), "--out", tmp_path / "run",
+                         "--positions", "each")
+    assert code != 0 and "--positions each needs every pair to be one length" in output and len(output.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def graddrop_reference(folder: Path, pairs: list[dict]) -> np.ndarray:
+    """AtP with layer l's gradient dropped, ``[pairs, l, layers, heads]``: transformers' own GPT-2 in float64, block l's output
+    replaced by ``input + (output - input).detach()`` (the residual stream alone carries the gradient past it), a zero leaf
+    added to each output projection's input, ``(z_clean - z_corrupt) . dLD/dz`` summed over the head's slice."""
+    model, tokenizer, index = reference_model(folder, "gpt2")
+    modules, blocks = projections(model, "gpt2"), model.transformer.h
+    width, heads = model.config.n_embd // model.config.n_head, model.config.n_head
+    values = np.zeros((len(pairs), len(blocks), len(modules), heads))
+    for i, pair in enumerate(pairs):
+        clean, corrupt = tokenizer(pair["clean"])["input_ids"], tokenizer(pair["corrupt"])["input_ids"]
+        z_clean = []
+        handles = [module.register_forward_pre_hook(lambda m, args: z_clean.append(args[0].clone())) for module in modules]
+        logit_difference(model, clean, index(pair["answer"]), index(pair["wrong"]))
+        for handle in handles:
+            handle.remove()
+        for dropped in range(len(blocks)):
+            leaves, z_corrupt = [], []
+
+            def shifted(m, args):
+                z_corrupt.append(args[0].detach().clone())
+                leaves.append(torch.zeros_like(args[0], requires_grad=True))
+                return (args[0] + leaves[-1],)
+
+            def residual_only(m, args, kwargs, output):
+                start = args[0] if args else kwargs["hidden_states"]
+                hidden = output[0] if isinstance(output, tuple) else output
+                hidden = start + (hidden - start).detach()
+                return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+            handles = [module.register_forward_pre_hook(shifted) for module in modules]
+            handles.append(blocks[dropped].register_forward_hook(residual_only, with_kwargs=True))
+            logits = model(input_ids=torch.tensor([corrupt])).logits[0, -1]
+            gradients = torch.autograd.grad(logits[index(pair["answer"])] - logits[index(pair["wrong"])], leaves, allow_unused=True)
+            for handle in handles:
+                handle.remove()
+            for layer in range(len(modules)):
+                if gradients[layer] is None:  # inside the dropped block: cut off from LD
+                    continue
+                product = ((z_clean[layer] - z_corrupt[layer]) * gradients[layer])[0].sum(0)
+                values[i, dropped, layer] = product.reshape(heads, width).sum(-1).detach().numpy()
+    return values
+
+
+def test_attribution_star_is_graddrop_against_a_reference(tiny_gpt2_dir, tmp_path):
+    """attribution* = ``1/(L-1) sum_l |mean_pairs AtP_l|`` (Kramar et al. 2024), AtP_l from the reference above; a magnitude:
+    an interval, no p, nothing called."""
+    pairs = subject_pairs()[:6]
+    code, output = patch("-m", tiny_gpt2_dir, "--pairs", write_pairs(tmp_path / "pairs.jsonl", pairs), "--out", tmp_path / "run", "--bootstrap", 200)
+    assert code == 0, output
+    dropped = graddrop_reference(tiny_gpt2_dir, pairs)
+    assert np.abs(dropped[:, 0, 0]).max() == 0 and np.abs(dropped[:, 0, 1]).max() > 0  # a head's own layer dropped: no gradient reaches it
+    expected = np.abs(dropped.mean(0)).sum(0) / (dropped.shape[1] - 1)
+    table = pd.read_csv(tmp_path / "run" / "patching.csv").query("method == 'attribution*'").sort_values(["layer", "head"])
+    np.testing.assert_allclose(table.logit_diff_change, expected.reshape(-1), rtol=1e-4, atol=1e-7)
+    assert table.p.isna().all() and not table.matters.any() and (table.ci_low <= table.effect).all() and (table.effect <= table.ci_high).all()
+    assert "attribution* against exact patching: Spearman" in output
+
+
+def test_a_classifier_is_patched_on_the_logit_difference_of_two_labels(tiny_classifier_dir, tmp_path):
+    """A sequence classifier (answer and wrong name its labels): per-head denoising against the reference's pre-hook on
+    BERT's attention output dense, LD = logit["1"] - logit["0"]; a label it lacks is refused naming the line."""
+    pairs = [{"clean": f"the {a} sat.", "corrupt": f"the {b} sat.", "answer": "1", "wrong": "0"} for a in ("cat", "dog", "tree") for b in ("house", "table")]
+    code, output = patch("-m", tiny_classifier_dir, "--pairs", write_pairs(tmp_path / "pairs.jsonl", pairs), "--out", tmp_path / "run", "--bootstrap", 200)
+    assert code == 0, output
+    expected = reference_changes(tiny_classifier_dir, "classifier", pairs)
+    per_pair = pd.read_parquet(tmp_path / "run" / "patching_pairs.parquet").query("method == 'activation'").sort_values(["pair", "layer", "head"])
+    np.testing.assert_allclose(per_pair.change.to_numpy().reshape(expected.shape), expected, rtol=0, atol=1e-4)
+    code, output = patch("-m", tiny_classifier_dir, "--pairs", write_pairs(tmp_path / "bad.jsonl", [pairs[0], {**pairs[1], "answer": "positive"}]),
+                         "--out", tmp_path / "bad")
+    assert code != 0 and "bad.jsonl:2: answer 'positive' is not one of the classifier's labels (0, 1)" in output
+    code, output = patch("-m", tiny_classifier_dir, "--task", "ioi", "--out", tmp_path / "bad")
+    assert code != 0 and "a classifier needs --pairs" in output and not (tmp_path / "bad").exists()

@@ -140,11 +140,13 @@ class Patch(Study):
              "effect with a bootstrap interval and FDR (Wang et al. 2022; Nanda 2023).")
     libraries = ("bertology.studies.heads.patch_study", "transformers.modeling_utils")
     options = (
-        MODEL[0].but(help="A causal language model, or an encoder with its masked-LM head [default: the bundled model]."),
-        Option("pairs", None, 'JSON lines {"clean", "corrupt", "answer", "wrong"}: prompts of the same length, one-piece answers.', type=Path),
+        MODEL[0].but(help="A causal language model, an encoder with its masked-LM head, or a sequence classifier [default: the bundled model]."),
+        Option("pairs", None, 'JSON lines {"clean", "corrupt", "answer", "wrong"}: prompts of the same length, one-piece answers '
+               "(a classifier's: two of its labels).", type=Path),
         Option("task", None, "A built-in pair set instead of --pairs: ioi, induction or agreement.", type=str),
         Option("n", 100, "Pairs of the built-in --task, drawn with --seed.", minimum=1),
         Option("direction", "denoise", "denoise (clean z_h into the corrupted run) or noise (corrupted z_h into the clean run)."),
+        Option("positions", "all", "all (z_h patched at every position at once) or each (also at each position alone; pairs of one length)."),
         Option("bootstrap", 10000, "Bootstrap replicates over pairs (p is at least 2/(B+1)).", minimum=100),
         TESTS[0].but(help="Multiple-testing correction over heads (statsmodels)."),
         *pick(TESTS, "min_sample"), *pick(RUN, "out", "seed"), *pick(MODEL, "device"), *pick(RUN, "quiet"),
@@ -159,7 +161,7 @@ class Patch(Study):
         if s["out"] is not None:
             check_out(s["out"], inputs=(s["pairs"], s["model"]))
         settings["out"] = s["out"] = s["out"] or default_out(self.name, s["model"], s["pairs"] or s["task"])
-        return patch_heads(s["model"], s["pairs"], task=s["task"], n=s["n"], direction=s["direction"], bootstrap=s["bootstrap"],
+        return patch_heads(s["model"], s["pairs"], task=s["task"], n=s["n"], direction=s["direction"], positions=s["positions"], bootstrap=s["bootstrap"],
                            correction=s["correction"], min_sample=s["min_sample"], seed=s["seed"], device=s["device"], out=s["out"],
                            progress=not s["quiet"], command=command)
 
@@ -169,9 +171,9 @@ class Patch(Study):
         for row in study.mattering().itertuples():
             lines.append(f"  head {row.layer}-{row.head} matters: effect {row.effect:+.3f} [{row.ci_low:+.3f}, {row.ci_high:+.3f}], "
                          f"change of LD {row.logit_diff_change:+.4f}, p_adj {row.p_adj:.3g}")
-        a = study.agreement
-        return [*lines, f"{len(study.mattering())} heads matter (interval excludes 0, p_adj < 0.05)",
-                f"attribution against exact patching: Spearman {a['spearman']:.3f}, top-{a['top_k']} recall {a['top_k_recall']:.2f}",
+        agree = [f"{method} against exact patching: Spearman {a['spearman']:.3f}, top-{a['top_k']} recall {a['top_k_recall']:.2f}"
+                 for method, a in study.agreement.items()]
+        return [*lines, f"{len(study.mattering())} heads matter (interval excludes 0, p_adj < 0.05)", *agree,
                 f"report: {(Path(settings['out']) / 'report.html').resolve()}"]
 
 

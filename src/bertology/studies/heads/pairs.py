@@ -1,7 +1,7 @@
 """Prompt pairs for activation and attribution patching (docs/methods.md#which-heads-matter-causally): a clean prompt ``x``
 and a corrupted one ``x'`` of the same length, an answer piece ``a`` and a wrong piece ``b``; the metric is the logit
-difference ``LD = logit_a - logit_b`` at the last position (a decoder) or at the clean prompt's one mask (an encoder's
-masked-LM head).
+difference ``LD = logit_a - logit_b`` at the last position (a decoder), at the clean prompt's one mask (an encoder's
+masked-LM head), or of two labels' logits (a sequence classifier, whose ``answer`` and ``wrong`` name its labels).
 
 :func:`read_pairs` reads them from a JSON-lines file; :mod:`bertology.studies.heads.pair_tasks` builds the built-in sets.
 """
@@ -28,7 +28,7 @@ class EncodedPair:
     corrupt: tuple[int, ...]
     answer: int
     wrong: int
-    position: int
+    position: int | None  # None: a classifier's logits, one row per prompt
     line: int
 
 
@@ -49,20 +49,36 @@ def read_position(tokenizer, kind, ids: list[int]) -> int | str:
     return masks[0]
 
 
-def encode_pair(tokenizer, kind, fields: dict, line: int) -> EncodedPair | str:
-    """``fields`` (clean, corrupt, answer, wrong) encoded, or the reason they cannot be."""
-    clean, corrupt = tokenizer(fields["clean"])["input_ids"], tokenizer(fields["corrupt"])["input_ids"]
-    if len(clean) != len(corrupt):
-        return f"clean and corrupt must tokenize to the same number of pieces ({len(clean)} and {len(corrupt)})"
+def _label_pieces(fields: dict, labels: tuple[str, ...]) -> dict | str:
+    """A classifier's ``answer`` and ``wrong``: the indices of two of its ``labels``, or the reason they are not."""
+    for name in ("answer", "wrong"):
+        if fields[name] not in labels:
+            return f"{name} {fields[name]!r} is not one of the classifier's labels ({', '.join(labels)})"
+    return {name: labels.index(fields[name]) for name in ("answer", "wrong")}
+
+
+def _vocabulary_pieces(tokenizer, fields: dict) -> dict | str:
+    """A language model's ``answer`` and ``wrong``: one piece each, or the reason they are not."""
     pieces = {}
     for name in ("answer", "wrong"):
         pieces[name] = single_piece(tokenizer, fields[name])
         if pieces[name] is None:
             count = len(tokenizer(fields[name], add_special_tokens=False)["input_ids"])
             return f"{name} {fields[name]!r} must be one piece of the tokenizer (tokenized alone it is {count})"
+    return pieces
+
+
+def encode_pair(tokenizer, kind, fields: dict, line: int, labels: tuple[str, ...] | None = None) -> EncodedPair | str:
+    """``fields`` (clean, corrupt, answer, wrong) encoded, or the reason they cannot be; ``labels``: a classifier's."""
+    clean, corrupt = tokenizer(fields["clean"])["input_ids"], tokenizer(fields["corrupt"])["input_ids"]
+    if len(clean) != len(corrupt):
+        return f"clean and corrupt must tokenize to the same number of pieces ({len(clean)} and {len(corrupt)})"
+    pieces = _vocabulary_pieces(tokenizer, fields) if labels is None else _label_pieces(fields, labels)
+    if isinstance(pieces, str):
+        return pieces
     if pieces["answer"] == pieces["wrong"]:
-        return f"answer and wrong are the same piece ({fields['answer']!r}, {fields['wrong']!r})"
-    position = read_position(tokenizer, kind, clean)
+        return f"answer and wrong are the same {'piece' if labels is None else 'label'} ({fields['answer']!r}, {fields['wrong']!r})"
+    position = read_position(tokenizer, kind, clean) if labels is None else None
     if isinstance(position, str):
         return position
     return EncodedPair(tuple(clean), tuple(corrupt), pieces["answer"], pieces["wrong"], position, line)
@@ -82,8 +98,9 @@ def _fields(text: str, path: Path, number: int) -> dict:
     return fields
 
 
-def read_pairs(path: str | Path, tokenizer, kind) -> list[EncodedPair]:
-    """Every pair of the JSON-lines file ``path`` (blank lines skipped), encoded; the first bad line refused in one line naming it."""
+def read_pairs(path: str | Path, tokenizer, kind, labels: tuple[str, ...] | None = None) -> list[EncodedPair]:
+    """Every pair of the JSON-lines file ``path`` (blank lines skipped), encoded (``labels``: a classifier's, which ``answer``
+    and ``wrong`` name); the first bad line refused in one line naming it."""
     path = Path(path)
     if not path.is_file():
         raise BertologyError(f"{path}: no such pairs file")
@@ -92,7 +109,7 @@ def read_pairs(path: str | Path, tokenizer, kind) -> list[EncodedPair]:
         for number, text in enumerate(lines, start=1):
             if not text.strip():
                 continue
-            pair = encode_pair(tokenizer, kind, _fields(text, path, number), number)
+            pair = encode_pair(tokenizer, kind, _fields(text, path, number), number, labels)
             if isinstance(pair, str):
                 raise CorpusError(path, number, pair)
             pairs.append(pair)

@@ -10,21 +10,23 @@ from bertology.core.storage.runfolder import RunFolder
 from bertology.render.figures import head_grid, plt
 from bertology.render.html import Figure, Section
 
-METHOD_TITLES = {"activation": "activation patching (exact)", "attribution": "attribution patching (first-order)"}
+METHOD_TITLES = {"activation": "activation patching (exact)", "attribution": "attribution patching (first-order)",
+                 "attribution*": "AtP* with GradDrop (a magnitude)"}
 
 
 def effect_grids(patching: pd.DataFrame):
-    """Each method's normalised effect per layer and head, the heads that matter ringed, and attribution's change against
-    exact patching's, one point per head."""
+    """Exact and attribution patching's normalised effect per layer and head (at all positions), the heads that matter
+    ringed, and attribution's change against exact patching's, one point per head."""
+    every = patching[patching.position == "all"]
     figure, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    limit = max(float(np.nanmax(np.abs(patching.effect.to_numpy()))) if patching.effect.notna().any() else 0.0, 1e-6)
-    for axis, method in zip(axes, METHOD_TITLES):
-        rows = patching[patching.method == method]
+    limit = max(float(np.nanmax(np.abs(every.effect.to_numpy()))) if every.effect.notna().any() else 0.0, 1e-6)
+    for axis, method in zip(axes, ("activation", "attribution")):
+        rows = every[every.method == method]
         grid = rows.pivot(index="layer", columns="head", values="effect")
         head_grid(axis, grid, f"effect, {METHOD_TITLES[method]}", cmap="RdBu", vmin=-limit, vmax=limit)
         ringed = rows[rows.matters]
         axis.scatter(ringed["head"], ringed.layer, s=160, facecolors="none", edgecolors="black", linewidths=1.5)
-    exact, estimate = (patching[patching.method == method].logit_diff_change.to_numpy() for method in METHOD_TITLES)
+    exact, estimate = (every[every.method == method].logit_diff_change.to_numpy() for method in ("activation", "attribution"))
     axes[2].scatter(exact, estimate, s=12)
     ends = [min(exact.min(), estimate.min()), max(exact.max(), estimate.max())]
     axes[2].plot(ends, ends, color="grey", linewidth=1, linestyle="--")
@@ -32,6 +34,24 @@ def effect_grids(patching: pd.DataFrame):
     axes[2].set_xlabel("exact change of LD")
     axes[2].set_ylabel("attribution's estimate")
     axes[2].set_title("attribution against exact patching, one point per head", fontsize=9)
+    return figure
+
+
+def position_grid(patching: pd.DataFrame):
+    """Exact patching's normalised effect of each head (a row, layer-head) at each position alone (a column), the cells
+    that matter ringed."""
+    rows = patching[(patching.method == "activation") & (patching.position != "all")].assign(
+        where=lambda t: t.layer.astype(str) + "-" + t["head"].astype(str), spot=lambda t: t.position.astype(int))
+    grid = rows.pivot_table(index="where", columns="spot", values="effect", sort=False)
+    figure, axis = plt.subplots(figsize=(max(5.0, 0.35 * grid.shape[1] + 2), max(3.0, 0.18 * grid.shape[0] + 1)))
+    limit = max(float(np.nanmax(np.abs(grid.to_numpy()))) if grid.notna().any().any() else 0.0, 1e-6)
+    image = axis.imshow(grid.to_numpy(), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
+    axis.set_yticks(range(grid.shape[0]), grid.index, fontsize=6)
+    axis.set_xlabel("position of the patch")
+    axis.set_ylabel("layer-head")
+    ringed = rows[rows.matters]
+    axis.scatter(ringed.spot, [grid.index.get_loc(w) for w in ringed["where"]], s=40, facecolors="none", edgecolors="black")
+    figure.colorbar(image, ax=axis, label="effect (exact)")
     return figure
 
 
@@ -48,8 +68,13 @@ def patching_section(folder: RunFolder, study) -> Section:
     )
     section.figures.append(Figure(folder.write_figure("patching_effects", effect_grids(study.patching)),
                                   "Normalised effect per layer and head (ringed: the heads that matter); attribution against exact patching."))
-    section.notes.append(f"Attribution against exact patching: Spearman {agreement['spearman']:.3f}, top-{agreement['top_k']} recall "
-                         f"{agreement['top_k_recall']:.2f}.")
+    if settings.get("positions") == "each":
+        section.figures.append(Figure(folder.write_figure("patching_positions", position_grid(study.patching)),
+                                      "Exact patching at each position alone: the normalised effect per head and position (ringed: matters, "
+                                      "corrected over every head and position)."))
+    for method, agreed in agreement.items():
+        section.notes.append(f"{METHOD_TITLES[method].capitalize()} against exact patching: Spearman {agreed['spearman']:.3f}, "
+                             f"top-{agreed['top_k']} recall {agreed['top_k_recall']:.2f}.")
     mattering = study.mattering()
     section.tables.append(("Heads that matter (activation patching)", mattering))
     if study.patching.p.isna().all():

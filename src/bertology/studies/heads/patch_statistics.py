@@ -5,6 +5,10 @@ agreement of attribution patching with exact patching.
 ``effect_h = mean_pairs[change_h] / mean_pairs[gap]``, where ``change_h = LD_patched - LD(target)`` and ``gap = LD(source)
 - LD(target)`` (denoising: ``LD(x) - LD(x')``; 1 = head ``h`` alone restores the whole gap). Every replicate resamples the
 pairs once (multinomial counts) and recomputes both means, so the interval is the ratio's, not a ratio of intervals.
+
+``attribution*`` (AtP* with GradDrop, Kramar et al. 2024) is a magnitude for ranking, ``1/(L-1) sum_l |mean_pairs AtP_l|``
+with ``AtP_l`` the estimate whose gradient skips layer ``l``: it gets an interval (the same resampled pairs) and no p, for
+a magnitude tested against 0 would always be called something.
 """
 
 from __future__ import annotations
@@ -27,10 +31,8 @@ def ratio_bootstrap(change: np.ndarray, gap: np.ndarray, replicates: int, seed: 
     out; a mean gap of 0 gives no effect, interval or p (NaN)."""
     change, gap = np.asarray(change, dtype=np.float64), np.asarray(gap, dtype=np.float64)
     n = len(gap)
-    rng = np.random.default_rng(seed)
     ratios = []
-    for start in range(0, replicates, 1000):  # counts in chunks: memory stays O(1000 n)
-        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=min(1000, replicates - start)).astype(np.float64)
+    for counts in resampled_counts(n, replicates, seed):
         gaps = counts @ gap / n
         with np.errstate(invalid="ignore", divide="ignore"):
             ratios.append(np.where(gaps[:, None] != 0, (counts @ change / n) / gaps[:, None], np.nan))
@@ -46,32 +48,79 @@ def ratio_bootstrap(change: np.ndarray, gap: np.ndarray, replicates: int, seed: 
             "p": np.minimum(1.0, 2 * tail / (1 + drawn))}
 
 
+def resampled_counts(n: int, replicates: int, seed: int):
+    """Chunks of at most 1,000 bootstrap replicates' counts ``[chunk, n]`` (multinomial, float64): memory stays O(1000 n)."""
+    rng = np.random.default_rng(seed)
+    for start in range(0, replicates, 1000):
+        yield rng.multinomial(n, np.full(n, 1.0 / n), size=min(1000, replicates - start)).astype(np.float64)
+
+
+def graddrop_bootstrap(dropped: np.ndarray, gap: np.ndarray, replicates: int, seed: int) -> dict[str, np.ndarray]:
+    """attribution* per head from ``dropped`` ``[n, L, heads...]``: ``1/(L-1) sum_l |mean_pairs dropped[:, l]|``, that over
+    ``|mean(gap)|`` as its effect, and the 2.5 and 97.5 percentiles of the replicates' effects; no p."""
+    n, depth = dropped.shape[:2]
+    flat = np.asarray(dropped, dtype=np.float64).reshape(n, depth, -1)
+    magnitude = np.abs(flat.mean(0)).sum(0) / (depth - 1)
+    mean_gap = abs(float(np.mean(gap)))
+    nothing = np.full(magnitude.shape, np.nan)
+    if mean_gap == 0:
+        return {"logit_diff_change": magnitude, "effect": nothing, "ci_low": nothing, "ci_high": nothing, "p": nothing}
+    effects = []
+    for counts in resampled_counts(n, replicates, seed):
+        means = np.einsum("bn,nlk->blk", counts, flat) / n
+        gaps = np.abs(counts @ gap / n)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            effects.append(np.where(gaps[:, None] != 0, np.abs(means).sum(1) / (depth - 1) / gaps[:, None], np.nan))
+    low, high = np.nanpercentile(np.concatenate(effects), [2.5, 97.5], axis=0)
+    return {"logit_diff_change": magnitude, "effect": magnitude / mean_gap, "ci_low": low, "ci_high": high, "p": nothing}
+
+
+def _tested(scores: dict, n: int, correction: str, min_sample: int) -> pd.DataFrame:
+    """``scores`` with ``p`` withheld below ``min_sample`` pairs, ``p_adj`` corrected over the family's rows, and ``matters``:
+    an interval that excludes 0 and ``p_adj`` below :data:`ALPHA`."""
+    scores = pd.DataFrame(scores)
+    scores["p"] = withheld(scores.p, n, min_sample)
+    scores["p_adj"] = corrected(scores.p, correction)[0]
+    scores["matters"] = ((scores.ci_low > 0) | (scores.ci_high < 0)) & (scores.p_adj < ALPHA)
+    return scores
+
+
+def _grid(layers: int, heads: int, positions: int | None = None) -> pd.DataFrame:
+    """``layer, head, position`` in the order of a ``[layers, heads(, positions)]`` array's cells (position "all" without)."""
+    if positions is None:
+        return pd.DataFrame({"layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers), "position": "all"})
+    index = pd.MultiIndex.from_product([range(layers), range(heads), range(positions)], names=["layer", "head", "position"]).to_frame(index=False)
+    return index.assign(position=index.position.astype(str))
+
+
 def patching_table(effects: PairEffects, direction: str, *, replicates: int = 10000, seed: int = 0, correction: str = "fdr_bh",
                    min_sample: int = MIN_SAMPLE) -> pd.DataFrame:
-    """:data:`COLUMNS` for every head and method (activation, attribution). ``p_adj`` is corrected (statsmodels
-    ``multipletests``, ``correction``) over the heads of one method; a head ``matters`` where its interval excludes 0 and its
-    ``p_adj`` is below :data:`ALPHA`; on fewer than ``min_sample`` pairs no p is reported and nothing matters."""
-    n, layers, heads = effects.activation.shape
+    """:data:`COLUMNS` for every head and method (activation, attribution, attribution* where there are two layers or more),
+    at all positions, and per position where the effects have them. ``p_adj`` is corrected (statsmodels ``multipletests``,
+    ``correction``) within a family: one method's heads at all positions, or its heads and positions; on fewer than
+    ``min_sample`` pairs no p is reported and nothing matters."""
+    n, layers, heads = effects.changes["activation"].shape
     gap = effects.clean - effects.corrupt if direction == "denoise" else effects.corrupt - effects.clean
-    grid = pd.DataFrame({"layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers)})
-    tables = []
-    for method, change in (("activation", effects.activation), ("attribution", effects.attribution)):
-        scores = pd.DataFrame(ratio_bootstrap(change.reshape(n, -1), gap, replicates, seed))
-        scores["p"] = withheld(scores.p, n, min_sample)
-        scores["p_adj"] = corrected(scores.p, correction)[0]
-        excludes_zero = (scores.ci_low > 0) | (scores.ci_high < 0)
-        scores["matters"] = excludes_zero & (scores.p_adj < ALPHA)
-        tables.append(pd.concat([grid, scores], axis=1).assign(method=method, direction=direction, position="all", n=n))
-    return pd.concat(tables, ignore_index=True)[COLUMNS]
+    families = [(method, change, None) for method, change in effects.changes.items()]
+    families += [(method, change, change.shape[-1]) for method, change in effects.by_position.items()]
+    tables = [pd.concat([_grid(layers, heads, positions), _tested(ratio_bootstrap(change.reshape(n, -1), gap, replicates, seed), n, correction,
+                                                                  min_sample)], axis=1).assign(method=method)
+              for method, change, positions in families]
+    if layers > 1:
+        scores = graddrop_bootstrap(effects.dropped, gap, replicates, seed)
+        tables.append(pd.concat([_grid(layers, heads), pd.DataFrame(scores)], axis=1).assign(method="attribution*", p_adj=np.nan, matters=False))
+    return pd.concat(tables, ignore_index=True).assign(direction=direction, n=n)[COLUMNS]
 
 
 def pairs_table(effects: PairEffects, lines: list[int], direction: str) -> pd.DataFrame:
-    """Per pair, head and method: ``pair`` (its line, or index in a built-in set), ``ld_clean``, ``ld_corrupt`` and the
-    ``change`` of the target run's LD."""
-    n, layers, heads = effects.activation.shape
-    index = pd.MultiIndex.from_product([range(n), range(layers), range(heads)], names=["row", "layer", "head"]).to_frame(index=False)
-    tables = [index.assign(method=method, change=change.reshape(-1)) for method, change in
-              (("activation", effects.activation), ("attribution", effects.attribution))]
+    """Per pair, head, method and position (all, or each where patched so): ``pair`` (its line, or index in a built-in set),
+    ``ld_clean``, ``ld_corrupt`` and the ``change`` of the target run's LD (attribution*, a magnitude over pairs, has none)."""
+    n, layers, heads = effects.changes["activation"].shape
+    tables = []
+    for method, change in [*effects.changes.items(), *effects.by_position.items()]:
+        positions = change.shape[3] if change.ndim == 4 else None
+        grid = _grid(layers, heads, positions)
+        tables.append(pd.concat([grid] * n, ignore_index=True).assign(row=np.repeat(np.arange(n), len(grid)), method=method, change=change.reshape(-1)))
     table = pd.concat(tables, ignore_index=True)
     row = table.pop("row").to_numpy()
     table.insert(0, "pair", np.asarray(lines)[row])
@@ -79,16 +128,24 @@ def pairs_table(effects: PairEffects, lines: list[int], direction: str) -> pd.Da
 
 
 def agreement(table: pd.DataFrame) -> dict:
-    """How attribution patching ranks the heads against exact patching: the Spearman correlation of their changes and the
-    top-k recall, the share of the ``k`` heads of largest exact ``|change|`` that are among attribution's ``k`` largest
-    (``k``: the heads that matter by exact patching, at least 1)."""
+    """How each attribution method ranks the heads against exact patching, at all positions: the Spearman correlation of
+    their changes (attribution*, a magnitude: against exact patching's ``|change|``) and the top-k recall, the share of the
+    ``k`` heads of largest exact ``|change|`` that are among the method's ``k`` largest (``k``: the heads that matter by
+    exact patching, at least 1)."""
     from scipy.stats import spearmanr
 
-    exact = table[table.method == "activation"].reset_index(drop=True)
-    estimate = table[table.method == "attribution"].reset_index(drop=True)
+    every = table[table.position == "all"]
+    exact = every[every.method == "activation"].reset_index(drop=True)
     k = max(1, int(exact.matters.sum()))
     top_exact = set(np.argsort(-exact.logit_diff_change.abs().to_numpy(), kind="stable")[:k])
-    top_estimate = set(np.argsort(-estimate.logit_diff_change.abs().to_numpy(), kind="stable")[:k])
-    varies = min(exact.logit_diff_change.nunique(), estimate.logit_diff_change.nunique()) > 1
-    rho = spearmanr(exact.logit_diff_change, estimate.logit_diff_change).statistic if varies else float("nan")
-    return {"spearman": float(rho), "top_k": k, "top_k_recall": len(top_exact & top_estimate) / k}
+    found = {}
+    for method in ("attribution", "attribution*"):
+        estimate = every[every.method == method].reset_index(drop=True)
+        if estimate.empty:
+            continue
+        reference = exact.logit_diff_change.abs() if method == "attribution*" else exact.logit_diff_change
+        top_estimate = set(np.argsort(-estimate.logit_diff_change.abs().to_numpy(), kind="stable")[:k])
+        varies = min(reference.nunique(), estimate.logit_diff_change.nunique()) > 1
+        rho = spearmanr(reference, estimate.logit_diff_change).statistic if varies else float("nan")
+        found[method] = {"spearman": float(rho), "top_k": k, "top_k_recall": len(top_exact & top_estimate) / k}
+    return found

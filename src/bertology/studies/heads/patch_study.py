@@ -16,13 +16,14 @@ import torch
 
 from bertology.core.errors import BertologyError
 from bertology.core.model.interventions import known_layout
+from bertology.core.model.models import LANGUAGE_MODEL
 from bertology.core.options import check_seed
 from bertology.core.statistics.stats import MIN_SAMPLE
 from bertology.core.storage.runfolder import claims_out
 from bertology.studies.heads.pair_tasks import TASKS, task_pairs
 from bertology.studies.heads.pairs import read_pairs
 from bertology.studies.heads.patch_statistics import agreement, pairs_table, patching_table
-from bertology.studies.heads.patching import DIRECTIONS, Patcher
+from bertology.studies.heads.patching import DIRECTIONS, POSITIONS, Patcher
 
 
 @dataclass
@@ -41,7 +42,7 @@ class PatchStudy:
 
     def mattering(self, method: str = "activation") -> pd.DataFrame:
         """The heads that matter by ``method``, largest effect first."""
-        rows = self.patching[(self.patching.method == method) & self.patching.matters]
+        rows = self.patching[(self.patching.method == method) & (self.patching.position == "all") & self.patching.matters]
         return rows.sort_values("effect", key=abs, ascending=False)
 
     @claims_out
@@ -62,7 +63,7 @@ class PatchStudy:
                                      "agreement": self.agreement, "settings": self.settings}, report=report, command=command) / "report.html"
 
 
-def _check(pairs, task: str | None, n: int, direction: str, correction: str, bootstrap: int, min_sample: int) -> None:
+def _check(pairs, task: str | None, n: int, direction: str, positions: str, correction: str, bootstrap: int, min_sample: int) -> None:
     """Refuse impossible settings in one line, before the model is loaded."""
     from statsmodels.stats.multitest import multipletests
 
@@ -72,6 +73,8 @@ def _check(pairs, task: str | None, n: int, direction: str, correction: str, boo
         raise BertologyError(f"unknown --task {task!r}; use {', '.join(TASKS)}")
     if direction not in DIRECTIONS:
         raise BertologyError(f"unknown --direction {direction!r}; use {' or '.join(DIRECTIONS)}")
+    if positions not in POSITIONS:
+        raise BertologyError(f"unknown --positions {positions!r}; use {' or '.join(POSITIONS)}")
     if n < 1 or bootstrap < 100 or min_sample < 2:
         raise BertologyError("--n must be at least 1, --bootstrap at least 100 and --min-sample at least 2")
     try:
@@ -80,26 +83,56 @@ def _check(pairs, task: str | None, n: int, direction: str, correction: str, boo
         raise BertologyError(f"unknown --correction {correction!r} (statsmodels multipletests: fdr_bh, bonferroni, holm, ...)") from None
 
 
-@claims_out(words=("task", "direction", "correction", "device"))
+def _head(model: str | Path | None) -> str:
+    """The head ``model`` is loaded with: ``classifier`` where its config names a sequence classifier, else its language-model
+    head (a model folder that cannot be read is refused by :func:`~bertology.core.model.models.load_model`)."""
+    from transformers import AutoConfig
+
+    if model is None:
+        return LANGUAGE_MODEL
+    try:
+        architectures = AutoConfig.from_pretrained(str(model)).architectures or []
+    except (OSError, ValueError):
+        return LANGUAGE_MODEL
+    return "classifier" if any(name.endswith("ForSequenceClassification") for name in architectures) else LANGUAGE_MODEL
+
+
+def _pairs(loaded, classifier: bool, pairs, task: str | None, n: int, seed: int, positions: str) -> list:
+    """The encoded pairs: a ``classifier``'s ``answer`` and ``wrong`` name its labels; per position, every pair one length."""
+    if classifier and task is not None:
+        raise BertologyError("--task builds language-model pairs; a classifier needs --pairs whose answer and wrong name two of its labels")
+    labels = tuple(str(loaded.model.config.id2label[i]) for i in range(loaded.model.config.num_labels)) if classifier else None
+    encoded = read_pairs(pairs, loaded.tokenizer, loaded.kind, labels) if pairs is not None else task_pairs(task, loaded.tokenizer, loaded.kind, n, seed)
+    lengths = sorted({len(pair.clean) for pair in encoded})
+    if positions == "each" and len(lengths) > 1:
+        raise BertologyError(f"--positions each needs every pair to be one length, so that a position means one place; these are "
+                             f"{', '.join(map(str, lengths))} pieces long")
+    return encoded
+
+
+@claims_out(words=("task", "direction", "positions", "correction", "device"))
 def patch_heads(model: str | Path | None = None, pairs: str | Path | None = None, *, task: str | None = None, n: int = 100,
-                direction: str = "denoise", bootstrap: int = 10000, correction: str = "fdr_bh", min_sample: int = MIN_SAMPLE, seed: int = 0,
-                device: str = "auto", out: str | Path | None = None, progress: bool = True, command: list[str] | None = None) -> PatchStudy:
-    """Patch every head of ``model`` (a causal LM, or an encoder with its masked-LM head) on the ``pairs`` file or ``n``
-    pairs of the built-in ``task``, in ``direction``; exact and attribution patching, each head's effect with a bootstrap
-    interval (``bootstrap`` replicates) and a ``correction`` over heads. A model whose layout bertology does not know is
-    refused before any pass. With ``out``, the run folder is written whole."""
+                direction: str = "denoise", positions: str = "all", bootstrap: int = 10000, correction: str = "fdr_bh",
+                min_sample: int = MIN_SAMPLE, seed: int = 0, device: str = "auto", out: str | Path | None = None, progress: bool = True,
+                command: list[str] | None = None) -> PatchStudy:
+    """Patch every head of ``model`` (a causal LM, an encoder with its masked-LM head, or a sequence classifier) on the
+    ``pairs`` file or ``n`` pairs of the built-in ``task``, in ``direction``, at all positions and (``positions="each"``) at
+    each alone; exact and attribution patching (AtP, AtP*), each head's effect with a bootstrap interval (``bootstrap``
+    replicates) and a ``correction`` over heads. A model whose layout bertology does not know is refused before any pass.
+    With ``out``, the run folder is written whole."""
     from bertology.core.model.models import load_model
 
     check_seed(seed)
-    _check(pairs, task, n, direction, correction, bootstrap, min_sample)
-    loaded = load_model(model, device=device, head="language-model")
+    _check(pairs, task, n, direction, positions, correction, bootstrap, min_sample)
+    head = _head(model)
+    loaded = load_model(model, device=device, head=head)
     known_layout(loaded.model)
-    encoded = read_pairs(pairs, loaded.tokenizer, loaded.kind) if pairs is not None else task_pairs(task, loaded.tokenizer, loaded.kind, n, seed)
+    encoded = _pairs(loaded, head == "classifier", pairs, task, n, seed, positions)
     torch.manual_seed(seed)
-    effects = Patcher(loaded.model, direction).effects(encoded, progress=progress)
+    effects = Patcher(loaded.model, direction, positions).effects(encoded, progress=progress)
     table = patching_table(effects, direction, replicates=bootstrap, seed=seed, correction=correction, min_sample=min_sample)
-    settings = {"pairs": str(pairs) if pairs is not None else None, "task": task, "n": len(encoded), "direction": direction, "bootstrap": bootstrap,
-                "correction": correction, "min_sample": min_sample, "seed": seed, "device": str(loaded.device)}
+    settings = {"pairs": str(pairs) if pairs is not None else None, "task": task, "n": len(encoded), "direction": direction, "positions": positions,
+                "bootstrap": bootstrap, "correction": correction, "min_sample": min_sample, "seed": seed, "device": str(loaded.device)}
     study = PatchStudy(loaded.info(), Path(pairs).name if pairs is not None else f"--task {task}", table,
                        pairs_table(effects, [pair.line for pair in encoded], direction), float(effects.clean.mean()), float(effects.corrupt.mean()),
                        agreement(table), settings)
