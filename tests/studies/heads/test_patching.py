@@ -436,3 +436,23 @@ def test_a_classifier_is_patched_on_the_logit_difference_of_two_labels(tiny_clas
     assert code != 0 and "bad.jsonl:2: answer 'positive' is not one of the classifier's labels (0, 1)" in output
     code, output = patch("-m", tiny_classifier_dir, "--task", "ioi", "--out", tmp_path / "bad")
     assert code != 0 and "a classifier needs --pairs" in output and not (tmp_path / "bad").exists()
+
+
+def test_ray_spreads_the_pairs_over_workers_and_gives_the_local_tables(tiny_llama_dir, tmp_path):
+    """``--backend ray --workers 2`` on a local cluster (loopback, started and stopped by the command): the pairs in two
+    shards, the tables equal to the local run's (a float64 copy of the model: a worker's threads sum in another order, which
+    float32 would show in the sixth digit of a small effect)."""
+    pytest.importorskip("ray")
+    pairs = write_pairs(tmp_path / "pairs.jsonl", subject_pairs()[:6])
+    folder = tmp_path / "llama64"
+    AutoModelForCausalLM.from_pretrained(tiny_llama_dir).double().save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_llama_dir).save_pretrained(folder)
+    code, output = patch("-m", folder, "--pairs", pairs, "--out", tmp_path / "local", "--bootstrap", 200, "--positions", "each")
+    assert code == 0, output
+    code, output = patch("-m", folder, "--pairs", pairs, "--out", tmp_path / "ray", "--bootstrap", 200, "--positions", "each",
+                         "--backend", "ray", "--workers", 2)
+    assert code == 0, output
+    for name in ("patching.csv", "patching_pairs.csv"):
+        local, on_ray = (pd.read_csv(tmp_path / run / name, dtype={"position": str}) for run in ("local", "ray"))
+        pd.testing.assert_frame_equal(local, on_ray, check_exact=False, rtol=1e-9, atol=1e-12)
+    assert json.loads((tmp_path / "ray" / "manifest.json").read_text())["settings"]["backend"] == "ray"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bertology.core.errors import BertologyError
-from bertology.core.options import CLASSIFIER, CORPUS, MODEL, RUN, TASK, TASK_BATCHES, TESTS, Option, pick
+from bertology.core.options import CLASSIFIER, CORPUS, MODEL, RAY, RUN, TASK, TASK_BATCHES, TESTS, Option, pick
 from bertology.studies import Study, default_out, read_task, register_study
 
 #: The split a task's gradient importance is measured on unless ``--importance-split`` says otherwise.
@@ -149,7 +149,7 @@ class Patch(Study):
         Option("positions", "all", "all (z_h patched at every position at once) or each (also at each position alone; pairs of one length)."),
         Option("bootstrap", 10000, "Bootstrap replicates over pairs (p is at least 2/(B+1)).", minimum=100),
         TESTS[0].but(help="Multiple-testing correction over heads (statsmodels)."),
-        *pick(TESTS, "min_sample"), *pick(RUN, "out", "seed"), *pick(MODEL, "device"), *pick(RUN, "quiet"),
+        *pick(TESTS, "min_sample"), *pick(RUN, "out", "seed"), *pick(MODEL, "device"), *RAY, *pick(RUN, "quiet"),
     )
     outputs = ("patching", "patching_pairs")
 
@@ -162,8 +162,8 @@ class Patch(Study):
             check_out(s["out"], inputs=(s["pairs"], s["model"]))
         settings["out"] = s["out"] = s["out"] or default_out(self.name, s["model"], s["pairs"] or s["task"])
         return patch_heads(s["model"], s["pairs"], task=s["task"], n=s["n"], direction=s["direction"], positions=s["positions"], bootstrap=s["bootstrap"],
-                           correction=s["correction"], min_sample=s["min_sample"], seed=s["seed"], device=s["device"], out=s["out"],
-                           progress=not s["quiet"], command=command)
+                           correction=s["correction"], min_sample=s["min_sample"], seed=s["seed"], device=s["device"], backend=s["backend"],
+                           workers=s["workers"], address=s["address"], out=s["out"], progress=not s["quiet"], command=command)
 
     def summary(self, study, settings: dict) -> list[str]:
         lines = [f"{study.settings['n']} pairs of {study.source}: mean LD {study.ld_clean:.4f} clean, {study.ld_corrupt:.4f} corrupted "

@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
+from bertology.core.backends import BACKENDS, DEFAULT_CPU_ACTORS, map_on_ray, require_ray
 from bertology.core.errors import BertologyError
 from bertology.core.model.interventions import known_layout
 from bertology.core.model.models import LANGUAGE_MODEL
@@ -23,7 +25,7 @@ from bertology.core.storage.runfolder import claims_out
 from bertology.studies.heads.pair_tasks import TASKS, task_pairs
 from bertology.studies.heads.pairs import read_pairs
 from bertology.studies.heads.patch_statistics import agreement, pairs_table, patching_table
-from bertology.studies.heads.patching import DIRECTIONS, POSITIONS, Patcher
+from bertology.studies.heads.patching import DIRECTIONS, POSITIONS, PairEffects, Patcher
 
 
 @dataclass
@@ -63,7 +65,8 @@ class PatchStudy:
                                      "agreement": self.agreement, "settings": self.settings}, report=report, command=command) / "report.html"
 
 
-def _check(pairs, task: str | None, n: int, direction: str, positions: str, correction: str, bootstrap: int, min_sample: int) -> None:
+def _check(pairs, task: str | None, n: int, direction: str, positions: str, correction: str, bootstrap: int, min_sample: int,
+           backend: str) -> None:
     """Refuse impossible settings in one line, before the model is loaded."""
     from statsmodels.stats.multitest import multipletests
 
@@ -75,6 +78,8 @@ def _check(pairs, task: str | None, n: int, direction: str, positions: str, corr
         raise BertologyError(f"unknown --direction {direction!r}; use {' or '.join(DIRECTIONS)}")
     if positions not in POSITIONS:
         raise BertologyError(f"unknown --positions {positions!r}; use {' or '.join(POSITIONS)}")
+    if backend not in BACKENDS:
+        raise BertologyError(f"unknown --backend {backend!r}; use {' or '.join(BACKENDS)}")
     if n < 1 or bootstrap < 100 or min_sample < 2:
         raise BertologyError("--n must be at least 1, --bootstrap at least 100 and --min-sample at least 2")
     try:
@@ -110,29 +115,51 @@ def _pairs(loaded, classifier: bool, pairs, task: str | None, n: int, seed: int,
     return encoded
 
 
-@claims_out(words=("task", "direction", "positions", "correction", "device"))
+def patched_on_worker(source: str, head: str, pairs: list, direction: str, positions: str, device: str) -> PairEffects:
+    """One Ray task: the model at ``source`` loaded on the worker, and its effects on ``pairs``."""
+    from bertology.core.model.models import load_model
+
+    return Patcher(load_model(source, device=device, head=head).model, direction, positions).effects(pairs)
+
+
+def _effects(loaded, head: str, encoded: list, direction: str, positions: str, backend: str, workers: int | None, address: str | None,
+             device: str, progress: bool) -> PairEffects:
+    """The per-pair effects, here or (``backend="ray"``) with the pairs cut into one shard per worker, joined in order."""
+    if backend == "local":
+        return Patcher(loaded.model, direction, positions).effects(encoded, progress=progress)
+    require_ray()
+    source = str(loaded.source) if loaded.source is not None else loaded.name  # a folder by its absolute path, which every node must see
+    shards = [shard for shard in np.array_split(np.arange(len(encoded)), min(len(encoded), workers or DEFAULT_CPU_ACTORS)) if len(shard)]
+    jobs = [(source, head, [encoded[i] for i in shard], direction, positions) for shard in shards]
+    done = dict(map_on_ray(patched_on_worker, jobs, device=device, workers=workers, address=address))
+    return PairEffects.joined([done[index] for index in range(len(jobs))])
+
+
+@claims_out(words=("task", "direction", "positions", "correction", "device", "backend"))
 def patch_heads(model: str | Path | None = None, pairs: str | Path | None = None, *, task: str | None = None, n: int = 100,
                 direction: str = "denoise", positions: str = "all", bootstrap: int = 10000, correction: str = "fdr_bh",
-                min_sample: int = MIN_SAMPLE, seed: int = 0, device: str = "auto", out: str | Path | None = None, progress: bool = True,
-                command: list[str] | None = None) -> PatchStudy:
+                min_sample: int = MIN_SAMPLE, seed: int = 0, device: str = "auto", backend: str = "local", workers: int | None = None,
+                address: str | None = None, out: str | Path | None = None, progress: bool = True, command: list[str] | None = None) -> PatchStudy:
     """Patch every head of ``model`` (a causal LM, an encoder with its masked-LM head, or a sequence classifier) on the
     ``pairs`` file or ``n`` pairs of the built-in ``task``, in ``direction``, at all positions and (``positions="each"``) at
     each alone; exact and attribution patching (AtP, AtP*), each head's effect with a bootstrap interval (``bootstrap``
-    replicates) and a ``correction`` over heads. A model whose layout bertology does not know is refused before any pass.
-    With ``out``, the run folder is written whole."""
+    replicates) and a ``correction`` over heads. ``backend="ray"`` spreads the pairs over ``workers`` (a local cluster, or
+    the one at ``address``); the tables are the local run's. A model whose layout bertology does not know is refused before
+    any pass. With ``out``, the run folder is written whole."""
     from bertology.core.model.models import load_model
 
     check_seed(seed)
-    _check(pairs, task, n, direction, positions, correction, bootstrap, min_sample)
+    _check(pairs, task, n, direction, positions, correction, bootstrap, min_sample, backend)
     head = _head(model)
     loaded = load_model(model, device=device, head=head)
     known_layout(loaded.model)
     encoded = _pairs(loaded, head == "classifier", pairs, task, n, seed, positions)
     torch.manual_seed(seed)
-    effects = Patcher(loaded.model, direction, positions).effects(encoded, progress=progress)
+    effects = _effects(loaded, head, encoded, direction, positions, backend, workers, address, device, progress)
     table = patching_table(effects, direction, replicates=bootstrap, seed=seed, correction=correction, min_sample=min_sample)
     settings = {"pairs": str(pairs) if pairs is not None else None, "task": task, "n": len(encoded), "direction": direction, "positions": positions,
-                "bootstrap": bootstrap, "correction": correction, "min_sample": min_sample, "seed": seed, "device": str(loaded.device)}
+                "bootstrap": bootstrap, "correction": correction, "min_sample": min_sample, "seed": seed, "device": str(loaded.device),
+                "backend": backend, "workers": workers}
     study = PatchStudy(loaded.info(), Path(pairs).name if pairs is not None else f"--task {task}", table,
                        pairs_table(effects, [pair.line for pair in encoded], direction), float(effects.clean.mean()), float(effects.corrupt.mean()),
                        agreement(table), settings)

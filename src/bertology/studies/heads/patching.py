@@ -52,6 +52,15 @@ class PairEffects:
     dropped: np.ndarray
     by_position: dict[str, np.ndarray] = field(default_factory=dict)
 
+    @classmethod
+    def joined(cls, parts: list[PairEffects]) -> PairEffects:
+        """The effects of consecutive runs of pairs (the shards of a Ray run, in order) as one."""
+        def stacked(name: str) -> dict[str, np.ndarray]:
+            return {method: np.concatenate([getattr(part, name)[method] for part in parts]) for method in getattr(parts[0], name)}
+
+        return cls(np.concatenate([part.clean for part in parts]), np.concatenate([part.corrupt for part in parts]), stacked("changes"),
+                   np.concatenate([part.dropped for part in parts]), stacked("by_position"))
+
 
 @dataclass
 class TargetRun:
