@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -58,11 +59,14 @@ def default_model_path() -> Path:
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
     """Silence transformers' loading reports for the block: a task head that a bare encoder leaves
-    out (a fine-tuned model's), or that a task model adds (fine-tuning), is expected, not news."""
+    out (a fine-tuned model's), or that a task model adds (fine-tuning), is expected, not news; nor is torch's warning that
+    initialising an empty weight does nothing (an attention-only model's MLP of size 0, ``pretrain --attention-only``)."""
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Initializing zero-element tensors is a no-op")
+            yield
     finally:
         hf_logging.set_verbosity(verbosity)
 

@@ -1,5 +1,8 @@
 """Olsson et al.'s (2022) probe of induction heads as a corpus: random whole-word pieces of a model's vocabulary, each
-sequence repeated twice (``--synthetic-repeats``, ``--synthetic-length``; docs/methods.md#decoder-head-types).
+sequence repeated twice (``--synthetic-repeats``, ``--synthetic-length``; docs/methods.md#decoder-head-types); and sequences in
+which a random segment repeats with a random period and offset (:func:`repeated_segment`), which ``bertology pretrain
+--synthetic repeats`` trains on and ``track``'s induction verdict reads, so that only content, not position, predicts a
+repeat (METHODS.md section 15).
 
 The probe is drawn lazily, one sequence at a time, so a run that reads its first ``--limit`` sequences draws only those.
 """
@@ -18,6 +21,24 @@ from bertology.core.text.corpora import Example
 SYNTHETIC_LENGTH = 50
 #: Draws of one synthetic sequence before giving up on a tokenizer whose whole-word pieces do not come back from their text.
 SYNTHETIC_TRIES = 100
+
+
+def repeated_segment(rng: np.random.Generator, pool: np.ndarray, length: int, periods: tuple[int, int],
+                     repeated: int | None = None) -> tuple[list[int], int, int]:
+    """One sequence of ``length`` pieces drawn uniformly from ``pool`` in which a segment repeats: its period ``p`` uniform in
+    ``periods`` (both ends included), its first copy at offset ``o``, then copied on for ``repeated`` pieces,
+    ``x[o + p + k] = x[o + k mod p]``, with ``o`` uniform where that fits (``0 <= o <= length - p - repeated``); ``repeated``
+    None: the copies run to the end, ``o`` uniform where two whole copies fit (``o <= length - 2p``). Every other piece is
+    drawn on its own. Returns ``(pieces, p, o + p)``, the last where the second copy begins (``Example.second_copy``)."""
+    period = int(rng.integers(periods[0], periods[1] + 1))
+    copied = length - 2 * period if repeated is None else length - period - repeated
+    if copied < 0:
+        raise BertologyError(f"a segment of {period} pieces repeated for {period if repeated is None else repeated} more does not fit in {length}")
+    offset = int(rng.integers(0, copied + 1))
+    pieces = rng.choice(pool, size=length)
+    end = length if repeated is None else offset + period + repeated
+    pieces[offset + period : end] = np.resize(pieces[offset : offset + period], end - offset - period)
+    return pieces.tolist(), period, offset + period
 
 
 def whole_word_pieces(tokenizer) -> list[int]:

@@ -15,12 +15,22 @@ class Pretrain(Study):
     title = ("Pre-train a small BERT (masked LM + next sentence), or with --causal a GPT-2-style decoder (causal LM), from scratch "
              "with log-spaced checkpoints; rerun to resume.")
     options = (
-        Option("corpus", None, "Text files, or folders of .txt files (one document per file; blank lines end paragraphs).", type=Path,
-               argument=True, multiple=True, required=True),
+        Option("corpus", None, "Text files, or folders of .txt files (one document per file; blank lines end paragraphs); none with --synthetic.",
+               type=Path, argument=True, multiple=True),
         RUN[0].but(default=Path("runs/pretrain"), help="Run folder: checkpoints/step-NNNNNN model folders, loss curve, report."),
         Option("causal", False, "A GPT-2-style decoder trained with the causal LM loss (next-token cross-entropy) on a byte-level BPE "
                                 "vocabulary, instead of a BERT (the first token is the candidate attention sink that `track` follows)."),
-        Option("vocab_size", 8000, "Vocabulary size (WordPiece; byte-level BPE with --causal).", minimum=100),
+        Option("vocab_size", None, "Vocabulary size (WordPiece; byte-level BPE with --causal; the symbols of --synthetic) [default: 8000; 64 "
+                                   "symbols with --synthetic].", type=int, minimum=2),
+        Option("synthetic", None, "Instead of a corpus, a synthetic task made in memory (with --causal): 'repeats', sequences of random symbols in "
+                                  "which a random segment repeats at a random period and offset, so that only content predicts a repeat "
+                                  "(induction heads form on it, Olsson et al. 2022).", type=str),
+        Option("repeat_share", None, "With --synthetic repeats: the share of each sequence's symbols that repeat its segment [default: 0.5].",
+               type=float),
+        Option("min_period", None, "With --synthetic repeats: the segment's shortest length (its period) [default: 6].", type=int, minimum=1),
+        Option("max_period", None, "With --synthetic repeats: its longest [default: 24].", type=int, minimum=1),
+        Option("attention_only", False, "With --causal: no MLP blocks, as Olsson et al.'s small models (a Llama whose MLPs are of size 0, "
+                                        "adding exactly 0)."),
         Option("layers", 4, "Transformer layers.", minimum=1),
         Option("heads", 8, "Attention heads per layer.", minimum=1),
         Option("hidden", 256, "Hidden size.", minimum=8),
@@ -42,10 +52,11 @@ class Pretrain(Study):
         from bertology.studies.pretrain.pretraining import pretrain
 
         s = settings
-        return pretrain(s["corpus"], s["out"], objective=(CAUSAL_LM if s["causal"] else MASKED_LM).name, vocab_size=s["vocab_size"],
+        return pretrain(s["corpus"] or None, s["out"], objective=(CAUSAL_LM if s["causal"] else MASKED_LM).name, vocab_size=s["vocab_size"],
                         layers=s["layers"], heads=s["heads"], hidden=s["hidden"], max_length=s["max_length"], batch_size=s["batch_size"],
                         steps=s["steps"], learning_rate=s["learning_rate"], checkpoints=s["checkpoints"],
-                        linear_checkpoints=s["linear_checkpoints"],
+                        linear_checkpoints=s["linear_checkpoints"], synthetic=s["synthetic"], repeat_share=s["repeat_share"],
+                        min_period=s["min_period"], max_period=s["max_period"], attention_only=s["attention_only"],
                         seed=s["seed"], device=s["device"], progress=not s["quiet"], command=command)
 
     def summary(self, summary: dict, settings: dict) -> list[str]:

@@ -120,6 +120,11 @@ class RunCorpus:
     def instances(self, ids: list[list[list[int]]], rng: np.random.Generator) -> list[dict]:
         return self.objective.instances(ids, self.max_length, rng, self.tokenizer)
 
+    def facts(self) -> dict:
+        """What ``pretraining.json`` and the manifest record of the corpus."""
+        return {"files": [str(f) for f in self.files], "documents": len(self.documents), "sentences": sum(map(len, self.documents)),
+                "training_pieces": int(sum(len(s) for document in self.train_ids for s in document))}
+
     def epoch_rows(self, index: int) -> list[dict]:
         """The training instances of epoch ``index``, (paired and) shuffled by a generator keyed by the epoch."""
         rng = keyed_rng(self.seed, "epoch", index)

@@ -24,11 +24,14 @@ from transformers import (
     DataCollatorForLanguageModeling,
     GPT2Config,
     GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
     PreTrainedTokenizerFast,
 )
 
 from bertology.core.errors import BertologyError
 from bertology.core.learning.tasks import next_token_losses
+from bertology.core.model.models import quiet_transformers
 from bertology.studies.pretrain.settings import PretrainSettings
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -164,6 +167,28 @@ def causal_lm_loss(network: GPT2LMHeadModel, batch: dict[str, torch.Tensor]) -> 
     return summed.sum() / predicted.sum()
 
 
+def attention_only_decoder(tokenizer: PreTrainedTokenizerFast, settings: PretrainSettings) -> LlamaForCausalLM:
+    """An attention-only decoder (``--attention-only``; Olsson et al. 2022's and Elhage et al. 2021's small models): a Llama
+    (``LlamaForCausalLM``, a standard transformers model every command loads) whose MLP blocks are of ``intermediate_size``
+    0. Their three weights are empty (``[0, hidden]``, ``[hidden, 0]``) and ``down_proj`` of an empty product is exactly 0, so
+    each layer is ``x + attention(RMSNorm(x))`` and nothing else; the post-attention norm before the empty MLP reaches no
+    output (its gradient is 0). transformers has no attention-only switch, and GPT-2's MLP cannot be sized 0 (its Conv1D
+    fails on an empty weight), hence Llama's layout: rotary positions, RMSNorm, no biases, an untied unembedding."""
+    head_size = settings.hidden // settings.heads
+    if head_size % 2:
+        raise BertologyError(f"--attention-only builds a Llama, whose rotary positions need an even head size: --hidden {settings.hidden} "
+                             f"/ --heads {settings.heads} is {head_size}")
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=settings.hidden, intermediate_size=0, num_hidden_layers=settings.layers,
+                         num_attention_heads=settings.heads, num_key_value_heads=settings.heads, max_position_embeddings=settings.max_length,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    with quiet_transformers():  # and torch's warning that initialising the empty MLP weights does nothing: that is the point
+        return LlamaForCausalLM(config)
+
+
+#: The synthetic task's settings, which a run on a corpus leaves out of what it records.
+SYNTHETIC_SETTINGS = ("synthetic", "repeat_share", "min_period", "max_period")
+
+
 class Objective:
     """What one pre-training objective trains and records (see the module docstring). One instance of each serves every run:
     :data:`MASKED_LM` and :data:`CAUSAL_LM`, by name in :data:`OBJECTIVES`."""
@@ -246,8 +271,14 @@ class Objective:
         return self.validation_scores(total / max(count, 1), tallies)
 
     def recorded_settings(self, settings: dict) -> dict:
-        """``settings`` (:class:`PretrainSettings` as a dict) as the summary records them: but the :attr:`unused_settings`."""
-        return {key: value for key, value in settings.items() if key not in self.unused_settings}
+        """``settings`` (:class:`PretrainSettings` as a dict) as the summary records them: but the :attr:`unused_settings`, and
+        the synthetic task's where the run reads a corpus."""
+        unused = (*self.unused_settings, *(SYNTHETIC_SETTINGS if settings["synthetic"] is None else ()))
+        return {key: value for key, value in settings.items() if key not in unused}
+
+    def architecture_of(self, settings: PretrainSettings) -> str:
+        """The model's architecture, as the summary names it."""
+        return self.architecture
 
     def score_words(self, summary: dict) -> str:
         """The final validation scores of ``summary`` (``pretraining.json``) against the unigram baseline, as the command line says them."""
@@ -281,7 +312,7 @@ class MaskedLM(Objective):
     score_names = ("loss", "accuracy")
     masks = True
     predicts_next_sentence = True
-    unused_settings = ()
+    unused_settings = ("attention_only",)  # a decoder's (pretrain refuses it without --causal)
     special_tokens = SPECIAL_TOKENS
     tokenizer_class = BertTokenizerFast
 
@@ -351,7 +382,12 @@ class CausalLM(Objective):
     def instances(self, documents, max_length, rng, tokenizer):
         return make_causal_instances(documents, max_length)
 
+    def architecture_of(self, settings):
+        return "Llama, attention-only (MLP blocks of size 0)" if settings.attention_only else self.architecture
+
     def build_model(self, tokenizer, settings):
+        if settings.attention_only:
+            return attention_only_decoder(tokenizer, settings)
         config = GPT2Config(vocab_size=len(tokenizer), n_positions=settings.max_length, n_embd=settings.hidden, n_layer=settings.layers,
                             n_head=settings.heads, n_inner=settings.intermediate, bos_token_id=tokenizer.bos_token_id,
                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
@@ -374,7 +410,13 @@ class CausalLM(Objective):
         return f"validation causal LM loss {summary['val_lm_loss']:.3f} (unigram baseline {summary['unigram_cross_entropy']:.3f})"
 
     def report_words(self, summary):
-        return (f"A GPT-2-style decoder trained from scratch with the {summary['loss']}, on a byte-level BPE vocabulary that adds no "
+        settings = summary["settings"]
+        model = ("An attention-only decoder (a Llama whose MLP blocks are of size 0, as Olsson et al. 2022's small models)"
+                 if settings["attention_only"] else "A GPT-2-style decoder")
+        text = ("a byte-level BPE vocabulary" if settings.get("synthetic") is None else
+                f"sequences of {settings['vocab_size']} random symbols in which a segment of {settings['min_period']} to {settings['max_period']} "
+                f"symbols repeats at a random offset ({settings['repeat_share']:.0%} of each sequence's symbols), made in memory, a word-level vocabulary")
+        return (f"{model} trained from scratch with the {summary['loss']}, on {text} that adds no "
                 "special token, so that each checkpoint's first token is the candidate attention sink (docs/methods.md#decoders). ",
                 f"Final validation causal LM loss {summary['val_lm_loss']:.3f} nats against {summary['unigram_cross_entropy']:.3f} for unigram guessing.")
 

@@ -44,17 +44,19 @@ from bertology.core.storage.runfolder import RunFolder, claims_out, complete_run
 from bertology.studies.pretrain.corpus import RunCorpus, Validation, corpus_files, read_corpus, validation_set
 from bertology.studies.pretrain.objectives import Objective, objective_named
 from bertology.studies.pretrain.settings import PretrainSettings
+from bertology.studies.pretrain.symbols import SyntheticCorpus, synthetic_corpus, synthetic_settings
 from bertology.studies.pretrain.training import PretrainingRun, optimiser, resume_or_start, run_identity, train
 
 
 def _start(training: Path, settings: PretrainSettings, goal: Objective, files: list[Path],
-           torch_device: torch.device) -> tuple[PretrainingRun, RunCorpus, list[dict], Validation]:
-    """The run, resumed from the training state kept in ``training`` where there is one, its corpus, the first epoch's
-    instances and the validation set; refused where the corpus makes no training instance."""
+           torch_device: torch.device) -> tuple[PretrainingRun, RunCorpus | SyntheticCorpus, list[dict], Validation]:
+    """The run, resumed from the training state kept in ``training`` where there is one, its corpus (or synthetic task), the
+    first epoch's instances and the validation set; refused where the corpus makes no training instance."""
     hf_logging.disable_progress_bar()
     torch.manual_seed(settings.seed)
     state = resume_or_start(training, settings, goal)
-    text = read_corpus(files, settings, goal, training / "state" if state is not None else None)
+    text = (synthetic_corpus(settings, goal) if settings.synthetic is not None
+            else read_corpus(files, settings, goal, training / "state" if state is not None else None))
     rows = text.epoch_rows(0)
     if not rows:
         raise CorpusError(files[0], None, "too little text to make one training instance")
@@ -70,7 +72,7 @@ def _start(training: Path, settings: PretrainSettings, goal: Objective, files: l
     return run, text, rows, validation
 
 
-def _summary(run: PretrainingRun, corpus: RunCorpus, validation: Validation, rows: list[dict], out: str | Path, resumed_from: int,
+def _summary(run: PretrainingRun, corpus: RunCorpus | SyntheticCorpus, validation: Validation, rows: list[dict], out: str | Path, resumed_from: int,
              seconds: float) -> dict:
     """``pretraining.json``: the objective, corpus, model, settings, final validation scores against the unigram yardstick,
     and the run's facts."""
@@ -79,10 +81,8 @@ def _summary(run: PretrainingRun, corpus: RunCorpus, validation: Validation, row
     return {
         "objective": settings.objective,
         "loss": goal.loss,
-        "corpus": {"files": settings.corpus, "documents": len(corpus.documents), "sentences": sum(map(len, corpus.documents)),
-                   "training_pieces": int(sum(len(s) for document in corpus.train_ids for s in document)),
-                   "validation_instances": len(validation.rows), "validated_on_training_text": validation.on_training_text},
-        "model": {"architecture": goal.architecture, "parameters": sum(p.numel() for p in network.base_model.parameters()),
+        "corpus": {**corpus.facts(), "validation_instances": len(validation.rows), "validated_on_training_text": validation.on_training_text},
+        "model": {"architecture": goal.architecture_of(settings), "parameters": sum(p.numel() for p in network.base_model.parameters()),
                   "vocab_size": len(run.tokenizer)},
         "settings": goal.recorded_settings(asdict(settings)),
         "device": str(run.device),
@@ -114,13 +114,26 @@ def _write_run(out: str | Path, run: PretrainingRun, summary: dict, command: lis
     complete_run(folder, manifest, report=pretraining_report(folder, summary, loss_table, checkpoint_table), command=command)
 
 
-@claims_out(work="training", words=("device", "objective"))
+def _corpus_files(corpus: list[str | Path] | str | Path | None, synthetic: str | None) -> list[Path]:
+    """The corpus's text files (:func:`~bertology.studies.pretrain.corpus.corpus_files`), none for a synthetic task; refused in
+    one line where both or neither are given."""
+    paths = [] if corpus is None else [corpus] if isinstance(corpus, (str, Path)) else list(corpus)
+    if synthetic is not None:
+        if paths:
+            raise BertologyError(f"--synthetic {synthetic} makes the corpus: give no corpus with it")
+        return []
+    if not paths:
+        raise BertologyError("give a corpus (text files or folders of .txt files), or --synthetic repeats")
+    return corpus_files(paths)
+
+
+@claims_out(work="training", words=("device", "objective", "synthetic"))
 def pretrain(
-    corpus: list[str | Path] | str | Path,
+    corpus: list[str | Path] | str | Path | None,
     out: str | Path,
     *,
     objective: str = "masked-lm",
-    vocab_size: int = 8000,
+    vocab_size: int | None = None,
     layers: int = 4,
     heads: int = 8,
     hidden: int = 256,
@@ -134,6 +147,11 @@ def pretrain(
     mask_probability: float = 0.15,
     checkpoints: int = 12,
     linear_checkpoints: bool = False,
+    synthetic: str | None = None,
+    repeat_share: float | None = None,
+    min_period: int | None = None,
+    max_period: int | None = None,
+    attention_only: bool = False,
     validation_share: float = 0.02,
     seed: int = 0,
     device: str = "auto",
@@ -145,6 +163,10 @@ def pretrain(
     """Pre-train a model of the given size from scratch on ``corpus`` (text files or folders of ``*.txt``): a BERT with the
     masked-LM and next-sentence losses (``objective="masked-lm"``), or a GPT-2-style decoder with the causal LM loss
     (``"causal-lm"``; ``mask_probability`` plays no part). :mod:`~bertology.studies.pretrain.objectives` says what each records.
+    ``vocab_size``: default 8000 pieces, or with ``synthetic`` 64 symbols. ``synthetic="repeats"`` (no corpus, a decoder's):
+    random symbols in which a segment repeats (:mod:`~bertology.studies.pretrain.symbols`, with ``repeat_share``,
+    ``min_period`` and ``max_period``); ``attention_only`` (a decoder's): no MLP blocks
+    (:func:`~bertology.studies.pretrain.objectives.attention_only_decoder`).
 
     Writes to ``out``: ``checkpoints/step-NNNNNN/`` (model folders, each with a ``pretraining_step.json``: its step, validation
     scores and the run's identity, :func:`~bertology.studies.pretrain.training.run_identity`), ``checkpoints.csv`` (step,
@@ -160,13 +182,18 @@ def pretrain(
     goal = objective_named(objective)  # the one place the objective's name is read: every difference is the objective's to make
     if hidden % heads:
         raise BertologyError(f"--hidden {hidden} is not divisible by --heads {heads}")
+    if attention_only and goal.masks:
+        raise BertologyError("--attention-only builds a decoder without MLP blocks (Olsson et al. 2022): give --causal with it")
     check_learning_rate(learning_rate)
+    task = synthetic_settings(synthetic, goal, vocab_size, repeat_share, min_period, max_period, max_length)
     started = time.perf_counter()
-    files = corpus_files([corpus] if isinstance(corpus, (str, Path)) else list(corpus))
-    settings = PretrainSettings([str(f) for f in files], vocab_size, layers, heads, hidden, intermediate or 4 * hidden, max_length,
-                                batch_size, steps, learning_rate, warmup, weight_decay, mask_probability, checkpoints, validation_share, seed,
-                                corpus_sha256=[file_digest(Path(f), {}) for f in files], objective=goal.name,
-                                linear_checkpoints=linear_checkpoints)
+    files = _corpus_files(corpus, synthetic)
+    settings = PretrainSettings([str(f) for f in files], layers=layers, heads=heads, hidden=hidden,
+                                intermediate=0 if attention_only else intermediate or 4 * hidden,
+                                max_length=max_length, batch_size=batch_size, steps=steps, learning_rate=learning_rate, warmup=warmup,
+                                weight_decay=weight_decay, mask_probability=mask_probability, checkpoints=checkpoints,
+                                validation_share=validation_share, seed=seed, corpus_sha256=[file_digest(Path(f), {}) for f in files] or None,
+                                objective=goal.name, linear_checkpoints=linear_checkpoints, attention_only=attention_only, **task)
     run, text, rows, validation = _start(Path(out) / "training", settings, goal, files, resolve_device(device))  # the unfinished run's work
     resumed_from = run.step
     rows = train(run, text, rows, steps if max_steps is None else min(steps, max_steps), save_every, progress)

@@ -46,6 +46,14 @@ def pretraining_curve(losses: pd.DataFrame, checkpoints: pd.DataFrame, unigram: 
     return figure
 
 
+def _corpus_words(corpus: dict) -> str:
+    """The report's words on the corpus of ``pretraining.json``: its documents, sentences and pieces, or the synthetic task."""
+    if "synthetic" in corpus:
+        return (f"synthetic {corpus['synthetic']}: {corpus['symbols']} symbols, periods {corpus['periods'][0]}-{corpus['periods'][1]}, "
+                f"{corpus['repeat_share']:.0%} of each sequence repeats; {corpus['sequences_per_epoch']:,} fresh sequences an epoch")
+    return f"{corpus['documents']} documents, {corpus['sentences']:,} sentences, {corpus['training_pieces']:,} training pieces"
+
+
 def pretraining_report(folder: RunFolder, summary: dict, losses: pd.DataFrame, checkpoints: pd.DataFrame) -> str:
     """The loss curve and checkpoint table of a ``bertology pretrain`` run, as a self-contained page."""
     settings, objective = summary["settings"], objective_named(summary["objective"])
@@ -68,8 +76,7 @@ def pretraining_report(folder: RunFolder, summary: dict, losses: pd.DataFrame, c
             "model": f"{summary['model']['architecture']}, {settings['layers']} layers x {settings['heads']} heads, hidden {settings['hidden']}, "
                      f"{summary['model']['parameters']:,} parameters, vocabulary {summary['model']['vocab_size']}",
             "loss": summary["loss"],
-            "corpus": f"{summary['corpus']['documents']} documents, {summary['corpus']['sentences']:,} sentences, "
-                      f"{summary['corpus']['training_pieces']:,} training pieces",
+            "corpus": _corpus_words(summary["corpus"]),
             "training": f"{summary['steps']} steps of {settings['batch_size']} x {settings['max_length']} pieces ({summary['epochs']} epochs)",
             "device": summary["device"],
             "time": f"{summary['seconds']} s",

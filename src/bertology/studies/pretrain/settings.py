@@ -29,3 +29,8 @@ class PretrainSettings:
     corpus_sha256: list[str] | None = None  # each corpus file's content: a resume never trains on an edited corpus
     objective: str = "masked-lm"  # a key of objectives.OBJECTIVES
     linear_checkpoints: bool = False  # checkpoints evenly spaced (checkpoint_steps), for a change in mid-run such as induction heads'
+    synthetic: str | None = None  # a synthetic task made in memory instead of a corpus (symbols.SYNTHETIC_TASKS); vocab_size its symbols
+    repeat_share: float | None = None  # --synthetic repeats: the share of each sequence's symbols that repeat its segment
+    min_period: int | None = None  # --synthetic repeats: the segment's shortest period
+    max_period: int | None = None  # and its longest
+    attention_only: bool = False  # no MLP blocks (Olsson et al. 2022): objectives.attention_only_decoder
