@@ -115,8 +115,8 @@ def test_denoising_patching_equals_a_reference_from_transformers_own_modules(kin
     gap = (exact.groupby("pair").ld_clean.first() - exact.groupby("pair").ld_corrupt.first()).mean()
     np.testing.assert_allclose(rows.effect, expected.mean(0).reshape(-1) / gap, rtol=1e-3)
     assert set(table.columns) >= {"ci_low", "ci_high", "p", "p_adj", "matters", "n"} and (table.n == len(pairs)).all()
-    assert set(table.method) == {"activation", "attribution", "attribution*"} and set(table.direction) == {"denoise"}
-    assert set(table.position) == {"all"}
+    assert set(table.method) == {"activation", "attribution", "attribution*", "zero ablation", "mean ablation", "gradient importance"}
+    assert set(table.direction) == {"denoise", "ablation"} and set(table.position) == {"all"}
 
 
 def test_attribution_is_the_gradient_estimate_and_agrees_with_exact_patching(tiny_gpt2_dir, tmp_path):
@@ -310,7 +310,7 @@ def test_a_built_in_task_runs_on_a_tiny_decoder(task, tmp_path):
     code, output = patch("-m", folder, "--task", task, "--n", 12, "--out", tmp_path / "run", "--bootstrap", 200, "--seed", 4)
     assert code == 0, output
     table = pd.read_csv(tmp_path / "run" / "patching.csv")
-    assert len(table) == 3 * 2 * 4 and (table.n == 12).all() and f"12 pairs of --task {task}" in output
+    assert len(table) == 6 * 2 * 4 and (table.n == 12).all() and f"12 pairs of --task {task}" in output
     per_pair = pd.read_parquet(tmp_path / "run" / "patching_pairs.parquet")
     assert sorted(per_pair.pair.unique()) == list(range(12))
 
@@ -456,3 +456,81 @@ def test_ray_spreads_the_pairs_over_workers_and_gives_the_local_tables(tiny_llam
         local, on_ray = (pd.read_csv(tmp_path / run / name, dtype={"position": str}) for run in ("local", "ray"))
         pd.testing.assert_frame_equal(local, on_ray, check_exact=False, rtol=1e-9, atol=1e-12)
     assert json.loads((tmp_path / "ray" / "manifest.json").read_text())["settings"]["backend"] == "ray"
+
+
+def ablation_reference(folder: Path, kind: str, pairs: list[dict]) -> dict[str, np.ndarray]:
+    """On the clean prompts, ``[pairs, layers, heads]``, from transformers' own model in float64 with pre-hooks on the output
+    projections: zero ablation (the head's slice set to 0), mean ablation (set to its mean over every position of every
+    clean and corrupted prompt, recorded by hand first) and Michel's gradient importance (a gate xi on the slice,
+    ``|dLD/dxi|`` at 1)."""
+    model, tokenizer, index = reference_model(folder, kind)
+    modules = projections(model, kind)
+    heads = model.config.num_attention_heads
+    width = model.config.hidden_size // heads
+    seen = []
+    handles = [module.register_forward_pre_hook(lambda m, args, layer=layer: seen.append((layer, args[0][0].clone())))
+               for layer, module in enumerate(modules)]
+    for pair in pairs:
+        for text in (pair["clean"], pair["corrupt"]):
+            logit_difference(model, tokenizer(text)["input_ids"], 0, 1)
+    for handle in handles:
+        handle.remove()
+    means = [torch.cat([z for at, z in seen if at == layer]).mean(0) for layer in range(len(modules))]
+    found = {name: np.empty((len(pairs), len(modules), heads)) for name in ("zero ablation", "mean ablation", "gradient importance")}
+    for i, pair in enumerate(pairs):
+        ids, answer, wrong = tokenizer(pair["clean"])["input_ids"], index(pair["answer"]), index(pair["wrong"])
+        clean = logit_difference(model, ids, answer, wrong)
+        for layer, module in enumerate(modules):
+            for head in range(heads):
+                columns = slice(head * width, (head + 1) * width)
+                for name, value in (("zero ablation", 0.0), ("mean ablation", means[layer][columns])):
+                    def replace(m, args, columns=columns, value=value):
+                        z = args[0].clone()
+                        z[..., columns] = value
+                        return (z,)
+
+                    handle = module.register_forward_pre_hook(replace)
+                    found[name][i, layer, head] = logit_difference(model, ids, answer, wrong) - clean
+                    handle.remove()
+        gates = [torch.ones(heads, dtype=torch.float64, requires_grad=True) for _ in modules]
+        handles = [module.register_forward_pre_hook(lambda m, args, gate=gate: ((args[0].unflatten(-1, (heads, width)) * gate[:, None]).flatten(-2),))
+                   for module, gate in zip(modules, gates)]
+        logits = model(input_ids=torch.tensor([ids])).logits[0]
+        logits = logits[-1] if logits.ndim == 2 else logits
+        gradients = torch.autograd.grad(logits[answer] - logits[wrong], gates)
+        for handle in handles:
+            handle.remove()
+        found["gradient importance"][i] = np.abs(np.stack([gradient.numpy() for gradient in gradients]))
+    return found
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_zero_and_mean_ablation_and_gradient_importance_equal_references(kind, tiny_decoder_dirs, tmp_path):
+    """Per pair against :func:`ablation_reference`; ``rank_agreement.csv`` against scipy's Spearman of the table's own columns."""
+    from scipy.stats import spearmanr
+
+    folder, pairs = tiny_decoder_dirs[kind], subject_pairs()[:8]
+    code, output = patch("-m", folder, "--pairs", write_pairs(tmp_path / "pairs.jsonl", pairs), "--out", tmp_path / "run", "--bootstrap", 200)
+    assert code == 0, output
+    expected = ablation_reference(folder, kind, pairs)
+    per_pair = pd.read_parquet(tmp_path / "run" / "patching_pairs.parquet")
+    for method, values in expected.items():
+        rows = per_pair[per_pair.method == method].sort_values(["pair", "layer", "head"])
+        assert (rows.direction == "ablation").all()
+        np.testing.assert_allclose(rows.change.to_numpy().reshape(values.shape), values, rtol=1e-4, atol=1e-6, err_msg=method)
+    table = pd.read_csv(tmp_path / "run" / "patching.csv")
+    rankings = pd.read_csv(tmp_path / "run" / "rank_agreement.csv")
+    assert len(rankings) == 10 and "least alike rankings:" in output
+    row = rankings[(rankings.method_a == "activation") & (rankings.method_b == "zero ablation")].iloc[0]
+    scores = [table[table.method == method].sort_values(["layer", "head"]).logit_diff_change.abs() for method in ("activation", "zero ablation")]
+    assert row.spearman == pytest.approx(spearmanr(*scores).statistic, abs=1e-12)
+    importance = table[table.method == "gradient importance"]
+    assert importance.p.isna().all() and not importance.matters.any()
+
+
+def test_no_ablations_leaves_them_out(tiny_gpt2_dir, tmp_path):
+    code, output = patch("-m", tiny_gpt2_dir, "--pairs", write_pairs(tmp_path / "pairs.jsonl", subject_pairs()[:4]), "--out", tmp_path / "run",
+                         "--bootstrap", 100, "--no-ablations")
+    assert code == 0, output
+    assert set(pd.read_csv(tmp_path / "run" / "patching.csv").method) == {"activation", "attribution", "attribution*"}
+    assert len(pd.read_csv(tmp_path / "run" / "rank_agreement.csv")) == 1

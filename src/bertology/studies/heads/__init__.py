@@ -147,11 +147,13 @@ class Patch(Study):
         Option("n", 100, "Pairs of the built-in --task, drawn with --seed.", minimum=1),
         Option("direction", "denoise", "denoise (clean z_h into the corrupted run) or noise (corrupted z_h into the clean run)."),
         Option("positions", "all", "all (z_h patched at every position at once) or each (also at each position alone; pairs of one length)."),
+        Option("ablations", True, "Also zero and mean ablation and Michel's gradient importance on the clean prompts, and every method's "
+               "rank agreement.", flag="--ablations/--no-ablations"),
         Option("bootstrap", 10000, "Bootstrap replicates over pairs (p is at least 2/(B+1)).", minimum=100),
         TESTS[0].but(help="Multiple-testing correction over heads (statsmodels)."),
         *pick(TESTS, "min_sample"), *pick(RUN, "out", "seed"), *pick(MODEL, "device"), *RAY, *pick(RUN, "quiet"),
     )
-    outputs = ("patching", "patching_pairs")
+    outputs = ("patching", "patching_pairs", "rank_agreement")
 
     def run(self, settings: dict, command: list[str] | None = None):
         from bertology.core.storage.runfolder import check_out
@@ -161,7 +163,8 @@ class Patch(Study):
         if s["out"] is not None:
             check_out(s["out"], inputs=(s["pairs"], s["model"]))
         settings["out"] = s["out"] = s["out"] or default_out(self.name, s["model"], s["pairs"] or s["task"])
-        return patch_heads(s["model"], s["pairs"], task=s["task"], n=s["n"], direction=s["direction"], positions=s["positions"], bootstrap=s["bootstrap"],
+        return patch_heads(s["model"], s["pairs"], task=s["task"], n=s["n"], direction=s["direction"], positions=s["positions"], ablations=s["ablations"],
+                           bootstrap=s["bootstrap"],
                            correction=s["correction"], min_sample=s["min_sample"], seed=s["seed"], device=s["device"], backend=s["backend"],
                            workers=s["workers"], address=s["address"], out=s["out"], progress=not s["quiet"], command=command)
 
@@ -173,6 +176,9 @@ class Patch(Study):
                          f"change of LD {row.logit_diff_change:+.4f}, p_adj {row.p_adj:.3g}")
         agree = [f"{method} against exact patching: Spearman {a['spearman']:.3f}, top-{a['top_k']} recall {a['top_k_recall']:.2f}"
                  for method, a in study.agreement.items()]
+        if len(study.rankings):
+            low = study.rankings.sort_values("spearman").iloc[0]
+            agree.append(f"least alike rankings: {low.method_a} and {low.method_b}, Spearman {low.spearman:.3f} (rank_agreement.csv)")
         return [*lines, f"{len(study.mattering())} heads matter (interval excludes 0, p_adj < 0.05)", *agree,
                 f"report: {(Path(settings['out']) / 'report.html').resolve()}"]
 

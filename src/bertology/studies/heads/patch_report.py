@@ -55,6 +55,26 @@ def position_grid(patching: pd.DataFrame):
     return figure
 
 
+def agreement_matrix(rankings: pd.DataFrame):
+    """Spearman's rho of every two methods' rankings of the heads (by ``|change|``), as a symmetric grid."""
+    methods = list(dict.fromkeys([*rankings.method_a, *rankings.method_b]))
+    grid = pd.DataFrame(np.eye(len(methods)), index=methods, columns=methods)
+    for row in rankings.itertuples():
+        grid.loc[row.method_a, row.method_b] = grid.loc[row.method_b, row.method_a] = row.spearman
+    figure, axis = plt.subplots(figsize=(5.2, 4.2))
+    image = axis.imshow(grid.to_numpy(dtype=float), cmap="RdBu", vmin=-1, vmax=1)
+    axis.set_xticks(range(len(methods)), methods, rotation=35, ha="right", fontsize=8)
+    axis.set_yticks(range(len(methods)), methods, fontsize=8)
+    for i in range(len(methods)):
+        for j in range(len(methods)):
+            value = grid.iat[i, j]
+            axis.text(j, i, "n/a" if np.isnan(value) else f"{value:.2f}", ha="center", va="center", fontsize=7)
+    axis.set_title("rank agreement of the methods over heads (Spearman)", fontsize=9)
+    figure.colorbar(image, ax=axis)
+    figure.tight_layout()
+    return figure
+
+
 def patching_section(folder: RunFolder, study) -> Section:
     settings, agreement = study.settings, study.agreement
     direction = "clean z_h into the corrupted run (denoising)" if settings["direction"] == "denoise" else "corrupted z_h into the clean run (noising)"
@@ -75,6 +95,11 @@ def patching_section(folder: RunFolder, study) -> Section:
     for method, agreed in agreement.items():
         section.notes.append(f"{METHOD_TITLES[method].capitalize()} against exact patching: Spearman {agreed['spearman']:.3f}, "
                              f"top-{agreed['top_k']} recall {agreed['top_k_recall']:.2f}.")
+    if len(study.rankings):
+        section.figures.append(Figure(folder.write_figure("rank_agreement", agreement_matrix(study.rankings)),
+                                      "How zero ablation, mean ablation, Michel's gradient importance, activation and attribution "
+                                      "patching rank the heads (|change of LD|): where they disagree, zero ablation may be taking the "
+                                      "model off its distribution (rank_agreement.csv: Spearman and top-k overlap)."))
     mattering = study.mattering()
     section.tables.append(("Heads that matter (activation patching)", mattering))
     if study.patching.p.isna().all():

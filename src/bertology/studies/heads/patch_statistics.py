@@ -112,19 +112,38 @@ def patching_table(effects: PairEffects, direction: str, *, replicates: int = 10
     return pd.concat(tables, ignore_index=True).assign(direction=direction, n=n)[COLUMNS]
 
 
-def pairs_table(effects: PairEffects, lines: list[int], direction: str) -> pd.DataFrame:
-    """Per pair, head, method and position (all, or each where patched so): ``pair`` (its line, or index in a built-in set),
-    ``ld_clean``, ``ld_corrupt`` and the ``change`` of the target run's LD (attribution*, a magnitude over pairs, has none)."""
-    n, layers, heads = effects.changes["activation"].shape
+def ablation_table(ablations: dict[str, np.ndarray], clean: np.ndarray, corrupt: np.ndarray, *, replicates: int = 10000, seed: int = 0,
+                   correction: str = "fdr_bh", min_sample: int = MIN_SAMPLE) -> pd.DataFrame:
+    """:data:`COLUMNS` for zero and mean ablation and gradient importance on the clean prompts (``direction`` "ablation"):
+    the mean change of the clean run's LD, over the mean gap ``LD(x) - LD(x')`` as its effect, tested as patching's are;
+    gradient importance, a magnitude, gets an interval and no p."""
+    n, layers, heads = next(iter(ablations.values())).shape
     tables = []
-    for method, change in [*effects.changes.items(), *effects.by_position.items()]:
+    for method, change in ablations.items():
+        scores = ratio_bootstrap(change.reshape(n, -1), clean - corrupt, replicates, seed)
+        scored = (pd.DataFrame(scores).assign(p=np.nan, p_adj=np.nan, matters=False) if method == "gradient importance"
+                  else _tested(scores, n, correction, min_sample))
+        tables.append(pd.concat([_grid(layers, heads), scored], axis=1).assign(method=method))
+    return pd.concat(tables, ignore_index=True).assign(direction="ablation", n=n)[COLUMNS]
+
+
+def pairs_table(effects: PairEffects, lines: list[int], direction: str, ablations: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
+    """Per pair, head, method and position (all, or each where patched so): ``pair`` (its line, or index in a built-in set),
+    ``ld_clean``, ``ld_corrupt`` and the ``change`` of the target run's LD (attribution*, a magnitude over pairs, has none),
+    and of the clean run's under each of ``ablations`` (direction "ablation")."""
+    n, layers, heads = effects.changes["activation"].shape
+    methods = [(method, change, direction) for method, change in [*effects.changes.items(), *effects.by_position.items()]]
+    methods += [(method, change, "ablation") for method, change in (ablations or {}).items()]
+    tables = []
+    for method, change, way in methods:
         positions = change.shape[3] if change.ndim == 4 else None
         grid = _grid(layers, heads, positions)
-        tables.append(pd.concat([grid] * n, ignore_index=True).assign(row=np.repeat(np.arange(n), len(grid)), method=method, change=change.reshape(-1)))
+        tables.append(pd.concat([grid] * n, ignore_index=True).assign(row=np.repeat(np.arange(n), len(grid)), method=method, direction=way,
+                                                                      change=change.reshape(-1)))
     table = pd.concat(tables, ignore_index=True)
     row = table.pop("row").to_numpy()
     table.insert(0, "pair", np.asarray(lines)[row])
-    return table.assign(direction=direction, ld_clean=effects.clean[row], ld_corrupt=effects.corrupt[row])
+    return table.assign(ld_clean=effects.clean[row], ld_corrupt=effects.corrupt[row])
 
 
 def agreement(table: pd.DataFrame) -> dict:

@@ -22,16 +22,18 @@ from bertology.core.model.models import LANGUAGE_MODEL
 from bertology.core.options import check_seed
 from bertology.core.statistics.stats import MIN_SAMPLE
 from bertology.core.storage.runfolder import claims_out
+from bertology.studies.heads.pair_ablations import ablation_effects, mean_outputs, rank_agreement
 from bertology.studies.heads.pair_tasks import TASKS, task_pairs
 from bertology.studies.heads.pairs import read_pairs
-from bertology.studies.heads.patch_statistics import agreement, pairs_table, patching_table
+from bertology.studies.heads.patch_statistics import ablation_table, agreement, pairs_table, patching_table
 from bertology.studies.heads.patching import DIRECTIONS, POSITIONS, PairEffects, Patcher
 
 
 @dataclass
 class PatchStudy:
     """What a ``patch`` run found: ``patching`` (one row per head and method), ``pairs`` (per pair), the mean ``LD`` of the
-    clean and corrupted prompts, attribution's ``agreement`` with exact patching and the ``settings`` it ran with."""
+    clean and corrupted prompts, attribution's ``agreement`` with exact patching, every two methods' ``rankings`` agreement
+    and the ``settings`` it ran with."""
 
     model: dict
     source: str
@@ -40,6 +42,7 @@ class PatchStudy:
     ld_clean: float
     ld_corrupt: float
     agreement: dict
+    rankings: pd.DataFrame
     settings: dict
 
     def mattering(self, method: str = "activation") -> pd.DataFrame:
@@ -49,7 +52,7 @@ class PatchStudy:
 
     @claims_out
     def save(self, out: str | Path, command: list[str] | None = None) -> Path:
-        """Write ``patching``, ``patching_pairs``, the figure, ``report.html`` and ``manifest.json``, replacing ``out`` whole;
+        """Write ``patching``, ``patching_pairs``, ``rank_agreement``, the figures, ``report.html`` and ``manifest.json``, replacing ``out`` whole;
         returns the report path."""
         from bertology.core.storage.runfolder import RunFolder, complete_run
         from bertology.render.html import Report
@@ -58,6 +61,7 @@ class PatchStudy:
         folder = RunFolder(out)
         folder.write_table("patching", self.patching)
         folder.write_table("patching_pairs", self.pairs)
+        folder.write_table("rank_agreement", self.rankings)
         summary = {"model": self.model["name"], "pairs": f"{self.source} ({len(self.pairs.pair.unique())} pairs)",
                    "direction": self.settings["direction"], "mean LD(clean)": f"{self.ld_clean:.4f}", "mean LD(corrupt)": f"{self.ld_corrupt:.4f}"}
         report = Report(f"bertology: which heads matter, causally, on {self.source}", summary, [patching_section(folder, self)]).render()
@@ -115,35 +119,47 @@ def _pairs(loaded, classifier: bool, pairs, task: str | None, n: int, seed: int,
     return encoded
 
 
-def patched_on_worker(source: str, head: str, pairs: list, direction: str, positions: str, device: str) -> PairEffects:
-    """One Ray task: the model at ``source`` loaded on the worker, and its effects on ``pairs``."""
+def patched(model: torch.nn.Module, pairs: list, direction: str, positions: str, means: list | None, progress: bool = False) -> tuple:
+    """The effects of patching on ``pairs``, and (given the run's mean head outputs ``means``) of zero and mean ablation and
+    gradient importance (else None)."""
+    effects = Patcher(model, direction, positions).effects(pairs, progress=progress)
+    return effects, ablation_effects(model, pairs, means, progress=progress) if means is not None else None
+
+
+def patched_on_worker(source: str, head: str, pairs: list, direction: str, positions: str, means: list | None, device: str) -> tuple:
+    """One Ray task: the model at ``source`` loaded on the worker, and :func:`patched` on ``pairs``."""
     from bertology.core.model.models import load_model
 
-    return Patcher(load_model(source, device=device, head=head).model, direction, positions).effects(pairs)
+    return patched(load_model(source, device=device, head=head).model, pairs, direction, positions, means)
 
 
-def _effects(loaded, head: str, encoded: list, direction: str, positions: str, backend: str, workers: int | None, address: str | None,
-             device: str, progress: bool) -> PairEffects:
-    """The per-pair effects, here or (``backend="ray"``) with the pairs cut into one shard per worker, joined in order."""
+def _effects(loaded, head: str, encoded: list, direction: str, positions: str, ablations: bool, backend: str, workers: int | None,
+             address: str | None, device: str, progress: bool) -> tuple:
+    """:func:`patched` here, or (``backend="ray"``) with the pairs cut into one shard per worker, joined in order; mean
+    ablation's means are taken here, over every pair."""
+    means = mean_outputs(Patcher(loaded.model), encoded) if ablations else None
     if backend == "local":
-        return Patcher(loaded.model, direction, positions).effects(encoded, progress=progress)
+        return patched(loaded.model, encoded, direction, positions, means, progress)
     require_ray()
     source = str(loaded.source) if loaded.source is not None else loaded.name  # a folder by its absolute path, which every node must see
     shards = [shard for shard in np.array_split(np.arange(len(encoded)), min(len(encoded), workers or DEFAULT_CPU_ACTORS)) if len(shard)]
-    jobs = [(source, head, [encoded[i] for i in shard], direction, positions) for shard in shards]
+    jobs = [(source, head, [encoded[i] for i in shard], direction, positions, means) for shard in shards]
     done = dict(map_on_ray(patched_on_worker, jobs, device=device, workers=workers, address=address))
-    return PairEffects.joined([done[index] for index in range(len(jobs))])
+    parts = [done[index] for index in range(len(jobs))]
+    joined = {method: np.concatenate([part[1][method] for part in parts]) for method in parts[0][1]} if ablations else None
+    return PairEffects.joined([part[0] for part in parts]), joined
 
 
 @claims_out(words=("task", "direction", "positions", "correction", "device", "backend"))
 def patch_heads(model: str | Path | None = None, pairs: str | Path | None = None, *, task: str | None = None, n: int = 100,
-                direction: str = "denoise", positions: str = "all", bootstrap: int = 10000, correction: str = "fdr_bh",
+                direction: str = "denoise", positions: str = "all", ablations: bool = True, bootstrap: int = 10000, correction: str = "fdr_bh",
                 min_sample: int = MIN_SAMPLE, seed: int = 0, device: str = "auto", backend: str = "local", workers: int | None = None,
                 address: str | None = None, out: str | Path | None = None, progress: bool = True, command: list[str] | None = None) -> PatchStudy:
     """Patch every head of ``model`` (a causal LM, an encoder with its masked-LM head, or a sequence classifier) on the
     ``pairs`` file or ``n`` pairs of the built-in ``task``, in ``direction``, at all positions and (``positions="each"``) at
     each alone; exact and attribution patching (AtP, AtP*), each head's effect with a bootstrap interval (``bootstrap``
-    replicates) and a ``correction`` over heads. ``backend="ray"`` spreads the pairs over ``workers`` (a local cluster, or
+    replicates) and a ``correction`` over heads; with ``ablations``, zero and mean ablation and gradient importance on the
+    clean prompts too, and every method's rank agreement. ``backend="ray"`` spreads the pairs over ``workers`` (a local cluster, or
     the one at ``address``); the tables are the local run's. A model whose layout bertology does not know is refused before
     any pass. With ``out``, the run folder is written whole."""
     from bertology.core.model.models import load_model
@@ -155,14 +171,17 @@ def patch_heads(model: str | Path | None = None, pairs: str | Path | None = None
     known_layout(loaded.model)
     encoded = _pairs(loaded, head == "classifier", pairs, task, n, seed, positions)
     torch.manual_seed(seed)
-    effects = _effects(loaded, head, encoded, direction, positions, backend, workers, address, device, progress)
-    table = patching_table(effects, direction, replicates=bootstrap, seed=seed, correction=correction, min_sample=min_sample)
+    effects, ablated = _effects(loaded, head, encoded, direction, positions, ablations, backend, workers, address, device, progress)
+    tests = {"replicates": bootstrap, "seed": seed, "correction": correction, "min_sample": min_sample}
+    table = patching_table(effects, direction, **tests)
+    if ablated is not None:
+        table = pd.concat([table, ablation_table(ablated, effects.clean, effects.corrupt, **tests)], ignore_index=True)
     settings = {"pairs": str(pairs) if pairs is not None else None, "task": task, "n": len(encoded), "direction": direction, "positions": positions,
                 "bootstrap": bootstrap, "correction": correction, "min_sample": min_sample, "seed": seed, "device": str(loaded.device),
-                "backend": backend, "workers": workers}
+                "ablations": ablations, "backend": backend, "workers": workers}
     study = PatchStudy(loaded.info(), Path(pairs).name if pairs is not None else f"--task {task}", table,
-                       pairs_table(effects, [pair.line for pair in encoded], direction), float(effects.clean.mean()), float(effects.corrupt.mean()),
-                       agreement(table), settings)
+                       pairs_table(effects, [pair.line for pair in encoded], direction, ablated), float(effects.clean.mean()),
+                       float(effects.corrupt.mean()), agreement(table), rank_agreement(table), settings)
     if out is not None:
         study.save(out, command)
     return study
