@@ -534,3 +534,31 @@ def test_no_ablations_leaves_them_out(tiny_gpt2_dir, tmp_path):
     assert code == 0, output
     assert set(pd.read_csv(tmp_path / "run" / "patching.csv").method) == {"activation", "attribution", "attribution*"}
     assert len(pd.read_csv(tmp_path / "run" / "rank_agreement.csv")) == 1
+
+
+def test_every_built_in_task_runs_on_a_decoder_pretrained_here(tmp_path):
+    """``bertology pretrain --causal`` on a corpus written here from the tasks' own templates and words (so that its BPE
+    makes them single pieces), then ``patch --task ioi|induction|agreement`` on the last checkpoint; each pair's clean LD
+    is transformers' own model's at the last position."""
+    import random
+
+    from bertology.core.model.kinds import DECODER
+    from bertology.studies.heads.pair_tasks import AGREEMENT_TEMPLATE, IOI_TEMPLATES, NAMES, NOUNS, VERBS, task_pairs
+
+    rng = random.Random(0)
+    lines = [rng.choice(IOI_TEMPLATES).format(A=a, B=b, C=b) + f" {a}." for a, b in (rng.sample(NAMES, 2) for _ in range(150))]
+    lines += [AGREEMENT_TEMPLATE.format(subject=subject[plural], attractor=attractor[1 - plural]) + f" {verb[plural]} here."
+              for subject in NOUNS[:6] for attractor in NOUNS[4:] for verb in VERBS for plural in (0, 1)]
+    (tmp_path / "corpus.txt").write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(app, ["pretrain", str(tmp_path / "corpus.txt"), "--causal", "--layers", "2", "--heads", "4", "--hidden", "32",
+                                      "--steps", "20", "--checkpoints", "2", "--vocab-size", "500", "--out", str(tmp_path / "pretrained"),
+                                      "--device", "cpu", "-q"])
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "pretrained" / "checkpoints" / "step-000020"
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    for task in ("ioi", "induction", "agreement"):
+        code, output = patch("-m", folder, "--task", task, "--n", 12, "--out", tmp_path / task, "--bootstrap", 200)
+        assert code == 0 and f"12 pairs of --task {task}" in output, output
+        per_pair = pd.read_parquet(tmp_path / task / "patching_pairs.parquet").groupby("pair").ld_clean.first()
+        expected = [logit_difference(model, list(pair.clean), pair.answer, pair.wrong) for pair in task_pairs(task, tokenizer, DECODER, 12, seed=0)]
+        np.testing.assert_allclose(per_pair.to_numpy(), expected, rtol=1e-4, atol=1e-5)
