@@ -152,7 +152,7 @@ def test_ablate_importance_and_prune_write_their_tables(tiny_classifier_dir, cat
     result = bertology("ablate", cat_task, "--model", tiny_classifier_dir, "--out", out, "--bootstrap", 200, "--device", "cpu", "--quiet")
     assert result.returncode == 0, result.stderr
     ablation = pd.read_csv(out / "ablation.csv")
-    assert list(ablation.columns) == ["layer", "head", "intervention", "metric", "value", "delta", "ci_low", "ci_high", "p", "p_adj"]
+    assert list(ablation.columns) == ["layer", "head", "intervention", "metric", "value", "delta", "ci_low", "ci_high", "p", "p_adj", "matters", "n"]
     assert len(ablation) == 3 * (4 + 1) and set(ablation["head"]) == {-1, 0, 1, 2, 3}
     assert (out / "ablation_heatmap.png").is_file() and "Which heads matter" in (out / "report.html").read_text()
 

@@ -28,23 +28,27 @@ def rows(task_model, cat_task):
     return task_model.encode(load_task(cat_task).dev, "dev.tsv")
 
 
-@pytest.mark.parametrize("intervention", ["mask", "uniform"])
+@pytest.mark.parametrize("intervention", ["mask", "zero", "mean", "resample", "uniform"])
 def test_leave_one_out_with_reuse_equals_the_naive_way(task_model, rows, intervention):
     encoded, _ = rows
-    quick = LeaveOneOut(task_model, intervention, batch_size=5, reuse=True, progress=False)
-    naive = LeaveOneOut(task_model, intervention, batch_size=3, reuse=False, progress=False)
+    quick = LeaveOneOut(task_model, intervention, resamples=2, batch_size=5, reuse=True, progress=False)
+    naive = LeaveOneOut(task_model, intervention, resamples=2, batch_size=3, reuse=False, progress=False)
     base_quick, variants_quick = quick.predict(encoded)
     base_naive, variants_naive = naive.predict(encoded)
     np.testing.assert_allclose(base_quick, base_naive, atol=1e-5)
     np.testing.assert_allclose(variants_quick, variants_naive, atol=1e-5)
     layout = quick.variants()
     assert len(layout) == len(variants_quick) == 3 * 5
-    # spot-check one variant against a plain masked pass
+    assert variants_quick.shape == (15, 2 if intervention == "resample" else 1, len(encoded), 2)
+    if intervention in ("mean", "resample"):
+        return
+    # spot-check one variant against a plain pass with the head gated (mask, zero) or made uniform by the hooks
+    kind = "uniform" if intervention == "uniform" else "mask"
     index = layout.index[(layout.layer == 1) & (layout["head"] == 2)][0]
-    single = task_model.logits(encoded, intervention=Intervention.of(intervention, 1, 2))
-    np.testing.assert_allclose(variants_quick[index], single, atol=1e-5)
+    single = task_model.logits(encoded, intervention=Intervention.of(kind, 1, 2))
+    np.testing.assert_allclose(variants_quick[index, 0], single, atol=1e-5)
     whole = layout.index[(layout.layer == 2) & (layout["head"] == -1)][0]
-    np.testing.assert_allclose(variants_quick[whole], task_model.logits(encoded, intervention=Intervention.of(intervention, 2)), atol=1e-5)
+    np.testing.assert_allclose(variants_quick[whole, 0], task_model.logits(encoded, intervention=Intervention.of(kind, 2)), atol=1e-5)
 
 
 def test_gradient_importance_agrees_with_finite_differences(task_model, rows):
@@ -119,8 +123,8 @@ def test_ablation_table_by_hand():
     worse = np.eye(2)[np.where(np.arange(40) < 20, 1 - gold, gold)]  # half wrong
     layout = pd.DataFrame({"layer": [0, 0], "head": [0, -1]})
     table = ablation_table(task, gold, base, np.stack([same, worse]), layout, "mask", replicates=500, seed=1)
-    assert list(table.columns) == ["layer", "head", "intervention", "metric", "value", "delta", "ci_low", "ci_high", "p", "p_adj"]
-    assert table.value.tolist() == [1.0, 0.5]
+    assert list(table.columns) == ["layer", "head", "intervention", "metric", "value", "delta", "ci_low", "ci_high", "p", "p_adj", "matters", "n"]
+    assert table.value.tolist() == [1.0, 0.5] and table.matters.tolist() == [False, True] and (table.n == 40).all()
     assert table.delta.tolist() == [0.0, -0.5]
     assert table.loc[0, "p"] == 1.0 and table.loc[0, "ci_low"] == table.loc[0, "ci_high"] == 0.0
     assert table.loc[1, "ci_low"] < -0.5 < table.loc[1, "ci_high"] < 0

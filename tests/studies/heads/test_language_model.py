@@ -172,7 +172,6 @@ def test_study_heads_on_a_corpus_measures_the_seeded_subset_and_names_the_loss(d
 
 @pytest.mark.parametrize("settings, message", [
     ({"importance": True, "importance_split": "dev"}, "^--importance-split applies only to a task"),
-    ({"ablate": True}, "ablate measures a task's dev metric"),
     ({"prune": True, "prune_to": 4}, "--prune-to removes heads physically, which bertology knows for encoders"),
 ])
 def test_what_does_not_apply_to_a_corpus_is_refused_in_one_line(tiny_gpt2_dir, settings, message):

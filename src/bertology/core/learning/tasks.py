@@ -143,19 +143,20 @@ def task_metrics(task: TaskData, gold: list[str], predicted: list[str]) -> dict[
     return {metric: float(confusion_metric(confusion, metric, positive_index(task))) for metric in task.metrics}
 
 
-def encode_examples(tokenizer, examples: list[Example], label_ids: dict[str, int], max_length: int) -> list[dict]:
-    """Tokenised rows (``input_ids``, ...) with the label's id under ``labels``."""
+def encode_examples(tokenizer, examples: list[Example], label_ids: dict[str, int] | None, max_length: int) -> list[dict]:
+    """Tokenised rows (``input_ids``, ...) with the label's id under ``labels`` (none with ``label_ids`` None: unlabelled texts)."""
     texts = [e.text for e in examples]
     pairs = [e.text_pair for e in examples]
     encoded = tokenizer(texts, pairs if any(p is not None for p in pairs) else None, truncation=True, max_length=max_length)
     keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in encoded]
-    return [{**{k: encoded[k][i] for k in keys}, "labels": label_ids[e.label]} for i, e in enumerate(examples)]
+    return [{**{k: encoded[k][i] for k in keys}, **({"labels": label_ids[e.label]} if label_ids is not None else {})} for i, e in enumerate(examples)]
 
 
 def collate_rows(tokenizer, rows: list[dict], device) -> dict[str, torch.Tensor]:
-    """Pad rows into a batch of tensors on ``device`` (labels included)."""
+    """Pad rows into a batch of tensors on ``device`` (labels included, where the rows have them)."""
     batch = tokenizer.pad([{k: v for k, v in row.items() if k != "labels"} for row in rows], return_tensors="pt")
-    batch["labels"] = torch.tensor([row["labels"] for row in rows])
+    if rows and "labels" in rows[0]:
+        batch["labels"] = torch.tensor([row["labels"] for row in rows])
     return {k: v.to(device) for k, v in batch.items()}
 
 
@@ -323,11 +324,15 @@ class LanguageModel:
         encoded = self.tokenizer(texts, pairs if any(p is not None for p in pairs) else None, truncation=True, max_length=self.max_length)
         return [{"input_ids": ids} for ids in encoded["input_ids"] if len(ids) >= 2]
 
-    def _summed_losses(self, rows: list[dict], hooks: Hooks | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`next_token_losses` of ``rows``, right-padded into one batch."""
+    def collate(self, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rows`` right-padded into one batch on the model's device: ``input_ids`` and the mask of real pieces (bool)."""
         input_ids = pad_sequence([torch.tensor(row["input_ids"]) for row in rows], batch_first=True, padding_value=self.tokenizer.pad_token_id or 0)
         mask = pad_sequence([torch.ones(len(row["input_ids"]), dtype=torch.bool) for row in rows], batch_first=True)
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        return input_ids.to(self.device), mask.to(self.device)
+
+    def _summed_losses(self, rows: list[dict], hooks: Hooks | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`next_token_losses` of ``rows``, right-padded into one batch."""
+        input_ids, mask = self.collate(rows)
         with hooks.attach(self.model) if hooks is not None else nullcontext():
             logits = self.model(input_ids=input_ids, attention_mask=mask.long()).logits
         return next_token_losses(logits, input_ids, mask)

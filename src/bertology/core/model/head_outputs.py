@@ -73,3 +73,12 @@ class HeadOutputs:
 
         with self.replaced(keep):
             yield seen
+
+
+def replace_chosen(z: torch.Tensor, chosen: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``z`` of ``C`` stacked copies of a batch, ``[C * batch, positions, heads, d_head]`` copy-major, with copy ``c``'s heads where
+    ``chosen[c]`` (bool ``[C, heads]``) replaced by ``value`` (``[batch or 1, positions or more or 1, heads, d_head]``, its first
+    positions taken: a layer computed for the first token alone sees one); the other heads kept."""
+    copies = z.view(len(chosen), -1, *z.shape[1:])
+    value = value[:, : z.shape[1]].to(z.dtype)
+    return torch.where(chosen.to(z.device)[:, None, None, :, None], value.unsqueeze(0), copies).view_as(z)

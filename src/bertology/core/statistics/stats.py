@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 
 import numpy as np
 import pandas as pd
@@ -186,6 +187,22 @@ def confusion_metric(confusion: np.ndarray, metric: str, positive: int | None = 
     raise ValueError(f"unknown metric {metric!r}")
 
 
+def resampled_counts(n: int, replicates: int, seed: int) -> Iterator[np.ndarray]:
+    """The bootstrap's resamples of ``n`` observations as multinomial counts ``[b, n]`` (float64), ``replicates`` in all, in
+    chunks of at most 1000 so that memory stays O(1000 n)."""
+    rng = np.random.default_rng(seed)
+    for start in range(0, replicates, 1000):
+        yield rng.multinomial(n, np.full(n, 1.0 / n), size=min(1000, replicates - start)).astype(np.float64)
+
+
+def bootstrap_interval(deltas: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of ``deltas`` ``[V, B]`` (a change in each of ``B`` replicates): the 2.5 and 97.5 percentiles and the two-sided
+    p ``min(1, 2 min(1 + #{d* <= 0}, 1 + #{d* >= 0}) / (1 + B))``."""
+    low, high = np.percentile(deltas, [2.5, 97.5], axis=1)
+    tail = np.minimum(1 + (deltas <= 0).sum(1), 1 + (deltas >= 0).sum(1))
+    return low, high, np.minimum(1.0, 2 * tail / (1 + deltas.shape[1]))
+
+
 def paired_bootstrap(gold: np.ndarray, baseline: np.ndarray, variants: np.ndarray, classes: int, metric: str,
                      positive: int | None = None, replicates: int = 1000, seed: int = 0, min_sample: int = MIN_SAMPLE) -> pd.DataFrame:
     """Change of a metric when predictions ``variants[v]`` replace ``baseline``, with a paired bootstrap over examples.
@@ -193,23 +210,24 @@ def paired_bootstrap(gold: np.ndarray, baseline: np.ndarray, variants: np.ndarra
     Every replicate resamples the examples once (multinomial counts) and scores the baseline and every
     variant on the same resample. Per variant: ``value``, ``delta = value - baseline value``, the 2.5 and
     97.5 percentiles of the resampled deltas, and a two-sided p = min(1, 2 min(1 + #{d* <= 0}, 1 + #{d* >= 0}) / (1 + B)),
-    left empty (NaN) on fewer than ``min_sample`` examples.
+    left empty (NaN) on fewer than ``min_sample`` examples. ``variants`` ``[V, draws, n]`` are several draws of each variant
+    (resample ablation): an example's cell of the confusion matrix is then the mean over the draws, so the metric is that of
+    the expected confusion matrix (for accuracy, the mean of the draws' accuracies).
     """
     gold, baseline, variants = np.asarray(gold), np.asarray(baseline), np.asarray(variants)
     n = len(gold)
     cells = np.arange(classes * classes)
-    predictions = np.concatenate([baseline[None], variants])  # row 0: the baseline
-    onehot = ((gold * classes)[None, :] + predictions)[..., None] == cells  # [1 + V, n, K^2]
+
+    def cell(predictions: np.ndarray) -> np.ndarray:  # [..., n] -> one-hot cell of (gold, predicted) [..., n, K^2]
+        return ((gold * classes) + predictions)[..., None] == cells
+
+    drawn = variants.reshape(len(variants), -1, n)  # [V, draws, n]
+    onehot = np.concatenate([cell(baseline)[None].astype(np.float64), cell(drawn).mean(1)])  # [1 + V, n, K^2], row 0: the baseline
     whole = confusion_metric(onehot.sum(1).reshape(-1, classes, classes), metric, positive)
-    rng = np.random.default_rng(seed)
     samples = []
-    for start in range(0, replicates, 1000):  # resample counts in chunks: memory stays O(1000 n)
-        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=min(1000, replicates - start)).astype(np.float64)  # [b, n]
-        confusion = np.einsum("bn,vnc->vbc", counts, onehot.astype(np.float64)).reshape(len(predictions), -1, classes, classes)
+    for counts in resampled_counts(n, replicates, seed):
+        confusion = np.einsum("bn,vnc->vbc", counts, onehot).reshape(len(onehot), -1, classes, classes)
         samples.append(confusion_metric(confusion, metric, positive))
     samples = np.concatenate(samples, axis=1)
-    deltas = samples[1:] - samples[:1]  # [V, B]
-    low, high = np.percentile(deltas, [2.5, 97.5], axis=1)
-    tail = np.minimum(1 + (deltas <= 0).sum(1), 1 + (deltas >= 0).sum(1))
-    return pd.DataFrame({"value": whole[1:], "delta": whole[1:] - whole[0], "ci_low": low, "ci_high": high,
-                         "p": withheld(np.minimum(1.0, 2 * tail / (1 + replicates)), n, min_sample)})
+    low, high, p = bootstrap_interval(samples[1:] - samples[:1])  # [V, B] deltas
+    return pd.DataFrame({"value": whole[1:], "delta": whole[1:] - whole[0], "ci_low": low, "ci_high": high, "p": withheld(p, n, min_sample)})

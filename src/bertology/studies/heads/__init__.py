@@ -1,7 +1,7 @@
-"""Which heads matter for a task: ``bertology ablate`` (disable each head and layer, Kovaleva et al. 2019), ``bertology
-importance`` (Michel et al. 2019's gradient importance) and ``bertology prune`` (their pruning curve), three commands of one
-study (:func:`~bertology.studies.heads.study.study_heads`). The task is a fine-tuned classifier's; for ``importance``
-and ``prune`` it can instead be a decoder's next-token prediction on a text corpus (``--corpus``, the causal LM loss)."""
+"""Which heads matter for a task: ``bertology ablate`` (zero, mean, resample or uniform ablation of each head and layer,
+Kovaleva et al. 2019, Wang et al. 2022), ``bertology importance`` (Michel et al. 2019's gradient importance) and ``bertology
+prune`` (their pruning curve), three commands of one study (:func:`~bertology.studies.heads.study.study_heads`). The task is a
+fine-tuned classifier's, or a decoder's next-token prediction on a text corpus (``--corpus``, the causal LM loss)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ IMPORTANCE = (
 )
 
 
-#: A decoder's next-token task instead of a classifier's (``importance`` and ``prune``).
+#: A decoder's next-token task instead of a classifier's (``ablate``, ``importance`` and ``prune``).
 LM_MODEL = CLASSIFIER.but(help="A fine-tuned sequence classifier (with TASK), or a causal language model, a decoder (with --corpus).")
 LM_CORPUS = (CORPUS[0].but(help="Text corpus instead of TASK: score a decoder's heads by its causal LM loss (next-token cross-entropy) on it."),
              *pick(CORPUS, "format"))
@@ -72,27 +72,48 @@ class HeadsCommand(Study):
         raise NotImplementedError
 
 
+def ablated(settings: dict) -> str:
+    """How a run's intervention is worded: ``zero ablation``, ``mean ablation (z_h's mean over every position of the examples
+    evaluated)``..."""
+    source = Path(settings["reference"]).name if settings.get("reference") else "the examples evaluated"
+    over = "every position" if settings.get("mean_over") == "positions" else "the examples at each piece index"
+    return {"mask": "zero ablation (mask)", "zero": "zero ablation", "uniform": "uniform attention",
+            "mean": f"mean ablation (z_h's mean over {over} of {source})",
+            "resample": f"resample ablation (z_h of {settings.get('resamples')} donors per example among {source}, the change averaged over them)",
+            }[settings["intervention"]]
+
+
 class Ablate(HeadsCommand):
     name = "ablate"
-    title = "Disable each head, and each layer, on its own and measure the task metric (leave-one-out, with intervals and FDR)."
+    title = ("Ablate each head, and each layer, on its own (zero, mean, resample or uniform) and measure the task metric or a decoder's "
+             "causal LM loss (leave-one-out, with intervals and FDR).")
     asks = {"ablate": True}
     options = task_options(
-        Option("intervention", "mask", "mask (zero the head's output) or uniform (Kovaleva et al.'s disabling)."),
+        Option("intervention", "zero", "zero (the head's output z_h set to 0; mask is its old name), mean (z_h's mean over --reference), "
+               "resample (z_h from other examples, --resamples draws) or uniform (its attention made uniform, Kovaleva et al.)."),
+        Option("reference", None, "Text file (read as --format says) whose z_h mean and resample ablation take [default: the examples "
+               "evaluated].", type=Path),
+        Option("mean_over", None, "Mean ablation's mean: positions (one mean per head over every piece of the reference) or examples "
+               "(a mean per piece index over the reference's examples) [default: positions].", type=str),
+        Option("resamples", None, "Resample ablation's draws per example (donors seeded by --seed); the change is averaged over them "
+               "[default: 5].", type=int),
         Option("bootstrap", 10000, "Paired bootstrap replicates over examples (p is at least 2/(B+1)).", minimum=100),
         TESTS[0].but(help="Multiple-testing correction across heads and layers (statsmodels)."),
         *pick(TESTS, "min_sample"),
-        MAX_EXAMPLES,
+        MAX_EXAMPLES.but(help="Evaluate on a seeded random subset of this size of the dev split, or of the --corpus's texts."),
+        model=LM_MODEL,
+        corpus=LM_CORPUS,
     )
     outputs = ("ablation",)
 
     def findings(self, study, settings: dict) -> list[str]:
         metric = next(iter(study.baseline))
-        rows = study.ablation[(study.ablation.metric == metric) & (study.ablation.p_adj < 0.05)]
-        lines = []
+        rows = study.ablation[(study.ablation.metric == metric) & study.ablation.matters]
+        lines = [f"{ablated(study.settings)} of each head and layer on {study.examples} {study.unit}"]
         for row in rows.sort_values("delta").itertuples():
             where = f"layer {row.layer}" if row.head < 0 else f"head {row.layer}-{row.head}"
             lines.append(f"  {where}: {metric} {row.delta:+.4f} [{row.ci_low:+.4f}, {row.ci_high:+.4f}], p_adj {row.p_adj:.3g}")
-        return [*lines, f"{len(rows)} significant changes (p_adj < 0.05)"]
+        return [*lines, f"{len(rows)} heads and layers matter (interval excludes 0, p_adj < 0.05)"]
 
 
 class Importance(HeadsCommand):

@@ -9,6 +9,7 @@ import pandas as pd
 from bertology.core.storage.runfolder import RunFolder
 from bertology.render.figures import head_grid, head_grid_size, plt
 from bertology.render.html import Figure, Section
+from bertology.studies.heads import ablated
 
 NORMALISED = {"layer": "divided by its layer's l2 norm", "global": "min-max scaled over all heads",
               "layer+global": "divided by its layer's l2 norm, then min-max scaled over all heads", "none": "not normalised"}
@@ -51,8 +52,9 @@ def importance_section(folder: RunFolder, study) -> Section:
     )
     # Only the files this run wrote: ``ablate`` writes ablation.csv, ``importance`` and ``prune`` importance.csv and pruning.csv.
     if study.ablation is not None:
-        section.intro += (" Leave-one-out (ablation.csv): the metric with one head, or one whole layer (head -1), disabled, its change "
-                          "with a paired bootstrap 95% interval over examples and a two-sided p, FDR-corrected across heads and layers (p_adj).")
+        section.intro += (f" Leave-one-out (ablation.csv): the metric with one head, or one whole layer (head -1), ablated by "
+                          f"{ablated(study.settings)}, its change with a paired bootstrap 95% interval over {study.unit} and a two-sided p, "
+                          "corrected across heads and layers (p_adj); it matters where the interval excludes 0 and p_adj < 0.05.")
     if study.importance is not None:
         section.intro += (" Importance (importance.csv, Michel et al. 2019): E|dL/d xi_h| for a gate xi_h on each head's output, the "
                           f"absolute gradient per example of the loss L ({loss}) averaged over examples. {measured}".rstrip())
@@ -61,10 +63,10 @@ def importance_section(folder: RunFolder, study) -> Section:
                           "the importance each time; each step's row names the heads it removed (removed: layer-head, 0-based).")
     if study.ablation is not None:
         section.figures.append(Figure(folder.write_figure("ablation_heatmap", ablation_heatmap(study.ablation, metric)),
-                                      "Change of the metric when each head or layer is disabled (points); * p_adj < 0.05."))
+                                      f"Change of {metric} when each head or layer is ablated; * it matters."))
         rows = study.ablation[study.ablation.metric == metric]
-        significant = rows[(rows.p_adj < 0.05) & (rows["head"] >= 0)].sort_values("delta")
-        section.tables.append(("Heads whose removal changes the metric significantly (p_adj < 0.05)", significant))
+        significant = rows[rows.matters & (rows["head"] >= 0)].sort_values("delta")
+        section.tables.append(("Heads whose ablation matters (interval excludes 0, p_adj < 0.05)", significant))
         section.tables.append(("Whole layers disabled", rows[rows["head"] < 0]))
         if rows.p.isna().all():
             section.notes.append("No p-value: the dev set has fewer examples than --min-sample, too few for a test; no head or layer "
@@ -88,29 +90,30 @@ def importance_section(folder: RunFolder, study) -> Section:
 
 
 def ablation_heatmap(ablation: pd.DataFrame, metric: str):
-    """Layer x head change of the task metric when each head (and, last column, the whole layer) is disabled.
+    """Layer x head change of the task metric (points) or of a decoder's ``lm_loss`` (nats) when each head (and, last column,
+    the whole layer) is ablated.
 
-    Blue: removing it helps; red: it hurts. A star marks an FDR-corrected p < 0.05.
+    Blue: ablating it raises the metric; red: it lowers it. A star marks a change that matters (interval excludes 0, p_adj < 0.05).
     """
     rows = ablation[ablation.metric == metric].copy()
     rows["column"] = rows["head"].where(rows["head"] >= 0, rows["head"].max() + 1)
     delta = rows.pivot(index="layer", columns="column", values="delta")
-    significant = rows.pivot(index="layer", columns="column", values="p_adj") < 0.05
+    significant = rows.pivot(index="layer", columns="column", values="matters").astype(bool)
+    scale, unit = (1, "nats") if metric == "lm_loss" else (100, "points")
     limit = max(float(np.nanmax(np.abs(delta.values))), 1e-6)
     figure, axis = plt.subplots(figsize=(0.55 * delta.shape[1] + 2.8, 0.5 * delta.shape[0] + 1.8))
-    image = axis.imshow(100 * delta.values, aspect="auto", cmap="RdBu", vmin=-100 * limit, vmax=100 * limit)
+    image = axis.imshow(scale * delta.values, aspect="auto", cmap="RdBu", vmin=-scale * limit, vmax=scale * limit)
     for (i, j), value in np.ndenumerate(delta.values):
         star = "*" if significant.values[i, j] else ""
         colour = "white" if abs(value) > 0.6 * limit else "black"
-        axis.text(j, i, f"{100 * value:+.1f}{star}", ha="center", va="center", fontsize=6, color=colour)
+        axis.text(j, i, f"{scale * value:+.{1 if scale == 100 else 3}f}{star}", ha="center", va="center", fontsize=6, color=colour)
     axis.axvline(delta.shape[1] - 1.5, color="black", linewidth=1)
     axis.set_xticks(range(delta.shape[1]), [*map(str, delta.columns[:-1]), "layer"])
     axis.set_yticks(range(delta.shape[0]), delta.index)
-    axis.set_xlabel("head disabled (0-based); last column: the whole layer")
+    axis.set_xlabel("head ablated (0-based); last column: the whole layer")
     axis.set_ylabel("layer (0-based)")
-    intervention = rows.intervention.iloc[0]
-    axis.set_title(f"change of {metric} (points) with the head {'masked' if intervention == 'mask' else 'made uniform'}; * p_adj < 0.05", fontsize=9)
-    plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04, label="points")
+    axis.set_title(f"change of {metric} ({unit}), {rows.intervention.iloc[0]} ablation; * matters", fontsize=9)
+    plt.colorbar(image, ax=axis, fraction=0.046, pad=0.04, label=unit)
     figure.set_layout_engine("tight")  # laid out once, when drawn
     return figure
 

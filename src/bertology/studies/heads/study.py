@@ -4,7 +4,8 @@ this package.
 The task is a classifier's (a fine-tuned model and its dev examples) or, for a decoder, next-token prediction on a text
 corpus (:class:`~bertology.core.learning.tasks.LanguageModel`: the causal LM loss, its metrics ``lm_loss`` and ``perplexity``).
 
-* :class:`~bertology.studies.heads.ablation.LeaveOneOut` (Kovaleva et al. 2019): each head, and each layer, disabled;
+* :class:`~bertology.studies.heads.ablation.LeaveOneOut` (Kovaleva et al. 2019; Wang et al. 2022): each head, and each layer,
+  ablated (zero, mean, resample or uniform);
 * :class:`~bertology.studies.heads.importance.GradientImportance` (Michel et al. 2019): ``I_h = E_x |dL(x)/d xi_h|``;
 * :func:`~bertology.studies.heads.pruning.pruning_curve` and :func:`~bertology.studies.heads.pruning.prune_and_time`
   (Michel et al. 2019): the iterative pruning curve, and one point of it removed physically and timed.
@@ -28,19 +29,21 @@ from bertology.core.learning.tasks import (
     LanguageModel,
     TaskData,
     TaskModel,
+    encode_examples,
     load_language_model,
     load_task_model,
     seeded_subset,
 )
-from bertology.core.model.interventions import INTERVENTIONS, Intervention
+from bertology.core.model.interventions import Intervention
 from bertology.core.options import check_seed
 from bertology.core.storage.runfolder import claims_out
-from bertology.core.text.corpora import open_corpus
+from bertology.core.text.corpora import Example, open_corpus
 from bertology.studies import get_study
 from bertology.studies.heads import DEFAULT_IMPORTANCE_SPLIT
-from bertology.studies.heads.ablation import LeaveOneOut, ablation_table
+from bertology.studies.heads.ablation import LeaveOneOut, ablation_table, loss_ablation_table
 from bertology.studies.heads.importance import GradientImportance, check_normalisation, importance_table
 from bertology.studies.heads.pruning import prune_and_time, pruning_curve, task_scorer
+from bertology.studies.heads.replacements import ABLATIONS, MEAN_OVER
 
 
 @dataclass
@@ -99,6 +102,9 @@ def _defaults(command: str, names: tuple[str, ...]) -> dict:
 
 
 ABLATE_DEFAULTS = _defaults("ablate", ("intervention", "bootstrap", "correction", "min_sample"))
+#: The options of mean and resample ablation, and their defaults (the command line leaves them None, so that an intervention
+#: they do not apply to can refuse them).
+REFERENCE_DEFAULTS = {"reference": None, "mean_over": "positions", "resamples": 5}
 #: The command line leaves ``importance_split`` None, so that a corpus run can refuse it; a task's default is train.
 IMPORTANCE_DEFAULTS = {**_defaults("importance", ("importance_split", "importance_examples", "normalise")), "importance_split": DEFAULT_IMPORTANCE_SPLIT}
 PRUNE_DEFAULTS = _defaults("prune", ("step", "prune_to"))
@@ -115,8 +121,8 @@ def _applying(given: dict, defaults: dict, applies: bool, where: str) -> dict:
 def _check_settings(settings: dict) -> None:
     """Refuse impossible values of the options that apply, before any computing."""
     if "intervention" in settings:
-        if settings["intervention"] not in INTERVENTIONS:
-            raise BertologyError(f"unknown intervention {settings['intervention']!r}; use {' or '.join(INTERVENTIONS)}")
+        if settings["intervention"] not in ABLATIONS:
+            raise BertologyError(f"unknown intervention {settings['intervention']!r}; use {', '.join(ABLATIONS[:-1])} or {ABLATIONS[-1]}")
         try:
             multipletests([0.5], method=settings["correction"])
         except ValueError:
@@ -131,12 +137,59 @@ def _check_settings(settings: dict) -> None:
         raise BertologyError(f"--step must be in (0, 1], not {settings['step']}")
 
 
-def _check_request(task: TaskData | None, corpus, ablate: bool, importance_split: str | None, prune_to: int | None) -> None:
+#: The interventions each option of mean and resample ablation applies to.
+REFERENCE_APPLIES = {"reference": ("mean", "resample"), "mean_over": ("mean",), "resamples": ("resample",)}
+
+
+def _ablate_settings(ablate: bool, given: dict) -> dict:
+    """``ablate``'s settings: ``intervention``, ``bootstrap``, ``correction`` and ``min_sample`` (defaults where None), and the
+    options of mean and resample ablation (``reference``, ``mean_over``, ``resamples``) that apply to the intervention;
+    one given where it does not apply, or an impossible value, is refused in one line."""
+    reference = {name: given.pop(name) for name in REFERENCE_APPLIES}
+    settings = _applying(given, ABLATE_DEFAULTS, ablate, "ablate")
+    _applying(reference, {}, ablate, "ablate")
+    _check_settings(settings)
+    for name, value in reference.items():
+        if value is not None and settings["intervention"] not in REFERENCE_APPLIES[name]:
+            raise BertologyError(f"--{name.replace('_', '-')} applies only to --intervention {' or '.join(REFERENCE_APPLIES[name])}")
+    applying = {name: REFERENCE_DEFAULTS[name] if reference[name] is None else reference[name]
+                for name in REFERENCE_APPLIES if settings.get("intervention") in REFERENCE_APPLIES[name]}
+    if applying.get("mean_over", "positions") not in MEAN_OVER:
+        raise BertologyError(f"unknown --mean-over {applying['mean_over']!r}; use {' or '.join(MEAN_OVER)}")
+    if applying.get("resamples", 1) < 1:
+        raise BertologyError(f"--resamples must be at least 1, not {applying['resamples']}")
+    if applying.get("reference") is not None:
+        applying["reference"] = str(applying["reference"])
+    return {**settings, **applying}
+
+
+def _open_reference(reference: str | None, format: str) -> list[Example] | None:
+    """The examples of the ``reference`` file (None: none given), refused in one line where it is missing or holds no text."""
+    if reference is None:
+        return None
+    examples, info = open_corpus(Path(reference), format)
+    examples = list(examples)
+    if not examples:
+        raise BertologyError(f"{info['name']}: the --reference holds no text to take z_h from")
+    return examples
+
+
+def _reference_rows(task_model: TaskModel | LanguageModel, examples: list[Example] | None, name: str | None) -> list[dict] | None:
+    """``examples`` encoded for ``task_model`` (unlabelled), refused where none is usable (a decoder's need two pieces)."""
+    if examples is None:
+        return None
+    if isinstance(task_model, LanguageModel):
+        rows = task_model.encode(examples)
+        if not rows:
+            raise BertologyError(f"{Path(name).name}: no text of the --reference has two pieces or more, so none is usable")
+        return rows
+    return encode_examples(task_model.tokenizer, examples, None, task_model.max_length)
+
+
+def _check_request(task: TaskData | None, corpus, importance_split: str | None, prune_to: int | None) -> None:
     """Refuse a request that gives both a task and a corpus or neither, or asks a corpus for what only a task has."""
     if (task is None) == (corpus is None):
         raise BertologyError("give a task (for a fine-tuned classifier) or a corpus (for a causal language model), one of the two")
-    if corpus is not None and ablate:
-        raise BertologyError("ablate measures a task's dev metric: give a task, or run importance or prune on the corpus")
     if corpus is not None and importance_split is not None:
         raise BertologyError("--importance-split applies only to a task (a corpus has no splits)")
     if corpus is not None and prune_to is not None:
@@ -191,13 +244,19 @@ def _evaluation(task_model: TaskModel | LanguageModel, task: TaskData | None, co
     return _Evaluation(rows, None, partial(task_model.score, rows, batch_size * 2), corpus_info["name"], NEXT_TOKEN_LOSS, corpus_info, texts)
 
 
-def _ablation(task_model: TaskModel, task: TaskData, evaluation: _Evaluation, settings: dict, batch_size: int, seed: int,
-              progress: bool) -> pd.DataFrame:
-    """The leave-one-out table: the task metric with each head, and each layer, disabled as ``settings`` say."""
-    loo = LeaveOneOut(task_model, settings["intervention"], batch_size=batch_size, progress=progress)
+def _ablation(task_model: TaskModel | LanguageModel, task: TaskData | None, evaluation: _Evaluation, settings: dict,
+              reference: list[Example] | None, batch_size: int, seed: int, progress: bool) -> pd.DataFrame:
+    """The leave-one-out table: the task metric (or a decoder's ``lm_loss`` and ``perplexity``) with each head, and each
+    layer, ablated as ``settings`` say, mean and resample ablation taking ``z_h`` from ``reference`` (None: the evaluated examples)."""
+    loo = LeaveOneOut(task_model, settings["intervention"], reference=_reference_rows(task_model, reference, settings.get("reference")),
+                      mean_over=settings.get("mean_over", "positions"), resamples=settings.get("resamples", 1), seed=seed, batch_size=batch_size,
+                      progress=progress)
     base, variants = loo.predict(evaluation.rows)
-    return ablation_table(task, evaluation.gold, base, variants, loo.variants(), settings["intervention"], replicates=settings["bootstrap"],
-                          seed=seed, correction=settings["correction"], min_sample=settings["min_sample"])
+    common = {"replicates": settings["bootstrap"], "seed": seed, "correction": settings["correction"], "min_sample": settings["min_sample"]}
+    if task is None:
+        pieces = np.array([len(row["input_ids"]) - 1 for row in evaluation.rows])
+        return loss_ablation_table(base[:, 0], variants[..., 0], pieces, loo.variants(), settings["intervention"], **common)
+    return ablation_table(task, evaluation.gold, base, variants, loo.variants(), settings["intervention"], **common)
 
 
 def _importance(study: HeadStudy, task_model: TaskModel | LanguageModel, task: TaskData | None, evaluation: _Evaluation, settings: dict,
@@ -234,9 +293,10 @@ def _prune(study: HeadStudy, task_model: TaskModel | LanguageModel, task: TaskDa
             study.pruned["model"] = str(Path(out) / target.name)
 
 
-@claims_out(words=("intervention", "correction", "importance_split", "normalise", "format", "device"))
+@claims_out(words=("intervention", "mean_over", "correction", "importance_split", "normalise", "format", "device"))
 def study_heads(model: str | Path | TaskModel | LanguageModel, task: TaskData | None = None, *, corpus=None, format: str = "auto",
-                ablate: bool = False, importance: bool = False, prune: bool = False, intervention: str | None = None, max_examples: int | None = None,
+                ablate: bool = False, importance: bool = False, prune: bool = False, intervention: str | None = None, reference: str | Path | None = None,
+                mean_over: str | None = None, resamples: int | None = None, max_examples: int | None = None,
                 importance_split: str | None = None, importance_examples: int | None = None, normalise: str | None = None, bootstrap: int | None = None,
                 correction: str | None = None, min_sample: int | None = None, step: float | None = None, prune_to: int | None = None, batch_size: int = 16,
                 max_length: int | None = None, seed: int = 0, device: str | None = None, out: str | Path | None = None, progress: bool = True,
@@ -244,7 +304,8 @@ def study_heads(model: str | Path | TaskModel | LanguageModel, task: TaskData | 
     """Evaluate ``model`` on ``task``'s dev split with heads disabled (``ablate``), measure each head's gradient
     importance (``importance``) and draw the pruning curve (``prune``; ``prune_to`` also removes heads physically).
 
-    Ablation options (``intervention`` mask, ``bootstrap`` 10000, ``correction`` fdr_bh, ``min_sample`` 10), importance options
+    Ablation options (``intervention`` zero, ``bootstrap`` 10000, ``correction`` fdr_bh, ``min_sample`` 10; for mean ablation
+    ``reference`` and ``mean_over`` positions, for resample ablation ``reference`` and ``resamples`` 5), importance options
     (``importance_split`` train, ``importance_examples`` 1000, ``normalise`` layer) and pruning options (``step``
     0.1, ``prune_to``) take their defaults when left None; one given for a study that is not run is refused, and
     so are ``device`` and ``max_length`` (defaults auto, 128) with an already loaded ``TaskModel`` or ``LanguageModel``.
@@ -257,21 +318,22 @@ def study_heads(model: str | Path | TaskModel | LanguageModel, task: TaskData | 
     loaded with its LM head): the loss is the causal LM loss, each text's mean next-token cross-entropy over its real pieces
     (docs/methods.md#decoders), and the metrics ``lm_loss`` (per predicted piece over all texts) and ``perplexity``.
     The importance is measured on a seeded subset of ``importance_examples`` texts and the curve evaluated on one of
-    ``max_examples`` (all by default): the corpus has no splits, so the two overlap. ``ablate``, ``importance_split``
-    and ``prune_to`` (physical removal, which bertology knows for encoders only) do not apply.
+    ``max_examples`` (all by default): the corpus has no splits, so the two overlap; ``ablate`` measures ``lm_loss`` and
+    ``perplexity``. ``importance_split`` and ``prune_to`` (physical removal, which bertology knows for encoders only) do not apply.
     """
     from bertology.core.storage.runfolder import RunFolder
 
     check_seed(seed)
-    _check_request(task, corpus, ablate, importance_split, prune_to)
-    settings = {**_applying({"intervention": intervention, "bootstrap": bootstrap, "correction": correction, "min_sample": min_sample},
-                            ABLATE_DEFAULTS, ablate, "ablate"),
+    _check_request(task, corpus, importance_split, prune_to)
+    settings = {**_ablate_settings(ablate, {"intervention": intervention, "bootstrap": bootstrap, "correction": correction, "min_sample": min_sample,
+                                            "reference": reference, "mean_over": mean_over, "resamples": resamples}),
                 **_applying({"importance_split": importance_split, "importance_examples": importance_examples, "normalise": normalise},
                             IMPORTANCE_DEFAULTS, importance or prune, "importance or prune"),
                 **_applying({"step": step, "prune_to": prune_to}, PRUNE_DEFAULTS, prune, "prune")}
     if corpus is not None:
         settings.pop("importance_split", None)
     _check_settings(settings)
+    reference_examples = _open_reference(settings.get("reference"), format)
     task_model = _load_model(model, corpus, device, max_length, prune_to)
     torch.manual_seed(seed)
     evaluation = _evaluation(task_model, task, corpus, format, max_examples, seed, batch_size)
@@ -280,7 +342,7 @@ def study_heads(model: str | Path | TaskModel | LanguageModel, task: TaskData | 
     study = HeadStudy(task_model.info(), evaluation.name, len(evaluation.rows), baseline, settings, evaluation.loss, evaluation.corpus_info)
     folder = RunFolder(out) if out is not None else None
     if ablate:
-        study.ablation = _ablation(task_model, task, evaluation, settings, batch_size, seed, progress)
+        study.ablation = _ablation(task_model, task, evaluation, settings, reference_examples, batch_size, seed, progress)
         if folder is not None:
             folder.write_table("ablation", study.ablation)
     if importance or prune:
