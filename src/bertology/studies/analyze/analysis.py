@@ -19,7 +19,7 @@ from bertology.core.backends import BACKENDS, require_ray
 from bertology.core.engine import Engine, PassSettings
 from bertology.core.errors import BertologyError
 from bertology.core.measures.norms import parse_weighting
-from bertology.core.model.models import LoadedModel, default_model_path, load_model, load_tokenizer
+from bertology.core.model.models import LoadedModel, load_model, load_tokenizer, model_source
 from bertology.core.options import check_seed
 from bertology.core.statistics.stats import MIN_SAMPLE
 from bertology.core.storage.runfolder import claims_out
@@ -49,8 +49,7 @@ def _read_arguments(corpus, format: str, limit: int | None, passing: PassSetting
         if isinstance(model, LoadedModel):
             tokenizer = model.tokenizer
         else:
-            source = default_model_path() if model is None else Path(str(model)).expanduser()
-            tokenizer = load_tokenizer(str(source if source.exists() else model), trust_remote_code=passing.trust_remote_code)
+            tokenizer = load_tokenizer(model_source(model), trust_remote_code=passing.trust_remote_code)
         examples, corpus_info = synthetic_corpus(tokenizer, synthetic_repeats, synthetic_length, passing.seed, limit)
     views = parse_weighting(weighting)
     if backend not in BACKENDS:

@@ -41,14 +41,12 @@ from bertology.core.learning.training import (
 )
 from bertology.core.model.models import (
     UNUSED_WITHOUT_TASK_HEAD,
-    default_model_path,
     first_non_finite,
     load_tokenizer,
     loading_errors,
-    require_finite_weights,
+    model_source,
     require_safetensors,
-    require_tokenizer_fits,
-    require_whole_weights,
+    require_usable,
     resolve_device,
 )
 from bertology.core.options import check_seed
@@ -120,9 +118,7 @@ def _load_classifier(source: str, task: TaskData, label_ids: dict, settings: Fin
             source, num_labels=len(task.labels), id2label=dict(enumerate(task.labels)), label2id=label_ids,
             trust_remote_code=trust_remote_code, ignore_mismatched_sizes=True, use_safetensors=True, output_loading_info=True,
         )
-    require_whole_weights(network, loading, source, unused=UNUSED_WITHOUT_TASK_HEAD, new_head=True)  # the head (and BERT's pooler) are trained here
-    require_finite_weights(network, source)
-    require_tokenizer_fits(tokenizer, network, source)
+    require_usable(network, loading, tokenizer, source, unused=UNUSED_WITHOUT_TASK_HEAD, new_head=True)  # the head (and BERT's pooler) are trained here
     network.to(torch_device)
     return network, tokenizer, settings
 
@@ -256,7 +252,7 @@ def finetune(
     check_seed(seed)
     check_learning_rate(learning_rate)
     out = Path(out)
-    source = str(default_model_path()) if model is None else str(model)
+    source = model_source(model)
     from bertology.core.storage.digests import folder_weights_digest
 
     settings = FinetuneSettings(source, task.name, max_length, batch_size, epochs, learning_rate, warmup, weight_decay, max_train_examples, seed,

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from bertology.core.errors import BertologyError
 from bertology.core.model.kinds import kind_of
-from bertology.core.model.models import DEFAULT_MODEL, default_model_path, loading_errors
+from bertology.core.model.models import loading_errors, model_source
 from bertology.core.storage.safeload import field as document_field
 from bertology.core.storage.safeload import read_json, whole_number
 from bertology.studies.track.runs import check_one_run
@@ -85,11 +85,6 @@ def ordered_checkpoints(checkpoints: list[str], steps: list[int] | None = None) 
     if len(set(steps)) < len(steps):
         raise BertologyError("two checkpoints have the same training step")
     return sorted(zip(steps, checkpoints))
-
-
-def model_source(checkpoint: str) -> str:
-    """Where a checkpoint loads from: ``"default"`` or ``"all-MiniLM-L6-v2"`` is the bundled model's folder, anything else itself."""
-    return str(default_model_path()) if checkpoint in ("default", DEFAULT_MODEL) else checkpoint
 
 
 #: A text whose pieces tell apart two tokenizers of one vocabulary that add special tokens, normalise or split otherwise.

@@ -23,7 +23,7 @@ import torch
 from bertology.core.backends import BACKENDS, map_on_ray
 from bertology.core.engine import Engine, PassSettings
 from bertology.core.errors import BertologyError, ModelError
-from bertology.core.model.models import DEFAULT_MODEL, LANGUAGE_MODEL, LoadedModel, load_model, load_tokenizer
+from bertology.core.model.models import LANGUAGE_MODEL, LoadedModel, load_model, load_tokenizer, model_source
 from bertology.core.options import check_seed
 from bertology.core.storage.runfolder import claims_out, finished_run
 from bertology.core.text.corpora import open_corpus
@@ -35,7 +35,7 @@ from bertology.families.profile.analyzer import GeneralProfile
 from bertology.families.roles.analyzer import HeadRoles
 from bertology.families.sinks.analyzer import SINK_EPS
 from bertology.families.syntax.analyzer import RelationHeads
-from bertology.studies.track.checkpoints import checked_series, model_source
+from bertology.studies.track.checkpoints import checked_series
 from bertology.studies.track.hypothesis import hypothesis_verdict
 from bertology.studies.track.induction import InductionReplicates, in_context_scores, induction_verdict
 from bertology.studies.track.losses import loss_series, measured_loss
@@ -243,9 +243,8 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
 def _load_checkpoint(source: str, settings: dict, device: str | None) -> tuple[LoadedModel, bool]:
     """The checkpoint at ``source`` (``"default"`` or the bundled model's name: the bundled model) on ``device`` (else the
     settings'), with its language-model head where it has one; and whether it has."""
-    name = None if source in ("default", DEFAULT_MODEL) else source
     options = {"device": device or settings["device"], "trust_remote_code": settings["trust_remote_code"], "dtype": settings["dtype"]}
     try:
-        return load_model(name, head=LANGUAGE_MODEL, **options), True
+        return load_model(source, head=LANGUAGE_MODEL, **options), True
     except ModelError:  # no language-model head (a bare encoder, a classifier): its attention is measured without one
-        return load_model(name, **options), False
+        return load_model(source, **options), False
