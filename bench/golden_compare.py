@@ -22,7 +22,8 @@ Two modes:
         - in a JSON document, every key (at any depth) that is a wall time, a date, a version or a path:
           a key with a word (split at ``_``, ``-``, spaces) among VOLATILE_WORDS, or whose value is an absolute
           path (a string starting with ``/`` or ``~``, or a drive letter); an absolute path inside a list
-          becomes "<absolute path>". The document is written back with ``json.dumps(indent=2)`` (key order kept);
+          becomes "<absolute path>"; a value drawn at random per run by design (RANDOM_PER_RUN: a pre-training
+          run's identity ``run.id``) is left out too. The document is written back with ``json.dumps(indent=2)`` (key order kept);
         - in a CSV, a column whose header has such a word is dropped (the file is rewritten with the csv module);
           a CSV without such a column is copied as it is, byte for byte.
 
@@ -61,11 +62,15 @@ def volatile(key: str) -> bool:
     return any(word in VOLATILE_WORDS for word in re.split(r"[_\-\s.]+", key.lower()))
 
 
-def clean(value):
-    """``value`` without volatile keys and absolute paths (see the module's docstring)."""
+#: (object key, key) pairs whose value is drawn at random per run by design: a pre-training run's identity ``run.id``.
+RANDOM_PER_RUN = frozenset({("run", "id")})
+
+
+def clean(value, parent: str | None = None):
+    """``value`` without volatile keys, random run identities and absolute paths (see the module's docstring)."""
     if isinstance(value, dict):
-        return {key: clean(item) for key, item in value.items()
-                if not volatile(str(key)) and not (isinstance(item, str) and ABSOLUTE.match(item))}
+        return {key: clean(item, str(key)) for key, item in value.items()
+                if not volatile(str(key)) and (parent, str(key)) not in RANDOM_PER_RUN and not (isinstance(item, str) and ABSOLUTE.match(item))}
     if isinstance(value, list):
         return [("<absolute path>" if isinstance(item, str) and ABSOLUTE.match(item) else clean(item)) for item in value]
     return value
