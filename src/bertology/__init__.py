@@ -1,4 +1,8 @@
-"""bertology: what every attention head of a BERT-like encoder does, and how sure we can be of it.
+"""bertology: what every attention head of a transformer does, and how sure we can be of it.
+
+Any Hugging Face encoder (BERT and its kin) or decoder (GPT-2, GPT-NeoX, Llama and its kin), streamed over any corpus:
+what each head attends to, against a uniform head on the same sequences; which heads matter, by ablation, patching and
+gradient importance, each with an interval and a correction; and how that changes with fine-tuning and pre-training.
 
 >>> import bertology
 >>> result = bertology.analyze(corpus=["The cat sat on the mat."])  # doctest: +SKIP

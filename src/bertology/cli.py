@@ -91,7 +91,7 @@ def _command(app: typer.Typer, study: Study) -> None:
 def build_app() -> typer.Typer:
     """The command line of every study registered now (a study registered after ``bertology.cli`` was imported gets its
     command in a new app)."""
-    app = typer.Typer(help="What every attention head of a BERT-like encoder does, and how sure we can be of it.", no_args_is_help=True,
+    app = typer.Typer(help="What every attention head of an encoder or decoder does, and how sure we can be of it.", no_args_is_help=True,
                       add_completion=False, pretty_exceptions_enable=False)
     for study in registered_studies().values():
         _command(app, study)
