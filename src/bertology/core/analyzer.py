@@ -1,10 +1,8 @@
-"""The uniform analyzer interface.
+"""The interface every analyzer implements: fold batches into a bounded summary, merge summaries, report a tidy table.
 
-An analyzer folds batches into a bounded summary with :meth:`Analyzer.update`, combines with a
-summary of other data with :meth:`Analyzer.merge` (shards of a corpus, workers of a cluster) and
-reports a tidy :class:`pandas.DataFrame` with :meth:`Analyzer.result`. Results must not depend on
-batch size, batch order or sharding, and the same seed gives the same result: the contract test
-``bertology.testing.check_analyzer`` checks this for every analyzer.
+A summary merges with one of other data (shards of a corpus, workers of a cluster), so results must not depend on batch
+size, batch order or sharding, and the same seed gives the same result: :func:`bertology.testing.check_analyzer` checks
+this for every analyzer.
 """
 
 from __future__ import annotations

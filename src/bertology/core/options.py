@@ -1,5 +1,6 @@
-"""Options: one setting of a family or a study, declared once with its default and help, and the groups of them
-that commands share. The CLI's flags, the API's keywords and the run's recorded settings all derive from these.
+"""Options: each setting of a family or a study, declared once with its default and help, and the groups commands share.
+
+The CLI's flags, the API's keywords and the run's recorded settings all derive from these.
 
 This module imports nothing heavy: declaring a family or a study, and ``bertology --help``, stay cheap.
 """

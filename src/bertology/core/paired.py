@@ -1,5 +1,7 @@
-"""The paired engine: two models' passes over the same inputs, batch by batch, for analyzers that compare them
-(Kovaleva et al. 2019's per-head similarity of a model and its fine-tuned twin)."""
+"""The paired engine: two models' passes over the same inputs, batch by batch, for analyzers that compare them.
+
+For example Kovaleva et al. 2019's per-head similarity of a model and its fine-tuned twin.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""What a pass hands its analyzers: the encoded examples (:class:`Encoded`), a batch (:class:`Batch`) and one layer's
-maps of it (:class:`LayerMaps`), in each view of attention (:func:`attention_view`)."""
+"""What a pass hands its analyzers: the encoded examples, a batch, and one layer's maps in each view of attention."""
 
 from __future__ import annotations
 
@@ -277,12 +276,15 @@ class LayerMaps:
         return self.visible_keys if self.visible_keys is not None else batch.kind.visible_keys(batch.mask, self.rows)
 
     def uniform(self, batch: Batch) -> torch.Tensor:
-        """This layer's uniform head in this view of attention (docs/methods.md#the-null-model): ``[batch, 1, n, n]``, every
-        row ``1 / |S_i|`` over the keys it saw (:meth:`visible`, :func:`~bertology.core.model.kinds.uniform_rows`); under a
-        view that reads each head's own vectors (``norm``, ``alti``, ``value-zeroing``: :attr:`uniform_view`) those weights
-        seen through it, one per head, ``[batch, head, n, n]``. In float64 (float32 on MPS, which has no float64); made once
-        a layer and shared by the analyzers that score it beside the heads; in the weights' view, the very tensor of an earlier
-        layer of the batch that saw the same keys (:attr:`shared_uniforms`)."""
+        """This layer's uniform head in this view of attention (docs/methods.md#the-null-model).
+
+        ``[batch, 1, n, n]``, every row ``1 / |S_i|`` over the keys it saw (:meth:`visible`,
+        :func:`~bertology.core.model.kinds.uniform_rows`); under a view that reads each head's own vectors (``norm``,
+        ``alti``, ``value-zeroing``: :attr:`uniform_view`) those weights seen through it, one per head,
+        ``[batch, head, n, n]``. In float64 (float32 on MPS, which has no float64); made once a layer and shared by the
+        analyzers that score it beside the heads; in the weights' view, the very tensor of an earlier layer of the batch
+        that saw the same keys (:attr:`shared_uniforms`).
+        """
         if self._uniform is None:
             uniform = self._shared_uniform(batch)[1]
             self._uniform = uniform if self.uniform_view is None else self.uniform_view(uniform).to(uniform.dtype)

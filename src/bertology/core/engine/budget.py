@@ -1,5 +1,9 @@
-"""The attention budget's arithmetic: the bytes of one layer's maps of a batch, the query rows per block that fit the
-budget, and the one line that leaves an analyzer out of a pass by blocks."""
+"""The attention budget's arithmetic: a batch's bytes of one layer's maps and the query rows per block that fit the
+budget.
+
+An analyzer that reads whole maps, or holds more than the budget beside the blocks, is left out of such a batch with one
+line that says why (:meth:`AttentionBudgeting.refusal`).
+"""
 
 from __future__ import annotations
 

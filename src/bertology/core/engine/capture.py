@@ -1,6 +1,8 @@
-"""One batch's forward pass (:class:`BatchCapture`): named hook points (:mod:`bertology.core.model.hooks`) capture each
-layer's pattern and what the pass needs of it, which the analyzers receive layer by layer or stacked; :func:`model_forward`
-runs the model on collated tensors."""
+"""One batch's forward pass (:class:`BatchCapture`), each layer's attention captured through named hook points.
+
+What the pass needs of each layer's pattern (:mod:`bertology.core.model.hooks`) is captured with it; the analyzers
+receive it layer by layer or stacked.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""What one pass computes beyond the attention weights (:class:`PassNeeds`), and which analyzers fold a layer's maps by
-blocks of query rows (:func:`folds_row_blocks`)."""
+"""What one pass computes beyond the attention weights, and which analyzers fold a layer's maps by row blocks."""
 
 from __future__ import annotations
 
@@ -17,11 +16,14 @@ KNOWN_NEEDS = frozenset({"mixing", "hidden_states", "vectors", *CONTRIBUTION_MEA
 
 @dataclass(frozen=True)
 class PassNeeds:
-    """What one pass computes beyond the attention weights, decoded once from its analyzers' ``needs`` and the views they
-    receive (:meth:`of`): ``norms``, every head's ``||f_h(x_j)||`` (the ``norm`` view); ``mixing``, every token's
-    context-mixing ratios; ``hidden_states``, every layer's output; ``vectors``, every head's key, value and transformed
-    vector norms; ``contributions``, each named measure's maps (``alti``, ``value_zeroing``); ``views``, the per-head
-    contribution maps of those views (``alti``, ``value-zeroing``) for :meth:`Batch.weighted`."""
+    """What one pass computes beyond the attention weights, decoded once from its analyzers' ``needs`` and views
+    (:meth:`of`).
+
+    ``norms``, every head's ``||f_h(x_j)||`` (the ``norm`` view); ``mixing``, every token's context-mixing ratios;
+    ``hidden_states``, every layer's output; ``vectors``, every head's key, value and transformed vector norms;
+    ``contributions``, each named measure's maps (``alti``, ``value_zeroing``); ``views``, the per-head contribution
+    maps of those views (``alti``, ``value-zeroing``) for :meth:`Batch.weighted`.
+    """
 
     norms: bool = False
     mixing: bool = False

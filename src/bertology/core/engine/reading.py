@@ -1,5 +1,8 @@
-"""The engine's length-capped reading of examples: each example tokenized from a bounded part of it (:meth:`LengthCappedReading.read`),
-truncated or skipped past ``max_length``, and packed into length-sorted batches within bounded windows."""
+"""The engine's reading of examples into length-sorted batches, within bounded windows, capped at ``max_length``.
+
+Each example is tokenized from a bounded part of its text (:meth:`LengthCappedReading.read`), so that neither memory nor
+time grows with a sentence's length, then truncated or skipped past ``max_length``.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""The pass: :class:`Engine` runs one model over a corpus once and hands each batch (or each layer's maps) to every
-analyzer (:class:`Feeder`), each batch's forward pass captured by :class:`~bertology.core.engine.capture.BatchCapture`."""
+"""The pass: :class:`Engine` runs one model over a corpus once and hands each batch to every analyzer.
+
+:class:`Feeder` hands over each batch (or each layer's maps), and :class:`~bertology.core.engine.capture.BatchCapture`
+captures each batch's forward pass.
+"""
 
 from __future__ import annotations
 
@@ -189,11 +192,13 @@ class Engine(LengthCappedReading, AttentionBudgeting):
 
 
 class Feeder:
-    """Hands each batch (or each layer's maps) to every analyzer of a pass in the view of attention it receives; with
-    ``isolate``, an analyzer whose update raises is left out of the rest of the pass and its error recorded in
-    ``stats.failed``, so the others lose nothing; the error is raised only when every analyzer failed. With ``blocks`` (the
-    engine's own pass), :attr:`folding` says which analyzers take a layer's maps by blocks of query rows
-    (:func:`~bertology.core.engine.needs.folds_row_blocks`) and :attr:`blocked_needs` what they need."""
+    """Hands each batch (or each layer's maps) to every analyzer of a pass in the view of attention it receives.
+
+    With ``isolate``, an analyzer whose update raises is left out of the rest of the pass and its error recorded in
+    ``stats.failed``, so the others lose nothing; the error is raised only when every analyzer failed. With ``blocks``
+    (the engine's own pass), :attr:`folding` says which analyzers take a layer's maps by blocks of query rows
+    (:func:`~bertology.core.engine.needs.folds_row_blocks`) and :attr:`blocked_needs` what they need.
+    """
 
     def __init__(self, analyzers: Sequence, weightings: Sequence[str], stats: RunStats, isolate: bool, blocks: bool = True):
         self.analyzers, self.weightings, self.stats, self.isolate = analyzers, weightings, stats, isolate

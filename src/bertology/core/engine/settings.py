@@ -1,6 +1,9 @@
-"""Every setting of one pass in one frozen object (:class:`PassSettings`): built once, the engine is made from it
-(``Engine(model, settings)``), a Ray actor receives it whole, and a run's manifest records it whole (``dataclasses.asdict``).
-Its options on the command line are one group, :data:`bertology.core.options.PASS_SETTINGS`."""
+"""Every setting of one pass in one frozen object, :class:`PassSettings`.
+
+Built once, so that the engine (``Engine(model, settings)``), a Ray actor (which receives it whole) and a run's manifest
+(which records it whole, ``dataclasses.asdict``) never disagree. Its options on the command line are one group,
+:data:`bertology.core.options.PASS_SETTINGS`.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""Task data and task models: a GLUE-style classification task read from TSV files, and a fine-tuned classifier to score it;
-the next-token task of a decoder on a text corpus, and the causal language model to score it.
+"""Task data and the models that score it: GLUE-style classification, and a decoder's next-token prediction on a corpus.
 
-Shared by the studies that train on a task or evaluate one (``finetune``, ``ablate``/``importance``/``prune``,
-``restore``, ``gradients``). Metrics on dev are GLUE's: accuracy (SST-2, RTE), F1 and accuracy (MRPC), Matthews
-correlation (CoLA); a language model's are its causal LM loss (nats per predicted piece) and perplexity.
+A classification task is read from TSV files and scored by a fine-tuned classifier; its metrics on dev are GLUE's:
+accuracy (SST-2, RTE), F1 and accuracy (MRPC), Matthews correlation (CoLA). A causal language model's are its causal LM
+loss (nats per predicted piece) and perplexity.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Resumable training states shared by ``finetune`` and ``pretrain``: the model, AdamW, the scheduler, the random
-states, the step and the losses, saved as tensors and plain values and read with ``weights_only=True``, then checked
-against the run's own before a resume believes them.
+"""Resumable training states of ``finetune`` and ``pretrain``, saved as plain tensors and checked before a resume.
+
+A state holds the model, AdamW, the scheduler, the random states, the step and the losses, saved as tensors and plain
+values and read with ``weights_only=True``, then checked against the run's own before a resume believes them.
 """
 
 from __future__ import annotations

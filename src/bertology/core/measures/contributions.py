@@ -137,11 +137,14 @@ def alti_contributions(pattern: torch.Tensor, value: torch.Tensor, layer_input: 
 
 def alti_per_head(pattern: torch.Tensor, value: torch.Tensor, layer_input: torch.Tensor, block: AttentionBlock,
                   chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
-    """A per-head variant of ALTI (bertology's, for the ``alti`` view of every per-head analysis): head h's own output
-    decomposed the same way, ``T^h_i(x_j) = weights[h, i, j] parts[h, j]`` (post-norm ``L(a_h[i, j] v_j^h W_O^h) / s_i`` with
-    ``s_i`` the layer norm's real scale, pre-norm ``a_h[i, j] v_j^h W_O^h``) and ``y^h_i = sum_j T^h_i(x_j)`` (no residual,
-    which belongs to no head), ``c_h[i, j] = max(0, ||y^h_i||_1 - ||y^h_i - T^h_i(x_j)||_1)``, rows normalised:
-    ``[batch, head, n, n]``. Chunked over queries like :func:`alti_contributions`."""
+    """Bertology's per-head variant of ALTI, for the ``alti`` view of every per-head analysis.
+
+    ``[batch, head, n, n]``: head h's own output decomposed the same way, ``T^h_i(x_j) = weights[h, i, j] parts[h, j]`` (post-norm
+    ``L(a_h[i, j] v_j^h W_O^h) / s_i`` with ``s_i`` the layer norm's real scale, pre-norm ``a_h[i, j] v_j^h W_O^h``) and
+    ``y^h_i = sum_j T^h_i(x_j)`` (no residual, which belongs to no head),
+    ``c_h[i, j] = max(0, ||y^h_i||_1 - ||y^h_i - T^h_i(x_j)||_1)``, rows normalised. Chunked over queries like
+    :func:`alti_contributions`.
+    """
     value, pattern, layer_input = in_statistics_dtype(value, pattern, layer_input)
     batch, heads, n, _ = value.shape
     hidden = layer_input.shape[-1]

@@ -1,4 +1,4 @@
-"""What a head mixes in, not only where it looks (docs/methods.md#norms-and-mixing).
+"""Kobayashi et al.'s norm shares and mixing ratios: what a head mixes in (docs/methods.md#norms-and-mixing).
 
 Kobayashi et al. (2020), "Attention is Not Only a Weight: Analyzing Transformers with Vector Norms": head h
 of a layer adds ``a[i, j] f_h(x_j)`` to query i, with ``x_j`` the layer input and

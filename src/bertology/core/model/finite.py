@@ -1,4 +1,4 @@
-"""Non-finite attention maps and hidden states: a pass refuses them in one line, never makes tables of them (issue 49).
+"""Non-finite attention maps and hidden states: a pass refuses them in one line, never makes tables of them.
 
 A model run in float16 whose scores ``q . k`` pass float16's largest value (65504) gets infinite scores, and its softmax
 rows NaN; every later layer of that sequence follows. Each batch's maps and hidden states are checked where the engine
@@ -55,12 +55,15 @@ def _named(key: tuple[int, int]) -> str:
 
 
 class FiniteWatch:
-    """One batch's finite flags, ``[layer + 1, 2, batch]`` bool on each device that checked something, in the order the forward
-    pass makes them: entry ``(l, 0)`` the hidden states that enter layer l (l = 0: the embeddings; the last: the last layer's
-    output), ``(l, 1)`` layer l's maps (``layers``: the model's). Each check ANDs into its entry in place and the flags stay on
-    their device until :meth:`require`, which reads them all back at once. Nothing is kept per check: a pass by blocks of
-    query rows kept a flag per block, a small allocation that outlived the blocks after it and split the allocator's free
-    chunks under them (8 layers of 16 heads at 8,192 tokens: 64 blocks a layer, about 110 MiB more peak RSS)."""
+    """One batch's finite flags, ``[layer + 1, 2, batch]`` bool on each device that checked something.
+
+    In the order the forward pass makes them: entry ``(l, 0)`` the hidden states that enter layer l (l = 0: the
+    embeddings; the last: the last layer's output), ``(l, 1)`` layer l's maps (``layers``: the model's). Each check ANDs
+    into its entry in place and the flags stay on their device until :meth:`require`, which reads them all back at once.
+    Nothing is kept per check: a flag per block of query rows, a small allocation, would outlive the blocks after it and
+    split the allocator's free chunks under them (8 layers of 16 heads at 8,192 tokens: 64 blocks a layer, about 110 MiB
+    more peak RSS).
+    """
 
     def __init__(self, layers: int) -> None:
         self.layers = layers

@@ -271,10 +271,12 @@ def _attention_rows(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
 
 
 def uniform_attention(hooks: Hooks) -> Handler:
-    """A ``pattern`` handler that replaces every head's attention by the uniform row over the keys it sees, ``1 / |S_i|`` on
-    the keys the model's own mask lets query i see (:attr:`Hooks.key_mask`: padding, causality, a sliding window): the
-    null model of docs/methods.md#the-null-model, the same as zeroing every query projection (all scores equal), on the
-    user's own model, tokenizer and corpus. Later layers read the outputs of these uniform heads."""
+    """A ``pattern`` handler that replaces every head's attention by the uniform row over the keys it sees.
+
+    ``1 / |S_i|`` on the keys the model's own mask lets query i see (:attr:`Hooks.key_mask`: padding, causality, a
+    sliding window): the null model of docs/methods.md#the-null-model, the same as zeroing every query projection (all
+    scores equal), on the user's own model, tokenizer and corpus. Later layers read the outputs of these uniform heads.
+    """
 
     def handler(layer: int, pattern: torch.Tensor) -> torch.Tensor:
         seen = hooks.key_mask
@@ -291,11 +293,13 @@ def active_hooks() -> Hooks | None:
 
 
 def register_attention() -> None:
-    """Register the ``"bertology"`` attention function with transformers, and transformers' SDPA mask as its mask: bool
-    ``[batch, 1, query, key]`` (True: the query sees the key), or None where SDPA would need none, a bidirectional layer
-    whose every query sees every key or a causal layer with nothing padded and no window (:func:`bertology_attention` then
-    makes each block's causal mask itself). One byte a cell at most, where ``eager_mask``'s additive mask takes the
-    weights' dtype: 268 MB for one 8,192-token sequence in float32 (issue 40)."""
+    """Register the ``"bertology"`` attention function with transformers, and transformers' SDPA mask as its mask.
+
+    The mask is bool ``[batch, 1, query, key]`` (True: the query sees the key), or None where SDPA would need none, a
+    bidirectional layer whose every query sees every key or a causal layer with nothing padded and no window
+    (:func:`bertology_attention` then makes each block's causal mask itself). One byte a cell at most, where
+    ``eager_mask``'s additive mask takes the weights' dtype: 268 MB for one 8,192-token sequence in float32.
+    """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

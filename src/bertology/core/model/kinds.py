@@ -1,15 +1,15 @@
-"""The kind of a model: what differs between a bidirectional encoder and a causal decoder (docs/methods.md#decoders), in one
-object that the engine, every family and every report ask instead of branching on a flag.
+"""The kind of a model, encoder or decoder: the keys each query sees, the uniform reference and the anchor tokens.
+
+What differs between a bidirectional encoder and a causal decoder (docs/methods.md#decoders), in one object that the
+engine, every family and every report ask instead of branching on a flag.
 
 A :class:`Kind` says which keys each query sees and how many (``|S_i|``: an encoder's n; a decoder's ``i + 1``, keys
-``j <= i``), which queries enter a mean over queries (an encoder's every real token; a decoder's ``i >= 1``: row 0 sees only
-itself, so its weight 1 says nothing of the head), the uniform reference of a row (``1 / |S_i|``, whose entropy is
-``ln |S_i|``), and the anchor tokens a head may park its attention on (Clark et al. 2019: an encoder's [CLS] and [SEP]; a
-decoder's first token, the candidate attention sink of Xiao et al. 2024, BOS where the tokenizer adds one).
+``j <= i``), which queries enter a mean over queries (an encoder's every real token; a decoder's ``i >= 1``: row 0 sees
+only itself, so its weight 1 says nothing of the head), the uniform reference of a row (``1 / |S_i|``, whose entropy is
+``ln |S_i|``), and the anchor tokens a head may park its attention on (Clark et al. 2019: an encoder's [CLS] and [SEP];
+a decoder's first token, the candidate attention sink of Xiao et al. 2024, BOS where the tokenizer adds one).
 
-The model's kind is :func:`kind_of` its configuration; :class:`~bertology.core.model.models.LoadedModel` carries it, every
-:class:`~bertology.core.engine.Batch` carries it, analyzers are given it when they are built, and a run folder's manifest
-names it (``model.kind``) so that reports read it back with :func:`kind_named`.
+A run folder's manifest names the kind (``model.kind``) so that reports read it back with :func:`kind_named`.
 """
 
 from __future__ import annotations

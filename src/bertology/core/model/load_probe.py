@@ -1,5 +1,8 @@
-"""The probe every loaded model passes (:func:`~bertology.core.model.models.load_model`): one forward pass of two tokens,
-on which bertology's pattern hook point must fire in every layer and every map must be finite."""
+"""The two-token probe every loaded model passes: the pattern hook point fires in every layer, every map is finite.
+
+Maps that are not finite from finite weights are told apart: a half-precision dtype's range (finite in float32) or a
+value in config.json.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +15,13 @@ from bertology.core.model.hooks import Hooks
 
 
 def require_hook_point(model: PreTrainedModel, source: str) -> None:
-    """Refuse, in one line, a model whose layers compute attention in their own code instead of through transformers'
-    attention interface (GPT-Neo does): bertology's hook points would never fire, and no map could be read; or whose
-    maps are not finite with finite weights: in half precision, where the same probe in float32 is finite, the dtype's
-    range (:func:`~bertology.core.model.finite.dtype_advice`), else a config value such as a negative norm epsilon.
-    Checked with one forward pass of two tokens."""
+    """Refuse, in one line, a model whose attention maps bertology cannot read, or whose maps are not finite.
+
+    The first: layers that compute attention in their own code instead of through transformers' attention interface
+    (GPT-Neo does), so bertology's hook points would never fire. The second, with finite weights: in half precision,
+    where the same probe in float32 is finite, the dtype's range (:func:`~bertology.core.model.finite.dtype_advice`),
+    else a config value such as a negative norm epsilon. Checked with one forward pass of two tokens.
+    """
     fired, finite = _two_token_probe(model, source)
     if not fired:
         raise ModelError(f"{source}: {bypasses_interface(model.config.model_type)}")

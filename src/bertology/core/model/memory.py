@@ -1,5 +1,6 @@
-"""The memory a pass gives one layer's attention maps: the attention budget (:class:`~bertology.core.engine.Engine`), and its
-default ``auto`` (docs/methods.md#maps-by-blocks-of-queries).
+"""The attention budget, the memory a pass gives one layer's attention maps, and its default ``auto``.
+
+See docs/methods.md#maps-by-blocks-of-queries.
 
 ``auto`` is the smaller of :data:`AUTO_BUDGET_CAP` and a :data:`AUTO_BUDGET_SHARE` of the memory free on each device that
 holds the model's layers, measured once, when the engine is made (the model loaded): CUDA's free memory, else the machine's

@@ -309,12 +309,14 @@ def require_usable(model: PreTrainedModel, loading: dict, tokenizer: PreTrainedT
 
 
 def require_whole_weights(model: PreTrainedModel, loading: dict, source: str, *, unused: tuple[str, ...] = (), new_head: bool = False) -> None:
-    """Refuse, in one line naming ``source`` and the first offending key, a model that transformers' loading report
-    (``output_loading_info``) says is not the checkpoint: weights the config names but the checkpoint lacks (left
-    random), weights of the model's own layers the config has no place for (dropped), shapes that disagree. Keys of
-    another task's head in the checkpoint (``lm_head``, ``cls``) are not the model's and are let be; ``unused``:
+    """Refuse, in one line naming ``source`` and the first offending key, a model that is not its checkpoint.
+
+    Transformers' loading report (``output_loading_info``) tells: weights the config names but the checkpoint lacks
+    (left random), weights of the model's own layers the config has no place for (dropped), shapes that disagree. Keys
+    of another task's head in the checkpoint (``lm_head``, ``cls``) are not the model's and are let be; ``unused``:
     prefixes of weights bertology never reads (:data:`UNUSED_WITHOUT_TASK_HEAD`); ``new_head``: the weights outside the
-    base model are a new task head that the caller initialises and trains (fine-tuning), as are ``unused`` ones."""
+    base model are a new task head that the caller initialises and trains (fine-tuning), as are ``unused`` ones.
+    """
     inside = model.base_model_prefix + "."
 
     def excused(key: str) -> bool:

@@ -1,7 +1,9 @@
-"""A model's unembedding ``W_U``, the output embeddings that turn its last hidden state into logits, wherever it is: the
-language-model head loaded with the model, the input embeddings where the model ties the two (GPT-2's, BERT's), or, where
-a bare model (``AutoModel``, as ``analyze`` loads it) has a head of its own that was not loaded (an untied Llama's or
-Mistral's ``lm_head``), that one weight read from the checkpoint's safetensors files: no second model is loaded.
+"""A model's unembedding ``W_U``, which turns its last hidden state into logits, found wherever it is.
+
+In order: the language-model head loaded with the model; the input embeddings where the model ties the two (GPT-2's,
+BERT's); or, where a bare model (``AutoModel``, as ``analyze`` loads it) has a head of its own that was not loaded (an
+untied Llama's or Mistral's ``lm_head``), that one weight read from the checkpoint's safetensors files: no second model
+is loaded.
 """
 
 from __future__ import annotations

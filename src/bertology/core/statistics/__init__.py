@@ -1,2 +1,1 @@
-"""Statistics done in float64 over sequences: running moments, intervals, tests against the uniform reference and their
-corrections (:mod:`.stats`)."""
+"""Statistics in float64 over sequences: moments, intervals, tests against the uniform reference and their corrections."""

@@ -1,3 +1,5 @@
-"""What lasts between runs: run folders written whole or not at all (:mod:`.runfolder`), analyzer states and their trusted
-classes (:mod:`.states`, :mod:`.trusted`), validated loading of users' files (:mod:`.safeload`) and content digests
-(:mod:`.digests`)."""
+"""What lasts between runs: run folders, analyzer states, validated loading of the files handed in, weight digests.
+
+Run folders are written whole or not at all (:mod:`.runfolder`, :mod:`.inventory`); analyzer states and the classes they
+may name (:mod:`.states`, :mod:`.trusted`); validated loading (:mod:`.safeload`); content digests (:mod:`.digests`).
+"""

@@ -1,12 +1,13 @@
-"""Analyzer states as plain files, never pickles: a JSON document for the structure and one ``.npz`` of arrays
-(read with ``allow_pickle=False``), so that a resumed analysis runs no code from its run folder.
+"""Analyzer states as plain files, never pickles: a JSON document for the structure and one ``.npz`` of arrays.
 
-:func:`encode` turns a value (an analyzer, with its moments, arrays, tensors, lists and dicts) into JSON with
-references into ``arrays``; :func:`decode` rebuilds it. Objects are stored as their class's name and their
-``__dict__``, and rebuilt without calling any of their code (``cls.__new__`` and the dict set back; a class of one instance,
-whose ``shared_instance`` is it, gives that instance back), and only
-for classes bertology's own package defines, or the modules of the registered analysis families (a user's
-family is already running in the process): any other class name in a state file is refused.
+The arrays are read with ``allow_pickle=False``, so that a resumed analysis runs no code from its run folder.
+
+:func:`encode` turns a value (an analyzer, with its moments, arrays, tensors, lists and dicts) into JSON with references
+into ``arrays``; :func:`decode` rebuilds it. Objects are stored as their class's name and their ``__dict__``, and
+rebuilt without calling any of their code (``cls.__new__`` and the dict set back; a class of one instance, whose
+``shared_instance`` is it, gives that instance back), and only for classes bertology's own package defines, or the
+modules of the registered analysis families (a user's family is already running in the process): any other class name in
+a state file is refused.
 """
 
 from __future__ import annotations
