@@ -1,6 +1,8 @@
-"""ALBERT's layout: a post-norm encoder whose ``G`` groups of shared layers (``encoder.albert_layer_groups[g].albert_layers``)
-run as ``L`` layers, layer ``l`` those of group ``floor(l / (L / G))``; each has ``attention``, ``attention.dense`` and
-``attention.LayerNorm`` (transformers' ``AlbertTransformer``)."""
+"""ALBERT's layout: a post-norm encoder whose ``G`` groups of shared layers run as ``L`` layers.
+
+Layer ``l`` is that of group ``floor(l / (L / G))`` (``encoder.albert_layer_groups[g].albert_layers``); each has
+``attention``, ``attention.dense`` and ``attention.LayerNorm`` (transformers' ``AlbertTransformer``).
+"""
 
 from __future__ import annotations
 

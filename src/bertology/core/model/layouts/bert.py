@@ -1,6 +1,8 @@
-"""BERT's layout and its copies: BERT (and MiniLM, a BERT), ELECTRA, RoBERTa, XLM-R, CamemBERT: post-norm encoders whose
-layers are ``encoder.layer[l]``, with ``attention.self``, ``attention.output.dense`` and ``attention.output.LayerNorm``
-(transformers' ``BertLayer``)."""
+"""BERT's layout and its copies' (MiniLM, ELECTRA, RoBERTa, XLM-R, CamemBERT): post-norm encoders.
+
+Layers are ``encoder.layer[l]``, with ``attention.self``, ``attention.output.dense`` and ``attention.output.LayerNorm``
+(transformers' ``BertLayer``).
+"""
 
 from __future__ import annotations
 

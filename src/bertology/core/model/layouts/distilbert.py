@@ -1,5 +1,7 @@
-"""DistilBERT's layout: a post-norm encoder whose layers are ``transformer.layer[l]`` (``TransformerBlock``), with
-``attention``, ``attention.out_lin`` and ``sa_layer_norm``."""
+"""DistilBERT's layout: a post-norm encoder whose layers are ``transformer.layer[l]`` (``TransformerBlock``).
+
+Each has ``attention``, ``attention.out_lin`` and ``sa_layer_norm``.
+"""
 
 from __future__ import annotations
 

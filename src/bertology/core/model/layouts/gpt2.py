@@ -1,5 +1,7 @@
-"""GPT-2's layout: a pre-norm decoder whose layers are ``h[l]``, with ``attn``, ``attn.c_proj`` (a ``Conv1D``) and ``ln_1``
-before the attention, ``ln_2`` and ``mlp`` after it."""
+"""GPT-2's layout: a pre-norm decoder whose layers are ``h[l]``.
+
+Each has ``attn``, ``attn.c_proj`` (a ``Conv1D``) and ``ln_1`` before the attention, ``ln_2`` and ``mlp`` after it.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""GPT-NeoX's (Pythia's) layout: a pre-norm decoder whose layers are ``layers[l]``, with ``attention``, ``attention.dense`` and
-``input_layernorm``; the feed-forward reads ``post_attention_layernorm`` of ``x`` beside the attention (a parallel residual,
-``use_parallel_residual``) or of ``x + attention`` after it."""
+"""GPT-NeoX's (Pythia's) layout: a pre-norm decoder, its feed-forward beside the attention or after it.
+
+Layers are ``layers[l]``, with ``attention``, ``attention.dense`` and ``input_layernorm``; the feed-forward reads
+``post_attention_layernorm`` of ``x`` beside the attention (a parallel residual, ``use_parallel_residual``) or of
+``x + attention`` after it.
+"""
 
 from __future__ import annotations
 

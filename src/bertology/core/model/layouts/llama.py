@@ -1,7 +1,9 @@
-"""Llama's layout and its kin's: pre-norm decoders whose layers are ``layers[l]``, with ``self_attn``, ``self_attn.o_proj`` and
-``input_layernorm`` before the attention, ``post_attention_layernorm`` and ``mlp`` after it, and the final ``norm`` (Llama,
-Mistral, Qwen2, Qwen3, OLMo; Gemma's norms store ``g - 1``, Phi-3 fuses its projections). Gemma 2, Granite and OLMo 2 change
-what happens to the attention output before the residual."""
+"""Llama's layout and its kin's: pre-norm decoders (Mistral, Qwen2, Qwen3, OLMo, Gemma, Phi-3, Granite, OLMo 2).
+
+Layers are ``layers[l]``, with ``self_attn``, ``self_attn.o_proj`` and ``input_layernorm`` before the attention,
+``post_attention_layernorm`` and ``mlp`` after it, and the final ``norm``. Gemma's norms store ``g - 1``; Phi-3 fuses
+its projections; Gemma 2, Granite and OLMo 2 change what happens to the attention output before the residual.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""OPT's layout: a decoder whose layers are ``decoder.layers[l]``, with ``self_attn``, ``self_attn.out_proj`` and
-``self_attn_layer_norm``, pre-norm where ``do_layer_norm_before`` (every size but OPT-350m), post-norm otherwise."""
+"""OPT's layout: a decoder, pre-norm where ``do_layer_norm_before`` (every size but OPT-350m), post-norm otherwise.
+
+Layers are ``decoder.layers[l]``, with ``self_attn``, ``self_attn.out_proj`` and ``self_attn_layer_norm``.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""Phi's (Phi-1, Phi-2) layout: Llama's places (``layers[l]``, ``self_attn``, ``input_layernorm``) but the output projection
-``self_attn.dense`` and the final norm ``final_layernorm``, and the one ``input_layernorm`` feeds both the attention and the feed-forward beside it (a parallel
-residual)."""
+"""Phi's (Phi-1, Phi-2) layout: Llama's places, with a parallel residual fed by one ``input_layernorm``.
+
+Layers are ``layers[l]`` with ``self_attn`` and ``input_layernorm``, but the output projection is ``self_attn.dense``
+and the final norm ``final_layernorm``; the one ``input_layernorm`` feeds both the attention and the feed-forward beside
+it.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""StableLM's layout (StableLM-2, StableLM-3B-4E1T; transformers' ``StableLmDecoderLayer``): Llama's layer names, with
-LayerNorms (biased) in place of RMS norms, rotary embeddings on part of each head (``partial_rotary_factor``, applied before
-bertology's ``key`` hook point), optional per-head norms of queries and keys (``qk_layernorm``), and, where
+"""StableLM's layout (StableLM-2, StableLM-3B-4E1T): Llama's layer names with biased LayerNorms for RMS norms.
+
+Transformers' ``StableLmDecoderLayer``: rotary embeddings on part of each head (``partial_rotary_factor``, applied
+before bertology's ``key`` hook point), optional per-head norms of queries and keys (``qk_layernorm``), and, where
 ``use_parallel_residual``, GPT-NeoX's parallel residual: ``x + attention(LN(x)) + MLP(LN(x))`` with the one
-``input_layernorm``, and no ``post_attention_layernorm``."""
+``input_layernorm``, and no ``post_attention_layernorm``.
+"""
 
 from __future__ import annotations
 
