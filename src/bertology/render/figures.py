@@ -1,4 +1,7 @@
-"""Plotting helpers shared by families and studies (each draws its own figures in its room). Layers and heads are numbered from 0, as in every table."""
+"""Plotting helpers shared by families and studies, each of which draws its own figures in its room.
+
+Layers and heads are numbered from 0, as in every table.
+"""
 
 from __future__ import annotations
 
@@ -97,10 +100,12 @@ DIGIT_EM = 0.64
 
 def text_ticks(axis, which: str, positions, labels, fontsize: float | None = None, rotation: float = 0.0,
                pad: float = TEXT_TICK_PAD) -> None:
-    """Label ``positions`` (data units) of the ``which`` ("x": under the axes, "y": left of them) side of ``axis`` with
-    plain text, where tick labels would stand, and take its ticks off. Not matplotlib's ticks: each is five artists
-    (two marks, a grid line, two labels), and building and drawing the thousand of a report's head grids and thumbnails
-    was most of its time (issue 40). Each label's gid is ``"xtick"`` or ``"ytick"``."""
+    """Label ``positions`` (data units) of one side of ``axis`` with plain text, and take its ticks off.
+
+    ``which``: "x" under the axes, "y" left of them. Not matplotlib's ticks: each is five artists (two marks, a grid
+    line, two labels), and building and drawing the thousand of a report's head grids and thumbnails was most of its
+    time. Each label's gid is ``"xtick"`` or ``"ytick"``.
+    """
     from matplotlib.transforms import ScaledTranslation
 
     size = fontsize if fontsize is not None else plt.rcParams["xtick.labelsize" if which == "x" else "ytick.labelsize"]
@@ -158,11 +163,14 @@ def head_grid_size(grid: pd.DataFrame) -> tuple[float, float]:
 
 def panel_grid(rows: int, columns: int, panel: tuple[float, float], *, top: float = 0.45, right: float = 0.25, across: float = 1.45,
                **subplots):
-    """A figure of ``rows x columns`` panels of ``panel`` inches each, margins and gaps fixed in inches: room for tick labels,
-    axis labels, a title and a colour bar beside each panel (:func:`panel_colorbar`; ``across``, the gap between panels:
-    less where panels share their y axis and have no colour bar), ``top`` inches above the panels and ``right`` beside
-    them. Laid out once by hand: a layout engine measures every label of every panel first, most of a grid's drawing
-    time. ``subplots``: more of ``plt.subplots``'s arguments (``sharey``). Returns the figure and its axes, ``[rows, columns]``."""
+    """A figure of ``rows x columns`` panels of ``panel`` inches each, margins and gaps fixed in inches.
+
+    Room for tick labels, axis labels, a title and a colour bar beside each panel (:func:`panel_colorbar`; ``across``,
+    the gap between panels: less where panels share their y axis and have no colour bar), ``top`` inches above the
+    panels and ``right`` beside them. Laid out once by hand: a layout engine measures every label of every panel first,
+    most of a grid's drawing time. ``subplots``: more of ``plt.subplots``'s arguments (``sharey``). Returns the figure
+    and its axes, ``[rows, columns]``.
+    """
     left, bottom, down = 0.7, 0.6, 0.85
     width = left + right + columns * panel[0] + (columns - 1) * across
     height = bottom + top + rows * panel[1] + (rows - 1) * down
