@@ -1,4 +1,4 @@
-"""Analysis families: the one registry that ``analyze()``, its result, the run folder, the CLI and the report iterate over.
+"""Analysis families: the registry of what one pass of ``analyze`` can compute, and how a user adds their own.
 
 A family is one room, ``bertology/families/<name>/``, whose :class:`Family` subclass declares in one place:
 its ``name``, the analyzers it feeds from the engine's single pass (:meth:`Family.analyzers`), its

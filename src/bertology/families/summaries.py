@@ -1,5 +1,7 @@
-"""Helpers for the families' :meth:`~bertology.families.Family.summary` lines, the short findings the command line
-prints after a run. Only pandas is needed (a summary runs after the pass, on the family's tables)."""
+"""Helpers for the families' one-line findings that the command line prints after a run.
+
+Only pandas is needed: a summary runs after the pass, on the family's tables.
+"""
 
 from __future__ import annotations
 

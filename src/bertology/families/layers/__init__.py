@@ -1,5 +1,6 @@
-"""Layer-wise probes of the representations (the Primer, sections 4-5; Hewitt & Liang 2019; Tenney et al. 2019;
-docs/methods.md#layer-probes).
+"""Layer-wise probes: how well each layer's word vectors predict a word's UPOS tag and dependency relation.
+
+The Primer, sections 4-5; Hewitt & Liang 2019; Tenney et al. 2019; docs/methods.md#layer-probes.
 
 Needs trees (CoNLL-U, or ``--parser spacy``). The word vectors of every layer come from the same forward pass as every
 other analysis. Tables: ``layer_probes`` (``layer, task, accuracy, ci_low, ci_high, control_accuracy, selectivity,

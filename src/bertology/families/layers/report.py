@@ -1,6 +1,9 @@
-"""The layer-probe figure and report section. layer_probes.csv counts hidden states (layer 0 the embeddings, layer l the output
-of block l - 1); the figure numbers blocks from 0 as every figure does and marks the embeddings ``emb.``
-(:func:`~bertology.render.figures.hidden_state_axis`)."""
+"""The layer-probe figure and report section.
+
+layer_probes.csv counts hidden states (layer 0 the embeddings, layer l the output of block l - 1); the figure numbers
+blocks from 0 as every figure does and marks the embeddings ``emb.``
+(:func:`~bertology.render.figures.hidden_state_axis`).
+"""
 
 from __future__ import annotations
 

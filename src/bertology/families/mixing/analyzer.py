@@ -1,5 +1,7 @@
-"""How much each token mixes in from the others: Kobayashi et al.'s (2021) residual-aware mixing ratios (docs/methods.md#norms-and-mixing),
-and where asked for, ALTI's and value zeroing's share of each token's representation that comes from the other tokens.
+"""How much each token mixes in from the others, per layer: Kobayashi et al.'s mixing ratios, ALTI and value zeroing.
+
+Kobayashi et al.'s (2021) residual-aware mixing ratios (docs/methods.md#norms-and-mixing) and, where asked for, ALTI's
+and value zeroing's share of each token's representation that comes from the other tokens.
 
 :class:`ContextMixing`: per layer, the mean over a sequence's tokens of each context-mixing ratio
 ``||M_i|| / (||M_i|| + ||P_i||)`` (:func:`bertology.core.measures.norms.mixing_ratios`: the attention alone, with the

@@ -109,12 +109,15 @@ def uniform_pattern_map(mask: torch.Tensor, visible: torch.Tensor | None = None)
 
 def pattern_excess(attention: torch.Tensor, mask: torch.Tensor, special: torch.Tensor, segment_ids: torch.Tensor,
                    visible: torch.Tensor | None = None, uniform: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """The rule features of ``attention`` over the uniform map ``U`` of the same sequence (``uniform [batch, 1 or head, n,
-    n]``, the layer's uniform head in the maps' view, :meth:`~bertology.core.engine.LayerMaps.uniform`; None: built from
-    ``visible`` by :func:`uniform_pattern_map`),
-    ``[batch, head]`` float64: ``vertical``, the special columns' mass less ``U``'s plus the largest excess of one other
-    column, ``(1/n) sum_i (a[i,j] - U[i,j])`` (column by column, so a column ``U`` fills anyway counts only past ``U``);
-    ``diagonal``, the +-1 diagonals' mass less ``U``'s; ``block``, the own-sentence mass less ``U``'s (NaN for a single)."""
+    """The rule features of ``attention`` over the uniform map ``U`` of the same sequence, ``[batch, head]`` float64.
+
+    ``uniform [batch, 1 or head, n, n]`` is the layer's uniform head in the maps' view
+    (:meth:`~bertology.core.engine.LayerMaps.uniform`; None: built from ``visible`` by :func:`uniform_pattern_map`).
+    ``vertical``, the special columns' mass less ``U``'s plus the largest excess of one other column,
+    ``(1/n) sum_i (a[i,j] - U[i,j])`` (column by column, so a column ``U`` fills anyway counts only past ``U``);
+    ``diagonal``, the +-1 diagonals' mass less ``U``'s; ``block``, the own-sentence mass less ``U``'s (NaN for a
+    single).
+    """
     if uniform is None:
         uniform = uniform_pattern_map(mask, visible)  # on the maps' device: built from their masks
     return excess_from_sums(pattern_sums(attention, segment_ids), pattern_sums(uniform, segment_ids), mask, special, segment_ids)

@@ -1,5 +1,6 @@
-"""Pattern classes learned from hand labels (Kovaleva et al. 2019 trained a CNN on about 400 labelled maps; neither the
-labels nor the model were released).
+"""Pattern classes learned from hand labels: a logistic regression on each map's pooled picture and the rules' features.
+
+Kovaleva et al. 2019 trained a CNN on about 400 labelled maps; neither the labels nor the model were released.
 
 Features of one head's map ``a`` on n real tokens, none of which depends on n:
 

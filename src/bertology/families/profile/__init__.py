@@ -1,5 +1,8 @@
 """The general head profile (Clark et al. 2019, "What Does BERT Look At?"; docs/methods.md#head-profile).
 
+On a decoder the first token takes [CLS]'s place, and the metrics a causal map cannot have ([SEP], ``next``) are left
+out (docs/methods.md#decoders).
+
 Tables: ``heads`` (``layer, head, metric, value, ci_low, ci_high, n, uniform, excess, excess_ci_low, excess_ci_high``:
 ``uniform`` the layer's uniform head on the same sequences), ``layers`` (with ``uniform``), ``head_labels`` (heads past
 Clark's thresholds and, but for ``broad``, above the uniform head), ``clark_thresholds`` (each threshold beside the largest value the corpus allows: the

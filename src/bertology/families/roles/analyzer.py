@@ -188,12 +188,15 @@ def syntactic_pairs(word_unit: np.ndarray, heads, relations) -> list[tuple[int, 
 
 def syntactic_pair_scores(attention: torch.Tensor, assignment: np.ndarray, pairs: list[tuple[int, int, str]],
                           visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pande et al. 2021's syntactic score of each dependency pair (:func:`syntactic_pairs`) on one sequence, on the device:
-    ``values [layer, head, pair]`` float64, the mean over the dependent's pieces ``p`` of ``|V_p|`` times their mean attention
-    to the head word's pieces (the uniform reference of row p is ``1/|V_p|``: ``n`` on an encoder, as in the paper); and
-    ``seen [pair]`` bool, whether every piece of the dependent saw every piece of its head word in the layer (``visible
-    [n, n]``, :meth:`~bertology.core.engine.LayerMaps.visible`): on a decoder the head words that end before the dependent
-    begins, within a sliding window only those it reaches. A pair not seen says nothing of the head and counts nowhere."""
+    """Pande et al. 2021's syntactic score of each dependency pair on one sequence, on the device.
+
+    Pairs from :func:`syntactic_pairs`. ``values [layer, head, pair]`` float64, the mean over the dependent's pieces
+    ``p`` of ``|V_p|`` times their mean attention to the head word's pieces (the uniform reference of row p is
+    ``1/|V_p|``: ``n`` on an encoder, as in the paper); and ``seen [pair]`` bool, whether every piece of the dependent
+    saw every piece of its head word in the layer (``visible [n, n]``,
+    :meth:`~bertology.core.engine.LayerMaps.visible`): on a decoder the head words that end before the dependent begins,
+    within a sliding window only those it reaches. A pair not seen says nothing of the head and counts nowhere.
+    """
     values, reach = syntactic_pair_sums(attention, assignment, pairs, visible)
     return values, pairs_seen(reach, assignment, pairs)
 

@@ -1,5 +1,8 @@
 """Attention rollout (Abnar & Zuidema 2020; docs/methods.md#rollout).
 
+On a decoder the first token takes [CLS]'s place as a target, and the last token's row, the one that predicts, the [CLS]
+row's (docs/methods.md#decoders).
+
 Table: ``rollout`` (``layer, row, target, value, ci_low, ci_high, n``): after each layer, the rolled-out
 attention to [CLS], [SEP], punctuation and the token itself, from every query (``row = all``) and from the
 [CLS] row (``cls_row``). Figure: both by layer. Under ``weighting="norm"`` it rolls out the norm shares.

@@ -1,5 +1,7 @@
-"""Attention sinks of a decoder (Xiao et al. 2024, "Efficient Streaming Language Models with Attention Sinks"; Gu et al.
-2025, "When Attention Sink Emerges in Language Models"; docs/methods.md#decoders).
+"""Attention sinks of a decoder: how much each head attends to the first token, and what marks that token.
+
+Xiao et al. 2024, "Efficient Streaming Language Models with Attention Sinks"; Gu et al. 2025, "When Attention Sink
+Emerges in Language Models"; Sun et al. 2024, "Massive Activations in Large Language Models"; docs/methods.md#decoders.
 
 For head (l, h) of a decoder, whose query i sees keys ``j <= i``, and position k of one sequence of n tokens,
 ``alpha_k = mean over queries i > k of a[i, k]`` (the column sum below the diagonal, ``sum_{i>k} a[i, k]``, over ``n - 1 - k``).
