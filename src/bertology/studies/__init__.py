@@ -1,4 +1,4 @@
-"""Studies: the registry that the CLI's commands, the API and the study checks iterate over.
+"""Studies: the registry of bertology's commands, one study each, and how a user adds their own.
 
 A study is one room, ``bertology/studies/<name>/``, whose :class:`Study` subclasses declare in its ``__init__.py``:
 each command's ``name`` and ``title`` (its help), its ``options`` (the shared groups of :mod:`bertology.core.options`

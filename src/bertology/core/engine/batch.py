@@ -99,7 +99,7 @@ class Batch:
     def on(self, device: torch.device) -> "Batch":
         """This batch with its masks and ids on ``device`` (made once per device and batch; the batch itself where they are
         there already): where a device map spreads the layers over several devices, each layer's maps are reduced on that
-        layer's device with the batch's masks moved there once (issue 40). Items, alignments and counts are shared."""
+        layer's device with the batch's masks moved there once. Items, alignments and counts are shared."""
         if device == self.device:
             return self
         if device not in self._placed:
@@ -209,7 +209,7 @@ class Batch:
 
 def moved_to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``tensor`` on ``device``: itself where it is there already (no call at all, so nothing that could copy or wait), else
-    a copy (a device map may spread the layers over several devices: issue 40)."""
+    a copy (a device map may spread the layers over several devices)."""
     return tensor if tensor.device == device else tensor.to(device)
 
 

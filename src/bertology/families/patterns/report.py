@@ -75,7 +75,7 @@ def shown_tokens(tokens: list[str], text: str, kind: Kind | None = None) -> list
     return shown
 
 
-#: Example maps drawn per pattern class: each map's tokens are most of the report's text to draw (issue 40).
+#: Example maps drawn per pattern class: each map's tokens are most of the report's text to draw.
 THUMBNAILS_PER_CLASS = 2
 
 

@@ -1,7 +1,8 @@
-"""``bertology analyze``: every analysis family over a corpus in one pass (:func:`~bertology.studies.analyze.analysis.analyze`),
-and ``bertology NAME`` for each family with a command. The options are the shared pass settings
-(:data:`bertology.core.options.ANALYSIS`), a ``--F/--no-F`` switch per family, and the families' own options, all from the
-two registries.
+"""``bertology analyze``: every analysis family over a corpus in one pass, and a command for each family that has one.
+
+The options are the shared pass settings (:data:`bertology.core.options.ANALYSIS`), a ``--F/--no-F`` switch per family,
+and the families' own options, all from the two registries (:func:`~bertology.studies.analyze.analysis.analyze` runs the
+pass).
 """
 
 from __future__ import annotations

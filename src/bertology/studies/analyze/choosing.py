@@ -1,6 +1,9 @@
-"""Which families a run of :func:`~bertology.studies.analyze.analysis.analyze` runs: those asked for (or the defaults that
-apply to the corpus), their settings beside the pass's (:func:`run_settings`), and, once the model is loaded, those that run
-on it (:func:`fit_model`), each step a new value: nothing is changed in place."""
+"""Which families a run of ``analyze`` runs, with their settings, and which of them run on the loaded model.
+
+Those asked for (or the defaults that apply to the corpus), their settings beside the pass's (:func:`run_settings`),
+and, once the model is loaded, those that run on it (:func:`fit_model`); each step returns a new value and changes
+nothing in place.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The result of :func:`~bertology.studies.analyze.analysis.analyze`: each family's tables and what the run folder needs
-(:class:`Analysis`), written whole by :meth:`Analysis.save`."""
+"""The result of ``analyze``: each family's tables and what the run folder needs, written whole by
+:meth:`Analysis.save`."""
 
 from __future__ import annotations
 

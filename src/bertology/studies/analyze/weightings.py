@@ -1,10 +1,12 @@
-"""The weightings of a run (``weighting="attention,norm"``): the views of attention every family reads, set side by side.
-Attention weights beside Kobayashi et al.'s (2020) norm shares, and beside the per-head contribution maps of ALTI (Ferrando
-et al. 2022) and value zeroing (Mohebbi et al. 2023). (Not the viewer page: that is :mod:`bertology.studies.view`.)
+"""The weightings of a run (``weighting="attention,norm"``): the views of attention every family reads, side by side.
 
-:func:`combine_views` folds each view's results of a family into one, whose tables carry a ``weighting``
-column; :func:`views_section` sets every family's headline quantities per layer (:meth:`Family.by_layer`)
-side by side and says where the views disagree most. Names no family: it asks the registry.
+Attention weights beside Kobayashi et al.'s (2020) norm shares, and beside the per-head contribution maps of ALTI
+(Ferrando et al. 2022) and value zeroing (Mohebbi et al. 2023). (Not the viewer page: that is
+:mod:`bertology.studies.view`.)
+
+:func:`combine_views` folds each view's results of a family into one, whose tables carry a ``weighting`` column;
+:func:`views_section` sets every family's headline quantities per layer (:meth:`Family.by_layer`) side by side and says
+where the views disagree most. Names no family: it asks the registry.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
-"""``bertology compare``: two models' attention on the same inputs, head by head (Kovaleva et al. 2019), what changed in
-profile and roles, and with trees layer by layer (:func:`~bertology.studies.compare.comparison.compare`)."""
+"""``bertology compare``: two models' attention on the same inputs, head by head, and what changed between them.
+
+Kovaleva et al. 2019's per-head similarity, the change in profile and roles, and with trees layer by layer
+(:func:`~bertology.studies.compare.comparison.compare`).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""``bertology finetune``: fine-tune an encoder on a GLUE-style task (:func:`~bertology.studies.finetune.finetuning.finetune`);
-the result is a model folder every command accepts as ``--model``."""
+"""``bertology finetune``: fine-tune an encoder on a GLUE-style task into a model folder every command accepts.
+
+:func:`~bertology.studies.finetune.finetuning.finetune` does the work; its result is given to ``--model``.
+"""
 
 from __future__ import annotations
 

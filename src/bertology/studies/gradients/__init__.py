@@ -1,6 +1,10 @@
-"""``bertology gradients``: [SEP] as a no-op (Clark et al. 2019), attention to [SEP], [CLS] and punctuation per layer beside
-the gradient of the loss with respect to it (:func:`~bertology.studies.gradients.gradients.attention_gradients`); on a decoder,
-attention to the first token and punctuation beside the gradient of the causal LM loss."""
+"""``bertology gradients``: [SEP] as a no-op, the attention to each token set per layer beside the loss's gradient on
+it.
+
+Clark et al. 2019: attention to [SEP], [CLS] and punctuation beside the gradient of the loss with respect to it
+(:func:`~bertology.studies.gradients.gradients.attention_gradients`); on a decoder, attention to the first token and
+punctuation beside the gradient of the causal LM loss.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""[SEP] as a no-op (Clark et al. 2019, section 3.2; docs/methods.md#sep-as-a-no-op).
+"""[SEP] as a no-op: each layer's attention beside the loss's gradient on it (Clark et al. 2019, section 3.2).
+
+See docs/methods.md#sep-as-a-no-op.
 
 Per layer, the mean attention to [SEP] (and to [CLS], punctuation and every key) beside the mean magnitude of the
 gradient of the loss with respect to those attention weights, ``|dL/da[i, j]|``: high attention with a small gradient

@@ -1,5 +1,7 @@
-"""The figure and report section of ``bertology gradients`` (Clark et al. 2019, Figure 3; on a decoder, the first token in
-[CLS]'s place and no [SEP]). Layers are numbered from 0."""
+"""The figure and report section of ``bertology gradients`` (Clark et al. 2019, Figure 3).
+
+On a decoder, the first token takes [CLS]'s place and there is no [SEP]. Layers are numbered from 0.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,11 @@
-"""Which heads matter for a task: ``bertology ablate`` (zero, mean, resample or uniform ablation of each head and layer,
-Kovaleva et al. 2019, Wang et al. 2022), ``bertology importance`` (Michel et al. 2019's gradient importance) and ``bertology
-prune`` (their pruning curve), three commands of one study (:func:`~bertology.studies.heads.study.study_heads`). The task is a
-fine-tuned classifier's, or a decoder's next-token prediction on a text corpus (``--corpus``, the causal LM loss)."""
+"""Which heads matter: ``bertology ablate``, ``importance`` and ``prune`` for a task, and ``patch`` on prompt pairs.
+
+``ablate``: zero, mean, resample or uniform ablation of each head and layer (Kovaleva et al. 2019, Wang et al. 2022);
+``importance``: Michel et al. 2019's gradient importance; ``prune``: their pruning curve; the three are one study
+(:func:`~bertology.studies.heads.study.study_heads`), whose task is a fine-tuned classifier's, or a decoder's next-token
+prediction on a text corpus (``--corpus``, the causal LM loss). ``patch``: activation and attribution patching of every
+head on prompt pairs (docs/methods.md#which-heads-matter-causally).
+"""
 
 from __future__ import annotations
 

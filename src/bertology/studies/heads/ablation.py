@@ -1,6 +1,7 @@
-"""Leave-one-out ablation (Kovaleva et al. 2019; Michel et al. 2019's exact ablation; Wang et al. 2022's mean and Heimersheim
-& Nanda 2024's resample ablation): a classifier's task metric, or a decoder's causal LM loss on a corpus, with each single
-head, and each whole layer, ablated.
+"""Leave-one-out ablation: the task metric, or a decoder's causal LM loss, with each head and each layer ablated.
+
+Kovaleva et al. 2019; Michel et al. 2019's exact ablation; Wang et al. 2022's mean and Heimersheim & Nanda 2024's
+resample ablation.
 
 Zero (``mask``), mean and resample ablation replace the head's output ``z_h`` (:mod:`~bertology.studies.heads.replacements`);
 ``uniform`` makes its attention uniform. The hidden state entering layer ``l`` does not depend on an ablation at layer

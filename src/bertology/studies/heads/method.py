@@ -1,4 +1,4 @@
-"""The shared part of the methods that ask which heads matter (Captum's one method a class, shared parts in a base)."""
+"""The base class of the methods that ask which heads matter, each method a class (as in Captum)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Ablation and gradient importance on the pairs of ``bertology patch``, and how the methods rank the heads
-(docs/methods.md#which-heads-matter-causally).
+"""Ablation and gradient importance on the pairs of ``bertology patch``, and how the methods rank the heads.
+
+See docs/methods.md#which-heads-matter-causally.
 
 On the clean prompt ``x`` of every pair, with ``LD = logit_a - logit_b``:
 

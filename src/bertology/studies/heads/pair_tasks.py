@@ -1,5 +1,6 @@
-"""The built-in pair sets of ``bertology patch --task``, built offline from a few templates and the model's own
-single-piece words, ``n`` pairs drawn with a seed:
+"""The built-in pair sets of ``bertology patch --task``: ``ioi``, ``induction`` and ``agreement``.
+
+Built offline from a few templates and the model's own single-piece words, ``n`` pairs drawn with a seed:
 
 * ``ioi``, indirect object identification (Wang et al. 2022): "When Mary and John went to the store, John gave a drink
   to" -> " Mary" over " John"; the corrupted prompt names three different people ("... Alice and Bob ..., Carol gave ...",

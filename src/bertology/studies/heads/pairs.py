@@ -1,7 +1,9 @@
-"""Prompt pairs for activation and attribution patching (docs/methods.md#which-heads-matter-causally): a clean prompt ``x``
-and a corrupted one ``x'`` of the same length, an answer piece ``a`` and a wrong piece ``b``; the metric is the logit
-difference ``LD = logit_a - logit_b`` at the last position (a decoder), at the clean prompt's one mask (an encoder's
-masked-LM head), or of two labels' logits (a sequence classifier, whose ``answer`` and ``wrong`` name its labels).
+"""Prompt pairs for activation and attribution patching, and the logit difference they are scored by.
+
+A clean prompt ``x`` and a corrupted one ``x'`` of the same length, an answer piece ``a`` and a wrong piece ``b``
+(docs/methods.md#which-heads-matter-causally); the metric is the logit difference ``LD = logit_a - logit_b`` at the last
+position (a decoder), at the clean prompt's one mask (an encoder's masked-LM head), or of two labels' logits (a sequence
+classifier, whose ``answer`` and ``wrong`` name its labels).
 
 :func:`read_pairs` reads them from a JSON-lines file; :mod:`bertology.studies.heads.pair_tasks` builds the built-in sets.
 """

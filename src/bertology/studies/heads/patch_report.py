@@ -1,5 +1,7 @@
-"""The report section of ``bertology patch``: a layer x head grid of each method's effect with the heads that matter
-ringed, and attribution patching against exact patching."""
+"""The report section of ``bertology patch``: each method's effect per head, and attribution against exact patching.
+
+A layer x head grid per method, with the heads that matter ringed.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The statistics of ``bertology patch`` (docs/methods.md#which-heads-matter-causally): each head's normalised effect, a
-ratio of means over pairs, with a bootstrap interval over pairs, a bootstrap p and a correction over heads; and the
-agreement of attribution patching with exact patching.
+"""The statistics of ``bertology patch``: each head's normalised effect with an interval, a p and a correction.
+
+The effect is a ratio of means over pairs, with a bootstrap interval over pairs, a bootstrap p and a correction over
+heads; and the agreement of attribution patching with exact patching (docs/methods.md#which-heads-matter-causally).
 
 ``effect_h = mean_pairs[change_h] / mean_pairs[gap]``, where ``change_h = LD_patched - LD(target)`` and ``gap = LD(source)
 - LD(target)`` (denoising: ``LD(x) - LD(x')``; 1 = head ``h`` alone restores the whole gap). Every replicate resamples the

@@ -1,4 +1,4 @@
-"""Activation patching and attribution patching of every head on prompt pairs (docs/methods.md#which-heads-matter-causally).
+"""Activation and attribution patching of every head on prompt pairs (docs/methods.md#which-heads-matter-causally).
 
 Per pair, ``LD = logit_a - logit_b`` at the pair's read position (a classifier: its two labels' logits). Denoising (the
 default) runs the corrupted prompt ``x'`` with head ``h``'s output ``z_h`` (:mod:`bertology.core.model.head_outputs`) taken

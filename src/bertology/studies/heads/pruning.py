@@ -1,5 +1,8 @@
-"""Michel et al. (2019)'s pruning: the iterative pruning curve by normalised gradient importance, and the heads of one
-point of it removed physically, the smaller model saved and timed against the full one."""
+"""Michel et al. (2019)'s pruning: the iterative pruning curve by normalised gradient importance.
+
+The heads of one point of the curve are removed physically, and the smaller model is saved and timed against the full
+one.
+"""
 
 from __future__ import annotations
 
@@ -30,11 +33,15 @@ class PruningCurve:
 
 def pruning_curve(task_model: TaskModel | LanguageModel, importance_rows: list[dict], score: Callable[[Intervention | None], dict[str, float]], *,
                   step: float = 0.1, keep_at: int | None = None, normalise: str = "layer", batch_size: int = 32, progress: bool = True) -> PruningCurve:
-    """Michel et al.'s iterative pruning: mask the ``step`` share (of all heads) least important by normalised
-    importance (:func:`normalise_importance`; per layer by default, so a layer with large raw importances
-    still loses heads), recompute the importance on ``importance_rows``, evaluate (``score(masking)``: the metrics
-    with those heads masked, e.g. :func:`task_scorer`); repeat until each layer has one head. ``keep_at`` makes one
-    step stop exactly at that many heads left."""
+    """Michel et al.'s iterative pruning curve: the task's metrics as the least important heads are masked, step by
+    step.
+
+    Each step masks the ``step`` share (of all heads) least important by normalised importance
+    (:func:`normalise_importance`; per layer by default, so a layer with large raw importances still loses heads),
+    recomputes the importance on ``importance_rows`` and evaluates (``score(masking)``: the metrics with those heads
+    masked, e.g. :func:`task_scorer`), until each layer has one head. ``keep_at`` makes one step stop exactly at that
+    many heads left.
+    """
     layers, heads = task_model.num_layers, task_model.num_heads
     total = layers * heads
     per_step = max(1, math.ceil(step * total))

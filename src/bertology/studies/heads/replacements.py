@@ -1,4 +1,6 @@
-"""What zero, mean and resample ablation put in place of a head's output ``z_h`` (docs/methods.md#importance-ablation-and-pruning).
+"""What zero, mean and resample ablation put in place of a head's output ``z_h``.
+
+See docs/methods.md#importance-ablation-and-pruning.
 
 ``z_h`` is head ``h``'s slice of the input of the attention output projection (:mod:`bertology.core.model.head_outputs`).
 Each replacement gives, for a batch of examples, one tensor per layer that :func:`~bertology.core.model.head_outputs.replace_chosen`

@@ -1,5 +1,7 @@
-"""The report section of ``ablate``, ``importance`` and ``prune``: which heads matter for the task (a classifier's, or a
-decoder's next-token prediction on a corpus)."""
+"""The report section of ``ablate``, ``importance`` and ``prune``: which heads matter for the task.
+
+The task is a classifier's, or a decoder's next-token prediction on a corpus.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Which heads matter for a task: the study behind ``ablate``, ``importance`` and ``prune``, each method a module of
-this package.
+"""Which heads matter for a task: the study behind ``ablate``, ``importance`` and ``prune``.
 
 The task is a classifier's (a fine-tuned model and its dev examples) or, for a decoder, next-token prediction on a text
 corpus (:class:`~bertology.core.learning.tasks.LanguageModel`: the causal LM loss, its metrics ``lm_loss`` and ``perplexity``).

@@ -1,5 +1,8 @@
-"""``bertology label``: a local page (127.0.0.1 only) to label attention maps with Kovaleva et al.'s five classes
-(:mod:`~bertology.studies.label.labelling`); the labels train the patterns family's classifier."""
+"""``bertology label``: a local page to label attention maps with Kovaleva et al.'s five pattern classes.
+
+The page is served on 127.0.0.1 only (:mod:`~bertology.studies.label.labelling`); the labels train the patterns family's
+classifier.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""``bertology restore``: put each layer of a fine-tuned model, and the first k layers, back to their pre-trained weights and
-evaluate the task (the Primer, section 6.3; :func:`~bertology.studies.restore.restore.restore_layers`)."""
+"""``bertology restore``: put layers of a fine-tuned model back to their pre-trained weights and evaluate the task.
+
+Each layer alone, and the first k layers for every k (the Primer, section 6.3;
+:func:`~bertology.studies.restore.restore.restore_layers`).
+"""
 
 from __future__ import annotations
 

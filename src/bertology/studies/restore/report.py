@@ -1,6 +1,8 @@
-"""The figure and report section of ``bertology restore`` (the Primer, section 6.3). restore.csv counts the embeddings as layer 0
-and block l - 1 as layer l; the figure numbers blocks from 0 as every figure does and marks the embeddings ``emb.``
-(:func:`~bertology.render.figures.hidden_state_axis`)."""
+"""The figure and report section of ``bertology restore`` (the Primer, section 6.3).
+
+restore.csv counts the embeddings as layer 0 and block l - 1 as layer l; the figure numbers blocks from 0 as every
+figure does and marks the embeddings ``emb.`` (:func:`~bertology.render.figures.hidden_state_axis`).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Layers put back after fine-tuning (the Primer, section 6.3; docs/methods.md#restore).
+"""Layers of a fine-tuned classifier put back to their pre-trained weights (the Primer, section 6.3).
+
+See docs/methods.md#restore.
 
 A fine-tuned classifier's encoder is cut into units: the embeddings (unit 0) and each layer (unit l, 1-based, as the
 probes number the layer outputs). For each unit alone, and for the first k units for every k, the unit's weights are

@@ -23,8 +23,8 @@ The model runs layer by layer (the engine's ``on_layer``): one layer's maps are 
 
 What the page computes (:func:`layers_within`): at most :data:`VIEW_BUDGET` map cells (heads x n x n over the views,
 one map a layer for the rollout), whole layers from the first on, the first always; a layer past the budget is left
-off the page, where its head view names the ``bertology view --layers`` command that draws it (issue 40: a 32 x
-32-head model at 1,024 tokens took minutes to compute every layer's views); the forward pass stops after the last layer
+off the page, where its head view names the ``bertology view --layers`` command that draws it (a 32 x
+32-head model at 1,024 tokens would take minutes to compute every layer's views); the forward pass stops after the last layer
 kept. ``layers`` asks for given layers instead.
 
 Tokens and text reach the page only as JSON (with ``<``, ``>`` and ``&`` escaped) read by ``JSON.parse``
@@ -127,11 +127,13 @@ def head_divergences(maps: torch.Tensor) -> torch.Tensor:
 
 
 def distinctive_head(maps: np.ndarray | torch.Tensor) -> int:
-    """The most distinctive head of one layer on one input, ``maps [heads, n, n]``: the head whose rows are furthest from
-    the layer's mean map, by the mean over query rows of the Jensen-Shannon divergence (nats) between its row and the mean
-    map's (:func:`head_divergences`; the first such head on a tie). The viewer opens on this head of layer 0, alone,
-    rather than on every head of the layer overlaid. (A decoder's row 0 is the same in every head, divergence 0: it
-    shifts no head's rank.)"""
+    """The most distinctive head of one layer on one input, ``maps [heads, n, n]``: the one the viewer opens on.
+
+    The head whose rows are furthest from the layer's mean map, by the mean over query rows of the Jensen-Shannon
+    divergence (nats) between its row and the mean map's (:func:`head_divergences`; the first such head on a tie). The
+    viewer opens on this head of layer 0, alone, rather than on every head of the layer overlaid. (A decoder's row 0 is
+    the same in every head, divergence 0: it shifts no head's rank.)
+    """
     return int(torch.argmax(head_divergences(torch.as_tensor(maps))))
 
 
@@ -142,12 +144,15 @@ def layers_within(layers: int, cells_per_layer: int, budget: int = VIEW_BUDGET) 
 
 
 def kept_keys(n: int, maps: int, top_k: int | None = None) -> int:
-    """How many keys each row of an ``n``-token input keeps on the page (0: every key), for ``maps`` maps in all (layers x
-    heads, over the views): as asked by ``top_k``; else every key up to :data:`DENSE_UP_TO` tokens and :data:`DEFAULT_TOP_K`
-    above, each as far as the maps fit :data:`MAP_BYTES` (a thumbnail, and a byte a kept weight, two for its position and
-    one a row for the mass left out), and never fewer than one. So the maps take at most ``MAP_BYTES`` wherever
-    ``maps (S^2 + 4 n) <= MAP_BYTES`` (``S`` a thumbnail's side; at 2,048 tokens up to 1,254 maps, as 24 layers x
-    16 heads with the norm shares and the rollout), else ``maps (S^2 + 4 n)`` bytes with one key a row."""
+    """How many keys each row of an ``n``-token input keeps on the page (0: every key), for ``maps`` maps in all.
+
+    ``maps``: layers x heads, over the views. As asked by ``top_k``; else every key up to :data:`DENSE_UP_TO` tokens and
+    :data:`DEFAULT_TOP_K` above, each as far as the maps fit :data:`MAP_BYTES` (a thumbnail, and a byte a kept weight,
+    two for its position and one a row for the mass left out), and never fewer than one. So the maps take at most
+    ``MAP_BYTES`` wherever ``maps (S^2 + 4 n) <= MAP_BYTES`` (``S`` a thumbnail's side; at 2,048 tokens up to 1,254
+    maps, as 24 layers x 16 heads with the norm shares and the rollout), else ``maps (S^2 + 4 n)`` bytes with one key a
+    row.
+    """
     if top_k is not None:
         return 0 if top_k >= n else top_k
     thumbnails = maps * min(n, OVERVIEW_SIZE) ** 2
@@ -388,11 +393,14 @@ def attention_view(text: str, text_pair: str | None = None, *, model: str | Path
                    contributions: tuple[str, ...] = (), layers: Iterable[int] | None = None, budget: int = VIEW_BUDGET,
                    block_bytes: int = VIEW_BLOCK_BYTES) -> AttentionView:
     """Run ``model`` (default: all-MiniLM-L6-v2) on one input, layer by layer, and return its :class:`AttentionView`.
+
     ``contributions``: per-head contribution views to add to the menu (``alti``, ``value-zeroing``:
-    :mod:`bertology.core.measures.contributions`). ``layers``: the layers (0-based) whose maps the page holds; by default
-    those within ``budget`` map cells (:func:`layers_within`). Nothing past the last of them is computed: the forward pass
-    stops there. Each layer's maps are computed ``block_bytes`` (float32) of query rows at a time, and the page's part of
-    each row kept (:meth:`StoredMaps.add`): a layer's whole maps are never held (but with ``contributions``, which need them)."""
+    :mod:`bertology.core.measures.contributions`). ``layers``: the layers (0-based) whose maps the page holds; by
+    default those within ``budget`` map cells (:func:`layers_within`). Nothing past the last of them is computed: the
+    forward pass stops there. Each layer's maps are computed ``block_bytes`` (float32) of query rows at a time, and the
+    page's part of each row kept (:meth:`StoredMaps.add`): a layer's whole maps are never held (but with
+    ``contributions``, which need them).
+    """
     if not text or not text.strip():
         raise BertologyError("the text to view is empty")
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
