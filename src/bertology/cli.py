@@ -1,5 +1,8 @@
-"""The ``bertology`` command line, generated from the study registry (:mod:`bertology.studies`): one command per
-registered study, its flags from the study's options. Every user error is printed as one line (``error: ...``), exit 2."""
+"""The ``bertology`` command line: one command per registered study, its flags from the study's options.
+
+The commands come from the study registry (:mod:`bertology.studies`). Every user error is printed as one line
+(``error: ...``), exit 2.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The contracts every analysis family, study and analyzer of bertology passes, as named checks a user's own pass too, in the
-idiom of scikit-learn's ``sklearn.utils.estimator_checks`` (``parametrize_with_checks``, ``check_estimator``).
+"""Named checks of the contracts every family, study and analyzer passes, a user's own too.
+
+In the idiom of scikit-learn's ``sklearn.utils.estimator_checks`` (``parametrize_with_checks``, ``check_estimator``).
 
 - :mod:`bertology.testing.families`: :data:`FAMILY_CHECKS`, ``check(family, model=None, corpus=None, **settings)``;
 - :mod:`bertology.testing.studies`: :data:`STUDY_CHECKS`, ``check(study, **given)``;

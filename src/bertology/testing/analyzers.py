@@ -1,16 +1,14 @@
 """The analyzer contract, checked the way scikit-learn's ``check_estimator`` checks estimators.
 
-``check_analyzer(make_analyzer, model, examples)`` runs a fresh analyzer from ``make_analyzer()``
-over ``examples`` several ways and asserts that the result does not depend on batch size, on batches packed by
-tokens, or on order, that ``merge`` of two halves equals one run over the whole, that merging an empty
-analyzer changes nothing, that the analyzer survives pickling (for shipping to cluster workers),
-that the layer-by-layer pass equals the one that stacks every layer's maps, that maps computed by blocks of query rows
-give what whole maps give (or that an analyzer that needs whole maps is refused there in one line naming it),
-and that the same seed gives the same result. Every analyzer in bertology must pass it.
+``check_analyzer(make_analyzer, model, examples)`` runs a fresh analyzer from ``make_analyzer()`` over ``examples``
+several ways and asserts that the result does not depend on batch size, on batches packed by tokens, or on order, that
+``merge`` of two halves equals one run over the whole, that merging an empty analyzer changes nothing, that the analyzer
+survives pickling (for shipping to cluster workers), that the layer-by-layer pass equals the one that stacks every
+layer's maps, that maps computed by blocks of query rows give what whole maps give (or that an analyzer that needs whole
+maps is refused there in one line naming it), and that the same seed gives the same result.
 
-Each rule is also a check of its own in :data:`ANALYZER_CHECKS` (``check(make_analyzer, model, examples, **options)``), which
-:func:`bertology.testing.parametrize_with_checks` gives its own test id; the checks of one analyzer, model and examples share
-the one-batch run every rule compares against.
+Each rule is also a check of its own in :data:`ANALYZER_CHECKS` (``check(make_analyzer, model, examples, **options)``);
+the checks of one analyzer, model and examples share the one-batch run every rule compares against.
 """
 
 from __future__ import annotations

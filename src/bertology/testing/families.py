@@ -1,7 +1,8 @@
-"""The contract of an analysis family as named checks, in the idiom of scikit-learn's ``parametrize_with_checks``: each
-rule is one function ``check_NAME(family, model=None, corpus=None, **settings)`` listed in :data:`FAMILY_CHECKS`, so that a
-test suite gives every family each rule as its own test id (:func:`bertology.testing.parametrize_with_checks`), and
-:func:`bertology.testing.check_family` runs them all at once.
+"""The contract of an analysis family as named checks, one function ``check_NAME`` per rule, in :data:`FAMILY_CHECKS`.
+
+Each is called ``check_NAME(family, model=None, corpus=None, **settings)``, in the idiom of scikit-learn's
+``parametrize_with_checks``: a test suite gives every family each rule as its own test id
+(:func:`bertology.testing.parametrize_with_checks`), and :func:`bertology.testing.check_family` runs them all at once.
 
 The rules: the tables and documents a run writes are exactly those the family declares (``outputs``, plus
 ``optional_outputs`` where the run asks for them), each written as files; its report section renders on a full result

@@ -1,8 +1,9 @@
-"""The contract of a study (a command) as named checks, in the idiom of scikit-learn's ``parametrize_with_checks``: each
-rule is one function ``check_NAME(study, **given)`` listed in :data:`STUDY_CHECKS`, so that a test suite gives every study
-each rule as its own test id (:func:`bertology.testing.parametrize_with_checks`), and
-:func:`bertology.testing.check_study` runs them all at once. ``given`` is the study's small inputs, its options by name (a
-corpus, a model, ``limit``); each check runs the study into ``given["out"]``, or where that is left out into a fresh
+"""The contract of a study (a command) as named checks, one function ``check_NAME`` per rule, in :data:`STUDY_CHECKS`.
+
+Each is called ``check_NAME(study, **given)``, in the idiom of scikit-learn's ``parametrize_with_checks``: a test suite
+gives every study each rule as its own test id (:func:`bertology.testing.parametrize_with_checks`), and
+:func:`bertology.testing.check_study` runs them all at once. ``given`` is the study's small inputs, its options by name
+(a corpus, a model, ``limit``); each check runs the study into ``given["out"]``, or where that is left out into a fresh
 temporary folder.
 
 The rules: its command's ``--help`` answers without importing anything heavy; a run writes its folder whole, with a
