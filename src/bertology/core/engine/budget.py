@@ -1,5 +1,4 @@
-"""The attention budget's arithmetic: a batch's bytes of one layer's maps and the query rows per block that fit the
-budget.
+"""The attention budget's arithmetic: a batch's bytes of one layer's maps, and the query rows per block that fit.
 
 An analyzer that reads whole maps, or holds more than the budget beside the blocks, is left out of such a batch with one
 line that says why (:meth:`AttentionBudgeting.refusal`).

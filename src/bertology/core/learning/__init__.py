@@ -1,1 +1,4 @@
-"""Training: the tasks a model is scored and fine-tuned on (:mod:`.tasks`) and the training loops' shared parts (:mod:`.training`)."""
+"""Training: the tasks a model is scored and fine-tuned on, and the training loops' shared parts.
+
+:mod:`.tasks` holds the tasks, :mod:`.training` the resumable training states.
+"""

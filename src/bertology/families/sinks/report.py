@@ -1,4 +1,7 @@
-"""The attention-sink figures and report section (Xiao et al. 2024; Gu et al. 2025; Sun et al. 2024). Layers and heads from 0."""
+"""The attention-sink figures and report section (Xiao et al. 2024; Gu et al. 2025; Sun et al. 2024).
+
+Layers and heads are numbered from 0.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Syntactic heads and the attention parsing probe (Clark et al. 2019, section 4; docs/methods.md#syntactic-heads-and-the-parsing-probe).
+"""Syntactic heads and the attention parsing probe (Clark et al. 2019, section 4).
+
+See docs/methods.md#syntactic-heads-and-the-parsing-probe.
 
 Needs dependency trees (CoNLL-U, or ``parser="spacy"``). Tables: ``syntax`` (``relation, direction,
 layer, head, accuracy, n, uniform``), ``syntax_best`` (one row per relation), ``syntax_baselines`` (``relation, direction,

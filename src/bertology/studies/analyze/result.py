@@ -1,5 +1,7 @@
-"""The result of ``analyze``: each family's tables and what the run folder needs, written whole by
-:meth:`Analysis.save`."""
+"""The result of ``analyze``: each family's tables and what the run folder needs (:class:`Analysis`).
+
+:meth:`Analysis.save` writes the run folder whole.
+"""
 
 from __future__ import annotations
 

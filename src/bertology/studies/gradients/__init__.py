@@ -1,5 +1,4 @@
-"""``bertology gradients``: [SEP] as a no-op, the attention to each token set per layer beside the loss's gradient on
-it.
+"""``bertology gradients``: [SEP] as a no-op, each layer's attention beside the loss's gradient on it.
 
 Clark et al. 2019: attention to [SEP], [CLS] and punctuation beside the gradient of the loss with respect to it
 (:func:`~bertology.studies.gradients.gradients.attention_gradients`); on a decoder, attention to the first token and

@@ -1,5 +1,7 @@
-"""``bertology view``: an interactive attention viewer (head view and model view) as one self-contained HTML page
-(:mod:`~bertology.studies.view.viewer`); ``bertology analyze`` links one from its report."""
+"""``bertology view``: an interactive attention viewer (head view and model view) as one self-contained HTML page.
+
+The page is :mod:`~bertology.studies.view.viewer`'s; ``bertology analyze`` links one from its report.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Where each architecture keeps its attention parts: one :class:`~bertology.core.model.layouts.base.Layout` per family of
-architectures, one module each, found by ``config.model_type`` (:func:`layout_of`).
+"""Where each architecture keeps its attention parts: one layout per family of architectures, found by model type.
 
-Every module of this package is imported here, and a :class:`Layout` subclass that names its model types registers
+A :class:`~bertology.core.model.layouts.base.Layout` is found by ``config.model_type`` (:func:`layout_of`). Every
+module of this package is imported here, and a :class:`Layout` subclass that names its model types registers
 itself, so adding an architecture is one file (and its tiny model in tests/core/model/test_layouts.py, the contract every
 layout passes). A model whose type no layout serves still loads: only what needs its blocks (norms, mixing, ALTI, value
 zeroing, ablation's layer replay) is refused in one line.

@@ -1,5 +1,6 @@
-"""The layout contract: where one family of architectures keeps each layer's attention parts, and what the rest of its layer
-computes after the attention (docs/methods.md#decoders; the contract test: tests/core/model/test_layouts.py).
+"""The layout contract: where an architecture keeps each layer's attention parts, and what the rest of its layer does.
+
+See docs/methods.md#decoders; every layout passes the contract test, tests/core/model/test_layouts.py.
 
 A :class:`Layout` subclass names the ``config.model_type`` values it serves and is registered by that (:data:`LAYOUTS`);
 every module of :mod:`bertology.core.model.layouts` is imported with the package, so a new layout is one file.
