@@ -1,5 +1,9 @@
 """Where the engine's one pass runs: here (``local``) or across a Ray cluster (``ray``), and how a long pass resumes.
 
+A study asks :func:`backend_named` for ``--backend``'s object, :class:`LocalBackend` or :class:`RayBackend`, and uses its
+one interface: ``run_pass`` (the engine's pass, as below) and ``map`` (independent jobs: track's checkpoints, patch's
+shards of pairs).
+
 ``local``: :meth:`Engine.run` over the corpus in this process. ``ray``: the corpus is cut into shards of
 ``batch_size * sort_window`` examples (the engine's own windows, so that a shard forms the same batches as a local
 run, unless ``overflow="skip"`` leaves examples out of a window); an :class:`ray.util.ActorPool` of :class:`PassWorker`
@@ -391,3 +395,52 @@ def run_ray(engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list,
         if stats.dropped and len(stats.dropped) == len(analyzers):
             raise BertologyError("; ".join({**stats.failed, **stats.left_out}.values()))
         return stats
+
+
+class LocalBackend:
+    """``--backend local``: the pass, and any list of jobs, in this process."""
+
+    name = "local"
+
+    def run_pass(self, engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list, *, model=None, compare_with=None,
+                 total: int | None = None, resume: Resume | None = None) -> RunStats:
+        """:func:`run_local` (``model`` and ``compare_with`` are the engine's already)."""
+        return run_local(engine, examples, plan, analyzers, total=total, resume=resume)
+
+    def map(self, function: Callable, jobs: Sequence[tuple], *, device: str = "auto") -> Iterable[tuple[int, object]]:
+        """``function(*job, device)`` for every job, in order; yields ``(index of the job, its result)``."""
+        for index, job in enumerate(jobs):
+            yield index, function(*job, device)
+
+
+@dataclass(frozen=True)
+class RayBackend:
+    """``--backend ray``: the pass in shards (:func:`run_ray`), jobs as Ray tasks (:func:`map_on_ray`), on ``workers`` actors
+    of a local cluster started here, or on the cluster at ``address``."""
+
+    workers: int | None = None
+    address: str | None = None
+    name = "ray"
+
+    def run_pass(self, engine: Engine, examples: Iterable, plan: PassPlan, analyzers: list, *, model=None, compare_with=None,
+                 total: int | None = None, resume: Resume | None = None) -> RunStats:
+        """:func:`run_ray`: each actor loads ``model`` (and ``compare_with``) itself."""
+        return run_ray(engine, examples, plan, analyzers, model=model, compare_with=compare_with, workers=self.workers, address=self.address,
+                       total=total, resume=resume, progress=engine.progress)
+
+    def map(self, function: Callable, jobs: Sequence[tuple], *, device: str = "auto") -> Iterable[tuple[int, object]]:
+        """:func:`map_on_ray`: yields ``(index of the job, its result)`` as each finishes."""
+        yield from map_on_ray(function, jobs, device=device, workers=self.workers, address=self.address)
+
+
+def backend_named(name: str, workers: int | None = None, address: str | None = None) -> LocalBackend | RayBackend:
+    """The backend ``--backend name`` asks for, checked in one line before anything loads: a known name, Ray installed for
+    ``ray``, ``--workers`` and ``--address`` only with ``ray``."""
+    if name not in BACKENDS:
+        raise BertologyError(f"unknown backend {name!r}: use local or ray")
+    if name == "ray":
+        require_ray()
+        return RayBackend(workers, address)
+    if workers is not None or address is not None:
+        raise BertologyError("--workers and --address go with --backend ray")
+    return LocalBackend()

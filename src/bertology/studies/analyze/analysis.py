@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from bertology.core.backends import BACKENDS, require_ray
+from bertology.core.backends import RayBackend, backend_named
 from bertology.core.engine import Engine, PassSettings
 from bertology.core.errors import BertologyError
 from bertology.core.measures.norms import parse_weighting
@@ -52,17 +52,12 @@ def _read_arguments(corpus, format: str, limit: int | None, passing: PassSetting
             tokenizer = load_tokenizer(model_source(model), trust_remote_code=passing.trust_remote_code)
         examples, corpus_info = synthetic_corpus(tokenizer, synthetic_repeats, synthetic_length, passing.seed, limit)
     views = parse_weighting(weighting)
-    if backend not in BACKENDS:
-        raise BertologyError(f"unknown backend {backend!r}: use local or ray")
-    if backend == "ray":
-        require_ray()  # a one-line error now, before anything loads, where Ray is not installed
-    elif workers is not None or address is not None:
-        raise BertologyError("--workers and --address go with --backend ray")
+    runner = backend_named(backend, workers, address)  # a one-line error now, before anything loads
     if checkpoint_every is not None and out is None:
         raise BertologyError("--checkpoint-every saves into the run folder: give --out too")
     if parser not in (None, *PARSERS):
         raise BertologyError(f"unknown parser {parser!r}: use gold (CoNLL-U trees) or spacy")
-    return examples, corpus_info, views
+    return examples, corpus_info, views, runner
 
 
 
@@ -172,13 +167,14 @@ def analyze(
                            punct=punct, null=null, attention_budget=attention_budget, dtype=dtype, device_map=device_map,
                            trust_remote_code=trust_remote_code)
     synthetic_length = synthetic_probe_length(corpus, synthetic_repeats, synthetic_length)
-    examples, corpus_info, views = _read_arguments(corpus, format, limit, passing, weighting, backend, workers, address, checkpoint_every, out,
-                                                   parser, model=model, synthetic_repeats=synthetic_repeats, synthetic_length=synthetic_length)
+    examples, corpus_info, views, runner = _read_arguments(corpus, format, limit, passing, weighting, backend, workers, address, checkpoint_every,
+                                                           out, parser, model=model, synthetic_repeats=synthetic_repeats,
+                                                           synthetic_length=synthetic_length)
     chosen, asked, with_trees = requested_families(analyses, include, exclude, options, examples, parser, corpus_info["name"])
     asked_settings = run_settings(chosen, options, passing, with_trees=with_trees, parser=parser, views=views, limit=limit, correction=correction,
                                   min_sample=min_sample)
     total = _count_examples(examples, corpus_info)
-    if device_map is not None and backend == "ray":
+    if device_map is not None and isinstance(runner, RayBackend):
         raise BertologyError("--device-map spreads one model over this machine's devices: run it with --backend local")
     loaded, phases = _load(model, passing)
     if dtype != "auto" and not isinstance(model, LoadedModel):
@@ -194,15 +190,14 @@ def analyze(
     gpus = cuda_devices(loaded)
     for gpu in gpus:
         torch.cuda.reset_peak_memory_stats(gpu)
-    stats = run_pass(backend, engine, examples, one_pass, total=total, resume=resume, model=loaded if isinstance(model, LoadedModel) else model,
-                     workers=workers, address=address)
+    stats = run_pass(runner, engine, examples, one_pass, total=total, resume=resume, model=loaded if isinstance(model, LoadedModel) else model)
     phases["pass"] = round(stats.seconds, 2)
     analysis = Analysis(model=loaded.info(), corpus=corpus_info, stats=stats, settings=settings, started=started, warnings=fitted.warnings,
                         phases=phases, device_memory=peak_device_memory(gpus))
     finish_families(analysis, one_pass, engine)
     if calibrate and null is None:
         analysis.settings["calibration"] = calibration(analysis, fitted.families, examples, engine, spacy_pipeline, parse=parser == "spacy",
-                                                       backend=backend, total=total, model=model, workers=workers, address=address)
+                                                       runner=runner, total=total, model=model)
     if view:
         add_viewer(analysis, engine, examples, loaded)
     if out is not None:

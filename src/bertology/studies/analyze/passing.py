@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from bertology.core.analyzer import Analyzer
-from bertology.core.backends import PassPlan, Resume, fingerprint, run_local, run_ray
+from bertology.core.backends import LocalBackend, PassPlan, RayBackend, Resume, fingerprint
 from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import BertologyError, one_line_error
 from bertology.core.measures.norms import CONTRIBUTION_VIEWS
@@ -76,16 +76,12 @@ def resume_point(out, examples, corpus_info: dict, loaded: LoadedModel, settings
     return Resume(out, fingerprint(**facts), every_batches=checkpoint_every)
 
 
-def run_pass(backend: str, engine: Engine, examples, one_pass: FamilyPass, *, total: int, resume: Resume | None, model,
-             workers: int | None, address: str | None) -> RunStats:
-    """The one pass over the corpus on the chosen backend; ``model`` as :func:`~bertology.studies.analyze.analysis.analyze`
+def run_pass(runner: LocalBackend | RayBackend, engine: Engine, examples, one_pass: FamilyPass, *, total: int, resume: Resume | None,
+             model) -> RunStats:
+    """The one pass over the corpus on ``runner``'s backend; ``model`` as :func:`~bertology.studies.analyze.analysis.analyze`
     was given it (a Ray actor loads its own, as the engine's settings say)."""
     in_order = [analyzer for *_, analyzer in one_pass.fed]
-    if backend == "ray":
-        stats = run_ray(engine, examples, one_pass.plan, in_order, model=model, workers=workers, address=address, total=total, resume=resume,
-                        progress=engine.progress)
-    else:
-        stats = run_local(engine, examples, one_pass.plan, in_order, total=total, resume=resume)
+    stats = runner.run_pass(engine, examples, one_pass.plan, in_order, model=model, total=total, resume=resume)
     stats.check_counted(engine.settings.max_length)
     return stats
 
@@ -129,14 +125,14 @@ def finish_families(analysis: Analysis, one_pass: FamilyPass, engine: Engine) ->
 
 
 def calibration(analysis: Analysis, chosen: list[Family], examples, engine: Engine, spacy_pipeline: str | None, *, parse: bool,
-                backend: str, total: int, model, workers: int | None, address: str | None) -> str:
+                runner: LocalBackend | RayBackend, total: int, model) -> str:
     """The claims line of the null model (docs/methods.md#the-null-model: every head uniform over the keys it sees) on the
     run's model, corpus and settings: a second pass, its analyzers built afresh, its tables kept nowhere."""
     began = time.perf_counter()
     null_engine = engine.with_null("uniform")
     settings = {**analysis.settings, "null": "uniform"}
     one_pass = plan_pass(chosen, settings, engine.model.kind, spacy_pipeline, parse=parse)
-    stats = run_pass(backend, null_engine, examples, one_pass, total=total, resume=None, model=model, workers=workers, address=address)
+    stats = run_pass(runner, null_engine, examples, one_pass, total=total, resume=None, model=model)
     null = Analysis(model=analysis.model, corpus=analysis.corpus, stats=stats, settings=settings, started=analysis.started, warnings=[],
                     phases={})
     finish_families(null, one_pass, null_engine)

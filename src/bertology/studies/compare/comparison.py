@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from bertology.core.analyzer import Analyzer
-from bertology.core.backends import BACKENDS, PassPlan, run_ray
+from bertology.core.backends import PassPlan, RayBackend, backend_named
 from bertology.core.engine import Engine, PassSettings, RunStats
 from bertology.core.errors import BertologyError
 from bertology.core.model.models import LoadedModel, load_model
@@ -241,8 +241,7 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
     check_seed(seed)
     passing = PassSettings(batch_size=batch_size, max_length=max_length, overflow=overflow, seed=seed, device=device, punct=punct,
                            attention_budget=attention_budget, dtype=dtype, trust_remote_code=trust_remote_code)
-    if backend not in BACKENDS:
-        raise BertologyError(f"unknown backend {backend!r}: use local or ray")
+    runner = backend_named(backend, workers, address)
     examples, corpus_info = open_corpus(corpus, format, limit)
     with_trees = has_trees(examples)
     if layer_probes and not with_trees:  # before any model runs
@@ -258,12 +257,11 @@ def compare(model_a, model_b, corpus=None, *, format: str = "auto", out=None, ba
 
     analyzers = build()
     similarity, sides = analyzers[0], dict(zip([(kind, side) for kind in ("profile", "roles") for side in "ab"], analyzers[1:]))
-    if backend == "ray":
+    if isinstance(runner, RayBackend):  # each actor runs both models; here, one engine pair over model A's batches
         plan = PassPlan(build, ["attention"] * len(analyzers))
         sources = [each if isinstance(m, LoadedModel) or dtype != "auto" else (str(m) if m is not None else None)  # shipped in its dtype
                    for m, each in zip((model_a, model_b), loaded)]
-        stats = run_ray(engines[0], examples, plan, analyzers, model=sources[0], compare_with=sources[1], workers=workers, address=address,
-                        total=total, progress=progress)
+        stats = runner.run_pass(engines[0], examples, plan, analyzers, model=sources[0], compare_with=sources[1], total=total)
     else:
         stats = paired.run(examples, analyzers, total=total)
     stats.check_counted(engines[0].settings.max_length)

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bertology.core.backends import BACKENDS, DEFAULT_CPU_ACTORS, map_on_ray, require_ray
+from bertology.core.backends import DEFAULT_CPU_ACTORS, LocalBackend, RayBackend, backend_named
 from bertology.core.errors import BertologyError
 from bertology.core.model.interventions import known_layout
 from bertology.core.model.models import LANGUAGE_MODEL
@@ -69,8 +69,7 @@ class PatchStudy:
                                      "agreement": self.agreement, "settings": self.settings}, report=report, command=command) / "report.html"
 
 
-def _check(pairs, task: str | None, n: int, direction: str, positions: str, correction: str, bootstrap: int, min_sample: int,
-           backend: str) -> None:
+def _check(pairs, task: str | None, n: int, direction: str, positions: str, correction: str, bootstrap: int, min_sample: int) -> None:
     """Refuse impossible settings in one line, before the model is loaded."""
     from statsmodels.stats.multitest import multipletests
 
@@ -82,8 +81,6 @@ def _check(pairs, task: str | None, n: int, direction: str, positions: str, corr
         raise BertologyError(f"unknown --direction {direction!r}; use {' or '.join(DIRECTIONS)}")
     if positions not in POSITIONS:
         raise BertologyError(f"unknown --positions {positions!r}; use {' or '.join(POSITIONS)}")
-    if backend not in BACKENDS:
-        raise BertologyError(f"unknown --backend {backend!r}; use {' or '.join(BACKENDS)}")
     if n < 1 or bootstrap < 100 or min_sample < 2:
         raise BertologyError("--n must be at least 1, --bootstrap at least 100 and --min-sample at least 2")
     try:
@@ -133,18 +130,17 @@ def patched_on_worker(source: str, head: str, pairs: list, direction: str, posit
     return patched(load_model(source, device=device, head=head).model, pairs, direction, positions, means)
 
 
-def _effects(loaded, head: str, encoded: list, direction: str, positions: str, ablations: bool, backend: str, workers: int | None,
-             address: str | None, device: str, progress: bool) -> tuple:
-    """:func:`patched` here, or (``backend="ray"``) with the pairs cut into one shard per worker, joined in order; mean
-    ablation's means are taken here, over every pair."""
+def _effects(loaded, head: str, encoded: list, direction: str, positions: str, ablations: bool, runner: LocalBackend | RayBackend,
+             device: str, progress: bool) -> tuple:
+    """:func:`patched` here, or on Ray with the pairs cut into one shard per worker, joined in order; mean ablation's means
+    are taken here, over every pair."""
     means = mean_outputs(Patcher(loaded.model), encoded) if ablations else None
-    if backend == "local":
+    if isinstance(runner, LocalBackend):  # the model loaded here, with a progress bar
         return patched(loaded.model, encoded, direction, positions, means, progress)
-    require_ray()
     source = str(loaded.source) if loaded.source is not None else loaded.name  # a folder by its absolute path, which every node must see
-    shards = [shard for shard in np.array_split(np.arange(len(encoded)), min(len(encoded), workers or DEFAULT_CPU_ACTORS)) if len(shard)]
+    shards = [shard for shard in np.array_split(np.arange(len(encoded)), min(len(encoded), runner.workers or DEFAULT_CPU_ACTORS)) if len(shard)]
     jobs = [(source, head, [encoded[i] for i in shard], direction, positions, means) for shard in shards]
-    done = dict(map_on_ray(patched_on_worker, jobs, device=device, workers=workers, address=address))
+    done = dict(runner.map(patched_on_worker, jobs, device=device))
     parts = [done[index] for index in range(len(jobs))]
     joined = {method: np.concatenate([part[1][method] for part in parts]) for method in parts[0][1]} if ablations else None
     return PairEffects.joined([part[0] for part in parts]), joined
@@ -165,13 +161,14 @@ def patch_heads(model: str | Path | None = None, pairs: str | Path | None = None
     from bertology.core.model.models import load_model
 
     check_seed(seed)
-    _check(pairs, task, n, direction, positions, correction, bootstrap, min_sample, backend)
+    _check(pairs, task, n, direction, positions, correction, bootstrap, min_sample)
+    runner = backend_named(backend, workers, address)
     head = _head(model)
     loaded = load_model(model, device=device, head=head)
     known_layout(loaded.model)
     encoded = _pairs(loaded, head == "classifier", pairs, task, n, seed, positions)
     torch.manual_seed(seed)
-    effects, ablated = _effects(loaded, head, encoded, direction, positions, ablations, backend, workers, address, device, progress)
+    effects, ablated = _effects(loaded, head, encoded, direction, positions, ablations, runner, device, progress)
     tests = {"replicates": bootstrap, "seed": seed, "correction": correction, "min_sample": min_sample}
     table = patching_table(effects, direction, **tests)
     if ablated is not None:
