@@ -47,9 +47,9 @@ from bertology.core.storage.safeload import field, whole_number
 BACKENDS = ("local", "ray")
 #: Actors on a cluster without GPUs when --workers is not given (each loads its own model).
 DEFAULT_CPU_ACTORS = 4
-#: How often a resumable pass saves its states at the least (issue 16: every 30 seconds).
+#: How often a resumable pass saves its states at the least.
 CHECKPOINT_SECONDS = 30.0
-#: How long the address of a cluster to join may take to answer (issue 37: one that did not answer hung for minutes).
+#: How long the address of a cluster to join may take to answer (a silent one would otherwise hang for minutes).
 CONNECT_SECONDS = 5.0
 #: The port of a ``ray://host`` address that names none (Ray Client's).
 RAY_CLIENT_PORT = 10001

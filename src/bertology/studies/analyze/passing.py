@@ -1,7 +1,8 @@
-"""The pass of :func:`~bertology.studies.analyze.analysis.analyze` and what follows it: the chosen families' analyzers in one
-pass (:func:`plan_pass`), where it resumes (:func:`resume_point`), the pass itself (:func:`run_pass`), each family finished
-into its tables (:func:`finish_families`), the null model's claims beside the run's (:func:`calibration`) and the report's
-viewer (:func:`add_viewer`)."""
+"""The pass of ``analyze`` and what follows it: planning, resuming, running, finishing families, calibration, viewer.
+
+The chosen families' analyzers run in one pass (:func:`plan_pass`, :func:`run_pass`), which resumes from saved states
+(:func:`resume_point`); each family is then finished into its tables (:func:`finish_families`), the null model's claims are
+set beside the run's (:func:`calibration`) and the report gets its viewer (:func:`add_viewer`)."""
 
 from __future__ import annotations
 
