@@ -176,16 +176,18 @@ def test_the_paired_test_and_its_correction_within_each_role(gpt2_64):
     assert few.p_excess.isna().all() and few.p_adj.isna().all() and not few.holds.any()  # below --min-sample: no p-value, no claim
 
 
-def plant_previous_token_head(loaded, head: int, radius: float = 100.0, scale: float = 2000.0):
-    """Make GPT-2's layer-0 head ``head`` attend to the previous position, and every other head uniform (its queries zeroed).
+def plant_previous_token_head(loaded, head: int, radius: float = 100.0, scale: float = 2000.0, offset: int = 1):
+    """Make GPT-2's layer-0 head ``head`` attend to the previous position (``offset`` positions back: a head that copies by
+    position), and every other head uniform (its queries zeroed).
 
     Position p's embedding puts ``radius (cos p theta, sin p theta)`` in coordinates 0, 1 and its negative in 2, 3, so the
     layer norm leaves ``4 (cos p theta, sin p theta)`` there whatever the token; the head's key reads those two coordinates and
-    its query turns them back by one step: ``q_i . k_j`` is largest at ``j = i - 1``."""
+    its query turns them back by ``offset`` steps: ``q_i . k_j`` is largest at ``j = i - offset``."""
     model, size, heads = loaded.model, loaded.model.config.n_embd, loaded.num_heads
     width, theta = size // heads, 2 * np.pi / 64
     positions = torch.arange(model.wpe.weight.shape[0], dtype=torch.float64) * theta
-    turn = torch.tensor([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])  # x @ turn: x turned by -theta
+    angle = offset * theta
+    turn = torch.tensor([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])  # x @ turn: x turned by -angle
     with torch.no_grad():
         model.wpe.weight.zero_()
         model.wpe.weight[:, 0], model.wpe.weight[:, 1] = radius * torch.cos(positions), radius * torch.sin(positions)

@@ -107,6 +107,8 @@ def test_an_interrupted_synthetic_run_resumes_to_the_same_weights(tmp_path):
     again = load_file(tmp_path / "resumed" / "checkpoints" / "step-000008" / "model.safetensors")
     for name, tensor in expected.items():
         torch.testing.assert_close(again[name], tensor, rtol=0, atol=0, msg=name)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'period'"):  # the synthetic task's keywords, and no other
+        pretrain(None, tmp_path / "other", steps=8, period=4, **TINY)
     pretrain(None, tmp_path / "other", steps=8, save_every=3, max_steps=3, attention_only=True, **TINY)
     with pytest.raises(BertologyError, match="the training state of a run with other settings"):  # another share is another run
         pretrain(None, tmp_path / "other", steps=8, save_every=3, attention_only=True, **{**TINY, "repeat_share": 0.25})

@@ -18,7 +18,8 @@ from transformers import BertConfig, BertModel, BertTokenizerFast, GPT2Config, G
 
 from bertology.api import analyze
 from bertology.core.text.corpora import sample_files
-from bertology.studies.track.induction import induction_verdict
+from bertology.studies.track.phase import phase_verdict
+from studies.track.test_phase import made_probe
 
 KINDS = ("bert", "gpt2")
 #: Where the planted heads' marks go: a large value in one hidden dimension of the marked pieces' embeddings.
@@ -192,24 +193,19 @@ def test_planted_heads_that_change_keep_their_claims(kind, corpus, tmp_path):
     assert peaks[anchor]["excess"] > 0.1
 
 
-def test_induction_strength_is_the_strongest_heads_score_not_their_mean():
-    """Head 0 rises from 0.1 to 0.6 at step 400 while head 1 falls from 0.5 to 0: their mean stays 0.3, the strongest goes from
-    0.5 to 0.6. The in-context learning score drops at the same step: the verdict is supported on the strongest head's rise."""
+def test_the_followed_induction_head_is_the_strongest_at_the_last_checkpoint_not_the_heads_mean():
+    """Head 1-0 rises from 0.1 to 0.6 at step 400 while head 1-1 falls from 0.5 to 0: their mean stays 0.3, the strongest at
+    each checkpoint goes from 0.5 to 0.6. The verdict follows head 1-0, the strongest at the last checkpoint, from 0.1 to 0.6."""
     steps = np.arange(0, 1100, 100)
-    rng = np.random.default_rng(0)
-    after = (np.arange(len(steps)) >= 4)[:, None]  # [checkpoint, 1]
-
-    def noise() -> np.ndarray:
-        """``[checkpoint, 1 + B]``: Gaussian noise on the replicates, none on row 0 (the data)."""
-        return 0.005 * rng.normal(size=(len(steps), 201)) * (np.arange(201) > 0)
-
-    heads = np.stack([np.where(after, 0.6, 0.1) + noise(), np.where(after, 0.0, 0.5) + noise()], axis=-1)[:, :, None, :]  # [checkpoint, 1 + B, 1, 2]
-    assert np.allclose(heads[:, 0].mean(axis=-1), 0.3)
-    icl = -np.where(after, 0.5, 0.0) + noise()
-    verdict = induction_verdict(steps.tolist(), heads, icl, icl_sequences=100, excess=heads - 0.05)
-    assert verdict["induction"]["first"] == pytest.approx(0.5) and verdict["induction"]["final"] == pytest.approx(0.6)
-    assert verdict["induction"]["changes"] and 300 <= verdict["induction"]["half_step"] <= 400
-    assert verdict["verdict"] == "supported"
+    made = []
+    for k in range(len(steps)):
+        by_period = np.full((7, 2, 2), 0.05)
+        by_period[:, 1, 0], by_period[:, 1, 1] = (0.6, 0.0) if k >= 4 else (0.1, 0.5)
+        made.append(made_probe(by_period.mean(axis=0), np.full((2, 2), 0.05), by_period, seed=k))
+    assert np.allclose([probe.induction[0, 1].mean() for probe in made], 0.3)
+    head = phase_verdict(steps.tolist(), made, None, mass=0.3)["induction_head"]
+    assert (head["layer"], head["head"], head["first"], head["final"]) == (1, 0, pytest.approx(0.1), pytest.approx(0.6))
+    assert head["changes"] and 300 <= head["half_step"] <= 400
 
 
 def test_tracks_induction_scores_are_the_head_types_familys(tiny_gpt2_dir, tmp_path):

@@ -31,6 +31,8 @@ class Example:
     ``pattern_label``: ``(layer, head, pattern)``, a hand label of one head's map of this input (the ``labels`` format).
     ``second_copy``: in Olsson et al.'s probe (:func:`~bertology.core.text.synthetic.synthetic_repeats`), the position among the sequence's non-special
     pieces where its second copy begins; the induction score then reads that copy's rows alone (the prefix-matching score).
+    ``period``: in a probe whose segment repeats at a random period (:func:`~bertology.core.text.synthetic.induction_probe`),
+    that sequence's period: a head that copies by position scores at one period alone.
     """
 
     text: str
@@ -45,6 +47,7 @@ class Example:
     frames: tuple[FrameAnnotation, ...] | None = None
     pattern_label: tuple[int, int, str] | None = None
     second_copy: int | None = None
+    period: int | None = None
 
     @property
     def has_tree(self) -> bool:

@@ -81,16 +81,55 @@ def synthetic_repeats(tokenizer, count: int, length: int = SYNTHETIC_LENGTH, see
 def _draws(tokenizer, pool: np.ndarray, count: int, length: int, rng: np.random.Generator) -> Iterator[Example]:
     """:func:`synthetic_repeats`' sequences, drawn one at a time from ``pool`` (an array: ``rng.choice`` draws the same
     pieces as from the list, without converting it at every draw)."""
+    def draw() -> tuple[list[int], None]:
+        half = rng.choice(pool, size=length).tolist()
+        return half + half, None
+
     for number in range(1, count + 1):
-        for _ in range(SYNTHETIC_TRIES):
-            half = rng.choice(pool, size=length).tolist()
-            text = tokenizer.decode(half + half)
-            if _pieces(tokenizer, text) == half + half:
-                yield Example(text, source=f"synthetic:{number}", second_copy=length)
-                break
-        else:
-            raise BertologyError(f"no draw of {length} whole-word pieces in {SYNTHETIC_TRIES} tokenized back to the pieces drawn: this "
-                                 "tokenizer cannot carry the synthetic probe as text")
+        text, _ = _drawn_as_text(tokenizer, draw, f"{length} whole-word pieces", "the synthetic probe")
+        yield Example(text, source=f"synthetic:{number}", second_copy=length)
+
+
+def _drawn_as_text(tokenizer, draw, pieces: str, probe: str) -> tuple[str, object]:
+    """The text of the first of :data:`SYNTHETIC_TRIES` draws (``draw() -> (ids, what goes with them)``) whose text tokenizes
+    back to exactly its ids, and what goes with it; refused in one line where none does (``pieces`` and ``probe`` name them)."""
+    for _ in range(SYNTHETIC_TRIES):
+        ids, extra = draw()
+        text = tokenizer.decode(ids)
+        if _pieces(tokenizer, text) == ids:
+            return text, extra
+    raise BertologyError(f"no draw of {pieces} in {SYNTHETIC_TRIES} tokenized back to the pieces drawn: this tokenizer cannot carry {probe} as text")
+
+
+#: The induction probe's sequences (:func:`induction_probe`): this many pieces at most, as the issue's recipe.
+PROBE_LENGTH = 64
+
+
+def probe_periods(length: int) -> tuple[int, int]:
+    """The periods of an induction probe's sequences of ``length`` pieces: from a tenth of it (at least 2) to three eighths
+    (6 to 24 for 64 pieces), so that two copies of the longest fit with room for an offset."""
+    return max(2, round(length / 10)), max(2, length * 3 // 8)
+
+
+def induction_probe(tokenizer, count: int, length: int, seed: int) -> list[Example]:
+    """``count`` sequences of ``length`` whole-word pieces of the vocabulary (:func:`whole_word_pieces`) in which a segment
+    repeats to the end at a random period (:func:`probe_periods`) and offset (:func:`repeated_segment`), drawn with numpy's
+    generator seeded with ``seed``, as text (``source`` ``induction-probe:K``, ``second_copy`` and ``period`` set): only
+    content, not position, tells where a repeat's next piece is, so a head that copies by position scores at one period
+    alone. A draw whose text does not tokenize back to its pieces is drawn again (up to :data:`SYNTHETIC_TRIES` times)."""
+    pool = np.asarray(whole_word_pieces(tokenizer))
+    if len(pool) < 2:
+        raise BertologyError(f"the tokenizer has {len(pool)} whole-word pieces that come back from their text: too few to draw an induction probe from")
+    rng, periods, examples = np.random.default_rng(seed), probe_periods(length), []
+
+    def draw() -> tuple[list[int], tuple[int, int]]:
+        pieces, period, second_copy = repeated_segment(rng, pool, length, periods)
+        return pieces, (period, second_copy)
+
+    for number in range(1, count + 1):
+        text, (period, second_copy) = _drawn_as_text(tokenizer, draw, f"{length} whole-word pieces", "the induction probe")
+        examples.append(Example(text, source=f"induction-probe:{number}", second_copy=second_copy, period=period))
+    return examples
 
 
 def synthetic_probe_length(corpus: object, count: int | None, length: int | None) -> int | None:

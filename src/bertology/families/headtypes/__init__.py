@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from bertology.families import Family, FamilyResult, Option, register_family
 
+#: A head holds a role when its mean attention mass on the role's targets is at least this (``--head-type-mass``).
+HEAD_TYPE_MASS = 0.3
+
 
 class HeadTypes(Family):
     name = "headtypes"
@@ -22,7 +25,7 @@ class HeadTypes(Family):
     optional_outputs = ("copying_scores",)
     default_kinds = frozenset({"decoder"})  # on an encoder (duplicate-token alone) where asked for
     options = (
-        Option("head_type_mass", 0.3, "A head holds a role when its mean attention mass on the role's targets is at least this (as a sink "
+        Option("head_type_mass", HEAD_TYPE_MASS, "A head holds a role when its mean attention mass on the role's targets is at least this (as a sink "
                "head's eps) and, significantly, more than the uniform head's on the same sequences.", minimum=0.0, maximum=1.0),
     )
 

@@ -55,8 +55,8 @@ class Pretrain(Study):
         return pretrain(s["corpus"] or None, s["out"], objective=(CAUSAL_LM if s["causal"] else MASKED_LM).name, vocab_size=s["vocab_size"],
                         layers=s["layers"], heads=s["heads"], hidden=s["hidden"], max_length=s["max_length"], batch_size=s["batch_size"],
                         steps=s["steps"], learning_rate=s["learning_rate"], checkpoints=s["checkpoints"],
-                        linear_checkpoints=s["linear_checkpoints"], synthetic=s["synthetic"], repeat_share=s["repeat_share"],
-                        min_period=s["min_period"], max_period=s["max_period"], attention_only=s["attention_only"],
+                        linear_checkpoints=s["linear_checkpoints"], synthetic=s["synthetic"], attention_only=s["attention_only"],
+                        **{key: s[key] for key in ("repeat_share", "min_period", "max_period") if s[key] is not None},
                         seed=s["seed"], device=s["device"], progress=not s["quiet"], command=command)
 
     def summary(self, summary: dict, settings: dict) -> list[str]:

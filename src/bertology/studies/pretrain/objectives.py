@@ -167,6 +167,14 @@ def causal_lm_loss(network: GPT2LMHeadModel, batch: dict[str, torch.Tensor]) -> 
     return summed.sum() / predicted.sum()
 
 
+def check_attention_only_shape(hidden: int, heads: int) -> None:
+    """Refuse in one line an attention-only decoder (:func:`attention_only_decoder`, a Llama) whose head size is odd: its
+    rotary positions turn pairs of coordinates."""
+    if (hidden // heads) % 2:
+        raise BertologyError(f"--attention-only builds a Llama, whose rotary positions need an even head size: --hidden {hidden} / --heads {heads} "
+                             f"is {hidden // heads}")
+
+
 def attention_only_decoder(tokenizer: PreTrainedTokenizerFast, settings: PretrainSettings) -> LlamaForCausalLM:
     """An attention-only decoder (``--attention-only``; Olsson et al. 2022's and Elhage et al. 2021's small models): a Llama
     (``LlamaForCausalLM``, a standard transformers model every command loads) whose MLP blocks are of ``intermediate_size``
@@ -174,10 +182,7 @@ def attention_only_decoder(tokenizer: PreTrainedTokenizerFast, settings: Pretrai
     each layer is ``x + attention(RMSNorm(x))`` and nothing else; the post-attention norm before the empty MLP reaches no
     output (its gradient is 0). transformers has no attention-only switch, and GPT-2's MLP cannot be sized 0 (its Conv1D
     fails on an empty weight), hence Llama's layout: rotary positions, RMSNorm, no biases, an untied unembedding."""
-    head_size = settings.hidden // settings.heads
-    if head_size % 2:
-        raise BertologyError(f"--attention-only builds a Llama, whose rotary positions need an even head size: --hidden {settings.hidden} "
-                             f"/ --heads {settings.heads} is {head_size}")
+    check_attention_only_shape(settings.hidden, settings.heads)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=settings.hidden, intermediate_size=0, num_hidden_layers=settings.layers,
                          num_attention_heads=settings.heads, num_key_value_heads=settings.heads, max_position_embeddings=settings.max_length,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)

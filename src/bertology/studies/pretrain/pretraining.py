@@ -42,7 +42,7 @@ from bertology.core.model.models import resolve_device
 from bertology.core.storage.digests import file_digest
 from bertology.core.storage.runfolder import RunFolder, claims_out, complete_run, link_tree
 from bertology.studies.pretrain.corpus import RunCorpus, Validation, corpus_files, read_corpus, validation_set
-from bertology.studies.pretrain.objectives import Objective, objective_named
+from bertology.studies.pretrain.objectives import Objective, check_attention_only_shape, objective_named
 from bertology.studies.pretrain.settings import PretrainSettings
 from bertology.studies.pretrain.symbols import SyntheticCorpus, synthetic_corpus, synthetic_settings
 from bertology.studies.pretrain.training import PretrainingRun, optimiser, resume_or_start, run_identity, train
@@ -97,9 +97,9 @@ def _summary(run: PretrainingRun, corpus: RunCorpus | SyntheticCorpus, validatio
     }
 
 
-def _write_run(out: str | Path, run: PretrainingRun, summary: dict, command: list[str] | None) -> None:
-    """Replace ``out`` whole with the finished run: its checkpoints, ``loss.csv``, ``checkpoints.csv``, ``pretraining.json``,
-    the report and the manifest."""
+def _write_run(out: str | Path, run: PretrainingRun, summary: dict, command: list[str] | None) -> dict:
+    """Replace ``out`` whole with the finished run: its checkpoints, ``loss.csv``, ``checkpoints.csv``, ``pretraining.json``
+    (``summary``, returned), the report and the manifest."""
     from bertology.studies.pretrain.report import pretraining_report  # matplotlib: imported when a run is saved, not with the API
 
     goal = run.goal
@@ -112,6 +112,7 @@ def _write_run(out: str | Path, run: PretrainingRun, summary: dict, command: lis
     folder.write_json("pretraining.json", summary)
     manifest = {key: summary[key] for key in ("objective", "loss", "corpus", "model", "settings", "device", "steps", "resumed_from_step")}
     complete_run(folder, manifest, report=pretraining_report(folder, summary, loss_table, checkpoint_table), command=command)
+    return summary
 
 
 def _corpus_files(corpus: list[str | Path] | str | Path | None, synthetic: str | None) -> list[Path]:
@@ -125,6 +126,25 @@ def _corpus_files(corpus: list[str | Path] | str | Path | None, synthetic: str |
     if not paths:
         raise BertologyError("give a corpus (text files or folders of .txt files), or --synthetic repeats")
     return corpus_files(paths)
+
+
+def _checked_recipe(goal: Objective, hidden: int, heads: int, learning_rate: float, attention_only: bool, synthetic: str | None,
+                    vocab_size: int | None, max_length: int, task: dict) -> dict:
+    """The run's vocabulary size and synthetic task (:func:`~bertology.studies.pretrain.symbols.synthetic_settings`: ``task``
+    holds its ``repeat_share``, ``min_period`` and ``max_period``), refused in one line, before any work, where the model's
+    shape, the learning rate or ``attention_only`` (a decoder's: :func:`~bertology.studies.pretrain.objectives.attention_only_decoder`)
+    does not fit; a keyword that is none of the task's is refused as Python refuses it."""
+    unknown = sorted(set(task) - {"repeat_share", "min_period", "max_period"})
+    if unknown:
+        raise TypeError(f"pretrain() got an unexpected keyword argument {unknown[0]!r}")
+    if hidden % heads:
+        raise BertologyError(f"--hidden {hidden} is not divisible by --heads {heads}")
+    if attention_only and goal.masks:
+        raise BertologyError("--attention-only builds a decoder without MLP blocks (Olsson et al. 2022): give --causal with it")
+    if attention_only:
+        check_attention_only_shape(hidden, heads)
+    check_learning_rate(learning_rate)
+    return synthetic_settings(synthetic, goal, vocab_size, task.get("repeat_share"), task.get("min_period"), task.get("max_period"), max_length)
 
 
 @claims_out(work="training", words=("device", "objective", "synthetic"))
@@ -148,9 +168,6 @@ def pretrain(
     checkpoints: int = 12,
     linear_checkpoints: bool = False,
     synthetic: str | None = None,
-    repeat_share: float | None = None,
-    min_period: int | None = None,
-    max_period: int | None = None,
     attention_only: bool = False,
     validation_share: float = 0.02,
     seed: int = 0,
@@ -159,14 +176,12 @@ def pretrain(
     max_steps: int | None = None,
     progress: bool = True,
     command: list[str] | None = None,
+    **task,
 ) -> dict:
     """Pre-train a model of the given size from scratch on ``corpus`` (text files or folders of ``*.txt``): a BERT with the
     masked-LM and next-sentence losses (``objective="masked-lm"``), or a GPT-2-style decoder with the causal LM loss
     (``"causal-lm"``; ``mask_probability`` plays no part). :mod:`~bertology.studies.pretrain.objectives` says what each records.
-    ``vocab_size``: default 8000 pieces, or with ``synthetic`` 64 symbols. ``synthetic="repeats"`` (no corpus, a decoder's):
-    random symbols in which a segment repeats (:mod:`~bertology.studies.pretrain.symbols`, with ``repeat_share``,
-    ``min_period`` and ``max_period``); ``attention_only`` (a decoder's): no MLP blocks
-    (:func:`~bertology.studies.pretrain.objectives.attention_only_decoder`).
+    ``synthetic="repeats"`` with ``task`` (``repeat_share``, ``min_period``, ``max_period``) and ``attention_only``: :func:`_checked_recipe`.
 
     Writes to ``out``: ``checkpoints/step-NNNNNN/`` (model folders, each with a ``pretraining_step.json``: its step, validation
     scores and the run's identity, :func:`~bertology.studies.pretrain.training.run_identity`), ``checkpoints.csv`` (step,
@@ -180,18 +195,11 @@ def pretrain(
     LM loss would be NaN. A run that diverges stops in one line with the checkpoints so far kept, and a corpus too small to hold
     text out is validated on training text and says so (the module's docstring says why)."""
     goal = objective_named(objective)  # the one place the objective's name is read: every difference is the objective's to make
-    if hidden % heads:
-        raise BertologyError(f"--hidden {hidden} is not divisible by --heads {heads}")
-    if attention_only and goal.masks:
-        raise BertologyError("--attention-only builds a decoder without MLP blocks (Olsson et al. 2022): give --causal with it")
-    check_learning_rate(learning_rate)
-    task = synthetic_settings(synthetic, goal, vocab_size, repeat_share, min_period, max_period, max_length)
-    started = time.perf_counter()
-    files = _corpus_files(corpus, synthetic)
-    settings = PretrainSettings([str(f) for f in files], layers=layers, heads=heads, hidden=hidden,
-                                intermediate=0 if attention_only else intermediate or 4 * hidden,
-                                max_length=max_length, batch_size=batch_size, steps=steps, learning_rate=learning_rate, warmup=warmup,
-                                weight_decay=weight_decay, mask_probability=mask_probability, checkpoints=checkpoints,
+    task = _checked_recipe(goal, hidden, heads, learning_rate, attention_only, synthetic, vocab_size, max_length, task)
+    started, files = time.perf_counter(), _corpus_files(corpus, synthetic)
+    settings = PretrainSettings([str(f) for f in files], layers=layers, heads=heads, hidden=hidden, intermediate=0 if attention_only else
+                                intermediate or 4 * hidden, max_length=max_length, batch_size=batch_size, steps=steps, learning_rate=learning_rate,
+                                warmup=warmup, weight_decay=weight_decay, mask_probability=mask_probability, checkpoints=checkpoints,
                                 validation_share=validation_share, seed=seed, corpus_sha256=[file_digest(Path(f), {}) for f in files] or None,
                                 objective=goal.name, linear_checkpoints=linear_checkpoints, attention_only=attention_only, **task)
     run, text, rows, validation = _start(Path(out) / "training", settings, goal, files, resolve_device(device))  # the unfinished run's work
@@ -199,6 +207,4 @@ def pretrain(
     rows = train(run, text, rows, steps if max_steps is None else min(steps, max_steps), save_every, progress)
     if run.step < steps:
         return {"interrupted_at_step": run.step, "steps": steps}
-    summary = _summary(run, text, validation, rows, out, resumed_from, time.perf_counter() - started)
-    _write_run(out, run, summary, command)
-    return summary
+    return _write_run(out, run, _summary(run, text, validation, rows, out, resumed_from, time.perf_counter() - started), command)

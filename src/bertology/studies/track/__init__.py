@@ -26,10 +26,14 @@ class Track(Study):
         *pick(CORPUS, "format", "synthetic_repeats", "synthetic_length"), *pick(TREES, "parser"),
         *pick(RUN, "out"), *pick(CORPUS, "batch_size", "max_length", "limit"),
         family_option("syntax", "bootstrap"), family_option("roles", "tau"), family_option("syntax", "min_dependents"), family_option("sinks", "sink_eps"),
+        Option("induction_probe", 100, "On a decoder's checkpoints: sequences of the induction probe read beside the corpus, random whole-word "
+                                       "pieces in which a segment repeats at a random period and offset (only content predicts it); the "
+                                       "phase-change verdict reads its scores (METHODS.md section 15).", minimum=10),
+        family_option("headtypes", "head_type_mass"),
         *pick(PASS_SETTINGS, "punct", "attention_budget"), *pick(RUN, "seed", "quiet"), *pick(MODEL, "device", "trust_remote_code", "dtype"), *RAY,
     )
     outputs = ("track", "track_layers", "peaks", "losses")
-    optional_outputs = ("emergence", "induction", "in_context")
+    optional_outputs = ("emergence", "induction", "in_context", "induction_probe")
     work = "parts"
 
     def run(self, settings: dict, command: list[str] | None = None):
@@ -51,14 +55,14 @@ class Track(Study):
                      sink_eps=s["sink_eps"], attention_budget=s["attention_budget"], progress=not s["quiet"],
                      command=command, steps=parse_steps(s["steps"]) if s["steps"] is not None else None, backend=s["backend"],
                      workers=s["workers"], address=s["address"], synthetic_repeats=s["synthetic_repeats"],
-                     synthetic_length=s["synthetic_length"])
+                     synthetic_length=s["synthetic_length"], induction_probe=s["induction_probe"], head_type_mass=s["head_type_mass"])
 
     def summary(self, result, settings: dict) -> list[str]:
         lines = [f"{claim}: {result.verdict[claim]['verdict']}: {result.verdict[claim]['statement']}" for claim in ("depth", "training")]
         if "sinks" in result.verdict:  # a decoder's series
             lines.append(f"attention sinks: {result.verdict['sinks']['statement']}")
         if "induction" in result.verdict:  # a decoder's series
-            lines.append(f"induction heads and in-context learning: {result.verdict['induction']['verdict']}: {result.verdict['induction']['statement']}")
+            lines.append(f"induction heads' phase change: {result.verdict['induction']['verdict']}: {result.verdict['induction']['statement']}")
         if "losses" in result.verdict:
             lines.append(f"loss: {result.verdict['losses']['statement']}")
         return [*lines, f"report: {(Path(settings['out']) / 'report.html').resolve()}"]

@@ -29,6 +29,7 @@ from bertology.core.storage.runfolder import claims_out, finished_run
 from bertology.core.text.corpora import open_corpus
 from bertology.core.text.parsing import spacy_trees
 from bertology.core.text.synthetic import require_synthetic_fits, synthetic_corpus, synthetic_probe_length
+from bertology.families.headtypes import HEAD_TYPE_MASS
 from bertology.families.headtypes.analyzer import HeadTypes
 from bertology.families.headtypes.copying import copying_scores
 from bertology.families.profile.analyzer import GeneralProfile
@@ -37,10 +38,12 @@ from bertology.families.sinks.analyzer import SINK_EPS
 from bertology.families.syntax.analyzer import RelationHeads
 from bertology.studies.track.checkpoints import checked_series
 from bertology.studies.track.hypothesis import hypothesis_verdict
-from bertology.studies.track.induction import InductionReplicates, in_context_scores, induction_verdict
+from bertology.studies.track.induction import InductionReplicates, in_context_scores
 from bertology.studies.track.losses import loss_series, measured_loss
 from bertology.studies.track.parts import load_part, part_key, part_name, save_part
 from bertology.studies.track.peaks import LayerPeaks
+from bertology.studies.track.phase import phase_verdict
+from bertology.studies.track.probe import PROBE_SEQUENCES, probe_checkpoint, series_probe
 from bertology.studies.track.result import TRACK_COLUMNS, TRACK_LAYER_COLUMNS, CheckpointResult, TrackResult
 from bertology.studies.track.sinks import follows_sinks, layer_sink_rates, sink_series
 
@@ -74,6 +77,8 @@ def track(
     synthetic_repeats: int | None = None,
     synthetic_length: int | None = None,
     attention_budget: int | str | None = "auto",
+    induction_probe: int = PROBE_SEQUENCES,
+    head_type_mass: float = HEAD_TYPE_MASS,
 ) -> TrackResult:
     """Profile, roles and (with trees) syntactic heads of every checkpoint on one corpus, and the verdict.
 
@@ -93,6 +98,8 @@ def track(
     ``seed`` from the series' vocabulary, the first ``limit`` alone (:func:`~bertology.core.text.synthetic.synthetic_corpus`;
     every checkpoint of one series shares it); one longer than ``max_length`` or the checkpoints' positions is refused before
     its pass (:func:`~bertology.core.text.synthetic.require_synthetic_fits`). ``attention_budget``: as in :func:`bertology.analyze`.
+    A decoder's series also reads ``induction_probe`` sequences of :func:`~bertology.studies.track.probe.series_probe`, and the
+    phase-change verdict (:func:`~bertology.studies.track.phase.phase_verdict`) names heads at ``head_type_mass``.
     """
     if backend not in BACKENDS:
         raise BertologyError(f"unknown backend {backend!r}: use local or ray")
@@ -103,13 +110,15 @@ def track(
     examples, corpus_info = _track_examples(corpus, format, limit, parser, series[0][1], seed, synthetic_repeats, synthetic_length,
                                             trust_remote_code)
     with_trees = any(example.has_tree for example in examples)
+    probe = series_probe(series[0][1], induction_probe, max_length, seed, trust_remote_code)
     settings = {"batch_size": batch_size, "max_length": max_length, "limit": limit, "bootstrap": bootstrap, "tau": tau,
                 "min_dependents": min_dependents, "punct": punct, "seed": seed, "device": device, "trust_remote_code": trust_remote_code,
                 "dtype": dtype, "attention_budget": attention_budget, "parser": parser or ("gold" if with_trees else None), "sink_eps": sink_eps,
-                **({"synthetic_repeats": synthetic_repeats, "synthetic_length": synthetic_length} if synthetic_repeats is not None else {})}
-    results = _series_results(series, examples, with_trees, settings, corpus_info, out, progress, backend=backend, workers=workers,
-                              address=address)
-    verdict, emergence = _series_verdict(results, with_trees, sink_eps)
+                **({"synthetic_repeats": synthetic_repeats, "synthetic_length": synthetic_length} if synthetic_repeats is not None else {}),
+                **({"induction_probe": induction_probe, "probe_length": probe[1], "head_type_mass": head_type_mass} if probe is not None else {})}
+    results = _series_results(series, (examples, probe and probe[0]), with_trees, settings, corpus_info, out, progress, backend=backend,
+                              workers=workers, address=address)
+    verdict, emergence = _series_verdict(results, with_trees, settings)
     corpus_info["examples"] = len(examples)
     result = TrackResult(results, corpus_info, settings, verdict, emergence, started)
     if out is not None:
@@ -132,11 +141,13 @@ def _track_examples(corpus, format: str, limit: int | None, parser: str | None, 
     return examples, corpus_info
 
 
-def _series_results(series: list[tuple[int | None, str]], examples: list, with_trees: bool, settings: dict, corpus_info: dict,
-                    out: str | Path | None, progress: bool, *, backend: str, workers: int | None, address: str | None) -> list[CheckpointResult]:
+def _series_results(series: list[tuple[int | None, str]], inputs: tuple[list, list | None], with_trees: bool, settings: dict,
+                    corpus_info: dict, out: str | Path | None, progress: bool, *, backend: str, workers: int | None,
+                    address: str | None) -> list[CheckpointResult]:
     """Every checkpoint's result in training order: its part under ``out/parts`` where one of this corpus, these settings and
     these weights is saved (:func:`~bertology.studies.track.parts.load_part`), else computed (one Ray task each with
-    ``backend="ray"``) and saved there at once."""
+    ``backend="ray"``) and saved there at once. ``inputs``: the corpus's examples and a decoder's induction probe (None)."""
+    examples = inputs[0]
     key = json.dumps({"corpus": corpus_info.get("sha256"), "examples": len(examples), **{k: v for k, v in settings.items() if k != "device"}},
                      sort_keys=True)
     parts = Path(out) / "parts" if out is not None else None
@@ -152,19 +163,20 @@ def _series_results(series: list[tuple[int | None, str]], examples: list, with_t
             save_part(parts, part_name(series[k][1]), keys[series[k][1]], result)
 
     if backend == "ray" and todo:
-        jobs = [(step, checkpoint, examples, with_trees, settings, False, str(Path(checkpoint).resolve()) if Path(checkpoint).exists() else checkpoint)
+        jobs = [(step, checkpoint, inputs, with_trees, settings, False, str(Path(checkpoint).resolve()) if Path(checkpoint).exists() else checkpoint)
                 for step, checkpoint in (series[k] for k in todo)]
         for index, result in map_on_ray(_analyze_checkpoint, jobs, device=settings["device"], workers=workers, address=address):
             keep(todo[index], result)
     else:
         for k in todo:
-            keep(k, _analyze_checkpoint(*series[k], examples, with_trees, settings, progress))
+            keep(k, _analyze_checkpoint(*series[k], inputs, with_trees, settings, progress))
     return results
 
 
-def _series_verdict(results: list[CheckpointResult], with_trees: bool, sink_eps: float) -> tuple[dict, pd.DataFrame | None]:
+def _series_verdict(results: list[CheckpointResult], with_trees: bool, settings: dict) -> tuple[dict, pd.DataFrame | None]:
     """The verdicts on a series of one architecture (:func:`~bertology.studies.track.hypothesis.hypothesis_verdict`, a decoder's
-    attention sinks and induction heads) and each checkpoint's loss, with claim 2's table (None for one checkpoint)."""
+    attention sinks and the phase change of its induction heads, :func:`~bertology.studies.track.phase.phase_verdict`) and
+    each checkpoint's loss, with claim 2's table (None for one checkpoint)."""
     if len({r.kind.name for r in results}) > 1:
         raise BertologyError("the checkpoints mix encoders and decoders: a series must share one architecture")
     shapes = {r.means.shape for r in results}
@@ -176,20 +188,23 @@ def _series_verdict(results: list[CheckpointResult], with_trees: bool, sink_eps:
     verdict, emergence = hypothesis_verdict(steps, [r.checkpoint for r in results], np.stack([r.means for r in results]), kind, syntax,
                                             excess=np.stack([r.excess for r in results]))
     if follows_sinks(kind):
-        verdict["sinks"] = sink_series(results, sink_eps)
-    if all(r.induction is not None and r.icl is not None for r in results):
-        verdict["induction"] = induction_verdict(steps, np.stack([r.induction for r in results]), np.stack([r.icl for r in results]),
-                                                 min(r.icl_sequences for r in results), excess=np.stack([r.induction_excess for r in results]))
+        verdict["sinks"] = sink_series(results, settings["sink_eps"])
+    if all(r.probe is not None for r in results):
+        losses = [r.loss_replicates for r in results]
+        loss = np.stack(losses) if all(replicates is not None and np.isfinite(replicates[0]) for replicates in losses) else None
+        verdict["induction"] = phase_verdict(steps, [r.probe for r in results], loss, settings["head_type_mass"])
     verdict["losses"] = loss_series(steps, [r.checkpoint for r in results], [(r.measured_loss, r.measured_loss_name) for r in results])
     return verdict, emergence
 
 
-def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_trees: bool, settings: dict, progress: bool,
+def _analyze_checkpoint(step: int | None, checkpoint: str, inputs: tuple[list, list | None], with_trees: bool, settings: dict, progress: bool,
                         source: str | None = None, device: str | None = None) -> CheckpointResult:
-    """One checkpoint's profile, roles and syntax, a decoder's Sink_eps per layer (:func:`~.sinks.layer_sink_rates`), induction
-    heads and in-context learning score, and, where it loads with a language-model head, its loss on the same sequences
-    (:func:`~.losses.measured_loss`). On a Ray task, ``source`` is where to load it from (the folder's absolute path) and
-    ``device`` the task's own."""
+    """One checkpoint's profile, roles and syntax on the corpus's examples (``inputs[0]``), a decoder's Sink_eps per layer
+    (:func:`~.sinks.layer_sink_rates`), induction heads and in-context learning score, and on its induction probe
+    (``inputs[1]``, :func:`~.probe.probe_checkpoint`), and, where it loads with a language-model head, its loss on the corpus
+    (:func:`~.losses.measured_loss`, with paired bootstrap replicates). On a Ray task, ``source`` is where to load it from (the
+    folder's absolute path) and ``device`` the task's own."""
+    examples, probe = inputs
     loaded, with_lm_head = _load_checkpoint(source or checkpoint, settings, device)
     torch.manual_seed(settings["seed"])
     engine = Engine(loaded, PassSettings.of(settings), progress=progress)
@@ -227,9 +242,9 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
     rows = pd.concat([frame.assign(step=step, checkpoint=checkpoint)[TRACK_COLUMNS] for frame in frames], ignore_index=True)
     layers = pd.concat([profile.layers()] + ([layer_sink_rates(heads, settings["sink_eps"])] if follows_sinks(kind) else []), ignore_index=True)
     layers = layers.assign(step=step, checkpoint=checkpoint)[TRACK_LAYER_COLUMNS]
-    loss, loss_name = (measured_loss(engine, examples, settings["seed"], progress, f"{Path(checkpoint).name} loss") if with_lm_head
-                       else (float("nan"), None))
-    extra = {}
+    loss, loss_name, loss_replicates = (measured_loss(engine, examples, settings["seed"], progress, f"{Path(checkpoint).name} loss",
+                                                      settings["bootstrap"]) if with_lm_head else (float("nan"), None, None))
+    extra = {"loss_replicates": loss_replicates}
     if follows_induction:
         extra["induction"] = induction.replicate_means(loaded.num_layers, loaded.num_heads)
         extra["induction_excess"] = induction.replicate_excess(loaded.num_layers, loaded.num_heads)
@@ -237,6 +252,8 @@ def _analyze_checkpoint(step: int | None, checkpoint: str, examples: list, with_
             icl, count, early, late = in_context_scores(engine, examples, settings["seed"], settings["bootstrap"], progress,
                                                         f"{Path(checkpoint).name} in-context")
             extra.update(icl=icl, icl_sequences=count, icl_positions=(early, late))
+        if probe is not None:
+            extra["probe"] = probe_checkpoint(engine, loaded, probe, settings, with_lm_head, progress, Path(checkpoint).name)
     return CheckpointResult(step, checkpoint, rows, layers, peaks.replicate_means(), peaks.replicate_excess(), syntax, kind, loss, loss_name, **extra)
 
 

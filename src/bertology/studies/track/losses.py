@@ -14,6 +14,7 @@ from bertology.core.engine import Engine, RunStats
 from bertology.core.errors import StateError
 from bertology.core.learning.tasks import DEFAULT_MASK_SHARE, NEXT_TOKEN_LOSS, masked_positions, next_token_losses
 from bertology.core.model.kinds import DECODER
+from bertology.core.statistics.stats import bootstrap_weights
 from bertology.core.storage.safeload import read_json
 from bertology.studies.track.verdicts import json_value
 
@@ -75,10 +76,13 @@ def loss_series(steps: list[int | None], checkpoints: list[str], measured: list[
             "measured": [json_value(loss) for loss, _ in measured], "measured_names": [name for _, name in measured], "statement": statement}
 
 
-def measured_loss(engine: Engine, examples: list, seed: int, progress: bool = False, desc: str = "loss") -> tuple[float, str | None]:
+def measured_loss(engine: Engine, examples: list, seed: int, progress: bool = False, desc: str = "loss",
+                  bootstrap: int = 0) -> tuple[float, str | None, np.ndarray]:
     """The mean loss of ``engine``'s model, loaded with its language-model head (``load_model(head="language-model")``), over
     the sequences of the track pass (:meth:`~bertology.core.engine.Engine.encode`: the same truncation and the same sequences
-    left out), in the engine's batches, on its device; the sums are accumulated in float64. Returns ``(loss, what it is)``.
+    left out), in the engine's batches, on its device; the sums are accumulated in float64. Returns ``(loss, what it is,
+    replicates [1 + bootstrap])``, the last the same mean under each sequence's Poisson bootstrap weights (row 0 the loss;
+    :func:`~bertology.core.statistics.stats.bootstrap_weights`, paired with every other score of the track pass).
 
     A decoder's: the next-token cross-entropy ``-log softmax(logits[i])[x_{i+1}]`` averaged over every predicted piece of the
     corpus (:func:`~bertology.core.learning.tasks.next_token_losses`). An encoder's: the masked-LM cross-entropy averaged over
@@ -90,8 +94,8 @@ def measured_loss(engine: Engine, examples: list, seed: int, progress: bool = Fa
     causal = model.kind is DECODER
     mask_id = model.tokenizer.mask_token_id
     if not causal and mask_id is None:
-        return float("nan"), None
-    total, count = 0.0, 0
+        return float("nan"), None, np.full(1 + bootstrap, np.nan)
+    totals, counts = np.zeros(1 + bootstrap), np.zeros(1 + bootstrap)
     with torch.inference_mode(), tqdm(total=len(examples), unit="seq", desc=desc, disable=not progress) as bar:
         for items in engine.batches(engine.encode(enumerate(examples), RunStats())):
             tensors = engine.collate(items)
@@ -107,12 +111,16 @@ def measured_loss(engine: Engine, examples: list, seed: int, progress: bool = Fa
                 logits = model.model(**engine.model_inputs(tensors, masked)).logits
                 summed = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
                 counted = targets != -100
-            total += float(summed.double().sum())
-            count += int(counted.sum())
+            weights = np.stack([bootstrap_weights(seed, bootstrap, item.example) for item in items])  # [batch, 1 + B]
+            totals += weights.T @ summed.double().reshape(len(items), -1).sum(dim=1).cpu().numpy()
+            counts += weights.T @ counted.reshape(len(items), -1).sum(dim=1).double().cpu().numpy()
             bar.update(len(items))
-    if not count:
-        return float("nan"), None
+    if not counts[0]:
+        return float("nan"), None, np.full(1 + bootstrap, np.nan)
+    count = int(counts[0])
     what = (f"{NEXT_TOKEN_LOSS}, mean over {count} predicted pieces" if causal else
             f"masked-LM loss, mean over {count} masked pieces ({DEFAULT_MASK_SHARE:.0%} of each sequence's, seed {seed})")
-    return total / count, what
+    with np.errstate(invalid="ignore", divide="ignore"):
+        replicates = totals / counts
+    return float(replicates[0]), what, replicates
 

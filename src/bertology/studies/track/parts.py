@@ -23,6 +23,7 @@ from bertology.core.storage.safeload import field as document_field
 from bertology.core.storage.safeload import parse_json, read_npz, whole_number
 from bertology.studies.track.checkpoints import MAX_STEP
 from bertology.studies.track.peaks import peak_metrics
+from bertology.studies.track.probe import ProbeResult
 from bertology.studies.track.result import TRACK_COLUMNS, TRACK_LAYER_COLUMNS, CheckpointResult
 from bertology.studies.track.verdicts import json_value
 
@@ -101,11 +102,24 @@ def load_part(parts: Path, name: str, key: str, replicates: int, finished: bool)
     if measured is None or "excess" not in arrays:  # a sound part written before track measured losses, or compared with the uniform head
         return None
     excess = _part_shares(arrays["excess"], "excess", means.shape, marker, low=-1.0)
-    extra = _part_induction(arrays, meta, kind, replicates, means.shape[1], marker)
-    if extra is None:  # a sound decoder's part written before track followed induction heads: computed again
+    extra = _part_extras(arrays, meta, kind, replicates, means.shape[1], marker)
+    if extra is None:  # a sound decoder's part written before track followed induction heads or read its probe: computed again
         return None
     loss, loss_name = measured
     return CheckpointResult(step, checkpoint, *tables, means, excess, syntax, kind, np.nan if loss is None else float(loss), loss_name, **extra)
+
+
+def _part_extras(arrays: dict, meta: dict, kind: Kind, replicates: int, layers: int, marker: Path) -> dict | None:
+    """What a part holds beyond the profile: a decoder's induction scores (:func:`_part_induction`) and induction probe
+    (:func:`_part_probe`), and the measured loss's replicates where it has them; None where a decoder's part lacks either."""
+    extra = _part_induction(arrays, meta, kind, replicates, layers, marker)
+    if extra is not None and not kind.sees_later_keys:
+        extra["probe"] = _part_probe(arrays, meta, replicates, layers, marker)
+        if extra["probe"] is None:
+            return None
+    if extra is not None and "loss_replicates" in arrays and arrays["loss_replicates"].size:
+        extra["loss_replicates"] = _part_losses(arrays["loss_replicates"], replicates, marker)
+    return extra
 
 
 def _part_induction(arrays: dict, meta: dict, kind: Kind, replicates: int, layers: int, marker: Path) -> dict | None:
@@ -132,6 +146,52 @@ def _part_induction(arrays: dict, meta: dict, kind: Kind, replicates: int, layer
         raise _damaged_part(marker, marker, "'icl_positions' must be the two positions of its in-context learning score")
     return {"induction": induction, "induction_excess": excess, "icl": icl if icl.size else None, "icl_sequences": count,
             "icl_positions": tuple(int(p) for p in positions) if icl.size else None}
+
+
+#: A decoder's part's arrays of the induction probe (:class:`~bertology.studies.track.probe.ProbeResult`'s fields).
+PROBE_SHARES = ("induction", "previous", "period_scores", "maps")
+PROBE_EXCESS = ("induction_excess", "previous_excess", "period_excess")
+
+
+def _part_probe(arrays: dict, meta: dict, replicates: int, layers: int, marker: Path) -> ProbeResult | None:
+    """A decoder's part's induction probe (:class:`~bertology.studies.track.probe.ProbeResult`): its scores ``[replicates, layers,
+    head]`` (shares, their excess in [-1, 1]), its periods (whole numbers from 1, one row of ``period_scores`` and
+    ``period_excess`` each), its in-context learning score ``[replicates]`` or empty, and its maps ``[layers, head, n, n]``;
+    None where the part has none (written before track read the probe)."""
+    members = [f"probe_{name}" for name in (*PROBE_SHARES, *PROBE_EXCESS, "periods", "icl")]
+    if any(member not in arrays for member in members) or "probe_sequences" not in meta:
+        return None
+    heads = arrays["probe_induction"].shape[-1] if arrays["probe_induction"].ndim == 3 else None
+    periods = arrays["probe_periods"]
+    if periods.dtype.kind not in "iu" or periods.ndim != 1 or not periods.size or (periods < 1).any():
+        raise _damaged_part(marker, marker, f"'probe_periods' is a {periods.dtype} array of shape {periods.shape}, not whole periods from 1")
+    scores, by_period = (replicates, layers, heads), (len(periods), layers, heads)
+    shapes = {"induction": scores, "previous": scores, "period_scores": by_period, "maps": (layers, heads, None, None),
+              "induction_excess": scores, "previous_excess": scores, "period_excess": by_period}
+    values = {name: _part_shares(arrays[f"probe_{name}"], f"probe_{name}", shapes[name], marker, low=-1.0 if name in PROBE_EXCESS else 0.0)
+              for name in (*PROBE_SHARES, *PROBE_EXCESS)}
+    icl = arrays["probe_icl"]
+    if icl.dtype.kind != "f" or (icl.size and (icl.shape != (replicates,) or np.isinf(icl).any())):
+        raise _damaged_part(marker, marker, f"'probe_icl' has shape {icl.shape} or infinite values")
+    try:
+        sequences = whole_number(document_field(meta, "probe_sequences", int, marker), "probe_sequences", marker)
+        second_copy = whole_number(document_field(meta, "probe_second_copy", int, marker), "probe_second_copy", marker,
+                                   high=values["maps"].shape[-1] - 1)
+        positions = document_field(meta, "probe_icl_positions", (list, type(None)), marker)
+    except StateError as exc:
+        raise _damaged_part(marker, marker, f"its 'meta' is damaged: {exc.message}") from None
+    if icl.size and (positions is None or len(positions) != 2):
+        raise _damaged_part(marker, marker, "'probe_icl_positions' must be the two positions of its in-context learning score")
+    return ProbeResult(values["induction"], values["induction_excess"], values["previous"], values["previous_excess"], periods,
+                       values["period_scores"], values["period_excess"], icl if icl.size else None,
+                       tuple(int(p) for p in positions) if icl.size else None, sequences, values["maps"], second_copy)
+
+
+def _part_losses(values: np.ndarray, replicates: int, marker: Path) -> np.ndarray:
+    """A part's measured loss under each bootstrap replicate ``[replicates]``: losses (at least 0) or NaN."""
+    if values.dtype.kind != "f" or values.shape != (replicates,) or np.isinf(values).any() or (values[np.isfinite(values)] < 0).any():
+        raise _damaged_part(marker, marker, f"'loss_replicates' has shape {values.shape} or values that are not losses")
+    return values
 
 
 def _part_kind(meta: dict, marker: Path) -> Kind:
@@ -187,17 +247,24 @@ def save_part(parts: Path, name: str, key: str, result: CheckpointResult) -> Non
     """One checkpoint's results, written before the next checkpoint starts; the ``.npz``, written last, marks the part complete."""
     atomic_write(parts / f"{name}.rows.parquet", lambda p: result.rows.to_parquet(p, index=False))
     atomic_write(parts / f"{name}.layers.parquet", lambda p: result.layers.to_parquet(p, index=False))
+    probe = result.probe
     meta = json.dumps({"step": result.step, "checkpoint": result.checkpoint, "kind": result.kind.name,
                        "measured_loss": json_value(result.measured_loss), "measured_loss_name": result.measured_loss_name,
-                       "icl_sequences": result.icl_sequences, "icl_positions": result.icl_positions})
+                       "icl_sequences": result.icl_sequences, "icl_positions": result.icl_positions,
+                       **({"probe_sequences": probe.sequences, "probe_icl_positions": probe.icl_positions,
+                           "probe_second_copy": probe.second_copy} if probe is not None else {})})
     syntax = result.syntax if result.syntax is not None else np.array([])
     induction = result.induction if result.induction is not None else np.array([])
     induction_excess = result.induction_excess if result.induction_excess is not None else np.array([])
     icl = result.icl if result.icl is not None else np.array([])
+    losses = result.loss_replicates if result.loss_replicates is not None else np.array([])
+    probed = {} if probe is None else {f"probe_{name}": getattr(probe, name) for name in (*PROBE_SHARES, *PROBE_EXCESS, "periods")}
+    if probe is not None:
+        probed["probe_icl"] = probe.icl if probe.icl is not None else np.array([])
 
     def write(path: Path) -> None:
         with path.open("wb") as handle:
             np.savez(handle, key=key, meta=meta, means=result.means, excess=result.excess, syntax=syntax, induction=induction,
-                     induction_excess=induction_excess, icl=icl)
+                     induction_excess=induction_excess, icl=icl, loss_replicates=losses, **probed)
 
     atomic_write(parts / f"{name}.npz", write)

@@ -9,6 +9,7 @@ from bertology.core.storage.runfolder import RunFolder
 from bertology.families.profile.analyzer import EXCESS_TOLERANCE
 from bertology.render.figures import METRIC_TITLES, log_step_axis, plt
 from bertology.render.html import Figure, Report, Section
+from bertology.studies.track.phase_report import induction_section
 
 #: The claim the report opens on, by the series' kind of model.
 CLAIM_INTROS = {
@@ -106,69 +107,6 @@ def series_figures(folder: RunFolder, section: Section, track) -> None:
         section.figures.append(Figure(folder.write_figure("syntax_by_step", syntax_by_step(series, best, largest)),
                                       "Best syntactic head's accuracy: the mean over relations with at least --min-dependents dependents, "
                                       "and single relations."))
-
-
-#: Heads drawn in the induction figure: the strongest at the final checkpoint.
-TOP_HEADS = 4
-
-
-def induction_section(folder: RunFolder, track) -> Section:
-    """A decoder's induction heads and in-context learning score over training, and the verdict on their window
-    (docs/methods.md#induction-heads-over-training)."""
-    verdict = track.verdict["induction"]
-    section = Section(
-        title="Induction heads over training",
-        intro=("Claim (Olsson et al. 2022): induction heads form in the same window of training as the in-context learning score "
-               "(the loss of a late token less an early one's) drops. A head's induction score is its attention mass on the tokens that "
-               "followed earlier occurrences of the query's token (the head-types family's); intervals come from a Poisson bootstrap over "
-               "sequences, paired across checkpoints. Each series changes only where the 95% interval of its first-to-last change excludes "
-               "0 and its half-rise step is located more narrowly than the run, and induction only where the strongest head's excess over "
-               f"the uniform head on the same sequences rises and ends beyond {EXCESS_TOLERANCE:g}; the two fall in the same window where their half-rise "
-               "intervals overlap (supported), and not where they are apart (contradicted); else no claim."),
-    )
-    section.notes.append(f"Verdict: {verdict['verdict']}: {verdict['statement']}")
-    induction, in_context = track.induction, track.in_context
-    if induction is not None and in_context is not None:
-        if len(track.results) > 1:  # a curve over training (one checkpoint, of unknown step too, has none)
-            section.figures.append(Figure(folder.write_figure("induction_by_step", induction_by_step(induction, in_context, verdict)),
-                                          f"Left: the induction score of the {TOP_HEADS} strongest heads at the final checkpoint (band: 95% "
-                                          "bootstrap interval). Right: the in-context learning score. Dotted: each series' half-rise step."))
-        section.tables.append(("The in-context learning score by checkpoint (in_context.csv)", in_context.drop(columns="checkpoint")))
-    if induction is not None:
-        final = induction[induction.checkpoint == track.results[-1].checkpoint].nlargest(TOP_HEADS, "value")
-        wide = induction.merge(final[["layer", "head"]]).pivot_table(index=["layer", "head"], columns="step", values="value", dropna=False)
-        wide.columns = ["step unknown" if pd.isna(step) else f"step {step}" for step in wide.columns]
-        section.tables.append((f"Induction score of the {TOP_HEADS} strongest heads by checkpoint (induction.csv has every head)",
-                               wide.round(4).reset_index()))
-    return section
-
-
-def induction_by_step(induction: pd.DataFrame, in_context: pd.DataFrame, verdict: dict):
-    """Left: the strongest heads' induction scores against step; right: the in-context learning score; dotted: half-rise steps."""
-    figure, (heads, icl) = plt.subplots(1, 2, figsize=(12, 4.0))
-    final = induction[induction.step == induction.step.max()].nlargest(TOP_HEADS, "value")
-    for k, row in enumerate(final.itertuples()):
-        rows = induction[(induction.layer == row.layer) & (induction["head"] == row.head)].sort_values("step")
-        heads.fill_between(rows.step, rows.ci_low, rows.ci_high, color=f"C{k}", alpha=0.15)
-        heads.plot(rows.step, rows.value, "o-", color=f"C{k}", markersize=3, label=f"head {row.layer}-{row.head}")
-    icl.fill_between(in_context.step, in_context.ci_low, in_context.ci_high, color="black", alpha=0.15)
-    icl.plot(in_context.step, in_context.value, "o-", color="black", markersize=3,
-             label=f"loss of token {in_context.late.iloc[0]} - token {in_context.early.iloc[0]}")
-    for axis, key in ((heads, "induction"), (icl, "icl_drop")):
-        series = verdict.get(key)
-        if series is not None and series["half_step"] is not None:
-            axis.axvline(series["half_step"], color="grey", linestyle=":")
-            axis.axvspan(series["ci_low"], series["ci_high"], color="grey", alpha=0.1)
-        axis.set_xlabel("training step")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
-    heads.set_ylabel("induction score (attention mass)")
-    heads.set_title("induction heads")
-    icl.axhline(0, color="black", linewidth=0.6)
-    icl.set_ylabel("in-context learning score (nats)")
-    icl.set_title("in-context learning score")
-    figure.set_layout_engine("tight")  # laid out once, when drawn
-    return figure
 
 
 def head_trajectories(table: pd.DataFrame, metrics: tuple[str, ...]) -> pd.DataFrame:

@@ -13,6 +13,8 @@ import pandas as pd
 from bertology.core.model.kinds import Kind
 from bertology.core.storage.runfolder import RunFolder, claims_out, complete_run
 from bertology.studies.track.peaks import peak_layers, peak_metrics
+from bertology.studies.track.phase import probe_heads
+from bertology.studies.track.probe import ProbeResult
 from bertology.studies.track.verdicts import interval, json_value
 
 TRACK_COLUMNS = ["step", "checkpoint", "layer", "head", "metric", "value", "ci_low", "ci_high"]
@@ -38,6 +40,8 @@ class CheckpointResult:
     icl: np.ndarray | None = None  # a decoder's [1 + B]: the in-context learning score (in_context_scores); None: no LM head
     icl_sequences: int = 0  # the sequences long enough for it
     icl_positions: tuple[int, int] | None = None  # (early, late): the 1-based tokens it compares
+    loss_replicates: np.ndarray | None = None  # [1 + B]: measured_loss under the paired bootstrap weights; None: no LM head
+    probe: ProbeResult | None = None  # a decoder's measurements on the induction probe (probe.probe_checkpoint)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -131,6 +135,14 @@ class TrackResult:
             rows.append((r.step, r.checkpoint, *r.icl_positions, json_value(r.icl[0]), low, high, r.icl_sequences))
         return pd.DataFrame(rows, columns=["step", "checkpoint", "early", "late", "value", "ci_low", "ci_high", "n"]).astype({"value": float})
 
+    @property
+    def induction_probe(self) -> pd.DataFrame | None:
+        """A decoder's heads on the induction probe at each checkpoint, named by the phase-change rules
+        (:func:`~bertology.studies.track.phase.probe_heads` at the settings' ``head_type_mass``); None for an encoder's series."""
+        if any(r.probe is None for r in self.results):
+            return None
+        return pd.concat([probe_heads(r.step, r.probe, self.settings["head_type_mass"]) for r in self.results], ignore_index=True)
+
     def syntax_series(self) -> pd.DataFrame | None:
         """``step, value, ci_low, ci_high``: mean over relations of the best head's accuracy, with its bootstrap interval."""
         if any(r.syntax is None for r in self.results):
@@ -157,7 +169,7 @@ class TrackResult:
         if self.emergence is not None:
             folder.write_table("emergence", self.emergence)
         folder.write_table("losses", self.losses)
-        for name, table in (("induction", self.induction), ("in_context", self.in_context)):
+        for name, table in (("induction", self.induction), ("in_context", self.in_context), ("induction_probe", self.induction_probe)):
             if table is not None:
                 folder.write_table(name, table)
         folder.write_json("verdict.json", self.verdict)

@@ -78,23 +78,24 @@ def not_beyond_words(series: dict) -> str:
             f"95% interval from {series['final_excess_low']:+.3g}; rise's interval from {series['excess_change_low']:+.3g})")
 
 
-def _crossing_index(strength: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``strength [checkpoint, ...]`` -> (the half-rise target, whether the series rises (final > first), the index of the
-    first checkpoint at or above the target; 1 where it does not rise)."""
+def _crossing_index(strength: np.ndarray, share: float = 0.5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``strength [checkpoint, ...]`` -> (the target ``first + share x (final - first)``, by default the half rise, whether
+    the series rises (final > first), the index of the first checkpoint at or above the target; 1 where it does not rise)."""
     first, final = strength[0], strength[-1]
-    target = first + 0.5 * (final - first)
+    target = first + share * (final - first)
     rises = final > first
     above = strength >= target[None]
     return target, rises, np.where(rises, above.argmax(axis=0), 1)  # never 0 when it rises
 
 
-def crossing_steps(steps: np.ndarray, strength: np.ndarray) -> np.ndarray:
-    """Where each series first covers half of its rise, interpolated in ``ln(1 + step)``.
+def crossing_steps(steps: np.ndarray, strength: np.ndarray, share: float = 0.5) -> np.ndarray:
+    """Where each series first covers half of its rise (``share`` of it: 0.1 and 0.9 bound a rise's window,
+    :mod:`~bertology.studies.track.phase`), interpolated in ``ln(1 + step)``.
 
     ``strength [checkpoint, ...]`` -> ``[...]`` steps; NaN where the series does not rise
     (final <= first).
     """
-    target, rises, k = _crossing_index(strength)
+    target, rises, k = _crossing_index(strength, share)
     before = np.take_along_axis(strength, (k - 1)[None], axis=0)[0]
     after = np.take_along_axis(strength, k[None], axis=0)[0]
     x = np.log1p(steps.astype(np.float64))
@@ -104,10 +105,10 @@ def crossing_steps(steps: np.ndarray, strength: np.ndarray) -> np.ndarray:
     return np.where(rises, crossed, np.nan)
 
 
-def crossing_brackets(steps: np.ndarray, strength: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The checkpoints' steps that bracket each series' half-rise crossing: the one before it and the one at or after it;
-    where a series does not rise (or is NaN), the whole run (the first and the last checkpoint)."""
-    _, rises, k = _crossing_index(strength)
+def crossing_brackets(steps: np.ndarray, strength: np.ndarray, share: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """The checkpoints' steps that bracket each series' half-rise crossing (of ``share`` of its rise): the one before it and
+    the one at or after it; where a series does not rise (or is NaN), the whole run (the first and the last checkpoint)."""
+    _, rises, k = _crossing_index(strength, share)
     rises = rises & np.isfinite(strength).all(axis=0)
     steps = np.asarray(steps)
     return np.where(rises, steps[k - 1], steps[0]), np.where(rises, steps[k], steps[-1])
@@ -138,3 +139,13 @@ def series_change(steps: np.ndarray, strength: np.ndarray, beyond: dict) -> dict
             "change_low": change_low, "change_high": change_high, "half_step": point, "ci_low": low, "ci_high": high,
             "located_low": located_low, "located_high": located_high, **beyond, "located": located,
             "changes": bool(change_low > 0) and beyond["beyond_uniform"] is not False and located}
+
+
+def why_no_change(series: dict, verb: str) -> str:
+    """Why a series of :func:`series_change` does not change, in words."""
+    why = [] if series["change_low"] > 0 else ["the change's interval does not exclude 0"]
+    if series["beyond_uniform"] is False:
+        why.append(not_beyond_words(series))
+    if not series["located"]:
+        why.append("its half-rise step is not located more narrowly than the run")
+    return f": no evidence that it {verb} ({' and '.join(why)})"
