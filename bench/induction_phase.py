@@ -13,16 +13,37 @@
 
 Prints the commands it runs; the numbers land in OUT/run (pretraining) and OUT/track (the series and its report). On this
 machine's two shared cores: about 16 minutes of pre-training (974 s) and 8 of track (41 checkpoints, 154 probe lines).
+
+With ``--synthetic`` (issue 52, METHODS.md section 15), the synthetic recipe instead, end to end in minutes:
+
+1. ``bertology pretrain --causal --synthetic repeats --attention-only``: 2 layers x 4 heads, hidden 64, no MLP, on sequences of
+   64 random symbols (of 64) in which a segment of 6 to 24 symbols repeats at a random offset, half of each sequence repeated,
+   ``--synthetic-steps`` steps of 32 at learning rate ``--synthetic-learning-rate``, 41 evenly spaced checkpoints;
+2. ``bertology track`` over them on 200 fresh sequences of the same task (another seed), with its induction probe: the
+   phase-change verdict, the induction head and its previous-token head, the in-context learning score and the loss bump;
+3. the issue's checks, printed from OUT/track: the strongest head of layer 1 from at most 0.15 to at least 0.5, its 10-90%
+   rise within a quarter of training, a previous-token head of layer 0 rising before or with it, the in-context learning
+   score dropping in the same window, the verdict "supported", and no layer-0 head called an induction head.
+
+    .venv/bin/python bench/induction_phase.py --synthetic --out DIR [--fixed-period P]
+
+``--fixed-period P`` trains on a fixed period instead (a layer-0 head can then copy by position): the control, on which no
+layer-0 head may be called an induction head.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pandas as pd
 
 GUTENBERG = Path(__file__).resolve().parents[2] / "shared" / "data" / "gutenberg"
 
@@ -51,9 +72,63 @@ def write_corpus(folder: Path, passage_words: int) -> Path:
     return folder
 
 
-def run(command: list[str]) -> None:
+def run(command: list[str], env: dict | None = None) -> None:
     print("$", shlex.join(command), flush=True)
-    subprocess.run(command, check=True)
+    subprocess.run(command, check=True, env=env)
+
+
+def synthetic_track_corpus(run_folder: Path, path: Path, count: int = 200) -> Path:
+    """``count`` fresh sequences of the run's synthetic task (its settings, the next seed: none is a training or validation
+    sequence's draw) as text, one a line, for ``track``'s corpus: its loss bump is measured on them."""
+    from bertology.studies.pretrain.objectives import CAUSAL_LM
+    from bertology.studies.pretrain.settings import PretrainSettings
+    from bertology.studies.pretrain.symbols import synthetic_corpus
+
+    recorded = json.loads((run_folder / "pretraining.json").read_text())["settings"]
+    corpus = synthetic_corpus(PretrainSettings(**{**recorded, "seed": recorded["seed"] + 1}), CAUSAL_LM)
+    path.write_text("\n".join(corpus.tokenizer.decode(ids) for ids in corpus.validation_ids[0][:count]) + "\n", encoding="utf-8")
+    return path
+
+
+def synthetic_checks(track: Path) -> list[str]:
+    """The issue's checks on the synthetic run, from ``track``'s verdict and its heads named on the probe."""
+    verdict = json.loads((track / "verdict.json").read_text())["induction"]
+    named = pd.read_csv(track / "induction_probe.csv")
+    layer1 = named[named.layer == 1].pivot_table(index="step", columns="head", values="induction")
+    strongest = layer1.iloc[-1].idxmax()
+    head, previous, drop = verdict.get("induction_head", {}), verdict.get("previous_token_head", {}), verdict.get("icl_drop", {})
+    shallow = named[(named.layer == 0) & (named.role == "induction")]
+    return [f"strongest layer-1 head 1-{strongest}: {layer1[strongest].iloc[0]:.3f} -> {layer1[strongest].iloc[-1]:.3f} (want <= 0.15 -> >= 0.5)",
+            f"its 10-90% rise: steps {head.get('window_start')} to {head.get('window_end')}, bracketed {head.get('window_bracket_low')}-"
+            f"{head.get('window_bracket_high')}, at most {head.get('window_span_share')} of training (want <= 0.25)",
+            f"previous-token head {previous.get('layer')}-{previous.get('head')}: rises {previous.get('rises')}",
+            f"in-context learning drop: changes {drop.get('changes')}, window {drop.get('window_low')}-{drop.get('window_high')} against the "
+            f"head's {head.get('window_low')}-{head.get('window_high')}",
+            f"loss bump: {verdict.get('loss_bump')}",
+            f"layer-0 heads called induction heads at any checkpoint: {len(shallow)} (want 0); named at the last: "
+            f"{[(h['layer'], h['head'], h['role']) for h in verdict.get('named_heads', [])]}",
+            f"verdict: {verdict['verdict']}"]
+
+
+def run_synthetic(args, bertology: str) -> None:
+    """The synthetic recipe (the module's docstring): pre-training, track, and the issue's checks."""
+    started = time.perf_counter()
+    # one torch thread: a model this small gains nothing from a second, and on cores shared with other work a thread that
+    # waits for its partner's time slice cost 36 times over (track of two checkpoints: 57 s with two threads, 1.6 s with one)
+    single = {**os.environ, "OMP_NUM_THREADS": "1"}
+    period = [] if args.fixed_period is None else ["--min-period", str(args.fixed_period), "--max-period", str(args.fixed_period)]
+    if not args.track_only:
+        run([bertology, "pretrain", "--causal", "--synthetic", "repeats", "--attention-only", "--out", str(args.out / "run"), "--layers", "2",
+             "--heads", "4", "--hidden", "64", "--vocab-size", "64", "--max-length", "64", "--batch-size", "32", *period,
+             "--learning-rate", str(args.synthetic_learning_rate), "--steps", str(args.synthetic_steps), "--checkpoints", "41",
+             "--linear-checkpoints", "--quiet"], env=single)
+    trained = time.perf_counter()
+    corpus = synthetic_track_corpus(args.out / "run", args.out / "track_corpus.txt")
+    run([bertology, "track", "--checkpoints", str(args.out / "run"), "--corpus", str(corpus), "--bootstrap", str(args.bootstrap),
+         "--out", str(args.out / "track"), "--device", "cpu", "--quiet"], env=single)
+    done = time.perf_counter()
+    print(f"pre-training {trained - started:.0f} s, track {done - trained:.0f} s, in all {done - started:.0f} s", flush=True)
+    print("\n".join(synthetic_checks(args.out / "track")))
 
 
 def main() -> None:
@@ -68,14 +143,22 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--corpus-only", action="store_true", help="Write the training text and stop.")
     parser.add_argument("--track-only", action="store_true", help="Skip pre-training: track the checkpoints already in OUT/run.")
+    parser.add_argument("--synthetic", action="store_true", help="The synthetic recipe (issue 52) instead of the natural-text one.")
+    parser.add_argument("--synthetic-steps", type=int, default=1500)
+    parser.add_argument("--synthetic-learning-rate", type=float, default=3e-3)
+    parser.add_argument("--fixed-period", type=int, default=None, help="With --synthetic: train on this period alone (the control).")
+    parser.add_argument("--bootstrap", type=int, default=1000)
     args = parser.parse_args()
+    bertology = str(Path(sys.executable).with_name("bertology"))
+    if args.synthetic:
+        run_synthetic(args, bertology)
+        return
     corpus = write_corpus(args.out / "corpus", args.passage_words)
     probe = args.out / "track_corpus.txt"  # held-out text with repeats: the last 2% of each book, lines of 4 repeated passages
     probe.write_text("\n".join(line for book in sorted(GUTENBERG.glob("*.txt")) for line in held_out_lines(book, args.passage_words, 0.02, 4)) + "\n",
                      encoding="utf-8")
     if args.corpus_only:
         return
-    bertology = str(Path(sys.executable).with_name("bertology"))
     if not args.track_only:
         run([bertology, "pretrain", str(corpus), "--causal", "--out", str(args.out / "run"), "--layers", "2", "--heads", "4", "--hidden", "128",
              "--vocab-size", str(args.vocab_size), "--max-length", str(args.max_length), "--batch-size", str(args.batch_size),
