@@ -318,3 +318,25 @@ def test_the_command_line_writes_the_table_of_the_python_api(tiny_gpt2_dir, tmp_
     lm_loss = table[table.metric == "lm_loss"]
     np.testing.assert_allclose(table[table.metric == "perplexity"].value, np.exp(lm_loss.value), rtol=1e-12)
     assert (lm_loss.delta != 0).any() and (table.p >= 2 / 301).all()
+
+
+def test_a_decoder_given_a_task_is_told_that_a_task_needs_a_classifier_and_a_decoder_a_corpus(tiny_gpt2_dir, cat_task, tmp_path):
+    code, output = ablate(cat_task, "--model", tiny_gpt2_dir, "--out", tmp_path / "run")
+    assert code != 0 and len(output.strip().splitlines()) == 1, output
+    assert "a GPT2LMHeadModel, not a sequence classifier" in output and "--corpus instead of a task" in output
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_change_within_float_rounding_of_the_metric_never_matters():
+    """Two variants whose loss changes exclude 0 by their intervals: one of 1e-7 nats on a loss of 5 (float rounding), one of
+    1e-2; only the second matters."""
+    from bertology.studies.heads.ablation import loss_ablation_table
+
+    rng = np.random.default_rng(0)
+    n = 40
+    pieces = np.full(n, 10.0)
+    base = 50.0 + rng.normal(0, 1, n)  # summed cross-entropy: 5 nats a piece
+    variants = np.stack([base + 1e-6 * (1 + 0.1 * rng.normal(size=n)), base + 0.1 * (1 + 0.1 * rng.normal(size=n))])[:, None, :]
+    table = loss_ablation_table(base, variants, pieces, pd.DataFrame({"layer": [0, 0], "head": [0, 1]}), "zero", replicates=1000)
+    rows = table[table.metric == "lm_loss"]
+    assert (rows.ci_low > 0).all() and (rows.p_adj < 0.05).all() and rows.matters.tolist() == [False, True]

@@ -174,9 +174,10 @@ def test_zero_output_projections_change_nothing_and_no_head_matters(tiny_gpt2_di
     code, output = patch("-m", folder, "--pairs", write_pairs(tmp_path / "pairs.jsonl", subject_pairs()), "--out", tmp_path / "run", "--bootstrap", 200)
     assert code == 0, output
     table = pd.read_csv(tmp_path / "run" / "patching.csv")
-    assert (table.logit_diff_change == 0).all() and not table.matters.any()
+    assert (table.logit_diff_change == 0).all() and not table.matters.any() and table.p.isna().all()  # no variation: nothing tested
     assert (pd.read_parquet(tmp_path / "run" / "patching_pairs.parquet").change == 0).all()
-    assert "0 heads matter" in output
+    assert "0 heads matter" in output and "against exact patching" not in output and "least alike" not in output
+    assert pd.read_csv(tmp_path / "run" / "rank_agreement.csv").empty
 
 
 def test_a_planted_head_that_carries_the_answer_alone_is_the_one_that_matters(tiny_gpt2_dir, tmp_path):
@@ -333,7 +334,7 @@ def test_agreement_runs_through_the_mask_of_an_encoder_and_the_bundled_model_wit
         logits = BertForMaskedLM.from_pretrained(folder, attn_implementation="eager").eval()(input_ids=torch.tensor([first.clean])).logits[0, first.position]
     assert per_pair[per_pair.pair == 0].ld_clean.iloc[0] == pytest.approx(float(logits[first.answer] - logits[first.wrong]), abs=1e-4)
     code, output = patch("--task", "agreement", "--out", tmp_path / "bundled")
-    assert code != 0 and "has no masked-LM head" in output and "\n" not in output, output
+    assert code != 0 and "the bundled model (all-MiniLM-L6-v2, a sentence encoder) has none: give --model" in output and "\n" not in output, output
     assert not (tmp_path / "bundled").exists()
 
 
@@ -410,7 +411,7 @@ def graddrop_reference(folder: Path, pairs: list[dict]) -> np.ndarray:
 def test_attribution_star_is_graddrop_against_a_reference(tiny_gpt2_dir, tmp_path):
     """attribution* = ``1/(L-1) sum_l |mean_pairs AtP_l|`` (Kramar et al. 2024), AtP_l from the reference above; a magnitude:
     an interval, no p, nothing called."""
-    pairs = subject_pairs()[:6]
+    pairs = subject_pairs()  # 12, past --min-sample: the agreement is reported
     code, output = patch("-m", tiny_gpt2_dir, "--pairs", write_pairs(tmp_path / "pairs.jsonl", pairs), "--out", tmp_path / "run", "--bootstrap", 200)
     assert code == 0, output
     dropped = graddrop_reference(tiny_gpt2_dir, pairs)
@@ -418,7 +419,7 @@ def test_attribution_star_is_graddrop_against_a_reference(tiny_gpt2_dir, tmp_pat
     expected = np.abs(dropped.mean(0)).sum(0) / (dropped.shape[1] - 1)
     table = pd.read_csv(tmp_path / "run" / "patching.csv").query("method == 'attribution*'").sort_values(["layer", "head"])
     np.testing.assert_allclose(table.logit_diff_change, expected.reshape(-1), rtol=1e-4, atol=1e-7)
-    assert table.p.isna().all() and not table.matters.any() and (table.ci_low <= table.effect).all() and (table.effect <= table.ci_high).all()
+    assert table.p.isna().all() and not table.matters.any() and (table.ci_low >= 0).all() and (table.ci_low <= table.ci_high).all()
     assert "attribution* against exact patching: Spearman" in output
 
 
@@ -509,7 +510,7 @@ def test_zero_and_mean_ablation_and_gradient_importance_equal_references(kind, t
     """Per pair against :func:`ablation_reference`; ``rank_agreement.csv`` against scipy's Spearman of the table's own columns."""
     from scipy.stats import spearmanr
 
-    folder, pairs = tiny_decoder_dirs[kind], subject_pairs()[:8]
+    folder, pairs = tiny_decoder_dirs[kind], subject_pairs()  # 12, past --min-sample: the rankings are compared
     code, output = patch("-m", folder, "--pairs", write_pairs(tmp_path / "pairs.jsonl", pairs), "--out", tmp_path / "run", "--bootstrap", 200)
     assert code == 0, output
     expected = ablation_reference(folder, kind, pairs)
@@ -529,11 +530,12 @@ def test_zero_and_mean_ablation_and_gradient_importance_equal_references(kind, t
 
 
 def test_no_ablations_leaves_them_out(tiny_gpt2_dir, tmp_path):
-    code, output = patch("-m", tiny_gpt2_dir, "--pairs", write_pairs(tmp_path / "pairs.jsonl", subject_pairs()[:4]), "--out", tmp_path / "run",
+    code, output = patch("-m", tiny_gpt2_dir, "--pairs", write_pairs(tmp_path / "pairs.jsonl", subject_pairs()), "--out", tmp_path / "run",
                          "--bootstrap", 100, "--no-ablations")
     assert code == 0, output
     assert set(pd.read_csv(tmp_path / "run" / "patching.csv").method) == {"activation", "attribution", "attribution*"}
-    assert len(pd.read_csv(tmp_path / "run" / "rank_agreement.csv")) == 1
+    assert len(pd.read_csv(tmp_path / "run" / "rank_agreement.csv")) == 1 and "least alike" not in output
+    assert "zero ablation" not in (tmp_path / "run" / "report.html").read_text()
 
 
 def test_every_built_in_task_runs_on_a_decoder_pretrained_here(tmp_path):
@@ -562,3 +564,64 @@ def test_every_built_in_task_runs_on_a_decoder_pretrained_here(tmp_path):
         per_pair = pd.read_parquet(tmp_path / task / "patching_pairs.parquet").groupby("pair").ld_clean.first()
         expected = [logit_difference(model, list(pair.clean), pair.answer, pair.wrong) for pair in task_pairs(task, tokenizer, DECODER, 12, seed=0)]
         np.testing.assert_allclose(per_pair.to_numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("lines, message", [
+    ([GOOD, {**GOOD, "answer": " tree"}, GOOD], "pairs.jsonl:3: the same pair as line 1: a repeated pair is not a new observation"),
+    ([{**GOOD, "corrupt": GOOD["clean"]}], "pairs.jsonl:1: clean and corrupt are the same pieces: a pair needs a difference to patch"),
+])
+def test_a_repeated_pair_and_a_pair_without_a_difference_are_refused(lines, message, tiny_gpt2_dir, tmp_path):
+    code, output = patch("-m", tiny_gpt2_dir, "--pairs", write_pairs(tmp_path / "pairs.jsonl", lines), "--out", tmp_path / "run")
+    assert code != 0 and message in output and len(output.strip().splitlines()) == 1, output
+    assert not (tmp_path / "run").exists()
+
+
+def test_n_without_a_task_and_an_unknown_word_are_refused(tiny_gpt2_dir, tmp_path):
+    code, output = patch("-m", tiny_gpt2_dir, "--pairs", write_pairs(tmp_path / "pairs.jsonl", [GOOD]), "--n", 5, "--out", tmp_path / "run")
+    assert code != 0 and "--n draws pairs of a built-in --task; a --pairs file is used whole" in output
+    from bertology.studies.heads.pair_tasks import AGREEMENT_TEMPLATE
+
+    folder = _word_level_folder(tmp_path / "encoder", [AGREEMENT_TEMPLATE, "key keys cabinet cabinets is are"], False)
+    line = {"clean": "the key near the cabinets [MASK] .", "corrupt": "the keys near the cabinet [MASK] .", "answer": "is", "wrong": "zebra"}
+    code, output = patch("-m", folder, "--pairs", write_pairs(tmp_path / "unk.jsonl", [line]), "--out", tmp_path / "run")
+    assert code != 0 and "unk.jsonl:1: wrong 'zebra' is not in the tokenizer's vocabulary (it is the unknown piece)" in output, output
+
+
+def test_positions_both_prompts_share_decide_nothing_and_a_built_in_run_keeps_its_prompts(tiny_gpt2_dir, tmp_path):
+    """Before the differing piece a decoder's z_h is the same in both prompts, and the last layer's z_h before the read
+    position reaches no logit that is read: every change there is exactly 0, so those tests get no p and stay out of the
+    correction; a built-in set's pairs are written, decoded, to pair_prompts.csv."""
+    code, output = patch("-m", tiny_gpt2_dir, "--pairs", write_pairs(tmp_path / "pairs.jsonl", subject_pairs()), "--out", tmp_path / "each",
+                         "--bootstrap", 200, "--positions", "each", "--no-ablations")
+    assert code == 0, output
+    table = pd.read_csv(tmp_path / "each" / "patching.csv", dtype={"position": str}).query("method == 'activation' and position != 'all'")
+    shared, after = table[table.position == "0"], table[table.position != "0"]  # "the" starts both prompts; the subject differs
+    assert len(shared) == 8 and (shared.logit_diff_change == 0).all() and shared.p.isna().all() and shared.p_adj.isna().all()
+    assert after.p.notna().any()
+    last = table.position.astype(int).max()  # the last layer's z_h before the read position reaches no logit read: exactly 0 too
+    assert table.query("layer == 1").pipe(lambda t: t[t.position.astype(int) < last]).p.isna().all()
+    from bertology.studies.heads.pair_tasks import IOI_TEMPLATES, NAMES
+
+    folder = _word_level_folder(tmp_path / "decoder", [*IOI_TEMPLATES, " ".join(NAMES)], True)
+    code, output = patch("-m", folder, "--task", "ioi", "--n", 12, "--out", tmp_path / "run", "--bootstrap", 200, "--no-ablations")
+    assert code == 0, output
+    prompts = pd.read_csv(tmp_path / "run" / "pair_prompts.csv")
+    assert len(prompts) == 12 and prompts.pair.tolist() == list(range(12)) and (prompts.clean != prompts.corrupt).all()
+    assert not prompts.duplicated(["clean", "corrupt", "answer", "wrong"]).any()
+    assert all(prompt.split()[-1] in ("to",) for prompt in prompts.clean) and set(prompts.answer.str.strip()) <= set(NAMES)
+
+
+def test_a_change_within_float_rounding_never_matters():
+    """Two heads whose per-pair changes sit far from 0 in their own spread: one of 1e-9 (float rounding of LDs of size 1),
+    one of 1e-3; both intervals exclude 0, only the second head matters."""
+    from bertology.studies.heads.patch_statistics import patching_table
+    from bertology.studies.heads.patching import PairEffects
+
+    rng = np.random.default_rng(0)
+    n = 40
+    clean, corrupt = 1.0 + rng.normal(0, 0.1, n), rng.normal(0, 0.1, n)
+    activation = np.stack([1e-9 * (1 + 0.1 * rng.normal(size=n)), 1e-3 * (1 + 0.1 * rng.normal(size=n))], axis=1)[:, None, :]
+    effects = PairEffects(clean, corrupt, {"activation": activation, "attribution": activation}, np.zeros((n, 1, 1, 2)))
+    rows = patching_table(effects, "denoise", replicates=1000).query("method == 'activation'")
+    assert (rows.ci_low > 0).all() and (rows.p_adj < 0.05).all()
+    assert rows.matters.tolist() == [False, True]

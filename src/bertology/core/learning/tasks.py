@@ -228,6 +228,9 @@ def load_task_model(path: str | Path, *, device: str | torch.device = "auto", ma
         require_safetensors(source)
     with loading_errors(source):
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        if config.architectures and not any(name.endswith("ForSequenceClassification") for name in config.architectures):
+            raise ModelError(f"{source}: a {config.architectures[0]}, not a sequence classifier: a task needs one (fine-tune one with "
+                             "`bertology finetune`); a decoder's heads are scored on a text corpus with --corpus instead of a task")
         if getattr(config, "bertology_pruned_heads", None):
             model, loading = _load_pruned(source, config, trust_remote_code)
         else:

@@ -187,6 +187,22 @@ def confusion_metric(confusion: np.ndarray, metric: str, positive: int | None = 
     raise ValueError(f"unknown metric {metric!r}")
 
 
+#: The share of a metric's scale (at least 1) below which a change is float rounding, not an effect: a head whose change is
+#: within it is never said to matter, however small its p (the families' excess tolerance, for causal effects).
+FLOAT_NOISE = 1e-6
+
+
+def beyond_float_noise(change, scale) -> np.ndarray:
+    """Where ``|change|`` exceeds :data:`FLOAT_NOISE` times ``max(1, |scale|)`` (the metric's typical size)."""
+    return np.abs(np.asarray(change, dtype=np.float64)) > FLOAT_NOISE * np.maximum(1.0, np.abs(np.asarray(scale, dtype=np.float64)))
+
+
+def varies(values: np.ndarray) -> np.ndarray:
+    """Per column of ``values`` ``[n, K]``: whether the observations differ at all (a zero-variance test decides nothing)."""
+    values = np.asarray(values)
+    return (values != values[:1]).any(axis=0)
+
+
 def resampled_counts(n: int, replicates: int, seed: int) -> Iterator[np.ndarray]:
     """The bootstrap's resamples of ``n`` observations as multinomial counts ``[b, n]`` (float64), ``replicates`` in all, in
     chunks of at most 1000 so that memory stays O(1000 n)."""

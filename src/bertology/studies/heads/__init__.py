@@ -116,7 +116,7 @@ class Ablate(HeadsCommand):
         lines = [f"{ablated(study.settings)} of each head and layer on {study.examples} {study.unit}"]
         for row in rows.sort_values("delta").itertuples():
             where = f"layer {row.layer}" if row.head < 0 else f"head {row.layer}-{row.head}"
-            lines.append(f"  {where}: {metric} {row.delta:+.4f} [{row.ci_low:+.4f}, {row.ci_high:+.4f}], p_adj {row.p_adj:.3g}")
+            lines.append(f"  {where}: {metric} {row.delta:+.4g} [{row.ci_low:+.4g}, {row.ci_high:+.4g}], p_adj {row.p_adj:.3g}")
         return [*lines, f"{len(rows)} heads and layers matter (interval excludes 0, p_adj < 0.05)"]
 
 
@@ -165,20 +165,22 @@ class Patch(Study):
              "effect with a bootstrap interval and FDR (Wang et al. 2022; Nanda 2023).")
     libraries = ("bertology.studies.heads.patch_study", "transformers.modeling_utils")
     options = (
-        MODEL[0].but(help="A causal language model, an encoder with its masked-LM head, or a sequence classifier [default: the bundled model]."),
+        MODEL[0].but(help="A causal language model, an encoder with its masked-LM head, or a sequence classifier (the bundled model has "
+                          "no such head: give one)."),
         Option("pairs", None, 'JSON lines {"clean", "corrupt", "answer", "wrong"}: prompts of the same length, one-piece answers '
                "(a classifier's: two of its labels).", type=Path),
         Option("task", None, "A built-in pair set instead of --pairs: ioi, induction or agreement.", type=str),
-        Option("n", 100, "Pairs of the built-in --task, drawn with --seed.", minimum=1),
+        Option("n", None, "Distinct pairs of the built-in --task, drawn with --seed [default: 100].", type=int, minimum=1),
         Option("direction", "denoise", "denoise (clean z_h into the corrupted run) or noise (corrupted z_h into the clean run)."),
         Option("positions", "all", "all (z_h patched at every position at once) or each (also at each position alone; pairs of one length)."),
         Option("ablations", True, "Also zero and mean ablation and Michel's gradient importance on the clean prompts, and every method's "
                "rank agreement.", flag="--ablations/--no-ablations"),
         Option("bootstrap", 10000, "Bootstrap replicates over pairs (p is at least 2/(B+1)).", minimum=100),
         TESTS[0].but(help="Multiple-testing correction over heads (statsmodels)."),
-        *pick(TESTS, "min_sample"), *pick(RUN, "out", "seed"), *pick(MODEL, "device"), *RAY, *pick(RUN, "quiet"),
+        TESTS[1].but(help="Fewest distinct pairs a test needs: below it no p-value, no head that matters and no agreement are reported."),
+        *pick(RUN, "out", "seed"), *pick(MODEL, "device"), *RAY, *pick(RUN, "quiet"),
     )
-    outputs = ("patching", "patching_pairs", "rank_agreement")
+    outputs = ("patching", "patching_pairs", "rank_agreement", "pair_prompts")
 
     def run(self, settings: dict, command: list[str] | None = None):
         from bertology.core.storage.runfolder import check_out
@@ -197,11 +199,11 @@ class Patch(Study):
         lines = [f"{study.settings['n']} pairs of {study.source}: mean LD {study.ld_clean:.4f} clean, {study.ld_corrupt:.4f} corrupted "
                  f"({study.settings['direction']})"]
         for row in study.mattering().itertuples():
-            lines.append(f"  head {row.layer}-{row.head} matters: effect {row.effect:+.3f} [{row.ci_low:+.3f}, {row.ci_high:+.3f}], "
-                         f"change of LD {row.logit_diff_change:+.4f}, p_adj {row.p_adj:.3g}")
+            lines.append(f"  head {row.layer}-{row.head} matters: effect {row.effect:+.3g} [{row.ci_low:+.3g}, {row.ci_high:+.3g}], "
+                         f"change of LD {row.logit_diff_change:+.3g}, p_adj {row.p_adj:.3g}")
         agree = [f"{method} against exact patching: Spearman {a['spearman']:.3f}, top-{a['top_k']} recall {a['top_k_recall']:.2f}"
                  for method, a in study.agreement.items()]
-        if len(study.rankings):
+        if len(study.rankings) > 1:
             low = study.rankings.sort_values("spearman").iloc[0]
             agree.append(f"least alike rankings: {low.method_a} and {low.method_b}, Spearman {low.spearman:.3f} (rank_agreement.csv)")
         return [*lines, f"{len(study.mattering())} heads matter (interval excludes 0, p_adj < 0.05)", *agree,

@@ -23,7 +23,15 @@ from bertology.core.learning.tasks import LanguageModel, TaskData, TaskModel, po
 from bertology.core.model.head_outputs import HeadOutputs, replace_chosen
 from bertology.core.model.hooks import Hooks
 from bertology.core.model.interventions import Intervention, LayerReplay, attach_variants, reads_first_token_only
-from bertology.core.statistics.stats import MIN_SAMPLE, bootstrap_interval, corrected, paired_bootstrap, resampled_counts, withheld
+from bertology.core.statistics.stats import (
+    MIN_SAMPLE,
+    beyond_float_noise,
+    bootstrap_interval,
+    corrected,
+    paired_bootstrap,
+    resampled_counts,
+    withheld,
+)
 from bertology.studies.heads.method import HeadMethod
 from bertology.studies.heads.replacements import ABLATIONS, MEAN_OVER, Replacement, replacement
 
@@ -134,10 +142,12 @@ class LeaveOneOut(HeadMethod):
 
 
 def _tidy(scores: pd.DataFrame, layout: pd.DataFrame, intervention: str, metric: str, n: int, correction: str) -> pd.DataFrame:
-    """``scores`` (``value, delta, ci_low, ci_high, p``) with ``p_adj`` over the variants, ``matters`` (interval excludes 0 and
-    ``p_adj`` below :data:`ALPHA`) and ``n``, beside the variants' ``layer, head``."""
+    """``scores`` (``value, delta, ci_low, ci_high, p``) with ``p_adj`` over the variants, ``matters`` (interval excludes 0,
+    ``p_adj`` below :data:`ALPHA` and a change beyond float rounding of the metric, :func:`beyond_float_noise`) and ``n``,
+    beside the variants' ``layer, head``."""
     scores["p_adj"] = corrected(scores.p, correction)[0]
-    scores["matters"] = ((scores.ci_low > 0) | (scores.ci_high < 0)) & (scores.p_adj < ALPHA)
+    excludes_zero = (scores.ci_low > 0) | (scores.ci_high < 0)
+    scores["matters"] = excludes_zero & (scores.p_adj < ALPHA) & beyond_float_noise(scores.delta, scores.value - scores.delta)
     return pd.concat([layout.reset_index(drop=True), scores], axis=1).assign(intervention=intervention, metric=metric, n=n)
 
 

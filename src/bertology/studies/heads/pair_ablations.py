@@ -64,10 +64,12 @@ def ablation_effects(model: torch.nn.Module, pairs: list[EncodedPair], means: li
 def rank_agreement(table: pd.DataFrame) -> pd.DataFrame:
     """For every two methods of :data:`RANKED` in ``table`` (at all positions): Spearman's rho of their ``|logit_diff_change|``
     over heads, and the share of the ``k`` heads one ranks highest that the other ranks among its ``k`` highest (``k``:
-    the heads that matter by activation patching, at least 1)."""
+    the heads that matter by activation patching, at least 1); none where activation patching tested no head."""
     from scipy.stats import spearmanr
 
     every = table[table.position == "all"]
+    if every[every.method == "activation"].p.isna().all():  # nothing was tested: no ranking to compare
+        return pd.DataFrame(columns=["method_a", "method_b", "spearman", "top_k", "top_k_overlap"])
     scores = {method: every[every.method == method].sort_values(["layer", "head"]).logit_diff_change.abs().to_numpy()
               for method in RANKED if (every.method == method).any()}
     k = max(1, int(every[every.method == "activation"].matters.sum()))

@@ -15,13 +15,17 @@ On an encoder the answer slot is its mask token, read by the masked-LM head; ``i
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from bertology.core.errors import BertologyError
 from bertology.core.model.kinds import DECODER
-from bertology.studies.heads.pairs import EncodedPair, encode_pair, single_piece
+from bertology.studies.heads.pairs import EncodedPair, encode_pair, pair_key, single_piece
 
 TASKS = ("ioi", "induction", "agreement")
+#: Pairs of a built-in set when ``--n`` is not given.
+TASK_PAIRS = 100
 NAMES = ("Mary", "John", "Alice", "Bob", "James", "Sarah", "David", "Anna", "Paul", "Kate", "Tom", "Lisa", "Mark", "Laura", "Peter", "Emma")
 IOI_TEMPLATES = (
     "When {A} and {B} went to the store, {C} gave a drink to",
@@ -111,9 +115,19 @@ def induction_pairs(tokenizer, kind, n: int, seed: int) -> list[EncodedPair]:
     return pairs
 
 
+#: How many pairs are drawn for each one asked for, so that ``n`` distinct ones are found among them.
+DRAWS_PER_PAIR = 20
+
+
 def task_pairs(task: str, tokenizer, kind, n: int, seed: int) -> list[EncodedPair]:
-    """``n`` pairs of the built-in set ``task`` (:data:`TASKS`), seeded."""
+    """``n`` distinct pairs of the built-in set ``task`` (:data:`TASKS`), seeded: the first ``n`` of a seeded stream of draws
+    that differ (a repeated pair is not a new observation); a set too small for ``n`` is refused in one line."""
     builders = {"ioi": ioi_pairs, "induction": induction_pairs, "agreement": agreement_pairs}
     if task not in builders:
         raise BertologyError(f"unknown --task {task!r}; use {', '.join(TASKS)}")
-    return builders[task](tokenizer, kind, n, seed)
+    distinct: dict[tuple, EncodedPair] = {}
+    for pair in builders[task](tokenizer, kind, DRAWS_PER_PAIR * n, seed):
+        distinct.setdefault(pair_key(pair), replace(pair, line=len(distinct)))
+        if len(distinct) == n:
+            return list(distinct.values())
+    raise BertologyError(f"--task {task}: this tokenizer makes {len(distinct)} distinct pairs of the set; give --n {len(distinct)} or fewer")

@@ -35,9 +35,14 @@ class EncodedPair:
 
 
 def single_piece(tokenizer, text: str) -> int | None:
-    """The one piece ``text`` is, tokenized alone without special tokens; None where it is more or fewer."""
+    """The one piece ``text`` is, tokenized alone without special tokens; None where it is more or fewer, or the unknown piece."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return ids[0] if len(ids) == 1 else None
+    return ids[0] if len(ids) == 1 and ids[0] != tokenizer.unk_token_id else None  # [UNK] stands for any word, not this one
+
+
+def pair_key(pair: EncodedPair) -> tuple:
+    """What makes two pairs the same observation: both prompts' pieces, the answer and the wrong piece."""
+    return pair.clean, pair.corrupt, pair.answer, pair.wrong
 
 
 def read_position(tokenizer, kind, ids: list[int]) -> int | str:
@@ -66,7 +71,9 @@ def _vocabulary_pieces(tokenizer, fields: dict) -> dict | str:
         pieces[name] = single_piece(tokenizer, fields[name])
         if pieces[name] is None:
             count = len(tokenizer(fields[name], add_special_tokens=False)["input_ids"])
-            return f"{name} {fields[name]!r} must be one piece of the tokenizer (tokenized alone it is {count})"
+            unknown = count == 1 and tokenizer(fields[name], add_special_tokens=False)["input_ids"][0] == tokenizer.unk_token_id
+            return (f"{name} {fields[name]!r} is not in the tokenizer's vocabulary (it is the unknown piece)" if unknown
+                    else f"{name} {fields[name]!r} must be one piece of the tokenizer (tokenized alone it is {count})")
     return pieces
 
 
@@ -75,6 +82,8 @@ def encode_pair(tokenizer, kind, fields: dict, line: int, labels: tuple[str, ...
     clean, corrupt = tokenizer(fields["clean"])["input_ids"], tokenizer(fields["corrupt"])["input_ids"]
     if len(clean) != len(corrupt):
         return f"clean and corrupt must tokenize to the same number of pieces ({len(clean)} and {len(corrupt)})"
+    if clean == corrupt:
+        return "clean and corrupt are the same pieces: a pair needs a difference to patch"
     pieces = _vocabulary_pieces(tokenizer, fields) if labels is None else _label_pieces(fields, labels)
     if isinstance(pieces, str):
         return pieces
@@ -91,7 +100,7 @@ def _fields(text: str, path: Path, number: int) -> dict:
     try:
         fields = json.loads(text)
     except json.JSONDecodeError as error:
-        raise CorpusError(path, number, f"not a JSON object ({error.msg})") from None
+        raise CorpusError(path, number, f"not a JSON object ({error.msg} at column {error.colno})") from None
     if not isinstance(fields, dict):
         raise CorpusError(path, number, "not a JSON object")
     missing = [key for key in PAIR_KEYS if not isinstance(fields.get(key), str)]
@@ -106,7 +115,7 @@ def read_pairs(path: str | Path, tokenizer, kind, labels: tuple[str, ...] | None
     path = Path(path)
     if not path.is_file():
         raise BertologyError(f"{path}: no such pairs file")
-    pairs = []
+    pairs, seen = [], {}
     with path.open(encoding="utf-8") as lines:
         for number, text in enumerate(lines, start=1):
             if not text.strip():
@@ -114,6 +123,9 @@ def read_pairs(path: str | Path, tokenizer, kind, labels: tuple[str, ...] | None
             pair = encode_pair(tokenizer, kind, _fields(text, path, number), number, labels)
             if isinstance(pair, str):
                 raise CorpusError(path, number, pair)
+            if (key := pair_key(pair)) in seen:
+                raise CorpusError(path, number, f"the same pair as line {seen[key]}: a repeated pair is not a new observation")
+            seen[key] = number
             pairs.append(pair)
     if not pairs:
         raise CorpusError(path, None, "no pairs in the file")

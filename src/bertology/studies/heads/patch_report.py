@@ -79,7 +79,8 @@ def agreement_matrix(rankings: pd.DataFrame):
 
 def patching_section(folder: RunFolder, study) -> Section:
     settings, agreement = study.settings, study.agreement
-    direction = "clean z_h into the corrupted run (denoising)" if settings["direction"] == "denoise" else "corrupted z_h into the clean run (noising)"
+    direction = ("from the clean run into the corrupted one (denoising)" if settings["direction"] == "denoise"
+                 else "from the corrupted run into the clean one (noising)")
     section = Section(
         title="Which heads matter, causally",
         intro=(f"{settings['n']} pairs; each head's output z_h at every position patched {direction}. LD = logit[answer] - logit[wrong]; "
@@ -95,13 +96,15 @@ def patching_section(folder: RunFolder, study) -> Section:
                                       "Exact patching at each position alone: the normalised effect per head and position (ringed: matters, "
                                       "corrected over every head and position)."))
     for method, agreed in agreement.items():
-        section.notes.append(f"{METHOD_TITLES[method].capitalize()} against exact patching: Spearman {agreed['spearman']:.3f}, "
+        title = METHOD_TITLES[method]
+        section.notes.append(f"{title[0].upper()}{title[1:]} against exact patching: Spearman {agreed['spearman']:.3f}, "
                              f"top-{agreed['top_k']} recall {agreed['top_k_recall']:.2f}.")
-    if len(study.rankings):
+    if len(study.rankings) > 1:
+        methods = list(dict.fromkeys([*study.rankings.method_a, *study.rankings.method_b]))
         section.figures.append(Figure(folder.write_figure("rank_agreement", agreement_matrix(study.rankings)),
-                                      "How zero ablation, mean ablation, Michel's gradient importance, activation and attribution "
-                                      "patching rank the heads (|change of LD|): where they disagree, zero ablation may be taking the "
-                                      "model off its distribution (rank_agreement.csv: Spearman and top-k overlap)."))
+                                      f"How {', '.join(methods)} rank the heads (|change of LD|): where zero ablation and patching "
+                                      "disagree, zeroing may be taking the model off its distribution (rank_agreement.csv: Spearman and "
+                                      "top-k overlap)."))
     mattering = study.mattering()
     section.tables.append(("Heads that matter (activation patching)", mattering))
     if study.patching.p.isna().all():

@@ -17,12 +17,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bertology.core.statistics.stats import MIN_SAMPLE, corrected, withheld
+from bertology.core.statistics.stats import MIN_SAMPLE, beyond_float_noise, corrected, resampled_counts, varies, withheld
 from bertology.studies.heads.patching import PairEffects
 
 #: The level a corrected p must be below, with an interval that excludes 0, for a head to matter.
 ALPHA = 0.05
 COLUMNS = ["layer", "head", "method", "direction", "position", "logit_diff_change", "effect", "ci_low", "ci_high", "p", "p_adj", "matters", "n"]
+
+
+def ld_scale(clean: np.ndarray, corrupt: np.ndarray) -> float:
+    """The typical size of the pairs' logit differences, ``mean(|LD|)`` over both prompts: what float rounding is relative to."""
+    return float(np.mean(np.abs(np.concatenate([clean, corrupt]))))
 
 
 def ratio_bootstrap(change: np.ndarray, gap: np.ndarray, replicates: int, seed: int) -> dict[str, np.ndarray]:
@@ -49,13 +54,6 @@ def ratio_bootstrap(change: np.ndarray, gap: np.ndarray, replicates: int, seed: 
             "p": np.minimum(1.0, 2 * tail / (1 + drawn))}
 
 
-def resampled_counts(n: int, replicates: int, seed: int):
-    """Chunks of at most 1,000 bootstrap replicates' counts ``[chunk, n]`` (multinomial, float64): memory stays O(1000 n)."""
-    rng = np.random.default_rng(seed)
-    for start in range(0, replicates, 1000):
-        yield rng.multinomial(n, np.full(n, 1.0 / n), size=min(1000, replicates - start)).astype(np.float64)
-
-
 def graddrop_bootstrap(dropped: np.ndarray, gap: np.ndarray, replicates: int, seed: int) -> dict[str, np.ndarray]:
     """attribution* per head from ``dropped`` ``[n, L, heads...]``: ``1/(L-1) sum_l |mean_pairs dropped[:, l]|``, that over
     ``|mean(gap)|`` as its effect, and the 2.5 and 97.5 percentiles of the replicates' effects; no p."""
@@ -76,13 +74,16 @@ def graddrop_bootstrap(dropped: np.ndarray, gap: np.ndarray, replicates: int, se
     return {"logit_diff_change": magnitude, "effect": magnitude / mean_gap, "ci_low": low, "ci_high": high, "p": nothing}
 
 
-def _tested(scores: dict, n: int, correction: str, min_sample: int) -> pd.DataFrame:
-    """``scores`` with ``p`` withheld below ``min_sample`` pairs, ``p_adj`` corrected over the family's rows, and ``matters``:
-    an interval that excludes 0 and ``p_adj`` below :data:`ALPHA`."""
+def _tested(scores: dict, change: np.ndarray, scale: float, correction: str, min_sample: int) -> pd.DataFrame:
+    """``scores`` with ``p`` withheld below ``min_sample`` pairs and where the per-pair changes ``[n, K]`` do not vary (a
+    zero-variance test decides nothing: a pair repeated, a position both prompts share), ``p_adj`` corrected over the
+    family's rows, and ``matters``: an interval that excludes 0, ``p_adj`` below :data:`ALPHA` and a mean change beyond float
+    rounding of LDs of size ``scale`` (:func:`~bertology.core.statistics.stats.beyond_float_noise`)."""
     scores = pd.DataFrame(scores)
-    scores["p"] = withheld(scores.p, n, min_sample)
+    scores["p"] = np.where(varies(change), withheld(scores.p, len(change), min_sample), np.nan)
     scores["p_adj"] = corrected(scores.p, correction)[0]
-    scores["matters"] = ((scores.ci_low > 0) | (scores.ci_high < 0)) & (scores.p_adj < ALPHA)
+    excludes_zero = (scores.ci_low > 0) | (scores.ci_high < 0)
+    scores["matters"] = excludes_zero & (scores.p_adj < ALPHA) & beyond_float_noise(scores.logit_diff_change, scale)
     return scores
 
 
@@ -102,10 +103,11 @@ def patching_table(effects: PairEffects, direction: str, *, replicates: int = 10
     ``min_sample`` pairs no p is reported and nothing matters."""
     n, layers, heads = effects.changes["activation"].shape
     gap = effects.clean - effects.corrupt if direction == "denoise" else effects.corrupt - effects.clean
+    scale = ld_scale(effects.clean, effects.corrupt)
     families = [(method, change, None) for method, change in effects.changes.items()]
     families += [(method, change, change.shape[-1]) for method, change in effects.by_position.items()]
-    tables = [pd.concat([_grid(layers, heads, positions), _tested(ratio_bootstrap(change.reshape(n, -1), gap, replicates, seed), n, correction,
-                                                                  min_sample)], axis=1).assign(method=method)
+    tables = [pd.concat([_grid(layers, heads, positions), _tested(ratio_bootstrap(change.reshape(n, -1), gap, replicates, seed), change.reshape(n, -1),
+                                                                  scale, correction, min_sample)], axis=1).assign(method=method)
               for method, change, positions in families]
     if layers > 1:
         scores = graddrop_bootstrap(effects.dropped, gap, replicates, seed)
@@ -123,7 +125,7 @@ def ablation_table(ablations: dict[str, np.ndarray], clean: np.ndarray, corrupt:
     for method, change in ablations.items():
         scores = ratio_bootstrap(change.reshape(n, -1), clean - corrupt, replicates, seed)
         scored = (pd.DataFrame(scores).assign(p=np.nan, p_adj=np.nan, matters=False) if method == "gradient importance"
-                  else _tested(scores, n, correction, min_sample))
+                  else _tested(scores, change.reshape(n, -1), ld_scale(clean, corrupt), correction, min_sample))
         tables.append(pd.concat([_grid(layers, heads), scored], axis=1).assign(method=method))
     return pd.concat(tables, ignore_index=True).assign(direction="ablation", n=n)[COLUMNS]
 
@@ -151,11 +153,13 @@ def agreement(table: pd.DataFrame) -> dict:
     """How each attribution method ranks the heads against exact patching, at all positions: the Spearman correlation of
     their changes (attribution*, a magnitude: against exact patching's ``|change|``) and the top-k recall, the share of the
     ``k`` heads of largest exact ``|change|`` that are among the method's ``k`` largest (``k``: the heads that matter by
-    exact patching, at least 1)."""
+    exact patching, at least 1); nothing where exact patching tested no head."""
     from scipy.stats import spearmanr
 
     every = table[table.position == "all"]
     exact = every[every.method == "activation"].reset_index(drop=True)
+    if exact.p.isna().all():  # nothing was tested (too few pairs, no variation, no gap): nothing to agree on
+        return {}
     k = max(1, int(exact.matters.sum()))
     top_exact = set(np.argsort(-exact.logit_diff_change.abs().to_numpy(), kind="stable")[:k])
     found = {}

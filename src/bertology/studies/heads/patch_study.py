@@ -18,12 +18,12 @@ import torch
 from bertology.core.backends import DEFAULT_CPU_ACTORS, LocalBackend, RayBackend, backend_named
 from bertology.core.errors import BertologyError
 from bertology.core.model.interventions import known_layout
-from bertology.core.model.models import LANGUAGE_MODEL
+from bertology.core.model.models import DEFAULT_MODEL, LANGUAGE_MODEL, model_name, model_source
 from bertology.core.options import check_seed
 from bertology.core.statistics.stats import MIN_SAMPLE
 from bertology.core.storage.runfolder import claims_out
 from bertology.studies.heads.pair_ablations import ablation_effects, mean_outputs, rank_agreement
-from bertology.studies.heads.pair_tasks import TASKS, task_pairs
+from bertology.studies.heads.pair_tasks import TASK_PAIRS, TASKS, task_pairs
 from bertology.studies.heads.pairs import read_pairs
 from bertology.studies.heads.patch_statistics import ablation_table, agreement, pairs_table, patching_table
 from bertology.studies.heads.patching import DIRECTIONS, POSITIONS, PairEffects, Patcher
@@ -43,6 +43,7 @@ class PatchStudy:
     ld_corrupt: float
     agreement: dict
     rankings: pd.DataFrame
+    prompts: pd.DataFrame
     settings: dict
 
     def mattering(self, method: str = "activation") -> pd.DataFrame:
@@ -52,8 +53,8 @@ class PatchStudy:
 
     @claims_out
     def save(self, out: str | Path, command: list[str] | None = None) -> Path:
-        """Write ``patching``, ``patching_pairs``, ``rank_agreement``, the figures, ``report.html`` and ``manifest.json``, replacing ``out`` whole;
-        returns the report path."""
+        """Write ``patching``, ``patching_pairs``, ``rank_agreement``, ``pair_prompts``, the figures, ``report.html`` and
+        ``manifest.json``, replacing ``out`` whole; returns the report path."""
         from bertology.core.storage.runfolder import RunFolder, complete_run
         from bertology.render.html import Report
         from bertology.studies.heads.patch_report import patching_section
@@ -62,6 +63,7 @@ class PatchStudy:
         folder.write_table("patching", self.patching)
         folder.write_table("patching_pairs", self.pairs)
         folder.write_table("rank_agreement", self.rankings)
+        folder.write_table("pair_prompts", self.prompts)
         summary = {"model": self.model["name"], "pairs": f"{self.source} ({len(self.pairs.pair.unique())} pairs)",
                    "direction": self.settings["direction"], "mean LD(clean)": f"{self.ld_clean:.4f}", "mean LD(corrupt)": f"{self.ld_corrupt:.4f}"}
         report = Report(f"bertology: which heads matter, causally, on {self.source}", summary, [patching_section(folder, self)]).render()
@@ -69,7 +71,17 @@ class PatchStudy:
                                      "agreement": self.agreement, "settings": self.settings}, report=report, command=command) / "report.html"
 
 
-def _check(pairs, task: str | None, n: int, direction: str, positions: str, correction: str, bootstrap: int, min_sample: int) -> None:
+def prompts_table(pairs: list, tokenizer, labels: tuple[str, ...] | None) -> pd.DataFrame:
+    """The prompts each pair stands for, decoded (a built-in set's too, so that a run folder says what it measured): ``pair``,
+    ``clean``, ``corrupt``, ``answer``, ``wrong`` (a classifier's: label names)."""
+    def named(index: int) -> str:
+        return labels[index] if labels is not None else tokenizer.decode([index])
+
+    return pd.DataFrame([{"pair": pair.line, "clean": tokenizer.decode(list(pair.clean)), "corrupt": tokenizer.decode(list(pair.corrupt)),
+                          "answer": named(pair.answer), "wrong": named(pair.wrong)} for pair in pairs])
+
+
+def _check(pairs, task: str | None, n: int | None, direction: str, positions: str, correction: str, bootstrap: int, min_sample: int) -> None:
     """Refuse impossible settings in one line, before the model is loaded."""
     from statsmodels.stats.multitest import multipletests
 
@@ -81,7 +93,9 @@ def _check(pairs, task: str | None, n: int, direction: str, positions: str, corr
         raise BertologyError(f"unknown --direction {direction!r}; use {' or '.join(DIRECTIONS)}")
     if positions not in POSITIONS:
         raise BertologyError(f"unknown --positions {positions!r}; use {' or '.join(POSITIONS)}")
-    if n < 1 or bootstrap < 100 or min_sample < 2:
+    if pairs is not None and n is not None:
+        raise BertologyError("--n draws pairs of a built-in --task; a --pairs file is used whole")
+    if (n is not None and n < 1) or bootstrap < 100 or min_sample < 2:
         raise BertologyError("--n must be at least 1, --bootstrap at least 100 and --min-sample at least 2")
     try:
         multipletests([0.5], method=correction)
@@ -91,23 +105,25 @@ def _check(pairs, task: str | None, n: int, direction: str, positions: str, corr
 
 def _head(model: str | Path | None) -> str:
     """The head ``model`` is loaded with: ``classifier`` where its config names a sequence classifier, else its language-model
-    head (a model folder that cannot be read is refused by :func:`~bertology.core.model.models.load_model`)."""
+    head (a model folder that cannot be read is refused by :func:`~bertology.core.model.models.load_model`). The bundled
+    model has neither: refused here in one line."""
     from transformers import AutoConfig
 
-    if model is None:
-        return LANGUAGE_MODEL
+    if model_name(model) == DEFAULT_MODEL:
+        raise BertologyError(f"patch reads a language-model head or a classifier's, and the bundled model ({DEFAULT_MODEL}, a sentence "
+                             "encoder) has none: give --model, a causal LM, an encoder with its masked-LM head or a fine-tuned classifier")
     try:
-        architectures = AutoConfig.from_pretrained(str(model)).architectures or []
+        architectures = AutoConfig.from_pretrained(model_source(model)).architectures or []
     except (OSError, ValueError):
         return LANGUAGE_MODEL
     return "classifier" if any(name.endswith("ForSequenceClassification") for name in architectures) else LANGUAGE_MODEL
 
 
-def _pairs(loaded, classifier: bool, pairs, task: str | None, n: int, seed: int, positions: str) -> list:
-    """The encoded pairs: a ``classifier``'s ``answer`` and ``wrong`` name its labels; per position, every pair one length."""
-    if classifier and task is not None:
+def _pairs(loaded, labels: tuple[str, ...] | None, pairs, task: str | None, n: int, seed: int, positions: str) -> list:
+    """The encoded pairs: a classifier's (its ``labels`` given) ``answer`` and ``wrong`` name its labels; per position, every
+    pair one length."""
+    if labels is not None and task is not None:
         raise BertologyError("--task builds language-model pairs; a classifier needs --pairs whose answer and wrong name two of its labels")
-    labels = tuple(str(loaded.model.config.id2label[i]) for i in range(loaded.model.config.num_labels)) if classifier else None
     encoded = read_pairs(pairs, loaded.tokenizer, loaded.kind, labels) if pairs is not None else task_pairs(task, loaded.tokenizer, loaded.kind, n, seed)
     lengths = sorted({len(pair.clean) for pair in encoded})
     if positions == "each" and len(lengths) > 1:
@@ -147,12 +163,12 @@ def _effects(loaded, head: str, encoded: list, direction: str, positions: str, a
 
 
 @claims_out(words=("task", "direction", "positions", "correction", "device", "backend"))
-def patch_heads(model: str | Path | None = None, pairs: str | Path | None = None, *, task: str | None = None, n: int = 100,
+def patch_heads(model: str | Path | None = None, pairs: str | Path | None = None, *, task: str | None = None, n: int | None = None,
                 direction: str = "denoise", positions: str = "all", ablations: bool = True, bootstrap: int = 10000, correction: str = "fdr_bh",
                 min_sample: int = MIN_SAMPLE, seed: int = 0, device: str = "auto", backend: str = "local", workers: int | None = None,
                 address: str | None = None, out: str | Path | None = None, progress: bool = True, command: list[str] | None = None) -> PatchStudy:
     """Patch every head of ``model`` (a causal LM, an encoder with its masked-LM head, or a sequence classifier) on the
-    ``pairs`` file or ``n`` pairs of the built-in ``task``, in ``direction``, at all positions and (``positions="each"``) at
+    ``pairs`` file or ``n`` pairs (default :data:`TASK_PAIRS`) of the built-in ``task``, in ``direction``, at all positions and (``positions="each"``) at
     each alone; exact and attribution patching (AtP, AtP*), each head's effect with a bootstrap interval (``bootstrap``
     replicates) and a ``correction`` over heads; with ``ablations``, zero and mean ablation and gradient importance on the
     clean prompts too, and every method's rank agreement. ``backend="ray"`` spreads the pairs over ``workers`` (a local cluster, or
@@ -166,7 +182,8 @@ def patch_heads(model: str | Path | None = None, pairs: str | Path | None = None
     head = _head(model)
     loaded = load_model(model, device=device, head=head)
     known_layout(loaded.model)
-    encoded = _pairs(loaded, head == "classifier", pairs, task, n, seed, positions)
+    labels = tuple(str(loaded.model.config.id2label[i]) for i in range(loaded.model.config.num_labels)) if head == "classifier" else None
+    encoded = _pairs(loaded, labels, pairs, task, n or TASK_PAIRS, seed, positions)
     torch.manual_seed(seed)
     effects, ablated = _effects(loaded, head, encoded, direction, positions, ablations, runner, device, progress)
     tests = {"replicates": bootstrap, "seed": seed, "correction": correction, "min_sample": min_sample}
@@ -178,7 +195,8 @@ def patch_heads(model: str | Path | None = None, pairs: str | Path | None = None
                 "ablations": ablations, "backend": backend, "workers": workers}
     study = PatchStudy(loaded.info(), Path(pairs).name if pairs is not None else f"--task {task}", table,
                        pairs_table(effects, [pair.line for pair in encoded], direction, ablated), float(effects.clean.mean()),
-                       float(effects.corrupt.mean()), agreement(table), rank_agreement(table), settings)
+                       float(effects.corrupt.mean()), agreement(table), rank_agreement(table), prompts_table(encoded, loaded.tokenizer, labels),
+                       settings)
     if out is not None:
         study.save(out, command)
     return study
