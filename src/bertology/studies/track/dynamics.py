@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bertology.core.backends import BACKENDS, map_on_ray
+from bertology.core.backends import LocalBackend, RayBackend, backend_named
 from bertology.core.engine import Engine, PassSettings
 from bertology.core.errors import BertologyError, ModelError
 from bertology.core.model.models import LANGUAGE_MODEL, LoadedModel, load_model, load_tokenizer, model_source
@@ -101,8 +101,7 @@ def track(
     A decoder's series also reads ``induction_probe`` sequences of :func:`~bertology.studies.track.probe.series_probe`, and the
     phase-change verdict (:func:`~bertology.studies.track.phase.phase_verdict`) names heads at ``head_type_mass``.
     """
-    if backend not in BACKENDS:
-        raise BertologyError(f"unknown backend {backend!r}: use local or ray")
+    runner = backend_named(backend, workers, address)
     check_seed(seed)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     series = checked_series(checkpoints, steps, trust_remote_code)
@@ -116,8 +115,7 @@ def track(
                 "dtype": dtype, "attention_budget": attention_budget, "parser": parser or ("gold" if with_trees else None), "sink_eps": sink_eps,
                 **({"synthetic_repeats": synthetic_repeats, "synthetic_length": synthetic_length} if synthetic_repeats is not None else {}),
                 **({"induction_probe": induction_probe, "probe_length": probe[1], "head_type_mass": head_type_mass} if probe is not None else {})}
-    results = _series_results(series, (examples, probe and probe[0]), with_trees, settings, corpus_info, out, progress, backend=backend,
-                              workers=workers, address=address)
+    results = _series_results(series, (examples, probe and probe[0]), with_trees, settings, corpus_info, out, progress, runner)
     verdict, emergence = _series_verdict(results, with_trees, settings)
     corpus_info["examples"] = len(examples)
     result = TrackResult(results, corpus_info, settings, verdict, emergence, started)
@@ -142,11 +140,10 @@ def _track_examples(corpus, format: str, limit: int | None, parser: str | None, 
 
 
 def _series_results(series: list[tuple[int | None, str]], inputs: tuple[list, list | None], with_trees: bool, settings: dict,
-                    corpus_info: dict, out: str | Path | None, progress: bool, *, backend: str, workers: int | None,
-                    address: str | None) -> list[CheckpointResult]:
+                    corpus_info: dict, out: str | Path | None, progress: bool, runner: LocalBackend | RayBackend) -> list[CheckpointResult]:
     """Every checkpoint's result in training order: its part under ``out/parts`` where one of this corpus, these settings and
-    these weights is saved (:func:`~bertology.studies.track.parts.load_part`), else computed (one Ray task each with
-    ``backend="ray"``) and saved there at once. ``inputs``: the corpus's examples and a decoder's induction probe (None)."""
+    these weights is saved (:func:`~bertology.studies.track.parts.load_part`), else computed (``runner.map``: here, or one Ray
+    task each, loading the folder by its absolute path) and saved there at once. ``inputs``: the corpus's examples and a decoder's induction probe (None)."""
     examples = inputs[0]
     key = json.dumps({"corpus": corpus_info.get("sha256"), "examples": len(examples), **{k: v for k, v in settings.items() if k != "device"}},
                      sort_keys=True)
@@ -162,14 +159,11 @@ def _series_results(series: list[tuple[int | None, str]], inputs: tuple[list, li
         if parts is not None:
             save_part(parts, part_name(series[k][1]), keys[series[k][1]], result)
 
-    if backend == "ray" and todo:
-        jobs = [(step, checkpoint, inputs, with_trees, settings, False, str(Path(checkpoint).resolve()) if Path(checkpoint).exists() else checkpoint)
-                for step, checkpoint in (series[k] for k in todo)]
-        for index, result in map_on_ray(_analyze_checkpoint, jobs, device=settings["device"], workers=workers, address=address):
-            keep(todo[index], result)
-    else:
-        for k in todo:
-            keep(k, _analyze_checkpoint(*series[k], inputs, with_trees, settings, progress))
+    remote = isinstance(runner, RayBackend)  # a task loads the folder by its absolute path (every node must see it), with no progress bar
+    jobs = [(step, checkpoint, inputs, with_trees, settings, progress and not remote,
+             str(Path(checkpoint).resolve()) if remote and Path(checkpoint).exists() else None) for step, checkpoint in (series[k] for k in todo)]
+    for index, result in runner.map(_analyze_checkpoint, jobs, device=settings["device"]):
+        keep(todo[index], result)
     return results
 
 
