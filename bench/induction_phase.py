@@ -48,6 +48,11 @@ import pandas as pd
 GUTENBERG = Path(__file__).resolve().parents[2] / "shared" / "data" / "gutenberg"
 
 
+def _rounded(value, digits: int = 0):
+    """A verdict's number as the bench prints it (None and words as they are)."""
+    return round(value, digits) if isinstance(value, float) else value
+
+
 def repeated_passages(book: Path, passage_words: int) -> str:
     """The book's text as paragraphs of one passage of ``passage_words`` words written twice: ``P P``, then the next."""
     words = re.sub(r"\s+", " ", book.read_text(encoding="utf-8", errors="replace")).split(" ")
@@ -99,12 +104,13 @@ def synthetic_checks(track: Path) -> list[str]:
     head, previous, drop = verdict.get("induction_head", {}), verdict.get("previous_token_head", {}), verdict.get("icl_drop", {})
     shallow = named[(named.layer == 0) & (named.role == "induction")]
     return [f"strongest layer-1 head 1-{strongest}: {layer1[strongest].iloc[0]:.3f} -> {layer1[strongest].iloc[-1]:.3f} (want <= 0.15 -> >= 0.5)",
-            f"its 10-90% rise: steps {head.get('window_start')} to {head.get('window_end')}, bracketed {head.get('window_bracket_low')}-"
-            f"{head.get('window_bracket_high')}, at most {head.get('window_span_share')} of training (want <= 0.25)",
+            f"its 10-90% rise: steps {_rounded(head.get('window_start'))} to {_rounded(head.get('window_end'))}, bracketed "
+            f"{_rounded(head.get('window_bracket_low'))}-{_rounded(head.get('window_bracket_high'))}, at most "
+            f"{_rounded(head.get('window_span_share'), 3)} of training (want <= 0.25)",
             f"previous-token head {previous.get('layer')}-{previous.get('head')}: rises {previous.get('rises')}",
             f"in-context learning drop: changes {drop.get('changes')}, window {drop.get('window_low')}-{drop.get('window_high')} against the "
             f"head's {head.get('window_low')}-{head.get('window_high')}",
-            f"loss bump: {verdict.get('loss_bump')}",
+            f"loss bump: { {key: _rounded(value, 3) for key, value in (verdict.get('loss_bump') or {}).items()} }",
             f"layer-0 heads called induction heads at any checkpoint: {len(shallow)} (want 0); named at the last: "
             f"{[(h['layer'], h['head'], h['role']) for h in verdict.get('named_heads', [])]}",
             f"verdict: {verdict['verdict']}"]
