@@ -62,6 +62,8 @@ COVERED_ELSEWHERE = {
     "side": "an adapter that feeds one side of a model pair to an analyzer tested here",
     "induction_replicates": "tests/studies/track/test_induction.py::test_induction_replicates_pass_the_analyzer_contract (track's, "
                             "with bootstrap replicates)",
+    "sequence_maps": "tests/studies/track/test_induction.py::test_sequence_maps_pass_the_analyzer_contract (track's, one probe "
+                     "sequence's maps)",
 }
 
 

@@ -114,3 +114,22 @@ def test_track_on_the_synthetic_probe(tiny_gpt2_dir, tmp_path):
     with pytest.raises(BertologyError, match=r"^--synthetic-length 11 makes sequences of 22 pieces .* more than --max-length 20: .* "
                                              r"the longest that fits is --synthetic-length 10$"):  # GPT-2 adds no special token
         track(checkpoints, synthetic_repeats=3, synthetic_length=11, max_length=20, device="cpu", progress=False)
+
+
+def test_sequence_maps_pass_the_analyzer_contract(tiny_gpt2_dir):
+    """Track's keeper of one probe sequence's maps: its table the same whatever the batch size, order or split, and the maps it
+    keeps those of the sequence named, equal to transformers' eager maps of that sequence alone."""
+    from bertology.studies.track.probe import SequenceMaps
+
+    model = load_model(tiny_gpt2_dir, device="cpu")
+    examples = [Example(line, source=f"line:{i}") for i, line in enumerate(LINES)]
+    check_analyzer(lambda: SequenceMaps(DECODER, "line:1"), model, examples)
+    keeper = SequenceMaps(DECODER, "line:1")
+    from bertology.core.engine import Engine, PassSettings
+
+    Engine(model, PassSettings(batch_size=2, device="cpu"), progress=False).run(examples, [keeper])
+    reference = GPT2LMHeadModel.from_pretrained(tiny_gpt2_dir, attn_implementation="eager").eval()
+    ids = AutoTokenizer.from_pretrained(tiny_gpt2_dir)(LINES[1], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        maps = torch.stack(reference(input_ids=ids, output_attentions=True).attentions)[:, 0].numpy()
+    np.testing.assert_allclose(keeper.maps, maps, rtol=0, atol=1e-5)
