@@ -505,7 +505,7 @@ def load_model(
         )
     if head is not None:
         prefix = model.base_model_prefix + "."
-        new_weights = [key for key in loading["missing_keys"] if not key.startswith(prefix)]
+        new_weights = sorted(key for key in loading["missing_keys"] if not key.startswith(prefix))  # a set: sorted, one message every run
         if new_weights:
             raise ModelError(f"{source}: the checkpoint has no {_HEAD_NAMES[head]} ({new_weights[0]} and {len(new_weights) - 1} more weights are missing)")
     tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)
